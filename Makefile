@@ -1,0 +1,24 @@
+# The two entry points of the README: `make run` and `make test`. Both set everything up.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: run test setup bench clean
+
+run: setup
+	$(BIN)/automlperf ops --model resnet50 --image-size 224 --num-classes 1000
+
+test: setup
+	$(BIN)/python -m pytest
+
+setup: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml scripts/setup-venv.sh
+	VENV=$(VENV) PYTHON=$(PYTHON) scripts/setup-venv.sh
+	touch $@
+
+bench: setup
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

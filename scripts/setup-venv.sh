@@ -1,0 +1,21 @@
+#!/bin/sh
+# Create the virtual environment and install automlperf with its test tools.
+# On a machine without an NVIDIA GPU this installs the CPU build of PyTorch; set TORCH_SPEC to
+# choose another (e.g. TORCH_SPEC='torch==2.5.1+cu124' with PIP_EXTRA_INDEX_URL set).
+set -eu
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if [ -n "${TORCH_SPEC:-}" ]; then
+        spec=$TORCH_SPEC
+    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        spec="torch>=2.4"
+    else
+        spec="torch==2.13.0"
+    fi
+    echo "installing $spec"
+    pip install "$spec"
+fi
+pip install -e ".[test]"

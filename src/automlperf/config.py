@@ -1,0 +1,306 @@
+"""The benchmark configuration: one typed object, loadable from TOML, stored with every run.
+
+Defaults follow the official rules (ImageNet, ResNet-50, 60 epochs). Each dataset has a preset
+that changes only customisable settings plus the fixed ones that an unofficial dataset implies
+(image size, seed model); ``Config.for_dataset`` applies it. Settings marked *fixed* must keep
+their official value in an official run; :meth:`Config.fixed_changes` names any that differ.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Dataset = Literal["imagenet", "cifar10", "builtin", "synthetic"]
+Precision = Literal["auto", "bf16", "fp16", "tf32", "fp32"]
+BELOW_16_BIT = {"fp8", "e4m3", "e5m2", "int8", "int4", "fp4", "uint8", "int16"}
+
+
+class ConfigError(ValueError):
+    """A configuration problem, described in one line."""
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string such as ``90``, ``"10m"``, ``"2h"``, ``"1h30m"``."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '10m' or '2h'")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            return float(text)
+        parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", text)
+        if parts and re.fullmatch(r"(\s*\d+(\.\d+)?\s*[hms])+\s*", text):
+            scale = {"h": 3600.0, "m": 60.0, "s": 1.0}
+            return sum(float(n) * scale[u] for n, u in parts)
+    raise ValueError(f"{value!r} is not a duration; write seconds or e.g. '10m', '2h', '1h30m'")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    duration_s: float = Field(3600.0, gt=0, description="Wall-clock length of the run in "
+                              "seconds (TOML also takes '10m', '2h'). Official runs need >= 1 h.")
+    replicas: int = Field(1, ge=1, le=4096, description="Local replica processes (`run`); on "
+                          "SLURM, one replica per node.")
+    devices_per_replica: int | None = Field(None, ge=1, description="Accelerators each replica "
+                                            "trains on; default all visible (CPU: 1).")
+    seed: int = Field(0, ge=0, description="Seed of the search, the HPO and weight init.")
+    official: bool = Field(False, description="Refuse to start if a fixed setting is changed.")
+    heartbeat_s: float = Field(5.0, gt=0, description="Replica heartbeat period, seconds.")
+    lease_timeout_s: float = Field(60.0, gt=0, description="A trial whose replica is silent "
+                                   "this long is marked failed, seconds.")
+    stop_grace_s: float = Field(20.0, ge=0, description="Time replicas get to stop after the "
+                                "deadline before they are killed, seconds.")
+
+    @field_validator("duration_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+
+class DataConfig(_Section):
+    dataset: Dataset = Field("imagenet", description="fixed: imagenet for official runs.")
+    data_dir: Path | None = Field(None, description="Folder with the dataset (imagenet, cifar10).")
+    image_size: int = Field(224, ge=8, le=1024, description="fixed: 224. Side of the square "
+                            "training crop, pixels.")
+    workers: int | None = Field(None, ge=0, description="Data-loading worker processes per "
+                                "accelerator; default: the spare CPU cores.")
+    gpu_decode: bool = Field(False, description="Decode JPEGs on the GPU (needs NVIDIA DALI).")
+    synthetic_images: int = Field(4096, ge=1, description="Training images per epoch of the "
+                                  "synthetic dataset (validation gets a quarter).")
+    synthetic_classes: int = Field(1000, ge=2, description="Classes of the synthetic dataset.")
+
+
+class ModelConfig(_Section):
+    seed_model: Literal["resnet50", "resnet_small"] = Field(
+        "resnet50", description="fixed: resnet50. The initial architecture.")
+    initial_weights: Literal["kaiming_normal", "kaiming_uniform"] = Field(
+        "kaiming_normal", description="Initialisation of untrained weights.")
+
+
+class TrainConfig(_Section):
+    batch_size: int | None = Field(None, ge=1, le=65536, description="Images per accelerator "
+                                   "per step before HPO; default scales 448 per 32 GB of "
+                                   "accelerator memory (CPU: 64).")
+    optimizer: Literal["sgd"] = Field("sgd", description="SGD with momentum.")
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(5e-5, ge=0, le=1)
+    lr_per_256: float = Field(0.1, gt=0, le=100, description="Peak learning rate per 256 "
+                              "images of global batch.")
+    warmup_epochs: float = Field(2.0, ge=0, description="Linear learning-rate warm-up, epochs.")
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    max_epochs: int = Field(60, ge=1, le=10000, description="Epoch budget of a trial from the "
+                            "fourth round on; the learning rate decays to 0 over it.")
+    warmup_round_fractions: list[float] = Field(
+        [0.25, 0.5, 0.75], min_length=1, max_length=10,
+        description="Epoch budget of rounds 0, 1, 2, ... as fractions of max_epochs "
+                    "(15, 30, 45 of 60).")
+    patience_base: int = Field(6, ge=1, description="Early stopping patience in round r: "
+                               "min(base + per_round * r, max) epochs.")
+    patience_per_round: int = Field(2, ge=0)
+    patience_max: int = Field(20, ge=1)
+    precision: Precision = Field("auto", description="auto: bf16 autocast on GPUs that have "
+                                 "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
+    channels_last: bool | None = Field(None, description="Default: on for GPUs.")
+    compile: bool = Field(False, description="Run the model through torch.compile.")
+    parallelism: Literal["ddp"] = Field("ddp", description="Synchronous all-reduce data "
+                                        "parallelism (DistributedDataParallel).")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.lower() in BELOW_16_BIT:
+            raise ValueError(f"{value!r} is below the 16-bit floating point minimum; "
+                             "use bf16, fp16, tf32 or fp32")
+        return value
+
+    @field_validator("warmup_round_fractions")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        if any(not 0 < f <= 1 for f in value):
+            raise ValueError("each fraction must be in (0, 1]")
+        return value
+
+    def round_epochs(self, round_index: int) -> int:
+        """Epoch budget of a replica's round (0-based)."""
+        if round_index < len(self.warmup_round_fractions):
+            return max(1, round(self.max_epochs * self.warmup_round_fractions[round_index]))
+        return self.max_epochs
+
+    def patience(self, round_index: int) -> int:
+        return min(self.patience_base + self.patience_per_round * round_index, self.patience_max)
+
+
+class SearchConfig(_Section):
+    nas: Literal["network_morphism"] = Field("network_morphism", description="fixed.")
+    hpo: Literal["tpe"] = Field("tpe", description="fixed.")
+    hpo_start_round: int = Field(3, ge=0, description="fixed: 3 (the fourth round).")
+    kernel_sizes: list[Literal[3, 5, 7]] = Field([3, 5, 7], min_length=1,
+                                                 description="Kernel sizes TPE chooses from "
+                                                 "for deepen blocks.")
+    batch_size_factors: tuple[float, float] = Field((0.5, 2.0), description="TPE's batch size "
+                                                    "range, as factors of the default.")
+    tpe_startup_trials: int = Field(4, ge=1, description="TPE trials drawn at random before "
+                                    "the model takes over.")
+    beta: float = Field(2.576, gt=0, description="fixed: UCB exploration weight.")
+    max_layers: int = Field(2000, ge=10, description="Morphs that exceed it are refused.")
+    max_params: int = Field(500_000_000, ge=1000, description="Morphs that exceed it are "
+                            "refused.")
+    max_morphs_per_child: int = Field(3, ge=1, le=20)
+    gp_max_models: int = Field(96, ge=4, le=10000, description="History models the Gaussian "
+                               "process is fitted on (best, recent and diverse).")
+    sa_t_min: float = Field(0.05, gt=0, lt=1, description="Simulated annealing stops at this "
+                            "temperature.")
+    sa_cooling: float = Field(0.85, gt=0, lt=1)
+    neighbours: int = Field(6, ge=1, le=64, description="Children tried per expanded node.")
+    generation_budget_s: float = Field(2.0, gt=0, description="Hard cap on one candidate "
+                                       "generation, seconds.")
+
+
+class MonitorConfig(_Section):
+    interval_s: float = Field(30.0, gt=0, description="Resource sampling period, seconds.")
+
+
+class Config(_Section):
+    """Every setting of a benchmark run. Sections mirror the TOML tables."""
+
+    run: RunConfig = RunConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    search: SearchConfig = SearchConfig()
+    monitor: MonitorConfig = MonitorConfig()
+
+    # --- loading ------------------------------------------------------------------------
+    @classmethod
+    def for_dataset(cls, dataset: str, overrides: dict[str, Any] | None = None,
+                    source: str = "configuration") -> Config:
+        """The dataset's preset with ``overrides`` (nested dict, as from TOML) on top."""
+        merged = _merge(PRESETS.get(dataset, {}), overrides or {})
+        merged.setdefault("data", {})["dataset"] = dataset
+        return cls.parse(merged, source)
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], source: str = "configuration") -> Config:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc, source)) from None
+
+    @classmethod
+    def load(cls, path: Path | str, overrides: dict[str, Any] | None = None) -> Config:
+        """Read TOML; the preset of the dataset it names (default imagenet) fills the rest."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file; pass an existing TOML file to --config") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        merged = _merge(data, overrides or {})
+        dataset = merged.get("data", {}).get("dataset", "imagenet")
+        if dataset not in PRESETS:
+            return cls.parse(merged, str(path))  # let validation name the bad value
+        return cls.for_dataset(dataset, merged, str(path))
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
+
+    # --- rules --------------------------------------------------------------------------
+    def fixed_changes(self) -> list[str]:
+        """Fixed settings (design Table 4) whose value differs from the official one."""
+        changes = []
+        for dotted, official in FIXED.items():
+            section, key = dotted.split(".")
+            value = getattr(getattr(self, section), key)
+            if value != official:
+                changes.append(f"{dotted} = {value!r} (official: {official!r})")
+        return changes
+
+    def check_official(self) -> None:
+        changes = self.fixed_changes()
+        if self.run.official and changes:
+            raise ConfigError("official run refused: fixed setting(s) changed: "
+                              + "; ".join(changes) + ". Restore them or set run.official = false")
+
+    def customised(self) -> dict[str, Any]:
+        """Dotted names of every setting that differs from the defaults, with its value."""
+        base = Config().model_dump(mode="json")
+        mine = self.model_dump(mode="json")
+        return {f"{s}.{k}": v for s, sec in mine.items() for k, v in sec.items()
+                if base[s].get(k) != v}
+
+
+FIXED: dict[str, Any] = {
+    "data.dataset": "imagenet",
+    "data.image_size": 224,
+    "model.seed_model": "resnet50",
+    "search.nas": "network_morphism",
+    "search.hpo": "tpe",
+    "search.hpo_start_round": 3,
+    "search.beta": 2.576,
+}
+
+# Customisable (and dataset-implied) settings per dataset; everything else keeps its default.
+PRESETS: dict[str, dict[str, Any]] = {
+    "imagenet": {},
+    "cifar10": {"data": {"image_size": 32}, "model": {"seed_model": "resnet_small"},
+                "train": {"batch_size": 128, "max_epochs": 30}},
+    "builtin": {"run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
+                "data": {"image_size": 16}, "model": {"seed_model": "resnet_small"},
+                "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0,
+                          "lr_per_256": 0.4, "patience_base": 3, "patience_per_round": 1,
+                          "patience_max": 5},
+                "monitor": {"interval_s": 5.0}},
+    "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
+                  "train": {"max_epochs": 4}},
+}
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _one_line(exc: ValidationError, source: str) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        section = ".".join(str(p) for p in err["loc"][:-1])
+        valid = _keys(section)
+        hint = f"; valid keys{' in [' + section + ']' if section else ''}: {', '.join(valid)}"
+        return f"{source}: unknown setting {where!r}{hint}"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    more = f" [and {len(exc.errors()) - 1} more]" if len(exc.errors()) > 1 else ""
+    return f"{source}: {where}: {msg}{shown}{more}"
+
+
+def _keys(section: str) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in filter(None, section.split(".")):
+        annotation = model.model_fields[part].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)

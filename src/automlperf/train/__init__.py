@@ -1,0 +1,5 @@
+"""The torch side: building modules from graphs, weight inheritance, data and training."""
+
+from automlperf.train.builder import GraphModule, build_module
+
+__all__ = ["GraphModule", "build_module"]
