@@ -156,13 +156,13 @@ class SearchConfig(_Section):
     max_params: int = Field(500_000_000, ge=1000, description="Morphs that exceed it are "
                             "refused.")
     max_morphs_per_child: int = Field(3, ge=1, le=20)
-    gp_max_models: int = Field(96, ge=4, le=10000, description="History models the Gaussian "
+    gp_max_models: int = Field(64, ge=4, le=10000, description="History models the Gaussian "
                                "process is fitted on (best, recent and diverse).")
     sa_t_min: float = Field(0.05, gt=0, lt=1, description="Simulated annealing stops at this "
                             "temperature.")
     sa_cooling: float = Field(0.85, gt=0, lt=1)
     neighbours: int = Field(6, ge=1, le=64, description="Children tried per expanded node.")
-    generation_budget_s: float = Field(2.0, gt=0, description="Hard cap on one candidate "
+    generation_budget_s: float = Field(1.5, gt=0, description="Hard cap on one candidate "
                                        "generation, seconds.")
 
 

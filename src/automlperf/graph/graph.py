@@ -258,6 +258,13 @@ def _toposort(layers: list[Layer]) -> list[Layer]:
         for src in layer.inputs:
             if src != INPUT and src not in by_name:
                 raise GraphError(f"layer {layer.name!r}: input {src!r} does not exist")
+    seen = {INPUT}
+    for layer in layers:
+        if not all(src in seen for src in layer.inputs):
+            break
+        seen.add(layer.name)
+    else:
+        return layers  # already in topological order (the common case: our own output)
     # Kahn's algorithm, stable with respect to the listed order.
     pending = {layer.name: sum(1 for s in layer.inputs if s != INPUT) for layer in layers}
     readers: dict[str, list[str]] = {}

@@ -1,0 +1,100 @@
+"""Candidate generation time as the history grows, and edit-distance time per pair.
+
+The history is made of ResNet-50 (224x224, 1000 classes) descendants: each model is a random
+morph of one of the 300 most recent, with an accuracy drifting upwards. For each history size,
+several generations run with a warm searcher (as a replica runs them), on one core.
+
+Run: python bench/bench_search.py [--sizes 100,1000,10000] [--repeat 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the design budgets it
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from automlperf.graph import seeds  # noqa: E402
+from automlperf.search import Model, MorphError, Searcher, morph  # noqa: E402
+from automlperf.search.distance import describe, distance, distances, pack  # noqa: E402
+
+
+def grow(history: list[Model], size: int, rng: random.Random) -> None:
+    while len(history) < size:
+        parent = rng.choice(history[-300:])
+        try:
+            child, _ = morph(parent.graph, "random", rng, kernel_size=rng.choice((3, 5, 7)))
+        except MorphError:  # over the size limits: grow from another model
+            continue
+        acc = min(0.95, max(0.05, parent.accuracy + rng.gauss(0.005, 0.02)))
+        history.append(Model(len(history), child, acc))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--repeat", type=int, default=8)
+    args = ap.parse_args()
+    rng = random.Random(0)
+    seed = seeds.resnet50()
+    history = [Model(0, seed, 0.1)]
+    out: dict[str, object] = {"bench": "search", "budget_s": 2.0}
+
+    # Edit distance per pair, single and batched (candidate against a fit set of 64).
+    grow(history, 200, rng)
+    descs = [describe(m.graph) for m in history[:200]]
+    t0 = time.perf_counter()
+    n = 0
+    for a in descs[:40]:
+        for b in descs[100:140]:
+            distance(a, b)
+            n += 1
+    single_us = (time.perf_counter() - t0) / n * 1e6
+    packed = pack(descs[100:164])
+    t0 = time.perf_counter()
+    for a in descs[:40]:
+        distances(a, packed)
+    batch_us = (time.perf_counter() - t0) / (40 * 64) * 1e6
+    out["distance_single_pair_us"] = round(single_us, 1)
+    out["distance_batched_per_pair_us"] = round(batch_us, 1)
+    print(f"edit distance, ResNet-50 descendants: {single_us:.0f} us per single pair, "
+          f"{batch_us:.0f} us per pair batched against 64")
+
+    print(f"{'history':>8}{'median s':>10}{'p95 s':>8}{'max s':>8}{'evaluated':>10}{'p95/budget':>12}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        grow(history, size, rng)
+        searcher = Searcher()
+        times, evaluated = [], []
+        first = None
+        for r in range(args.repeat + 1):
+            t0 = time.perf_counter()
+            cand = searcher.next_candidate(history, seed, random.Random(r), kernel_size=3)
+            elapsed = time.perf_counter() - t0
+            if r == 0:
+                first = elapsed  # cold caches: reported, not in the steady-state figures
+            else:
+                times.append(elapsed)
+                evaluated.append(cand.stats.get("evaluated", 0))
+            # The replica adds each trained candidate to the history.
+            history.append(Model(len(history), cand.graph, history[-1].accuracy))
+        med, p95 = statistics.median(times), pct(times, 0.95)
+        out[f"history_{size}"] = {"median_s": round(med, 3), "p95_s": round(p95, 3),
+                                  "max_s": round(max(times), 3), "cold_s": round(first, 3),
+                                  "evaluated_median": statistics.median(evaluated)}
+        print(f"{size:>8}{med:>10.3f}{p95:>8.3f}{max(times):>8.3f}"
+              f"{statistics.median(evaluated):>10.0f}{p95 / 2.0:>12.2f}   (cold: {first:.2f} s)")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""Architecture search (pure; no torch here): morphs, edit distance, Bayesian optimisation."""
+
+from automlperf.search.bo import Candidate, Model, NoCandidate, Searcher, next_candidate
+from automlperf.search.morph import Limits, MorphError, MorphRecord, MorphResult, morph
+
+__all__ = ["Candidate", "Limits", "Model", "MorphError", "MorphRecord", "MorphResult",
+           "NoCandidate", "Searcher", "morph", "next_candidate"]

@@ -1,0 +1,233 @@
+"""Bayesian optimisation over architectures (the Auto-Keras method), with bounded cost.
+
+Given the history of models (graph, measured or predicted accuracy, status), propose the next
+architecture to train: a child of a trained model, one or more morphs away, chosen by a
+simulated-annealing tree search that maximises the upper confidence bound of a Gaussian
+process on the edit-distance kernel.
+
+Cost stays bounded as the history grows: the process is fitted on at most
+``gp_max_models`` models (the best, the most recent and a random sample of the rest),
+descriptors and pairwise distances are cached across calls, and a time budget caps the
+search. Everything random flows from the caller's ``rng``, so a seed gives the same candidate.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from automlperf.config import SearchConfig
+from automlperf.graph.graph import Graph
+from automlperf.search.distance import Descriptor, describe, distances, pack
+from automlperf.search.gp import DistanceGP, ucb
+from automlperf.search.morph import Limits, MorphError, morph
+
+TRAINED = "completed"
+
+
+@dataclass(frozen=True)
+class Model:
+    """One entry of the history, oldest first."""
+
+    id: Any
+    graph: Graph
+    accuracy: float | None = None
+    status: str = TRAINED
+
+
+@dataclass
+class Candidate:
+    graph: Graph
+    parent_id: Any
+    morphs: list[dict[str, Any]]
+    acquisition: float | None = None
+    predicted_accuracy: float | None = None
+    predicted_std: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class NoCandidate(RuntimeError):
+    """Every architecture the search could reach is taken or over the limits."""
+
+
+@dataclass
+class _Node:
+    graph: Graph
+    father: Model
+    morphs: list[dict[str, Any]]
+    priority: float
+
+
+class Searcher:
+    """Candidate generation with caches that persist between calls."""
+
+    def __init__(self, config: SearchConfig | None = None) -> None:
+        self.config = config or SearchConfig()
+        self.limits = Limits(self.config.max_layers, self.config.max_params)
+        self._descriptors: dict[str, Descriptor] = {}
+        self._pairs: dict[tuple[str, str], float] = {}
+
+    # --- caches -----------------------------------------------------------------------
+    def descriptor(self, graph: Graph) -> Descriptor:
+        key = graph.content_hash()
+        d = self._descriptors.get(key)
+        if d is None:
+            d = self._descriptors[key] = describe(graph)
+        return d
+
+    def _gram(self, models: list[Model]) -> np.ndarray:
+        """Pairwise distances of ``models``, computing only rows with uncached pairs."""
+        hashes = [m.graph.content_hash() for m in models]
+        pairs = self._pairs
+        packed = None
+        for i, hi in enumerate(hashes):
+            if all((min(hi, h), max(hi, h)) in pairs for h in hashes if h != hi):
+                continue
+            if packed is None:
+                packed = pack([self.descriptor(m.graph) for m in models])
+            row = distances(self.descriptor(models[i].graph), packed)
+            for j, h in enumerate(hashes):
+                if h != hi:
+                    pairs[(min(hi, h), max(hi, h))] = float(row[j])
+        n = len(models)
+        gram = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i + 1, n):
+                if hashes[i] != hashes[j]:
+                    gram[i, j] = gram[j, i] = pairs[(min(hashes[i], hashes[j]),
+                                                     max(hashes[i], hashes[j]))]
+        # Only pairs among models that can be fitted again matter; keep the cache bounded.
+        if len(pairs) > 50 * self.config.gp_max_models ** 2:
+            pairs.clear()
+        return gram
+
+    # --- selection --------------------------------------------------------------------
+    def fit_set(self, trained: list[Model]) -> list[Model]:
+        """At most ``gp_max_models``: half the best, a quarter the most recent, the rest a
+        sample of the others for diversity. The sample takes the smallest content hashes:
+        as good as random, and stable from one call to the next, so cached distances serve."""
+        cap = self.config.gp_max_models
+        if len(trained) <= cap:
+            return list(trained)
+        best = sorted(range(len(trained)), key=lambda i: (-trained[i].accuracy, i))[: cap // 2]
+        chosen = set(best)
+        recent = [i for i in range(len(trained) - 1, -1, -1) if i not in chosen][: cap // 4]
+        chosen.update(recent)
+        rest = sorted((i for i in range(len(trained)) if i not in chosen),
+                      key=lambda i: trained[i].graph.content_hash())
+        chosen.update(rest[: cap - len(chosen)])
+        return [trained[i] for i in sorted(chosen)]
+
+    # --- the search -------------------------------------------------------------------
+    def next_candidate(self, history: Sequence[Model], seed_graph: Graph, rng: random.Random,
+                       kernel_size: int = 3) -> Candidate:
+        started = time.perf_counter()
+        taken = {m.graph.content_hash() for m in history}
+        trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
+        if not trained:
+            return self._cold_start(seed_graph, taken, rng, kernel_size, started)
+        fit = self.fit_set(trained)
+        gp = DistanceGP().fit(self._gram(fit), np.array([m.accuracy for m in fit]))
+        packed = pack([self.descriptor(m.graph) for m in fit])
+        cfg = self.config
+        searched = set(taken)
+        heap: list[tuple[float, int, _Node]] = []
+        tick = 0
+        for m in sorted(trained, key=lambda m: -m.accuracy)[: 2 * cfg.neighbours]:
+            heapq.heappush(heap, (-m.accuracy, tick, _Node(m.graph, m, [], m.accuracy)))
+            tick += 1
+        best: tuple[float, _Node, float, float] | None = None
+        evaluated = expansions = 0
+        temperature = 1.0
+        deadline = started + cfg.generation_budget_s
+        while heap and temperature > cfg.sa_t_min and time.perf_counter() < deadline:
+            _, _, node = heapq.heappop(heap)
+            opt = best[0] if best else -math.inf
+            accept = math.exp(min((node.priority - opt) / temperature, 1.0))
+            if accept >= rng.random():
+                expansions += 1
+                children = self._children(node, searched, rng, kernel_size)
+                if children:
+                    d = np.stack([distances(self.descriptor(g), packed) for g, _ in children])
+                    mean, std = gp.predict(d)
+                    acq = ucb(mean, std, cfg.beta)
+                    evaluated += len(children)
+                    for k, (g, record) in enumerate(children):
+                        child = _Node(g, node.father, node.morphs + [record], float(acq[k]))
+                        if len(child.morphs) < cfg.max_morphs_per_child:
+                            heapq.heappush(heap, (-child.priority, tick, child))
+                            tick += 1
+                        if best is None or acq[k] > best[0]:
+                            best = (float(acq[k]), child, float(mean[k]), float(std[k]))
+            temperature *= cfg.sa_cooling
+        stats = {"seconds": time.perf_counter() - started, "evaluated": evaluated,
+                 "expansions": expansions, "fit_models": len(fit), "history": len(history),
+                 "gp_retries": gp.stats.retries, "gp_projected": gp.stats.projected}
+        if best is None:
+            return self._fallback(trained, taken, rng, kernel_size, stats)
+        acq, node, mean, std = best
+        return Candidate(node.graph, node.father.id, node.morphs, acq, mean, std, stats)
+
+    def _children(self, node: _Node, searched: set[str], rng: random.Random,
+                  kernel_size: int) -> list[tuple[Graph, dict[str, Any]]]:
+        out = []
+        for _ in range(self.config.neighbours):
+            try:
+                child, record = morph(node.graph, "random", rng, kernel_size, self.limits)
+            except MorphError:
+                continue
+            h = child.content_hash()
+            if h not in searched:
+                searched.add(h)
+                out.append((child, record.to_dict()))
+        return out
+
+    def _cold_start(self, seed_graph: Graph, taken: set[str], rng: random.Random,
+                    kernel_size: int, started: float) -> Candidate:
+        """Nothing trained yet: the seed itself, or (when another replica has it) random
+        morphs of the seed trained from fresh weights."""
+        stats = {"cold_start": True}
+        if seed_graph.content_hash() not in taken:
+            stats["seconds"] = time.perf_counter() - started
+            return Candidate(seed_graph, None, [], stats=stats)
+        for _ in range(100):
+            graph, records = seed_graph, []
+            for _ in range(rng.randint(1, self.config.max_morphs_per_child)):
+                try:
+                    graph, record = morph(graph, "random", rng, kernel_size, self.limits)
+                except MorphError:
+                    break
+                records.append(record.to_dict())
+            if records and graph.content_hash() not in taken:
+                stats["seconds"] = time.perf_counter() - started
+                return Candidate(graph, None, records, stats=stats)
+        raise NoCandidate("no new architecture within reach of the seed")
+
+    def _fallback(self, trained: list[Model], taken: set[str], rng: random.Random,
+                  kernel_size: int, stats: dict[str, Any]) -> Candidate:
+        stats["fallback"] = True
+        top = sorted(trained, key=lambda m: -m.accuracy)[: 4 * self.config.neighbours]
+        for _ in range(200):
+            father = rng.choice(top)
+            try:
+                graph, record = morph(father.graph, "random", rng, kernel_size, self.limits)
+            except MorphError:
+                continue
+            if graph.content_hash() not in taken:
+                return Candidate(graph, father.id, [record.to_dict()], stats=stats)
+        raise NoCandidate("every morph of the best models is taken or over the limits")
+
+
+def next_candidate(history: Sequence[Model], rng: random.Random, *, seed_graph: Graph,
+                   kernel_size: int = 3, config: SearchConfig | None = None,
+                   searcher: Searcher | None = None) -> Candidate:
+    """The next architecture to train and its parent's id (``None``: train from scratch).
+    Pass a long-lived ``searcher`` to keep its caches between calls."""
+    return (searcher or Searcher(config)).next_candidate(history, seed_graph, rng, kernel_size)

@@ -1,0 +1,156 @@
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from automlperf.config import SearchConfig
+from automlperf.graph import seeds
+from automlperf.search import Model, Searcher, morph, next_candidate
+from automlperf.search.distance import (chain_distance, describe, distance, distances,
+                                        layer_distances, pack)
+from automlperf.search.gp import DistanceGP
+
+SMALL = seeds.resnet_small(num_classes=10, image_size=16)
+
+
+def family(n, seed=0, base=SMALL):
+    rng = random.Random(seed)
+    graphs = [base]
+    while len(graphs) < n:
+        graphs.append(morph(rng.choice(graphs), "random", rng, kernel_size=rng.choice((3, 5, 7)))[0])
+    return graphs
+
+
+FAMILY = [describe(g) for g in family(40)]
+
+
+def brute_chain(a, b):
+    n, m = len(a), len(b)
+    d = [[float(i + j) if i * j == 0 else 0.0 for j in range(m + 1)] for i in range(n + 1)]
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            ta, wa, tb, wb = a.types[i - 1], a.widths[i - 1], b.types[j - 1], b.widths[j - 1]
+            cost = abs(wa - wb) / max(wa, wb) if ta == tb else 1.0
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+    return d[n][m]
+
+
+def test_descriptor_of_resnet50():
+    d = describe(seeds.resnet50())
+    # stem conv, max-pool, 16 blocks x 3 convolutions, dense
+    assert len(d) == 1 + 1 + 48 + 1
+    assert len(d.skips) == 16
+    assert sum(t for *_, t in d.skips) == 4  # four projection shortcuts, the rest identity
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 39), st.integers(0, 39), st.integers(0, 39))
+def test_edit_distance_is_a_metric(i, j, k):
+    a, b, c = FAMILY[i], FAMILY[j], FAMILY[k]
+    assert distance(a, a) == 0.0
+    assert distance(a, b) == pytest.approx(distance(b, a))
+    assert distance(a, c) <= distance(a, b) + distance(b, c) + 1e-9
+    if i != j and describe_equal(a, b) is False:
+        assert distance(a, b) > 0
+
+
+def describe_equal(a, b):
+    return (a.types.tolist() == b.types.tolist() and a.widths.tolist() == b.widths.tolist()
+            and a.skips == b.skips)
+
+
+def test_fast_paths_agree_with_the_textbook_dynamic_programme():
+    packed = pack(FAMILY)
+    for a in FAMILY[:8]:
+        assert np.allclose(layer_distances(a, packed), [brute_chain(a, b) for b in FAMILY])
+        assert np.allclose([chain_distance(a, b) for b in FAMILY],
+                           [brute_chain(a, b) for b in FAMILY])
+        assert np.allclose(distances(a, packed), [distance(a, b) for b in FAMILY])
+
+
+def test_one_morph_is_a_small_distance():
+    base = describe(SMALL)
+    deeper = describe(morph(SMALL, "deepen", 1)[0])
+    # One inserted convolution, plus the skips after it shifting by one position.
+    assert 1.0 <= distance(base, deeper) < 2.0
+    far = describe(family(12, seed=4)[-1])
+    assert distance(base, far) > distance(base, deeper)
+
+
+def test_gp_interpolates_and_keeps_all_data_when_cholesky_fails():
+    d = np.array([[0, 1, 2], [1, 0, 1], [2, 1, 0]], dtype=float)
+    gp = DistanceGP(noise=1e-6).fit(d, np.array([0.2, 0.5, 0.9]))
+    mean, std = gp.predict(d)
+    assert np.allclose(mean, [0.2, 0.5, 0.9], atol=1e-3) and (std < 0.05).all()
+    # Distances that violate the triangle inequality make exp(-d) indefinite.
+    bad = np.full((4, 4), 10.0)
+    np.fill_diagonal(bad, 0.0)
+    bad[0, 1] = bad[1, 0] = bad[1, 2] = bad[2, 1] = 1e-3
+    assert np.linalg.eigvalsh(np.exp(-bad / 10.0)).min() < 0  # indefinite
+    y = np.array([0.1, 0.5, 0.9, 0.3])
+    gp = DistanceGP(noise=1e-9, max_retries=1).fit(bad, y)
+    assert gp.stats.retries >= 1 and gp.stats.projected
+    mean, _ = gp.predict(bad)
+    assert mean.shape == (4,) and np.isfinite(mean).all()
+    gp = DistanceGP(noise=1e-9, max_retries=12).fit(bad, y)
+    assert 1 <= gp.stats.retries <= 12 and not gp.stats.projected and gp.stats.jitter > 1e-9
+
+
+def history_of(graphs, rng):
+    return [Model(i, g, 0.3 + 0.5 * rng.random()) for i, g in enumerate(graphs)]
+
+
+def test_same_seed_gives_the_same_candidate():
+    hist = history_of(family(25, seed=3), random.Random(1))
+    a = next_candidate(hist, random.Random(42), seed_graph=SMALL)
+    b = next_candidate(hist, random.Random(42), seed_graph=SMALL)
+    assert a.graph.content_hash() == b.graph.content_hash() and a.parent_id == b.parent_id
+    assert a.morphs == b.morphs
+
+
+def test_candidates_are_new_children_of_trained_models():
+    rng = random.Random(5)
+    hist = history_of(family(20, seed=5), rng)
+    hist.append(Model("other-replica", morph(SMALL, "deepen", 9)[0], None, "running"))
+    searcher = Searcher()
+    taken = {m.graph.content_hash() for m in hist}
+    for r in range(5):
+        cand = searcher.next_candidate(hist, SMALL, random.Random(r), kernel_size=5)
+        assert cand.graph.content_hash() not in taken
+        parent = next(m for m in hist if m.id == cand.parent_id)
+        assert parent.status == "completed" and 1 <= len(cand.morphs) <= 3
+        assert cand.acquisition is not None and cand.stats["evaluated"] > 0
+        taken.add(cand.graph.content_hash())
+        hist.append(Model(f"new{r}", cand.graph, None, "running"))
+
+
+def test_deepen_blocks_use_the_kernel_size_given():
+    hist = [Model(0, SMALL, 0.5)]
+    seen = set()
+    for r in range(6):
+        cand = next_candidate(hist, random.Random(r), seed_graph=SMALL, kernel_size=7)
+        seen.update(m["kernel"] for m in cand.morphs if m["op"] == "deepen")
+    assert seen <= {7}
+
+
+def test_cold_start_trains_the_seed_once_then_its_morphs():
+    first = next_candidate([], random.Random(0), seed_graph=SMALL)
+    assert first.graph == SMALL and first.parent_id is None and first.morphs == []
+    taken = [Model(0, SMALL, None, "running")]
+    second = next_candidate(taken, random.Random(0), seed_graph=SMALL)
+    assert second.graph != SMALL and second.parent_id is None and second.morphs
+
+
+def test_fit_set_is_bounded_and_mixes_best_recent_and_others():
+    rng = random.Random(0)
+    hist = history_of(family(60, seed=8), rng)
+    searcher = Searcher(SearchConfig(gp_max_models=16))
+    fit = searcher.fit_set(hist)
+    assert len(fit) == 16 and len({m.id for m in fit}) == 16
+    best = sorted(hist, key=lambda m: -m.accuracy)[:8]
+    assert {m.id for m in best} <= {m.id for m in fit}
+    assert hist[-1].id in {m.id for m in fit}  # the most recent model
+    cand = searcher.next_candidate(hist, SMALL, random.Random(0))
+    assert cand.stats["fit_models"] == 16
