@@ -1,8 +1,10 @@
 """Candidate generation time as the history grows, and edit-distance time per pair.
 
-The history is made of ResNet-50 (224x224, 1000 classes) descendants: each model is a random
-morph of one of the 300 most recent, with an accuracy drifting upwards. For each history size,
-several generations run with a warm searcher (as a replica runs them), on one core.
+The history is made of ResNet-50 (224x224, 1000 classes) descendants, each a random morph of
+an earlier model at most 8 morphs from the seed, so model sizes stay alike at every history
+size and the figures isolate the cost of a longer history. Models reach the searcher as a
+replica gets them from the store: graph JSON plus content hash, parsed only when needed.
+For each history size, several generations run with a warm searcher, on one core.
 
 Run: python bench/bench_search.py [--sizes 100,1000,10000] [--repeat 8]
 """
@@ -24,15 +26,24 @@ from automlperf.search import Model, MorphError, Searcher, morph  # noqa: E402
 from automlperf.search.distance import describe, distance, distances, pack  # noqa: E402
 
 
-def grow(history: list[Model], size: int, rng: random.Random) -> None:
+MAX_DEPTH = 8
+
+
+def grow(history: list[Model], depth: dict[object, int], size: int, rng: random.Random) -> None:
+    growable = [m for m in history if depth[m.id] < MAX_DEPTH]
     while len(history) < size:
-        parent = rng.choice(history[-300:])
+        parent = rng.choice(growable)
         try:
             child, _ = morph(parent.graph, "random", rng, kernel_size=rng.choice((3, 5, 7)))
-        except MorphError:  # over the size limits: grow from another model
+        except MorphError:
             continue
         acc = min(0.95, max(0.05, parent.accuracy + rng.gauss(0.005, 0.02)))
-        history.append(Model(len(history), child, acc))
+        model = Model(len(history), graph_json=child.to_json(indent=None),
+                      content_hash=child.content_hash(), accuracy=acc)
+        depth[model.id] = depth[parent.id] + 1
+        history.append(model)
+        if depth[model.id] < MAX_DEPTH:
+            growable.append(model)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -48,10 +59,11 @@ def main() -> None:
     rng = random.Random(0)
     seed = seeds.resnet50()
     history = [Model(0, seed, 0.1)]
+    depth = {0: 0}
     out: dict[str, object] = {"bench": "search", "budget_s": 2.0}
 
     # Edit distance per pair, single and batched (candidate against a fit set of 64).
-    grow(history, 200, rng)
+    grow(history, depth, 200, rng)
     descs = [describe(m.graph) for m in history[:200]]
     t0 = time.perf_counter()
     n = 0
@@ -72,7 +84,7 @@ def main() -> None:
 
     print(f"{'history':>8}{'median s':>10}{'p95 s':>8}{'max s':>8}{'evaluated':>10}{'p95/budget':>12}")
     for size in (int(s) for s in args.sizes.split(",")):
-        grow(history, size, rng)
+        grow(history, depth, size, rng)
         searcher = Searcher()
         times, evaluated = [], []
         first = None
@@ -87,6 +99,7 @@ def main() -> None:
                 evaluated.append(cand.stats.get("evaluated", 0))
             # The replica adds each trained candidate to the history.
             history.append(Model(len(history), cand.graph, history[-1].accuracy))
+            depth[len(history) - 1] = MAX_DEPTH
         med, p95 = statistics.median(times), pct(times, 0.95)
         out[f"history_{size}"] = {"median_s": round(med, 3), "p95_s": round(p95, 3),
                                   "max_s": round(max(times), 3), "cold_s": round(first, 3),

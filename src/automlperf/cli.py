@@ -112,6 +112,139 @@ def ops(
               "div 4, exp 8", highlight=False)
 
 
+def _load_config(config: Optional[Path], dataset: Optional[str],
+                 overrides: dict[str, Any]) -> Any:
+    from automlperf.config import Config
+
+    if config is not None:
+        if dataset is not None:
+            overrides.setdefault("data", {})["dataset"] = dataset
+        return Config.load(config, overrides)
+    return Config.for_dataset(dataset or "builtin", overrides, "command line")
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    if value is None:
+        return
+    section, key = dotted.split(".")
+    tree.setdefault(section, {})[key] = value
+
+
+@app.command()
+@user_errors
+def train(
+    graph: Annotated[Optional[Path], typer.Option(help="Architecture JSON to train.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Or a seed: resnet50, resnet_small.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="builtin, cifar10, imagenet, synthetic.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder.")] = None,
+    epochs: Annotated[int, typer.Option(min=1)] = 5,
+    batch_size: Annotated[Optional[int], typer.Option(min=1, help="Global batch size.")] = None,
+    devices: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel ranks (GPUs, "
+                                                   "or CPU processes).")] = None,
+    precision: Annotated[Optional[str], typer.Option(help="auto, bf16, fp16, tf32, fp32.")] = None,
+    image_size: Annotated[Optional[int], typer.Option(min=8)] = None,
+    config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
+    weights_out: Annotated[Optional[Path], typer.Option(help="Save the best weights "
+                                                        "(safetensors).")] = None,
+    patience: Annotated[Optional[int], typer.Option(min=1, help="Early stopping patience, "
+                                                    "epochs (default: no early stop).")] = None,
+    seed: Annotated[int, typer.Option(help="Weight initialisation and shuffling seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per epoch on "
+                                          "standard output.")] = False,
+) -> None:
+    """Train one architecture by itself and print its per-epoch events (a machine check)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from automlperf.train.data import DataError
+    from automlperf.train.pool import (DataArgs, DevicePool, PoolError, choose_devices,
+                                       accelerator_memory_gib, cores_available, run_trial)
+    from automlperf.train.trainer import TrialSpec
+
+    tree: dict[str, Any] = {}
+    _set(tree, "data.data_dir", str(data_dir) if data_dir else None)
+    _set(tree, "data.image_size", image_size)
+    _set(tree, "train.precision", precision)
+    cfg = _load_config(config, dataset, tree)
+    if graph is not None and model is not None:
+        raise UsageError("give --graph or --model, not both")
+    try:
+        ranks = choose_devices(devices)
+    except PoolError as exc:
+        raise UsageError(str(exc)) from None
+    threads = max(1, cores_available() // len(ranks))
+    data = DataArgs(cfg.data.dataset, str(cfg.data.data_dir) if cfg.data.data_dir else None,
+                    cfg.data.image_size, cfg.data.workers if cfg.data.workers is not None
+                    else (max(0, threads - 1) if cfg.data.dataset == "imagenet" else 0),
+                    cfg.data.gpu_decode, cfg.data.synthetic_images, cfg.data.synthetic_classes)
+    try:
+        from automlperf.train import data as datasets
+
+        probe = datasets.load(**{**data.__dict__, "workers": 0})  # fail fast, in one line
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
+    if graph is not None:
+        g = load_graph(graph)
+    else:
+        g = seeds.seed(model or cfg.model.seed_model, probe.num_classes, probe.image_size,
+                       probe.channels)
+    if g.input_shape != probe.input_shape or g.num_classes != probe.num_classes:
+        raise UsageError(f"the graph takes {g.input_shape} with {g.num_classes} classes but "
+                         f"{probe.name} has {probe.input_shape} with {probe.num_classes}; "
+                         "pick a matching --image-size or graph")
+    global_batch = batch_size or cfg.train.per_device_batch(accelerator_memory_gib()) * len(ranks)
+    spec = TrialSpec.from_config(
+        cfg.train, cfg.model.initial_weights, trial_id="train", graph=g.to_dict(),
+        epochs=epochs, batch_size=global_batch, patience=patience or epochs + 1, seed=seed,
+        weights_out=str(weights_out) if weights_out else None)
+    err.print(f"training {g.count('conv2d')} convolutions, {len(g)} layers on "
+              f"{len(ranks)} x {ranks[0]} ({threads} threads each), {probe.name}: "
+              f"{probe.train_size} train / {probe.val_size} val images, batch {global_batch}",
+              highlight=False)
+    try:
+        pool = DevicePool(ranks, data, threads_per_rank=threads)
+    except PoolError as exc:
+        raise UsageError(str(exc)) from None
+    progress = Progress(TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
+                        BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+                        TextColumn("{task.fields[ips]:>8.0f} img/s  loss {task.fields[loss]:.3f}"
+                                   "  acc {task.fields[acc]}"), TimeElapsedColumn(),
+                        console=err, transient=False)
+    task = progress.add_task("train", total=1, epoch=1, epochs=epochs, ips=0.0, loss=0.0, acc="-")
+    events: list[dict[str, Any]] = []
+
+    def on_message(kind: str, msg: dict[str, Any]) -> None:
+        if kind == "progress":
+            progress.update(task, total=msg["steps"], completed=msg["step"],
+                            epoch=msg["epoch"] + 1, ips=msg["images_per_s"], loss=msg["loss"])
+        elif kind == "epoch":
+            events.append(msg)
+            progress.update(task, completed=progress.tasks[0].total, epoch=msg["epoch"] + 1,
+                            ips=msg["images_per_s"], loss=msg["train_loss"],
+                            acc=f"{msg['val_accuracy']:.3f}")
+            if as_json:
+                print(json.dumps(msg), flush=True)
+            else:
+                progress.console.print(
+                    f"epoch {msg['epoch'] + 1}: loss {msg['train_loss']:.4f}, val acc "
+                    f"{msg['val_accuracy']:.4f}, {msg['train_images']} + {msg['val_images']} "
+                    f"images, {msg['ops']:.3e} ops, {msg['images_per_s']:.0f} img/s, "
+                    f"data {100 * msg['data_share']:.1f} % of step time", highlight=False)
+
+    with progress:
+        try:
+            outcome = run_trial(pool, spec, on_message)
+        finally:
+            pool.close()
+    if outcome.status != "completed":
+        err.print(f"[bold red]trial failed:[/] {outcome.reason}", highlight=False)
+        raise typer.Exit(1)
+    total_ops = sum(e["ops"] for e in events)
+    seconds = sum(e["ended_at"] - e["started_at"] for e in events)
+    err.print(f"best val accuracy {outcome.best_accuracy:.4f} (epoch {outcome.best_epoch + 1}); "
+              f"{total_ops:.3e} ops in {seconds:.1f} s = {total_ops / max(seconds, 1e-9):.3e} OPS"
+              f" ({outcome.precision})", highlight=False)
+
+
 def _stub(name: str, doc: str) -> None:
     def command() -> None:
         not_built(name)

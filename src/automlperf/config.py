@@ -130,6 +130,15 @@ class TrainConfig(_Section):
             raise ValueError("each fraction must be in (0, 1]")
         return value
 
+    def per_device_batch(self, memory_gib: float | None) -> int:
+        """Images per accelerator before HPO: the configured value, else 448 per 32 GB of
+        accelerator memory (multiples of 8), else 64 on a CPU."""
+        if self.batch_size is not None:
+            return self.batch_size
+        if memory_gib is None:
+            return 64
+        return max(8, int(448 * memory_gib / 32) // 8 * 8)
+
     def round_epochs(self, round_index: int) -> int:
         """Epoch budget of a replica's round (0-based)."""
         if round_index < len(self.warmup_round_fractions):

@@ -32,14 +32,37 @@ from automlperf.search.morph import Limits, MorphError, morph
 TRAINED = "completed"
 
 
-@dataclass(frozen=True)
 class Model:
-    """One entry of the history, oldest first."""
+    """One entry of the history, oldest first. The graph may be given as JSON text with its
+    known content hash: it is then parsed only if the search needs it, so a long history
+    costs little more than its hashes."""
 
-    id: Any
-    graph: Graph
-    accuracy: float | None = None
-    status: str = TRAINED
+    __slots__ = ("id", "accuracy", "status", "_graph", "_json", "_hash")
+
+    def __init__(self, id: Any, graph: Graph | None = None, accuracy: float | None = None,
+                 status: str = TRAINED, *, graph_json: str | None = None,
+                 content_hash: str | None = None) -> None:
+        if graph is None and graph_json is None:
+            raise ValueError("a model needs a graph or its JSON")
+        self.id, self.accuracy, self.status = id, accuracy, status
+        self._graph, self._json, self._hash = graph, graph_json, content_hash
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            self._graph = Graph.from_json(self._json)  # type: ignore[arg-type]
+            if self._hash is not None:
+                object.__setattr__(self._graph, "_hash", self._hash)
+        return self._graph
+
+    @property
+    def content_hash(self) -> str:
+        if self._hash is None:
+            self._hash = self.graph.content_hash()
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"Model({self.id!r}, accuracy={self.accuracy}, status={self.status!r})"
 
 
 @dataclass
@@ -84,7 +107,7 @@ class Searcher:
 
     def _gram(self, models: list[Model]) -> np.ndarray:
         """Pairwise distances of ``models``, computing only rows with uncached pairs."""
-        hashes = [m.graph.content_hash() for m in models]
+        hashes = [m.content_hash for m in models]
         pairs = self._pairs
         packed = None
         for i, hi in enumerate(hashes):
@@ -121,7 +144,7 @@ class Searcher:
         recent = [i for i in range(len(trained) - 1, -1, -1) if i not in chosen][: cap // 4]
         chosen.update(recent)
         rest = sorted((i for i in range(len(trained)) if i not in chosen),
-                      key=lambda i: trained[i].graph.content_hash())
+                      key=lambda i: trained[i].content_hash)
         chosen.update(rest[: cap - len(chosen)])
         return [trained[i] for i in sorted(chosen)]
 
@@ -129,7 +152,7 @@ class Searcher:
     def next_candidate(self, history: Sequence[Model], seed_graph: Graph, rng: random.Random,
                        kernel_size: int = 3) -> Candidate:
         started = time.perf_counter()
-        taken = {m.graph.content_hash() for m in history}
+        taken = {m.content_hash for m in history}
         trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
         if not trained:
             return self._cold_start(seed_graph, taken, rng, kernel_size, started)

@@ -1,0 +1,321 @@
+"""A replica's training processes: one per accelerator, alive across trials.
+
+Each rank process initialises its device, the process group and the dataset once, then
+waits for trial specs. Messages are JSON over pipes (no pickled objects cross a process
+boundary). The parent watches every rank: a rank that dies, or a failure that leaves the
+others stuck in a collective, ends that trial with a recorded reason and the pool restarts,
+so the replica is ready for the next trial.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from automlperf.train.trainer import TrialOutcome, TrialSpec
+
+OnMessage = Callable[[str, dict[str, Any]], None]
+
+
+class PoolError(RuntimeError):
+    """The training processes could not start."""
+
+
+@dataclass
+class DataArgs:
+    dataset: str
+    data_dir: str | None = None
+    image_size: int | None = None
+    workers: int = 0
+    gpu_decode: bool = False
+    synthetic_images: int = 4096
+    synthetic_classes: int = 1000
+
+
+def visible_accelerators() -> list[str]:
+    import torch
+
+    if torch.cuda.is_available():
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return []
+
+
+def choose_devices(count: int | None) -> list[str]:
+    """The first ``count`` visible GPUs (default all); without GPUs, ``count`` CPU ranks
+    (default 1), which share the host's cores."""
+    gpus = visible_accelerators()
+    if gpus:
+        if count is not None and count > len(gpus):
+            raise PoolError(f"{count} devices requested but only {len(gpus)} GPUs are visible")
+        return gpus[: count or len(gpus)]
+    return ["cpu"] * (count or 1)
+
+
+def accelerator_memory_gib() -> float | None:
+    """Memory of the smallest visible GPU, GiB; None without GPUs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory
+               for i in range(torch.cuda.device_count())) / 2**30
+
+
+def cores_available() -> int:
+    """CPU cores this process may use (SLURM's allocation or the affinity mask)."""
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        if os.environ.get(var, "").isdigit():
+            return max(1, int(os.environ[var]))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
+    conn.send_bytes(json.dumps({"kind": kind, **payload}).encode())
+
+
+def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
+               data: dict[str, Any], conn: Connection) -> None:
+    # Ranks stop when the parent says so or kills them; Ctrl-C goes to the parent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from automlperf.train import data as datasets
+        from automlperf.train.trainer import RankContext, run_trial
+
+        torch.set_num_threads(max(1, threads))
+        device = torch.device(device_name)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if world > 1:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=600))
+        dataset = datasets.load(**data)
+        ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
+        _send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
+                              "device": _device_name(device)})
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
+        _send(conn, "fatal", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
+                              "traceback": traceback.format_exc()})
+        return
+    while True:
+        try:
+            msg = json.loads(conn.recv_bytes())
+        except EOFError:
+            return  # the parent is gone
+        if msg["kind"] == "stop":
+            break
+        spec = TrialSpec.from_dict(msg["spec"])
+        outcome = run_trial(spec, ctx, emit=lambda kind, payload: _send(conn, kind, payload))
+        _send(conn, "done", {"rank": rank, "outcome": outcome.to_dict()})
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def _device_name(device: Any) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class _Rank:
+    process: Any
+    conn: Connection
+    done: dict[str, Any] | None = None
+
+
+@dataclass
+class DevicePool:
+    """Training processes for ``devices`` (e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu"]``)."""
+
+    devices: list[str]
+    data: DataArgs
+    threads_per_rank: int = 1
+    start_timeout_s: float = 300.0
+    failure_grace_s: float = 10.0
+    description: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0
+    _ranks: list[_Rank] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise PoolError("no devices to train on")
+        self._start()
+
+    @property
+    def world(self) -> int:
+        return len(self.devices)
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._ranks = []
+        for rank, device in enumerate(self.devices):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, name=f"automlperf-rank{rank}", daemon=True,
+                               args=(rank, self.world, port, device, self.threads_per_rank,
+                                     self.data.__dict__, child))
+            proc.start()
+            child.close()
+            self._ranks.append(_Rank(proc, parent))
+        deadline = time.monotonic() + self.start_timeout_s
+        ready = 0
+        while ready < self.world:
+            for r, rank in enumerate(self._ranks):
+                if rank.done is not None:
+                    continue
+                if rank.conn.poll(0.05):
+                    try:
+                        msg = json.loads(rank.conn.recv_bytes())
+                    except EOFError:
+                        msg = {"kind": "fatal", "error": "exited during start-up"}
+                    if msg["kind"] == "fatal":
+                        self.close()
+                        raise PoolError(f"training process {r} ({self.devices[r]}) failed to "
+                                        f"start: {msg['error']}")
+                    rank.done = msg
+                    ready += 1
+                elif not rank.process.is_alive():
+                    self.close()
+                    raise PoolError(f"training process {r} ({self.devices[r]}) exited with "
+                                    f"code {rank.process.exitcode} during start-up")
+            if time.monotonic() > deadline:
+                self.close()
+                raise PoolError(f"training processes did not start in {self.start_timeout_s:.0f} s")
+        self.description = {"dataset": self._ranks[0].done["dataset"],
+                            "devices": [r.done["device"] for r in self._ranks]}
+        for rank in self._ranks:
+            rank.done = None
+
+    def run(self, spec: TrialSpec, on_message: OnMessage | None = None,
+            should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
+        """Train one trial on every rank; rank 0's progress and epoch messages go to
+        ``on_message``. ``should_stop`` is polled: when it turns true the ranks are killed
+        (epochs already reported stay reported) and the trial ends as ``stopped``."""
+        for rank in self._ranks:
+            rank.done = None
+            _send(rank.conn, "trial", {"spec": spec.to_dict()})
+        failed_at: float | None = None
+        while True:
+            if should_stop is not None and should_stop():
+                self._restart(kill_only=True)
+                return TrialOutcome(spec.trial_id, "stopped", "deadline reached",
+                                    batch_size=spec.batch_size)
+            waitables = [r.conn for r in self._ranks if r.done is None]
+            waitables += [r.process.sentinel for r in self._ranks if r.done is None]
+            for ready in wait(waitables, timeout=0.2):
+                for idx, rank in enumerate(self._ranks):
+                    if ready is rank.conn:
+                        self._receive(idx, rank, on_message)
+                    elif ready is rank.process.sentinel and rank.done is None:
+                        # Drain what it said before dying.
+                        while rank.conn.poll() and self._receive(idx, rank, on_message):
+                            pass
+                        if rank.done is None:
+                            code = rank.process.exitcode
+                            self._restart()
+                            return TrialOutcome(spec.trial_id, "failed",
+                                                f"crash: training process {idx} exited with "
+                                                f"code {code}", batch_size=spec.batch_size,
+                                                extra={"failure": "crash"})
+            outcomes = [r.done for r in self._ranks]
+            if all(o is not None for o in outcomes):
+                first_bad = next((o for o in outcomes if o["status"] != "completed"), None)
+                return TrialOutcome(**(first_bad or outcomes[0]))
+            if any(o is not None and o["status"] != "completed" for o in outcomes):
+                # One rank failed; the others may wait forever in a collective.
+                failed_at = failed_at or time.monotonic()
+                if time.monotonic() - failed_at > self.failure_grace_s:
+                    bad = next(o for o in outcomes if o is not None and o["status"] != "completed")
+                    self._restart()
+                    return TrialOutcome(**bad)
+
+    def _receive(self, idx: int, rank: _Rank, on_message: OnMessage | None) -> bool:
+        """Handle one message; False when the rank's end of the pipe is closed."""
+        try:
+            msg = json.loads(rank.conn.recv_bytes())
+        except EOFError:
+            return False
+        kind = msg.pop("kind")
+        if kind == "done":
+            rank.done = msg["outcome"]
+        elif on_message is not None:
+            on_message(kind, msg)
+        return True
+
+    def _restart(self, kill_only: bool = False) -> None:
+        self._kill()
+        if not kill_only:
+            self.restarts += 1
+            self._start()
+        else:
+            self._ranks = []
+
+    def _kill(self) -> None:
+        for rank in self._ranks:
+            if rank.process.is_alive():
+                os.kill(rank.process.pid, signal.SIGKILL)
+        for rank in self._ranks:
+            rank.process.join(timeout=10)
+            rank.conn.close()
+
+    def ensure_running(self) -> None:
+        if not self._ranks:
+            self._start()
+
+    def close(self) -> None:
+        for rank in self._ranks:
+            try:
+                _send(rank.conn, "stop", {})
+            except (OSError, ValueError):
+                pass
+        for rank in self._ranks:
+            rank.process.join(timeout=15)
+        self._kill()
+        self._ranks = []
+
+    def __enter__(self) -> DevicePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = None,
+              should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
+    """Run a trial; if it runs out of memory before finishing an epoch, retry it once at half
+    the batch size (recorded in the outcome)."""
+    pool.ensure_running()
+    outcome = pool.run(spec, on_message, should_stop)
+    if (outcome.extra.get("failure") == "oom" and outcome.epochs == 0
+            and spec.batch_size // 2 >= pool.world):
+        first = outcome.reason
+        spec = TrialSpec.from_dict({**spec.to_dict(), "batch_size": spec.batch_size // 2})
+        pool.ensure_running()
+        outcome = pool.run(spec, on_message, should_stop)
+        outcome.extra["oom_retry"] = {"first_batch_size": spec.batch_size * 2, "reason": first}
+    return outcome

@@ -1,0 +1,380 @@
+"""Training one trial on one data-parallel rank.
+
+Every rank runs :func:`run_trial` with the same spec; gradients are all-reduced by
+DistributedDataParallel. Rank 0 reports an :class:`EpochEvent` after each epoch, with image
+counts summed over all ranks and the operations they cost, and keeps the best weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from automlperf.graph.graph import Graph
+from automlperf.ops.count import count, epoch_ops
+from automlperf.train.builder import build_module
+from automlperf.train.data import Dataset
+from automlperf.train.inherit import inherit
+
+ALLOWED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+Emit = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class TrialSpec:
+    """Everything a rank needs to train one trial; plain JSON data."""
+
+    trial_id: Any
+    graph: dict[str, Any]
+    epochs: int
+    batch_size: int  # global: images per optimiser step over all ranks
+    patience: int
+    lr_per_256: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-5
+    warmup_epochs: float = 2.0
+    label_smoothing: float = 0.1
+    precision: str = "auto"
+    channels_last: bool | None = None
+    compile: bool = False
+    init: str = "kaiming_normal"
+    seed: int = 0
+    parent_graph: dict[str, Any] | None = None
+    parent_weights: str | None = None
+    weights_out: str | None = None
+    round: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+        return cls(**data)
+
+    @classmethod
+    def from_config(cls, train: Any, seed_init: str, **fields: Any) -> TrialSpec:
+        """A spec with the training settings of a ``TrainConfig``; ``fields`` fill the rest."""
+        return cls(lr_per_256=train.lr_per_256, momentum=train.momentum,
+                   nesterov=train.nesterov, weight_decay=train.weight_decay,
+                   warmup_epochs=train.warmup_epochs, label_smoothing=train.label_smoothing,
+                   precision=train.precision, channels_last=train.channels_last,
+                   compile=train.compile, init=seed_init, **fields)
+
+
+@dataclass
+class EpochEvent:
+    """One completed epoch, the unit the score is made of."""
+
+    trial_id: Any
+    epoch: int
+    started_at: float
+    ended_at: float
+    train_images: int
+    val_images: int
+    steps: int
+    ops: int
+    train_loss: float
+    val_accuracy: float
+    precision: str
+    batch_size: int
+    world_size: int
+    data_share: float
+    images_per_s: float
+    skipped_images: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrialOutcome:
+    trial_id: Any
+    status: str  # completed | failed | stopped
+    reason: str = ""
+    epochs: int = 0
+    best_accuracy: float | None = None
+    best_epoch: int | None = None
+    batch_size: int = 0
+    precision: str = ""
+    weights: str | None = None
+    early_stopped: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TrialFailure(RuntimeError):
+    """A trial that cannot go on; ``kind`` is oom, nan, data or error."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world: int
+    device: torch.device
+    dataset: Dataset
+    distributed: bool = False
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """The precision a trial runs in: ``auto`` is bf16 on GPUs that have it, fp16 on other
+    GPUs, fp32 on CPUs (where 16-bit autocast is far slower)."""
+    if requested not in ("auto", *ALLOWED_PRECISIONS):
+        raise ValueError(f"precision {requested!r} is not allowed: the minimum is 16-bit "
+                         "floating point (bf16, fp16, tf32, fp32)")
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text
+                                              or "can't allocate memory" in text)
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up to 1, then linear decay to 0 at ``total`` steps."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def _optimizer(module: nn.Module, spec: TrialSpec, lr: float) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        (decay if p.ndim > 1 else no_decay).append(p)  # no decay on BN and biases
+    return torch.optim.SGD([{"params": decay, "weight_decay": spec.weight_decay},
+                            {"params": no_decay, "weight_decay": 0.0}],
+                           lr=lr, momentum=spec.momentum, nesterov=spec.nesterov)
+
+
+def _initial_module(spec: TrialSpec, graph: Graph) -> nn.Module:
+    if spec.parent_graph is not None and spec.parent_weights:
+        from safetensors.torch import load_file
+
+        parent = Graph.from_dict(spec.parent_graph)
+        module = build_module(graph, spec.init, seed=spec.seed)
+        module.load_state_dict(inherit(parent, load_file(spec.parent_weights), graph,
+                                       seed=spec.seed))
+        return module
+    return build_module(graph, spec.init, seed=spec.seed)
+
+
+def save_weights(module: nn.Module, path: str) -> None:
+    """Atomically write a safetensors file (a kill mid-write leaves the old file intact)."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    tmp = f"{path}.tmp{os.getpid()}"
+    save_file(state, tmp)
+    os.replace(tmp, path)
+
+
+def _all_sum(values: list[float], ctx: RankContext) -> list[float]:
+    if not ctx.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def run_trial(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -> TrialOutcome:
+    """Train ``spec`` on this rank; returns how the trial ended. Failures are classified,
+    not raised, so the rank stays ready for the next trial."""
+    emit = emit if (emit is not None and ctx.rank == 0) else (lambda kind, payload: None)
+    outcome = TrialOutcome(spec.trial_id, "failed", batch_size=spec.batch_size)
+    try:
+        _train(spec, ctx, emit, outcome)
+    except TrialFailure as exc:
+        outcome.status, outcome.reason = "failed", f"{exc.kind}: {exc}"
+        outcome.extra["failure"] = exc.kind
+    except Exception as exc:  # noqa: BLE001 - any error ends this trial, not the rank
+        kind = "oom" if is_oom(exc) else "error"
+        outcome.status = "failed"
+        outcome.reason = f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        outcome.extra["failure"] = kind
+    finally:
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return outcome
+
+
+class _Run:
+    """The state of one trial on one rank: module, optimiser, schedule and precision."""
+
+    def __init__(self, spec: TrialSpec, ctx: RankContext, graph: Graph) -> None:
+        self.spec, self.ctx, self.data, self.device = spec, ctx, ctx.dataset, ctx.device
+        self.precision = resolve_precision(spec.precision, self.device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.precision == "tf32"
+            torch.backends.cudnn.allow_tf32 = self.precision == "tf32"
+            torch.backends.cudnn.benchmark = True
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self.autocast: Any = (torch.autocast(self.device.type, dtype=amp_dtype) if amp_dtype
+                              else contextlib.nullcontext())
+        self.channels_last = (spec.channels_last if spec.channels_last is not None
+                              else self.device.type == "cuda")
+        self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        self.module = _initial_module(spec, graph).to(self.device, memory_format=self.memory_format)
+        self.per_rank = spec.batch_size // ctx.world
+        self.batch = self.per_rank * ctx.world
+        self.ops = count(graph, batch_size=self.batch)
+        self.steps_per_epoch = math.ceil(math.ceil(self.data.train_size / ctx.world) / self.per_rank)
+        total = max(1, spec.epochs * self.steps_per_epoch)
+        warmup = min(int(spec.warmup_epochs * self.steps_per_epoch), total // 2)
+        self.optimizer = _optimizer(self.module, spec, spec.lr_per_256 * self.batch / 256)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, total, warmup))
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        runner: nn.Module = torch.compile(self.module) if spec.compile else self.module
+        if ctx.distributed:
+            runner = nn.parallel.DistributedDataParallel(
+                runner, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                gradient_as_bucket_view=True)
+        self.runner = runner
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
+
+    def train_epoch(self, epoch: int, emit: Emit) -> tuple[float, int, int, float, float]:
+        """(loss sum, images, optimiser steps, seconds waiting for data, seconds) of this
+        rank's share of one epoch."""
+        self.module.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        images = steps = 0
+        data_wait = 0.0
+        started = last_report = time.perf_counter()
+        batches = self.data.batches("train", self.ctx.rank, self.ctx.world, self.per_rank,
+                                    epoch, self.spec.seed, self.device)
+        # Shards may differ by one image: join() lets a rank that runs out first shadow the
+        # others' all-reduces, then syncs the final weights, so no image is dropped.
+        with self.runner.join() if self.ctx.distributed else contextlib.nullcontext():
+            while True:
+                t0 = time.perf_counter()
+                item = next(batches, None)
+                data_wait += time.perf_counter() - t0
+                if item is None:
+                    break
+                x, y = item
+                if len(y) < 2:
+                    continue  # BatchNorm cannot train on one image; it is not counted
+                loss = self._step(x, y)
+                loss_sum += loss * len(y)
+                images += len(y)
+                steps += 1
+                now = time.perf_counter()
+                if now - last_report > 0.5:
+                    last_report = now
+                    emit("progress", {"trial_id": self.spec.trial_id, "epoch": epoch,
+                                      "step": steps, "steps": self.steps_per_epoch,
+                                      "loss": float(loss),
+                                      "images_per_s": images * self.ctx.world / (now - started)})
+        return float(loss_sum), images, steps, data_wait, time.perf_counter() - started
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.autocast:
+            loss = self.loss_fn(self.runner(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.schedule.step()
+        return loss.detach()
+
+    @torch.no_grad()
+    def validate(self) -> tuple[int, int]:
+        """(correct, images) of this rank's validation shard."""
+        self.module.eval()
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        seen = 0
+        for x, y in self.data.batches("val", self.ctx.rank, self.ctx.world, self.per_rank, 0,
+                                      self.spec.seed, self.device):
+            with self.autocast:
+                logits = self.module(x.contiguous(memory_format=self.memory_format))
+            correct += (logits.argmax(1) == y).sum()
+            seen += len(y)
+        return int(correct), seen
+
+
+def _reduce(values: list[float], ctx: RankContext, op: Any = None) -> list[float]:
+    if not ctx.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome) -> None:
+    graph = Graph.from_dict(spec.graph)
+    data = ctx.dataset
+    if graph.input_shape != data.input_shape:
+        raise TrialFailure("data", f"graph input {graph.input_shape} does not match the "
+                           f"{data.name} images {data.input_shape}")
+    if graph.num_classes != data.num_classes:
+        raise TrialFailure("data", f"graph has {graph.num_classes} outputs but {data.name} has "
+                           f"{data.num_classes} classes")
+    if spec.batch_size < ctx.world:
+        raise TrialFailure("data", f"batch size {spec.batch_size} is smaller than the "
+                           f"{ctx.world} ranks")
+    run = _Run(spec, ctx, graph)
+    outcome.precision, outcome.batch_size = run.precision, run.batch
+    best, stale = -1.0, 0
+    for epoch in range(spec.epochs):
+        started = time.time()
+        skipped_before = data.skipped
+        loss_sum, images, steps, wait, seconds = run.train_epoch(epoch, emit)
+        correct, seen = run.validate()
+        loss_sum, images, correct, seen, skipped, wait = _reduce(
+            [loss_sum, images, correct, seen, data.skipped - skipped_before, wait], ctx)
+        # One optimiser update per global step: the rank that stepped most counts them.
+        (steps,) = _reduce([steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
+        images, seen, steps = int(images), int(seen), int(steps)
+        if not math.isfinite(loss_sum):
+            raise TrialFailure("nan", f"the training loss became non-finite in epoch {epoch}")
+        accuracy = correct / seen if seen else 0.0
+        event = EpochEvent(
+            trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=time.time(),
+            train_images=images, val_images=seen, steps=steps,
+            ops=epoch_ops(run.ops, images, steps, seen),
+            train_loss=loss_sum / max(1, images), val_accuracy=accuracy,
+            precision=run.precision, batch_size=run.batch, world_size=ctx.world,
+            data_share=min(1.0, wait / ctx.world / max(seconds, 1e-9)),
+            images_per_s=images / max(seconds, 1e-9), skipped_images=int(skipped))
+        outcome.epochs = epoch + 1
+        if accuracy > best:
+            best, stale = accuracy, 0
+            outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+            if ctx.rank == 0 and spec.weights_out:
+                save_weights(run.module, spec.weights_out)
+                outcome.weights = spec.weights_out
+        else:
+            stale += 1
+        emit("epoch", event.to_dict())
+        if stale >= spec.patience:
+            outcome.early_stopped = True
+            break
+    outcome.status = "completed"

@@ -1,0 +1,154 @@
+import pickle
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from automlperf.train import data as datasets
+from automlperf.train.data import DataError, random_resized_crop_box, shard
+
+CPU = torch.device("cpu")
+
+
+def collect(ds, split, world=1, batch=16, epoch=0):
+    xs, ys = [], []
+    for rank in range(world):
+        for x, y in ds.batches(split, rank, world, batch, epoch, 0, CPU):
+            xs.append(x)
+            ys.append(y)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def test_builtin_ships_with_the_package():
+    ds = datasets.load("builtin", image_size=16)
+    assert (ds.train_size, ds.val_size, ds.num_classes, ds.input_shape) == (1437, 360, 10, (1, 16, 16))
+    x, y = collect(ds, "val")
+    assert x.shape == (360, 1, 16, 16) and torch.bincount(y).tolist() == [36] * 10
+    assert abs(float(x.mean())) < 0.3 and 0.6 < float(x.std()) < 1.4  # normalised
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_shards_cover_every_image_once(world):
+    for split in ("train", "val"):
+        parts = [shard(101, r, world, split, epoch=4, seed=1) for r in range(world)]
+        assert sorted(torch.cat(parts).tolist()) == list(range(101))
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert not torch.equal(shard(101, 0, 1, "train", 0, 1), shard(101, 0, 1, "train", 1, 1))
+
+
+def write_cifar(folder, binary, per_batch=20):
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        images = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        labels = rng.integers(0, 10, per_batch)
+        if binary:
+            rec = np.concatenate([labels[:, None].astype(np.uint8), images], axis=1)
+            (folder / f"{name}.bin").write_bytes(rec.tobytes())
+        else:
+            (folder / name).write_bytes(pickle.dumps({b"data": images, b"labels": labels.tolist()},
+                                                     protocol=2))
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_cifar10_batches(tmp_path, binary):
+    write_cifar(tmp_path / "cifar-10-batches-x", binary)
+    if binary:
+        (tmp_path / "cifar-10-batches-x").rename(tmp_path / "cifar-10-batches-bin")
+        ds = datasets.load("cifar10", tmp_path)
+    else:
+        ds = datasets.load("cifar10", tmp_path / "cifar-10-batches-x")
+    assert (ds.train_size, ds.val_size, ds.input_shape) == (100, 20, (3, 32, 32))
+    x, y = collect(ds, "train", world=2)
+    assert x.shape == (100, 3, 32, 32) and y.max() < 10
+
+
+def test_cifar10_python_batches_are_never_unpickled_into_objects(tmp_path):
+    write_cifar(tmp_path / "c", binary=False)
+
+    class Evil:
+        def __reduce__(self):
+            return (subprocess.call, (["touch", str(tmp_path / "owned")],))
+
+    (tmp_path / "c" / "data_batch_3").write_bytes(pickle.dumps({b"data": Evil(), b"labels": []}))
+    with pytest.raises(DataError, match="data_batch_3: not a CIFAR-10 python batch"):
+        datasets.load("cifar10", tmp_path / "c")
+    assert not (tmp_path / "owned").exists()
+
+
+def test_cifar10_errors(tmp_path):
+    with pytest.raises(DataError, match="cifar10 needs --data-dir"):
+        datasets.load("cifar10", None)
+    with pytest.raises(DataError, match="no CIFAR-10 batches found"):
+        datasets.load("cifar10", tmp_path)
+    write_cifar(tmp_path / "b", binary=True)
+    (tmp_path / "b" / "test_batch.bin").write_bytes(b"\x00" * 100)
+    with pytest.raises(DataError, match="not a multiple of 3073-byte records"):
+        datasets.load("cifar10", tmp_path / "b")
+
+
+def make_image_folder(root, classes=("cat", "dog"), per_class=5, corrupt=True):
+    rng = np.random.default_rng(1)
+    for split in ("train", "val"):
+        for c, cls in enumerate(classes):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                w, h = int(rng.integers(40, 90)), int(rng.integers(40, 90))
+                pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                pixels[..., c] = 255  # a class-dependent colour
+                Image.fromarray(pixels).save(folder / f"{i}.JPEG", quality=85)
+    if corrupt:
+        good = (root / "train" / classes[0] / "0.JPEG").read_bytes()
+        (root / "train" / classes[0] / "broken.JPEG").write_bytes(good[: len(good) // 3])
+        (root / "train" / classes[1] / "empty.JPEG").write_bytes(b"")
+        (root / "train" / classes[1] / "notes.txt").write_text("not an image")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_imagenet_folders_skip_and_count_corrupt_images(tmp_path, workers):
+    make_image_folder(tmp_path)
+    ds = datasets.load("imagenet", tmp_path, image_size=32, workers=workers)
+    assert ds.num_classes == 2 and ds.train_size == 12 and ds.val_size == 10
+    assert not ds.official  # two classes are not ImageNet-1k
+    x, y = collect(ds, "train", batch=4)
+    assert x.shape[1:] == (3, 32, 32) and x.dtype == torch.float32
+    assert len(y) + ds.skipped == 12 and ds.skipped == 2
+    xv, yv = collect(ds, "val", world=2, batch=3)
+    assert len(yv) == 10 and sorted(yv.tolist()) == [0] * 5 + [1] * 5
+
+
+def test_imagenet_folder_errors(tmp_path):
+    with pytest.raises(DataError, match="imagenet needs --data-dir"):
+        datasets.load("imagenet", None)
+    with pytest.raises(DataError, match="train not found"):
+        datasets.load("imagenet", tmp_path)
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "train" / "a" / "x.JPEG")
+    (tmp_path / "val" / "b").mkdir(parents=True)
+    with pytest.raises(DataError, match="class 'b' is not in train/"):
+        datasets.load("imagenet", tmp_path)
+
+
+def test_gpu_decode_without_dali_says_how_to_get_it(tmp_path):
+    make_image_folder(tmp_path, corrupt=False)
+    with pytest.raises(DataError, match="gpu_decode needs NVIDIA DALI"):
+        datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True)
+
+
+def test_random_resized_crop_box_stays_inside():
+    import random
+
+    rng = random.Random(0)
+    for w, h in [(500, 375), (64, 400), (1000, 30)]:
+        for _ in range(50):
+            left, top, right, bottom = random_resized_crop_box(w, h, rng)
+            assert 0 <= left < right <= w and 0 <= top < bottom <= h
+
+
+def test_synthetic_data():
+    ds = datasets.load("synthetic", image_size=24, synthetic_images=50, synthetic_classes=7)
+    x, y = collect(ds, "train", world=2, batch=8)
+    assert x.shape == (50, 3, 24, 24) and y.max() < 7 and ds.val_size == 12

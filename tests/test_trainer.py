@@ -1,0 +1,179 @@
+"""The training engine with real processes, real data and real PyTorch training."""
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from automlperf.graph import INPUT, Graph, seeds
+from automlperf.graph.graph import conv, dense, simple
+from automlperf.ops import count, epoch_ops
+from automlperf.train.events import JsonlSink, read_jsonl
+from automlperf.train.pool import DataArgs, DevicePool, run_trial
+from automlperf.train.trainer import EpochEvent, TrialOutcome, TrialSpec, lr_factor
+
+pytestmark = pytest.mark.slow
+
+SMALL = seeds.resnet_small(num_classes=10, image_size=8, in_channels=1)
+
+
+def spec(trial_id="t", graph=SMALL, **kw):
+    base = dict(epochs=3, batch_size=64, patience=10, lr_per_256=0.4, warmup_epochs=1.0)
+    base.update(kw)
+    return TrialSpec(trial_id, graph.to_dict(), **base)
+
+
+class Recorder:
+    def __init__(self):
+        self.epochs, self.progress = [], []
+
+    def __call__(self, kind, msg):
+        (self.epochs if kind == "epoch" else self.progress).append(msg)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with DevicePool(["cpu"], DataArgs("builtin", image_size=8), threads_per_rank=2) as p:
+        yield p
+
+
+def test_short_training_beats_chance_and_keeps_best_weights(pool, tmp_path):
+    rec = Recorder()
+    out = run_trial(pool, spec("learn", epochs=4, weights_out=str(tmp_path / "w.safetensors")), rec)
+    assert out.status == "completed" and out.epochs == 4 and out.precision == "fp32"
+    assert out.best_accuracy > 0.6  # chance is 0.1
+    assert [e["epoch"] for e in rec.epochs] == [0, 1, 2, 3]
+    assert all(e["train_images"] == 1437 and e["val_images"] == 360 for e in rec.epochs)
+    assert rec.epochs[-1]["train_loss"] < rec.epochs[0]["train_loss"]
+    assert rec.progress and rec.progress[0]["steps"] == 23
+    from safetensors.torch import load_file
+
+    weights = load_file(out.weights)
+    assert "layers.stem_conv.weight" in weights
+
+
+def test_epoch_events_carry_exact_operation_sums(pool, tmp_path):
+    rec = Recorder()
+    run_trial(pool, spec("ops", epochs=2, batch_size=50), rec)
+    ops = count(SMALL, batch_size=50)
+    for e in rec.epochs:
+        assert e["steps"] == 29  # ceil(1437 / 50)
+        assert e["ops"] == epoch_ops(ops, e["train_images"], e["steps"], e["val_images"])
+        assert 0.0 <= e["data_share"] < 1.0 and e["images_per_s"] > 0
+    sink = JsonlSink(tmp_path / "events.jsonl")
+    for e in rec.epochs:
+        sink.epoch(EpochEvent(**e))
+    sink.trial(TrialOutcome("ops", "completed", epochs=2))
+    sink.close()
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"type": "epoch", "trial_id": "torn"')  # a kill mid-write
+    records = read_jsonl(tmp_path / "events.jsonl")
+    assert [r["type"] for r in records] == ["epoch", "epoch", "trial"]
+    assert sum(r["ops"] for r in records if r["type"] == "epoch") == sum(e["ops"] for e in rec.epochs)
+
+
+def test_early_stopping(pool):
+    rec = Recorder()
+    out = run_trial(pool, spec("stop", epochs=12, patience=1, lr_per_256=1e-7), rec)
+    assert out.status == "completed" and out.early_stopped and out.epochs < 12
+    best = max(e["val_accuracy"] for e in rec.epochs)
+    assert out.best_accuracy == best
+    assert rec.epochs[-1]["val_accuracy"] <= best
+
+
+def test_non_finite_loss_fails_the_trial_not_the_replica(pool):
+    rec = Recorder()
+    out = run_trial(pool, spec("nan", epochs=2, lr_per_256=1e9), rec)
+    assert out.status == "failed" and out.reason.startswith("nan:")
+    assert rec.epochs == []  # a diverged epoch is not a completed one
+    again = run_trial(pool, spec("after-nan", epochs=1))
+    assert again.status == "completed"
+
+
+def test_a_killed_rank_is_a_recorded_crash_and_the_pool_recovers(pool):
+    def kill_on_progress(kind, msg):
+        if kind == "progress":
+            os.kill(pool._ranks[0].process.pid, signal.SIGKILL)
+
+    out = run_trial(pool, spec("crash", epochs=3), kill_on_progress)
+    assert out.status == "failed" and out.reason.startswith("crash:") and "-9" in out.reason
+    assert pool.restarts >= 1
+    assert run_trial(pool, spec("after-crash", epochs=1)).status == "completed"
+
+
+def test_deadline_keeps_completed_epochs(pool):
+    rec = Recorder()
+    out = run_trial(pool, spec("deadline", epochs=6), rec, should_stop=lambda: len(rec.epochs) >= 1)
+    assert out.status == "stopped" and len(rec.epochs) == 1
+    assert run_trial(pool, spec("after-deadline", epochs=1)).status == "completed"
+
+
+def test_graph_must_fit_the_data(pool):
+    out = run_trial(pool, spec("mismatch", graph=seeds.resnet_small(10, 16, 1)))
+    assert out.status == "failed" and "does not match" in out.reason
+
+
+def test_two_gloo_ranks_process_the_same_images_as_one():
+    counts = {}
+    for world in (1, 2):
+        rec = Recorder()
+        with DevicePool(["cpu"] * world, DataArgs("builtin", image_size=8)) as p:
+            out = run_trial(p, spec(f"dp{world}", epochs=2, batch_size=64), rec)
+        assert out.status == "completed"
+        counts[world] = [(e["train_images"], e["val_images"], e["steps"]) for e in rec.epochs]
+        assert all(e["world_size"] == world for e in rec.epochs)
+    assert [c[:2] for c in counts[1]] == [c[:2] for c in counts[2]] == [(1437, 360)] * 2
+    # One rank: 1437 images in steps of 64. Two: 719 and 718 images in steps of 32 each.
+    assert counts[1][0][2] == 23 and counts[2][0][2] == 23
+
+
+def test_out_of_memory_retries_at_half_batch_then_recovers():
+    wide = Graph.build((3, 16, 16), [
+        conv("c", INPUT, 4096, 3, 1), simple("b", "batchnorm", "c"), simple("r", "relu", "b"),
+        simple("p", "global_avgpool", "r"), dense("fc", "p", 10), simple("s", "softmax", "fc")])
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    # The rank processes inherit a 4 GiB address-space limit: a real allocation failure.
+    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, hard))
+    try:
+        p = DevicePool(["cpu"], DataArgs("synthetic", image_size=16, synthetic_images=2048,
+                                         synthetic_classes=10))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    with p:
+        out = run_trial(p, spec("oom", graph=wide, epochs=1, batch_size=2048))
+        assert out.status == "failed" and out.extra["failure"] == "oom"
+        assert out.extra["oom_retry"]["first_batch_size"] == 2048 and out.batch_size == 1024
+        small = seeds.resnet_small(10, 16, 3)
+        assert run_trial(p, spec("fits", graph=small, epochs=1, batch_size=256)).status == "completed"
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    values = [lr_factor(s, 100, 10) for s in range(100)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert values[10] == pytest.approx(1.0) and values[-1] == pytest.approx(1 / 90)
+    assert all(a >= b for a, b in zip(values[10:], values[11:]))
+
+
+def test_train_command_json_and_errors(tmp_path):
+    graph = tmp_path / "g.json"
+    graph.write_text(SMALL.to_json())
+    exe = [sys.executable, "-m", "automlperf.cli"]
+    done = subprocess.run(exe + ["train", "--graph", str(graph), "--dataset", "builtin",
+                                 "--image-size", "8", "--epochs", "2", "--batch-size", "128",
+                                 "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["epoch"] for e in lines] == [0, 1] and lines[0]["batch_size"] == 128
+    assert "best val accuracy" in done.stderr and "OPS" in done.stderr
+    bad = subprocess.run(exe + ["train", "--graph", str(graph), "--dataset", "cifar10"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cifar10 needs --data-dir" in bad.stderr
+    wrong = subprocess.run(exe + ["train", "--model", "resnet_small", "--image-size", "32",
+                                  "--dataset", "builtin", "--graph", str(graph)],
+                           capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "--graph or --model" in wrong.stderr
