@@ -3,12 +3,12 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test setup bench clean
+.PHONY: run test setup system bench clean
 
 run: setup
 	$(BIN)/automlperf ops --model resnet50 --image-size 224 --num-classes 1000
 
-test: setup
+test: setup system
 	$(BIN)/python -m pytest
 
 setup: $(VENV)/.ready
@@ -16,6 +16,9 @@ setup: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/setup-venv.sh
 	VENV=$(VENV) PYTHON=$(PYTHON) scripts/setup-venv.sh
 	touch $@
+
+system:
+	scripts/setup-system.sh
 
 bench: setup
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -1,0 +1,1 @@
+"""Processes: the primary, replicas, local and SLURM launchers, a private PostgreSQL."""

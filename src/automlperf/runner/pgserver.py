@@ -1,0 +1,175 @@
+"""A private PostgreSQL server in a directory: for a cluster run without a database of its
+own, and for the tests. Binaries come from PATH (or Debian's /usr/lib/postgresql/*/bin);
+the password is generated, kept in a file only its owner can read, and never printed."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from automlperf.store.urls import redact
+
+USER = "automlperf"
+DATABASE = "automlperf"
+
+
+class PostgresError(RuntimeError):
+    """The private server could not be set up; the message says what to do."""
+
+
+def find_binaries() -> Path:
+    """The folder holding initdb, pg_ctl and postgres."""
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb", path=str(Path(found).parent)):
+        return Path(os.path.realpath(found)).parent
+    for folder in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if Path(folder, "pg_ctl").exists() and Path(folder, "initdb").exists():
+            return Path(folder)
+    raise PostgresError("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH: install "
+                        "PostgreSQL (e.g. apt-get install postgresql) or pass --store URL of an "
+                        "existing server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class PostgresServer:
+    """``start()`` initialises (once) and starts the server; ``url`` then reaches it."""
+
+    def __init__(self, directory: Path | str, port: int | None = None, host: str = "127.0.0.1",
+                 listen_all: bool = False) -> None:
+        self.directory = Path(directory).resolve()
+        self.data = self.directory / "pgdata"
+        self.password_file = self.directory / "pg.password"
+        self.port = port or free_port()
+        self.host = host
+        self.listen_all = listen_all
+        self.bin = find_binaries()
+        # Unix socket paths are limited to ~100 characters: keep the socket short and private.
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="amp-pg-"))
+        self._owner: str | None = None
+        if os.geteuid() == 0:
+            self._owner = self._service_user()
+
+    @staticmethod
+    def _service_user() -> str:
+        # PostgreSQL refuses to run as root; use its own account when there is one.
+        for name in ("postgres", "nobody"):
+            try:
+                pwd.getpwnam(name)
+                return name
+            except KeyError:
+                continue
+        raise PostgresError("running as root and no 'postgres' user exists to run the server")
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin / args[0]), *args[1:]]
+        if self._owner:
+            cmd = ["runuser", "-u", self._owner, "--", *cmd]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise PostgresError(f"{args[0]} failed: {redact(done.stderr.strip() or done.stdout.strip())[:500]}")
+        return done
+
+    def _allow_traverse(self) -> None:
+        """As root the server runs as another account, which must be able to reach the data
+        directory: grant traverse-only permission (no listing) on the folders above it."""
+        if not self._owner:
+            return
+        for folder in [self.directory, *self.directory.parents]:
+            mode = folder.stat().st_mode
+            if not mode & 0o001:
+                os.chmod(folder, mode | 0o001)
+
+    def _chown(self, *paths: Path) -> None:
+        if self._owner:
+            entry = pwd.getpwnam(self._owner)
+            for path in paths:
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    @property
+    def password(self) -> str:
+        return self.password_file.read_text().strip()
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://{USER}:{self.password}@{self.host}:{self.port}/{DATABASE}"
+
+    def start(self) -> str:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fresh = not (self.data / "PG_VERSION").exists()
+        if fresh:
+            old = os.umask(0o077)
+            try:
+                self.password_file.write_text(secrets.token_urlsafe(24) + "\n")
+            finally:
+                os.umask(old)
+            self.data.mkdir(mode=0o700, exist_ok=True)
+            self._allow_traverse()
+            self._chown(self.data, self.password_file, self.socket_dir)
+            self._run("initdb", "-D", str(self.data), "-U", USER, "-E", "UTF8",
+                      "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
+                      f"--pwfile={self.password_file}")
+            if self.listen_all:
+                with open(self.data / "pg_hba.conf", "a") as hba:
+                    hba.write("host all all 0.0.0.0/0 scram-sha-256\n"
+                              "host all all ::/0 scram-sha-256\n")
+        log = self.directory / "postgres.log"
+        log.touch(mode=0o600, exist_ok=True)
+        self._chown(self.socket_dir, log)
+        listen = "*" if self.listen_all else self.host
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(log),
+                  "-w", "-t", "60", "-o",
+                  f"-p {self.port} -k {self.socket_dir} -c listen_addresses='{listen}' "
+                  "-c max_connections=200", "start")
+        if fresh:
+            self._create_database()
+        return self.url
+
+    def _create_database(self) -> None:
+        import psycopg
+
+        base = f"host={self.host} port={self.port} user={USER} dbname=postgres"
+        for _ in range(50):
+            try:
+                with psycopg.connect(base, password=self.password, autocommit=True) as conn:
+                    conn.execute(f"CREATE DATABASE {DATABASE}")
+                return
+            except psycopg.OperationalError:
+                time.sleep(0.2)
+        raise PostgresError("the private PostgreSQL server did not accept connections")
+
+    def create_database(self, name: str) -> str:
+        """A further empty database on this server; its URL."""
+        import psycopg
+
+        with psycopg.connect(f"host={self.host} port={self.port} user={USER} dbname=postgres",
+                             password=self.password, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return f"postgresql+psycopg://{USER}:{self.password}@{self.host}:{self.port}/{name}"
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            try:
+                self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+            except PostgresError:
+                pass
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    def __enter__(self) -> PostgresServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,196 @@
+"""The shared history of a benchmark run: the contract every store backend keeps."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+RUNNING, COMPLETED, FAILED, STOPPED = "running", "completed", "failed", "stopped"
+FINAL = (COMPLETED, FAILED, STOPPED)
+
+
+class StoreError(RuntimeError):
+    """The store cannot do what was asked; the message says why."""
+
+
+class SchemaMismatch(StoreError):
+    """The store was written by an incompatible version of automlperf."""
+
+
+@dataclass
+class TrialRecord:
+    id: int
+    run_id: int
+    replica_index: int
+    replica_id: int | None
+    graph_hash: str
+    graph_json: str
+    parent_id: int | None
+    morphs: list[dict[str, Any]]
+    round: int
+    hparams: dict[str, Any]
+    status: str
+    reason: str
+    created_at: float
+    finished_at: float | None
+    lease_until: float | None
+    best_accuracy: float | None
+    predicted_accuracy: float | None
+    epochs_done: int
+    weights_path: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def search_accuracy(self) -> float | None:
+        """What the architecture search ranks by: the predicted accuracy while a trial was
+        trained short (warm-up rounds), the measured one otherwise."""
+        return self.predicted_accuracy if self.predicted_accuracy is not None else self.best_accuracy
+
+
+@dataclass
+class EpochRecord:
+    run_id: int
+    trial_id: int
+    epoch: int
+    started_at: float
+    ended_at: float
+    train_images: int
+    val_images: int
+    steps: int
+    ops: int
+    train_loss: float
+    val_accuracy: float
+    precision: str
+    batch_size: int
+    world_size: int
+    data_share: float
+    images_per_s: float
+    skipped_images: int = 0
+
+
+@dataclass
+class SegmentRecord:
+    """One session of the primary: a run interrupted and resumed has several."""
+
+    run_id: int
+    index: int
+    started_at: float
+    deadline_at: float
+    last_seen: float
+    ended_at: float | None
+
+    @property
+    def end(self) -> float:
+        return self.ended_at if self.ended_at is not None else self.last_seen
+
+
+@dataclass
+class ReplicaRecord:
+    id: int
+    run_id: int
+    index: int
+    segment: int
+    host: str
+    pid: int
+    devices: list[str]
+    started_at: float
+    last_heartbeat: float
+    status: str
+
+
+class Store(ABC):
+    """The history of runs, replicas, trials, epochs and monitor samples.
+
+    Contract (every backend, checked by one test class):
+
+    * A run's schema version is checked on open; an incompatible store is refused with
+      :class:`SchemaMismatch`, never migrated silently.
+    * Nothing recorded is rewritten. Epochs are insert-only and an epoch recorded twice is an
+      error. A trial's status moves once, from ``running`` to ``completed``, ``failed`` or
+      ``stopped``; a later attempt to finish it again returns False and changes nothing.
+    * Each architecture is trained once per run: :meth:`claim_trial` returns None when the
+      same graph hash is already claimed, by any replica.
+    * A running trial holds a lease that its replica's :meth:`heartbeat` extends;
+      :meth:`expire_leases` fails trials whose lease has lapsed (their replica stopped
+      heart-beating). Their recorded epochs stay and still count.
+    * Methods are safe to call from several processes at once, and retry transient
+      connection failures with back-off before giving up with :class:`StoreError`.
+    """
+
+    url: str
+
+    # runs and segments ---------------------------------------------------------------------
+    @abstractmethod
+    def create_run(self, name: str, config: dict[str, Any], system: dict[str, Any],
+                   duration_s: float, now: float) -> int: ...
+
+    @abstractmethod
+    def run(self, run_id: int) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def start_segment(self, run_id: int, now: float, deadline_at: float) -> int: ...
+
+    @abstractmethod
+    def touch_segment(self, run_id: int, index: int, now: float) -> None: ...
+
+    @abstractmethod
+    def end_segment(self, run_id: int, index: int, ended_at: float) -> None: ...
+
+    @abstractmethod
+    def segments(self, run_id: int) -> list[SegmentRecord]: ...
+
+    # replicas ------------------------------------------------------------------------------
+    @abstractmethod
+    def register_replica(self, run_id: int, index: int, segment: int, host: str, pid: int,
+                         devices: list[str], now: float) -> int: ...
+
+    @abstractmethod
+    def heartbeat(self, replica_id: int, now: float, lease_s: float) -> None:
+        """Mark the replica alive and extend the leases of its running trials."""
+
+    @abstractmethod
+    def end_replica(self, replica_id: int, status: str, now: float) -> None: ...
+
+    @abstractmethod
+    def replicas(self, run_id: int) -> list[ReplicaRecord]: ...
+
+    # trials --------------------------------------------------------------------------------
+    @abstractmethod
+    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
+                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
+                    round_index: int, hparams: dict[str, Any], now: float,
+                    lease_s: float) -> int | None: ...
+
+    @abstractmethod
+    def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
+                     best_accuracy: float | None = None,
+                     predicted_accuracy: float | None = None, weights_path: str | None = None,
+                     extra: dict[str, Any] | None = None) -> bool: ...
+
+    @abstractmethod
+    def expire_leases(self, run_id: int, now: float) -> list[int]: ...
+
+    @abstractmethod
+    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]: ...
+
+    @abstractmethod
+    def trial(self, trial_id: int) -> TrialRecord: ...
+
+    # epochs and samples --------------------------------------------------------------------
+    @abstractmethod
+    def record_epoch(self, epoch: EpochRecord) -> None: ...
+
+    @abstractmethod
+    def epochs(self, run_id: int) -> list[EpochRecord]: ...
+
+    @abstractmethod
+    def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None: ...
+
+    @abstractmethod
+    def samples(self, run_id: int) -> list[dict[str, Any]]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...

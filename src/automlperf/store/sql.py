@@ -1,0 +1,400 @@
+"""The store on SQLAlchemy: SQLite (one machine, the default) or PostgreSQL (clusters)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from automlperf.store.base import (COMPLETED, FINAL, RUNNING, SCHEMA_VERSION, EpochRecord,
+                                   ReplicaRecord, SchemaMismatch, SegmentRecord, Store,
+                                   StoreError, TrialRecord)
+from automlperf.store.urls import normalise_url, redact
+
+meta = sa.MetaData()
+T_META = sa.Table("meta", meta, sa.Column("key", sa.String(64), primary_key=True),
+                  sa.Column("value", sa.Text, nullable=False))
+T_RUNS = sa.Table(
+    "runs", meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("duration_s", sa.Float, nullable=False),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("system", sa.Text, nullable=False))
+T_SEGMENTS = sa.Table(
+    "segments", meta,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("deadline_at", sa.Float, nullable=False),
+    sa.Column("last_seen", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float))
+T_REPLICAS = sa.Table(
+    "replicas", meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("idx", sa.Integer, nullable=False),
+    sa.Column("segment", sa.Integer, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("devices", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("last_heartbeat", sa.Float, nullable=False),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("ended_at", sa.Float))
+T_TRIALS = sa.Table(
+    "trials", meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("replica_index", sa.Integer, nullable=False),
+    sa.Column("replica_id", sa.Integer, sa.ForeignKey("replicas.id")),
+    sa.Column("graph_hash", sa.String(64), nullable=False),
+    sa.Column("graph_json", sa.Text, nullable=False),
+    sa.Column("parent_id", sa.Integer, sa.ForeignKey("trials.id")),
+    sa.Column("morphs", sa.Text, nullable=False),
+    sa.Column("round", sa.Integer, nullable=False),
+    sa.Column("hparams", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("finished_at", sa.Float),
+    sa.Column("lease_until", sa.Float),
+    sa.Column("best_accuracy", sa.Float),
+    sa.Column("predicted_accuracy", sa.Float),
+    sa.Column("weights_path", sa.Text),
+    sa.Column("extra", sa.Text, nullable=False, default="{}"),
+    sa.UniqueConstraint("run_id", "graph_hash", name="one_trial_per_architecture"))
+T_EPOCHS = sa.Table(
+    "epochs", meta,
+    sa.Column("trial_id", sa.Integer, sa.ForeignKey("trials.id"), primary_key=True),
+    sa.Column("epoch", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float, nullable=False),
+    sa.Column("train_images", sa.BigInteger, nullable=False),
+    sa.Column("val_images", sa.BigInteger, nullable=False),
+    sa.Column("steps", sa.BigInteger, nullable=False),
+    sa.Column("ops", sa.BigInteger, nullable=False),  # int64: ~3e16 per ImageNet epoch
+    sa.Column("train_loss", sa.Float, nullable=False),
+    sa.Column("val_accuracy", sa.Float, nullable=False),
+    sa.Column("precision", sa.String(8), nullable=False),
+    sa.Column("batch_size", sa.Integer, nullable=False),
+    sa.Column("world_size", sa.Integer, nullable=False),
+    sa.Column("data_share", sa.Float, nullable=False),
+    sa.Column("images_per_s", sa.Float, nullable=False),
+    sa.Column("skipped_images", sa.BigInteger, nullable=False))
+T_SAMPLES = sa.Table(
+    "samples", meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+    sa.Column("node", sa.String(255), nullable=False),
+    sa.Column("t", sa.Float, nullable=False),
+    sa.Column("data", sa.Text, nullable=False))
+
+R = TypeVar("R")
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, IntegrityError):
+        return False
+    if isinstance(exc, OperationalError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def retrying(method: Callable[..., R]) -> Callable[..., R]:
+    """Retry a store method on transient failures (server restarting, network hiccup,
+    database locked) with exponential back-off, for up to the store's ``retry_s``."""
+
+    @functools.wraps(method)
+    def wrapper(self: SQLStore, *args: Any, **kwargs: Any) -> R:
+        delay, deadline = 0.1, time.monotonic() + self.retry_s
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except DBAPIError as exc:
+                if not _transient(exc) or time.monotonic() + delay > deadline:
+                    if _transient(exc):
+                        raise StoreError(f"store {redact(self.url)} unreachable for "
+                                         f"{self.retry_s:.0f} s: {str(exc.orig).strip()[:200]}") from None
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    return wrapper
+
+
+class SQLStore(Store):
+    def __init__(self, url: str, create: bool = False, retry_s: float = 120.0) -> None:
+        self.url = normalise_url(url)
+        self.retry_s = retry_s
+        if self.url.startswith("sqlite"):
+            self.engine = sa.create_engine(self.url, connect_args={"timeout": 60},
+                                           poolclass=sa.pool.NullPool)
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            self.engine = sa.create_engine(self.url, pool_pre_ping=True, pool_size=2,
+                                           max_overflow=4)
+        self._prepare(create)
+
+    @retrying
+    def _prepare(self, create: bool) -> None:
+        with self.engine.begin() as conn:
+            has_meta = sa.inspect(conn).has_table("meta")
+            if not has_meta:
+                if not create:
+                    raise StoreError(f"store {redact(self.url)} holds no automlperf run; "
+                                     "start one with `automlperf run` first")
+                meta.create_all(conn)
+                conn.execute(T_META.insert().values(key="schema_version",
+                                                    value=str(SCHEMA_VERSION)))
+                return
+            row = conn.execute(sa.select(T_META.c.value).where(
+                T_META.c.key == "schema_version")).first()
+        found = row[0] if row else "none"
+        if found != str(SCHEMA_VERSION):
+            raise SchemaMismatch(f"store {redact(self.url)} has schema version {found}; this "
+                                 f"automlperf reads version {SCHEMA_VERSION}. Use the version "
+                                 "that wrote it, or start a new run directory")
+
+    # runs and segments ---------------------------------------------------------------------
+    @retrying
+    def create_run(self, name: str, config: dict[str, Any], system: dict[str, Any],
+                   duration_s: float, now: float) -> int:
+        with self.engine.begin() as conn:
+            result = conn.execute(T_RUNS.insert().values(
+                name=name, created_at=now, duration_s=duration_s, config=json.dumps(config),
+                system=json.dumps(system)))
+            return int(result.inserted_primary_key[0])
+
+    @retrying
+    def run(self, run_id: int) -> dict[str, Any]:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(T_RUNS).where(T_RUNS.c.id == run_id)).mappings().first()
+        if row is None:
+            raise StoreError(f"run {run_id} is not in store {redact(self.url)}")
+        return {**row, "config": json.loads(row["config"]), "system": json.loads(row["system"])}
+
+    @retrying
+    def start_segment(self, run_id: int, now: float, deadline_at: float) -> int:
+        with self.engine.begin() as conn:
+            last = conn.execute(sa.select(sa.func.max(T_SEGMENTS.c.idx)).where(
+                T_SEGMENTS.c.run_id == run_id)).scalar()
+            index = 0 if last is None else last + 1
+            conn.execute(T_SEGMENTS.insert().values(run_id=run_id, idx=index, started_at=now,
+                                                    deadline_at=deadline_at, last_seen=now))
+            return index
+
+    @retrying
+    def touch_segment(self, run_id: int, index: int, now: float) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(T_SEGMENTS.update().where(
+                (T_SEGMENTS.c.run_id == run_id) & (T_SEGMENTS.c.idx == index)
+                & T_SEGMENTS.c.ended_at.is_(None)).values(last_seen=now))
+
+    @retrying
+    def end_segment(self, run_id: int, index: int, ended_at: float) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(T_SEGMENTS.update().where(
+                (T_SEGMENTS.c.run_id == run_id) & (T_SEGMENTS.c.idx == index)
+                & T_SEGMENTS.c.ended_at.is_(None)).values(ended_at=ended_at, last_seen=ended_at))
+
+    @retrying
+    def segments(self, run_id: int) -> list[SegmentRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(T_SEGMENTS).where(T_SEGMENTS.c.run_id == run_id)
+                                .order_by(T_SEGMENTS.c.idx)).mappings().all()
+        return [SegmentRecord(r["run_id"], r["idx"], r["started_at"], r["deadline_at"],
+                              r["last_seen"], r["ended_at"]) for r in rows]
+
+    # replicas ------------------------------------------------------------------------------
+    @retrying
+    def register_replica(self, run_id: int, index: int, segment: int, host: str, pid: int,
+                         devices: list[str], now: float) -> int:
+        with self.engine.begin() as conn:
+            result = conn.execute(T_REPLICAS.insert().values(
+                run_id=run_id, idx=index, segment=segment, host=host, pid=pid,
+                devices=json.dumps(devices), started_at=now, last_heartbeat=now,
+                status=RUNNING))
+            return int(result.inserted_primary_key[0])
+
+    @retrying
+    def heartbeat(self, replica_id: int, now: float, lease_s: float) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(T_REPLICAS.update().where(T_REPLICAS.c.id == replica_id)
+                         .values(last_heartbeat=now))
+            conn.execute(T_TRIALS.update().where(
+                (T_TRIALS.c.replica_id == replica_id) & (T_TRIALS.c.status == RUNNING))
+                .values(lease_until=now + lease_s))
+
+    @retrying
+    def end_replica(self, replica_id: int, status: str, now: float) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(T_REPLICAS.update().where(
+                (T_REPLICAS.c.id == replica_id) & (T_REPLICAS.c.status == RUNNING))
+                .values(status=status, ended_at=now))
+
+    @retrying
+    def replicas(self, run_id: int) -> list[ReplicaRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(T_REPLICAS).where(T_REPLICAS.c.run_id == run_id)
+                                .order_by(T_REPLICAS.c.id)).mappings().all()
+        return [ReplicaRecord(r["id"], r["run_id"], r["idx"], r["segment"], r["host"], r["pid"],
+                              json.loads(r["devices"]), r["started_at"], r["last_heartbeat"],
+                              r["status"]) for r in rows]
+
+    # trials --------------------------------------------------------------------------------
+    @retrying
+    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
+                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
+                    round_index: int, hparams: dict[str, Any], now: float,
+                    lease_s: float) -> int | None:
+        try:
+            with self.engine.begin() as conn:
+                result = conn.execute(T_TRIALS.insert().values(
+                    run_id=run_id, replica_index=replica_index, replica_id=replica_id,
+                    graph_hash=graph_hash, graph_json=graph_json, parent_id=parent_id,
+                    morphs=json.dumps(morphs), round=round_index, hparams=json.dumps(hparams),
+                    status=RUNNING, reason="", created_at=now, lease_until=now + lease_s,
+                    extra="{}"))
+                return int(result.inserted_primary_key[0])
+        except IntegrityError:
+            return None  # another replica has this architecture
+
+    @retrying
+    def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
+                     best_accuracy: float | None = None,
+                     predicted_accuracy: float | None = None, weights_path: str | None = None,
+                     extra: dict[str, Any] | None = None) -> bool:
+        if status not in FINAL:
+            raise ValueError(f"a trial ends as one of {FINAL}, not {status!r}")
+        with self.engine.begin() as conn:
+            result = conn.execute(T_TRIALS.update().where(
+                (T_TRIALS.c.id == trial_id) & (T_TRIALS.c.status == RUNNING)).values(
+                status=status, reason=reason, finished_at=now, lease_until=None,
+                best_accuracy=best_accuracy, predicted_accuracy=predicted_accuracy,
+                weights_path=weights_path, extra=json.dumps(extra or {})))
+            return result.rowcount == 1
+
+    @retrying
+    def expire_leases(self, run_id: int, now: float) -> list[int]:
+        expired = []
+        with self.engine.begin() as conn:
+            ids = conn.execute(sa.select(T_TRIALS.c.id).where(
+                (T_TRIALS.c.run_id == run_id) & (T_TRIALS.c.status == RUNNING)
+                & (T_TRIALS.c.lease_until < now))).scalars().all()
+            for trial_id in ids:
+                result = conn.execute(T_TRIALS.update().where(
+                    (T_TRIALS.c.id == trial_id) & (T_TRIALS.c.status == RUNNING)
+                    & (T_TRIALS.c.lease_until < now)).values(
+                    status="failed", finished_at=now, lease_until=None,
+                    reason="replica stopped heart-beating; completed epochs are kept"))
+                if result.rowcount:
+                    expired.append(trial_id)
+        return expired
+
+    def _trial_rows(self, where: Any) -> list[TrialRecord]:
+        counts = (sa.select(T_EPOCHS.c.trial_id, sa.func.count().label("n"),
+                            sa.func.max(T_EPOCHS.c.val_accuracy).label("best"))
+                  .group_by(T_EPOCHS.c.trial_id).subquery())
+        query = (sa.select(T_TRIALS, counts.c.n, counts.c.best)
+                 .outerjoin(counts, counts.c.trial_id == T_TRIALS.c.id)
+                 .where(where).order_by(T_TRIALS.c.id))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+        out = []
+        for r in rows:
+            best = r["best_accuracy"]
+            if r["status"] == RUNNING:
+                best = r["best"]  # so far
+            out.append(TrialRecord(
+                r["id"], r["run_id"], r["replica_index"], r["replica_id"], r["graph_hash"],
+                r["graph_json"], r["parent_id"], json.loads(r["morphs"]), r["round"],
+                json.loads(r["hparams"]), r["status"], r["reason"], r["created_at"],
+                r["finished_at"], r["lease_until"], best, r["predicted_accuracy"],
+                int(r["n"] or 0), r["weights_path"], json.loads(r["extra"])))
+        return out
+
+    @retrying
+    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]:
+        return self._trial_rows((T_TRIALS.c.run_id == run_id) & (T_TRIALS.c.id > after_id))
+
+    @retrying
+    def trial(self, trial_id: int) -> TrialRecord:
+        rows = self._trial_rows(T_TRIALS.c.id == trial_id)
+        if not rows:
+            raise StoreError(f"trial {trial_id} is not in store {redact(self.url)}")
+        return rows[0]
+
+    # epochs and samples --------------------------------------------------------------------
+    @retrying
+    def record_epoch(self, epoch: EpochRecord) -> None:
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(T_EPOCHS.insert().values(**epoch.__dict__))
+        except IntegrityError:
+            raise StoreError(f"epoch {epoch.epoch} of trial {epoch.trial_id} is already "
+                             "recorded; records are never rewritten") from None
+
+    @retrying
+    def epochs(self, run_id: int) -> list[EpochRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(T_EPOCHS).where(T_EPOCHS.c.run_id == run_id)
+                                .order_by(T_EPOCHS.c.ended_at, T_EPOCHS.c.trial_id,
+                                          T_EPOCHS.c.epoch)).mappings().all()
+        return [EpochRecord(**{**r, "ops": int(r["ops"])}) for r in rows]
+
+    @retrying
+    def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None:
+        if not samples:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(T_SAMPLES.insert(), [{"run_id": run_id, "node": node, "t": s["t"],
+                                               "data": json.dumps(s)} for s in samples])
+
+    @retrying
+    def samples(self, run_id: int) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
+                                .where(T_SAMPLES.c.run_id == run_id)
+                                .order_by(T_SAMPLES.c.t, T_SAMPLES.c.id)).all()
+        return [{**json.loads(data), "node": node} for node, data in rows]
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+    cur.execute("PRAGMA synchronous=FULL")  # a record acknowledged survives a power cut
+    cur.execute("PRAGMA busy_timeout=60000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def open_store(url: str | None = None, run_dir: Path | str | None = None,
+               create: bool = False) -> SQLStore:
+    """The store at ``url``, or the run directory's ``history.db``."""
+    if url is None:
+        if run_dir is None:
+            raise StoreError("no store: give a URL or a run directory")
+        url = f"sqlite:///{Path(run_dir).resolve() / 'history.db'}"
+    try:
+        return SQLStore(url, create=create)
+    except ModuleNotFoundError as exc:
+        if "psycopg" in str(exc):
+            raise StoreError("a PostgreSQL store needs the psycopg driver: "
+                             "pip install 'automlperf[postgres]'") from None
+        raise
+
+
+__all__ = ["SQLStore", "open_store", "COMPLETED"]

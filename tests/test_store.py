@@ -1,0 +1,202 @@
+"""The store contract, run against every backend (SQLite and a real PostgreSQL server)."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from automlperf.store import (EpochRecord, SchemaMismatch, StoreError, open_store, redact,
+                              resolve_store_url)
+from automlperf.store.urls import normalise_url
+
+
+def epoch(run_id, trial_id, n, ended=None, ops=10**15):
+    return EpochRecord(run_id, trial_id, n, 100.0 + n, ended or 101.0 + n, 1000, 200, 8, ops,
+                       1.5, 0.5 + n / 100, "bf16", 128, 2, 0.01, 900.0)
+
+
+@pytest.fixture
+def store(store_url):
+    s = open_store(store_url, create=True)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def run(store):
+    run_id = store.create_run("r", {"train": {"max_epochs": 4}}, {"host": "h"}, 600.0, 1000.0)
+    seg = store.start_segment(run_id, 1000.0, 1600.0)
+    rep = store.register_replica(run_id, 0, seg, "node1", 42, ["cuda:0"], 1000.0)
+    return run_id, seg, rep
+
+
+class TestStoreContract:
+    def test_runs_round_trip_and_schema_is_checked_on_open(self, store, store_url, run):
+        run_id, _, _ = run
+        got = store.run(run_id)
+        assert got["config"] == {"train": {"max_epochs": 4}} and got["duration_s"] == 600.0
+        again = open_store(store_url)  # a worker opens without creating
+        assert again.run(run_id)["name"] == "r"
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE meta SET value = '99' WHERE key = 'schema_version'"))
+        with pytest.raises(SchemaMismatch, match="schema version 99; this automlperf reads version 1"):
+            open_store(store_url)
+        with pytest.raises(StoreError, match="run 999 is not in store"):
+            store.run(999)
+
+    def test_segments(self, store, run):
+        run_id, seg, _ = run
+        store.touch_segment(run_id, seg, 1100.0)
+        store.end_segment(run_id, seg, 1200.0)
+        store.touch_segment(run_id, seg, 1300.0)  # an ended segment stays ended
+        second = store.start_segment(run_id, 2000.0, 2400.0)
+        segs = store.segments(run_id)
+        assert [s.index for s in segs] == [0, second] == [0, 1]
+        assert segs[0].end == 1200.0 and segs[1].ended_at is None and segs[1].end == 2000.0
+
+    def test_each_architecture_is_claimed_once(self, store, run):
+        run_id, seg, rep = run
+        other = store.register_replica(run_id, 1, seg, "node2", 43, ["cuda:0"], 1000.0)
+        first = store.claim_trial(run_id, rep, 0, "h1", "{}", None, [], 0, {"batch_size": 64},
+                                  1000.0, 60.0)
+        assert first is not None
+        assert store.claim_trial(run_id, other, 1, "h1", "{}", None, [], 0, {}, 1001.0, 60.0) is None
+        second = store.claim_trial(run_id, other, 1, "h2", '{"g": 1}', first,
+                                   [{"op": "deepen"}], 1, {"batch_size": 32}, 1002.0, 60.0)
+        rows = store.trials(run_id)
+        assert [t.id for t in rows] == [first, second]
+        assert rows[1].parent_id == first and rows[1].morphs == [{"op": "deepen"}]
+        assert rows[1].hparams == {"batch_size": 32} and rows[1].replica_index == 1
+        assert [t.id for t in store.trials(run_id, after_id=first)] == [second]
+        other_run = store.create_run("r2", {}, {}, 60.0, 1000.0)
+        assert store.claim_trial(other_run, rep, 0, "h1", "{}", None, [], 0, {}, 1.0, 60.0)
+
+    def test_a_trial_finishes_once(self, store, run):
+        run_id, _, rep = run
+        t = store.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1000.0, 60.0)
+        assert store.finish_trial(t, "completed", 1100.0, best_accuracy=0.7,
+                                  predicted_accuracy=0.8, weights_path="w", extra={"k": 1})
+        assert not store.finish_trial(t, "failed", 1200.0, reason="late")
+        rec = store.trial(t)
+        assert (rec.status, rec.best_accuracy, rec.finished_at, rec.reason) == ("completed", 0.7, 1100.0, "")
+        assert rec.search_accuracy == 0.8 and rec.extra == {"k": 1}
+        with pytest.raises(ValueError):
+            store.finish_trial(t, "running", 1.0)
+
+    def test_epochs_are_insert_only(self, store, run):
+        run_id, _, rep = run
+        t = store.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1000.0, 60.0)
+        for n in (1, 0):
+            store.record_epoch(epoch(run_id, t, n))
+        with pytest.raises(StoreError, match="epoch 1 of trial .* is already recorded"):
+            store.record_epoch(epoch(run_id, t, 1, ended=999.0))
+        eps = store.epochs(run_id)
+        assert [e.epoch for e in eps] == [0, 1] and eps[1] == epoch(run_id, t, 1)
+        assert eps[0].ops == 10**15 and isinstance(eps[0].ops, int)
+        rec = store.trial(t)
+        assert rec.epochs_done == 2 and rec.best_accuracy == pytest.approx(0.51)  # so far
+
+    def test_leases_expire_when_heartbeats_stop(self, store, run):
+        run_id, seg, rep = run
+        silent = store.register_replica(run_id, 1, seg, "node2", 43, [], 1000.0)
+        alive_t = store.claim_trial(run_id, rep, 0, "a", "{}", None, [], 0, {}, 1000.0, 30.0)
+        dead_t = store.claim_trial(run_id, silent, 1, "b", "{}", None, [], 0, {}, 1000.0, 30.0)
+        store.record_epoch(epoch(run_id, dead_t, 0))
+        store.heartbeat(rep, 1025.0, 30.0)
+        assert store.expire_leases(run_id, 1040.0) == [dead_t]
+        assert store.expire_leases(run_id, 1040.0) == []
+        dead = store.trial(dead_t)
+        assert dead.status == "failed" and "heart-beating" in dead.reason
+        assert dead.epochs_done == 1  # what it finished still counts
+        assert store.trial(alive_t).status == "running"
+        assert not store.finish_trial(dead_t, "completed", 1050.0)
+        reps = {r.id: r for r in store.replicas(run_id)}
+        assert reps[rep].last_heartbeat == 1025.0
+        store.end_replica(silent, "failed", 1050.0)
+        assert {r.id: r.status for r in store.replicas(run_id)}[silent] == "failed"
+
+    def test_monitor_samples(self, store, run):
+        run_id, _, _ = run
+        store.add_samples(run_id, "node1", [{"t": 2.0, "cpu": 50}, {"t": 1.0, "cpu": 40}])
+        store.add_samples(run_id, "node2", [])
+        assert [(s["t"], s["node"]) for s in store.samples(run_id)] == [(1.0, "node1"), (2.0, "node1")]
+
+    def test_eight_processes_writing_at_once_lose_nothing(self, store, store_url, run):
+        run_id, seg, _ = run
+        script = textwrap.dedent(f"""
+            import sys
+            from automlperf.store import EpochRecord, open_store
+            w = int(sys.argv[1])
+            s = open_store({store_url!r})
+            rep = s.register_replica({run_id}, w, {seg}, "n", w, [], 1.0)
+            for i in range(15):
+                t = s.claim_trial({run_id}, rep, w, f"w{{w}}-{{i}}", "{{}}", None, [], i, {{}}, 1.0, 60.0)
+                s.claim_trial({run_id}, rep, w, "shared", "{{}}", None, [], i, {{}}, 1.0, 60.0)
+                for e in range(3):
+                    s.record_epoch(EpochRecord({run_id}, t, e, 1.0, 2.0 + e, 10, 5, 1, 7 * w + e,
+                                               0.1, 0.2, "fp32", 8, 1, 0.0, 1.0))
+                s.finish_trial(t, "completed", 3.0, best_accuracy=0.2)
+                s.heartbeat(rep, 3.0, 60.0)
+        """)
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(w)], stderr=subprocess.PIPE,
+                                  text=True) for w in range(8)]
+        for p in procs:
+            assert p.wait(timeout=180) == 0, p.stderr.read()
+        trials = store.trials(run_id)
+        assert len(trials) == 8 * 15 + 1  # plus exactly one "shared"
+        assert sum(t.graph_hash == "shared" for t in trials) == 1
+        eps = store.epochs(run_id)
+        assert len(eps) == 8 * 15 * 3
+        assert sum(e.ops for e in eps) == sum(15 * (3 * 7 * w + 3) for w in range(8))
+
+
+def test_an_unreachable_postgres_server_is_retried(pg_server, pg_url):
+    s = open_store(pg_url, create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    pg_server._run("pg_ctl", "-D", str(pg_server.data), "-m", "fast", "-w", "stop")
+    restart = threading.Timer(2.0, pg_server.start)
+    restart.start()
+    t0 = time.monotonic()
+    assert s.run(run_id)["name"] == "r"  # waits out the outage
+    assert time.monotonic() - t0 >= 1.5
+    restart.join()
+    s.retry_s = 1.0
+    pg_server._run("pg_ctl", "-D", str(pg_server.data), "-m", "fast", "-w", "stop")
+    try:
+        with pytest.raises(StoreError, match=r"unreachable for 1 s"):
+            s.run(run_id)
+    finally:
+        pg_server.start()
+    assert "***" in str(redact(pg_url)) and pg_server.password not in redact(pg_url)
+
+
+def test_a_locked_sqlite_database_is_waited_for(tmp_path):
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    s = open_store(url, create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    blocker = sa.create_engine(url).connect()
+    blocker.exec_driver_sql("BEGIN EXCLUSIVE")
+    threading.Timer(1.0, lambda: (blocker.exec_driver_sql("COMMIT"), blocker.close())).start()
+    assert s.start_segment(run_id, 1.0, 2.0) == 0
+
+
+def test_a_directory_without_a_store_is_refused(tmp_path):
+    with pytest.raises(StoreError, match="holds no automlperf run"):
+        open_store(run_dir=tmp_path)
+
+
+def test_urls(monkeypatch, tmp_path):
+    assert normalise_url("postgresql://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
+    assert normalise_url("history.db").startswith("sqlite:////")
+    assert redact("connect postgresql+psycopg://u:pa55@h:5/db now") == "connect postgresql+psycopg://u:***@h:5/db now"
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+    monkeypatch.setenv("AUTOMLPERF_STORE_URL", "postgresql://alice@db:5432/amp")
+    (tmp_path / "pw").write_text("s e/cret\n")
+    monkeypatch.setenv("AUTOMLPERF_STORE_PASSWORD_FILE", str(tmp_path / "pw"))
+    assert resolve_store_url(None) == "postgresql://alice:s%20e%2Fcret@db:5432/amp"
+    monkeypatch.setenv("AUTOMLPERF_STORE_PASSWORD", "x")
+    assert resolve_store_url("postgresql://bob:given@db/amp") == "postgresql://bob:given@db/amp"
