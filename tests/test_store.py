@@ -42,7 +42,7 @@ class TestStoreContract:
         again = open_store(store_url)  # a worker opens without creating
         assert again.run(run_id)["name"] == "r"
         with store.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE meta SET value = '99' WHERE key = 'schema_version'"))
+            conn.execute(sa.text("UPDATE amp_meta SET value = '99' WHERE key = 'schema_version'"))
         with pytest.raises(SchemaMismatch, match="schema version 99; this automlperf reads version 1"):
             open_store(store_url)
         with pytest.raises(StoreError, match="run 999 is not in store"):
@@ -72,6 +72,9 @@ class TestStoreContract:
         assert rows[1].parent_id == first and rows[1].morphs == [{"op": "deepen"}]
         assert rows[1].hparams == {"batch_size": 32} and rows[1].replica_index == 1
         assert [t.id for t in store.trials(run_id, after_id=first)] == [second]
+        light = store.summaries(run_id)
+        assert [(t.id, t.graph_hash, t.status, t.replica_index) for t in light] == [
+            (first, "h1", "running", 0), (second, "h2", "running", 1)]
         other_run = store.create_run("r2", {}, {}, 60.0, 1000.0)
         assert store.claim_trial(other_run, rep, 0, "h1", "{}", None, [], 0, {}, 1.0, 60.0)
 

@@ -15,6 +15,8 @@ from rich.table import Table
 
 from automlperf.config import ConfigError
 from automlperf.graph import Graph, GraphError, seeds
+from automlperf.runner.rundir import RunDirError
+from automlperf.store.base import StoreError
 
 app = typer.Typer(
     name="automlperf",
@@ -38,7 +40,7 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (UsageError, ConfigError, GraphError) as exc:
+        except (UsageError, ConfigError, GraphError, RunDirError, StoreError) as exc:
             err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
@@ -245,6 +247,107 @@ def train(
               f" ({outcome.precision})", highlight=False)
 
 
+@app.command()
+@user_errors
+def run(
+    config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
+    duration: Annotated[Optional[str], typer.Option(help="Run length, e.g. 10m, 2h "
+                                                    "(default: the dataset's preset).")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="builtin (default), imagenet, cifar10, "
+                                                   "synthetic.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder.")] = None,
+    replicas: Annotated[Optional[int], typer.Option(min=1, help="Local replica processes.")] = None,
+    devices_per_replica: Annotated[Optional[int], typer.Option(min=1)] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Where the run is written "
+                                                    "(default runs/<date-time>).")] = None,
+    store: Annotated[Optional[str], typer.Option(help="Store URL, e.g. postgresql://user@host/db "
+                                                 "(password from AUTOMLPERF_STORE_PASSWORD); "
+                                                 "default RUN_DIR/history.db.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --run-dir.")] = False,
+) -> None:
+    """Run the benchmark: launch replicas, stop at the deadline, score, write the report."""
+    import datetime
+
+    from automlperf.config import parse_duration
+    from automlperf.measure.system import describe
+    from automlperf.runner import primary
+    from automlperf.runner.launch import LocalLauncher
+    from automlperf.store.urls import resolve_store_url
+    from automlperf.train.pool import cores_available
+
+    if resume:
+        if run_dir is None:
+            raise UsageError("--resume needs the --run-dir of the run to continue")
+        if config is not None or dataset is not None or duration is not None:
+            raise UsageError("a resumed run keeps its configuration: drop --config, --dataset "
+                             "and --duration")
+        cfg = None
+    else:
+        tree: dict[str, Any] = {}
+        if duration is not None:
+            try:
+                _set(tree, "run.duration_s", parse_duration(duration))
+            except ValueError as exc:
+                raise UsageError(f"--duration: {exc}") from None
+        _set(tree, "run.replicas", replicas)
+        _set(tree, "run.devices_per_replica", devices_per_replica)
+        _set(tree, "data.data_dir", str(data_dir) if data_dir else None)
+        cfg = _load_config(config, dataset, tree)
+        if cfg.data.dataset in ("imagenet", "cifar10") and cfg.data.data_dir is None:
+            raise UsageError(f"{cfg.data.dataset} needs --data-dir (or data.data_dir in the "
+                             "configuration)")
+    if run_dir is None:
+        run_dir = Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    url = resolve_store_url(store)
+    system = describe()
+    session = primary.prepare(cfg, run_dir, url, resume, system)
+    cfg = session.config
+    if session.deadline_at <= session.started_at:
+        err.print("this run has used its whole duration; recomputing its result")
+    count = replicas if (resume and replicas) else cfg.run.replicas
+    launcher = LocalLauncher(run_dir, count, session.dir.store_url(url),
+                             devices_per_replica or cfg.run.devices_per_replica,
+                             cores=cores_available())
+    mode = "official" if not cfg.fixed_changes() else "unofficial"
+    err.print(f"automlperf {'resuming' if resume else 'starting'} {run_dir}: {cfg.data.dataset}, "
+              f"{cfg.model.seed_model} seed, {count} replica(s), "
+              f"{primary.fmt_duration(session.deadline_at - session.started_at)} to go "
+              f"({mode} settings), store {primary.redacted(url)}", highlight=False)
+    completed = False
+    try:
+        if session.deadline_at > session.started_at:
+            launcher.start()
+            completed = primary.supervise(session, launcher, err)
+        else:
+            completed = True
+    finally:
+        result = primary.finish(session, launcher, err, completed, system)
+    out.print(primary.summary(result, run_dir))
+    out.print(f"result: {session.dir.result}", highlight=False)
+    if not completed:
+        err.print(f"interrupted: continue with `automlperf run --resume --run-dir {run_dir}`",
+                  highlight=False)
+        raise typer.Exit(130)
+
+
+@app.command()
+@user_errors
+def worker(
+    run_dir: Annotated[Path, typer.Option(help="The run directory (shared filesystem).")],
+    store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
+    replica_index: Annotated[Optional[int], typer.Option(help="This replica's number "
+                                                         "(default SLURM_PROCID).")] = None,
+    devices: Annotated[Optional[int], typer.Option(min=1, help="Accelerators to use "
+                                                   "(default all visible).")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="CPU cores to use (default "
+                                                   "SLURM_CPUS_PER_TASK or all).")] = None,
+) -> None:
+    """Run one replica: generate, train and record candidates until the deadline."""
+    from automlperf.runner.replica import run_worker
+
+    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads))
+
+
 def _stub(name: str, doc: str) -> None:
     def command() -> None:
         not_built(name)
@@ -255,8 +358,6 @@ def _stub(name: str, doc: str) -> None:
 
 
 for _name, _doc in [
-    ("run", "Run the benchmark (primary): launch replicas, stop at the deadline, score."),
-    ("worker", "Run one replica: generate, train and record candidates until the deadline."),
     ("slurm", "Write (and submit) a SLURM batch script for a cluster run."),
     ("report", "Write the HTML report of a run directory."),
     ("check", "Recompute every figure of a run directory and verify it."),

@@ -51,6 +51,20 @@ class TrialRecord:
 
 
 @dataclass
+class TrialSummary:
+    id: int
+    graph_hash: str
+    status: str
+    replica_index: int
+    best_accuracy: float | None
+    predicted_accuracy: float | None
+
+    @property
+    def search_accuracy(self) -> float | None:
+        return self.predicted_accuracy if self.predicted_accuracy is not None else self.best_accuracy
+
+
+@dataclass
 class EpochRecord:
     run_id: int
     trial_id: int
@@ -178,6 +192,11 @@ class Store(ABC):
 
     @abstractmethod
     def trial(self, trial_id: int) -> TrialRecord: ...
+
+    @abstractmethod
+    def summaries(self, run_id: int) -> list[TrialSummary]:
+        """Every trial's id, hash, status and accuracies, without its graph: cheap enough to
+        read before each candidate generation, however long the history."""
 
     # epochs and samples --------------------------------------------------------------------
     @abstractmethod

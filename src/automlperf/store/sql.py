@@ -15,14 +15,15 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.store.base import (COMPLETED, FINAL, RUNNING, SCHEMA_VERSION, EpochRecord,
                                    ReplicaRecord, SchemaMismatch, SegmentRecord, Store,
-                                   StoreError, TrialRecord)
+                                   StoreError, TrialRecord, TrialSummary)
 from automlperf.store.urls import normalise_url, redact
 
+# Prefixed names: Optuna keeps its HPO studies in the same database, with tables of its own.
 meta = sa.MetaData()
-T_META = sa.Table("meta", meta, sa.Column("key", sa.String(64), primary_key=True),
+T_META = sa.Table("amp_meta", meta, sa.Column("key", sa.String(64), primary_key=True),
                   sa.Column("value", sa.Text, nullable=False))
 T_RUNS = sa.Table(
-    "runs", meta,
+    "amp_runs", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
@@ -30,17 +31,17 @@ T_RUNS = sa.Table(
     sa.Column("config", sa.Text, nullable=False),
     sa.Column("system", sa.Text, nullable=False))
 T_SEGMENTS = sa.Table(
-    "segments", meta,
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), primary_key=True),
+    "amp_segments", meta,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("amp_runs.id"), primary_key=True),
     sa.Column("idx", sa.Integer, primary_key=True),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("deadline_at", sa.Float, nullable=False),
     sa.Column("last_seen", sa.Float, nullable=False),
     sa.Column("ended_at", sa.Float))
 T_REPLICAS = sa.Table(
-    "replicas", meta,
+    "amp_replicas", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("amp_runs.id"), nullable=False),
     sa.Column("idx", sa.Integer, nullable=False),
     sa.Column("segment", sa.Integer, nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
@@ -51,14 +52,14 @@ T_REPLICAS = sa.Table(
     sa.Column("status", sa.String(32), nullable=False),
     sa.Column("ended_at", sa.Float))
 T_TRIALS = sa.Table(
-    "trials", meta,
+    "amp_trials", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("amp_runs.id"), nullable=False),
     sa.Column("replica_index", sa.Integer, nullable=False),
-    sa.Column("replica_id", sa.Integer, sa.ForeignKey("replicas.id")),
+    sa.Column("replica_id", sa.Integer, sa.ForeignKey("amp_replicas.id")),
     sa.Column("graph_hash", sa.String(64), nullable=False),
     sa.Column("graph_json", sa.Text, nullable=False),
-    sa.Column("parent_id", sa.Integer, sa.ForeignKey("trials.id")),
+    sa.Column("parent_id", sa.Integer, sa.ForeignKey("amp_trials.id")),
     sa.Column("morphs", sa.Text, nullable=False),
     sa.Column("round", sa.Integer, nullable=False),
     sa.Column("hparams", sa.Text, nullable=False),
@@ -73,10 +74,10 @@ T_TRIALS = sa.Table(
     sa.Column("extra", sa.Text, nullable=False, default="{}"),
     sa.UniqueConstraint("run_id", "graph_hash", name="one_trial_per_architecture"))
 T_EPOCHS = sa.Table(
-    "epochs", meta,
-    sa.Column("trial_id", sa.Integer, sa.ForeignKey("trials.id"), primary_key=True),
+    "amp_epochs", meta,
+    sa.Column("trial_id", sa.Integer, sa.ForeignKey("amp_trials.id"), primary_key=True),
     sa.Column("epoch", sa.Integer, primary_key=True),
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("amp_runs.id"), nullable=False, index=True),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("ended_at", sa.Float, nullable=False),
     sa.Column("train_images", sa.BigInteger, nullable=False),
@@ -92,9 +93,9 @@ T_EPOCHS = sa.Table(
     sa.Column("images_per_s", sa.Float, nullable=False),
     sa.Column("skipped_images", sa.BigInteger, nullable=False))
 T_SAMPLES = sa.Table(
-    "samples", meta,
+    "amp_samples", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("amp_runs.id"), nullable=False, index=True),
     sa.Column("node", sa.String(255), nullable=False),
     sa.Column("t", sa.Float, nullable=False),
     sa.Column("data", sa.Text, nullable=False))
@@ -148,7 +149,7 @@ class SQLStore(Store):
     @retrying
     def _prepare(self, create: bool) -> None:
         with self.engine.begin() as conn:
-            has_meta = sa.inspect(conn).has_table("meta")
+            has_meta = sa.inspect(conn).has_table("amp_meta")
             if not has_meta:
                 if not create:
                     raise StoreError(f"store {redact(self.url)} holds no automlperf run; "
@@ -333,6 +334,15 @@ class SQLStore(Store):
         if not rows:
             raise StoreError(f"trial {trial_id} is not in store {redact(self.url)}")
         return rows[0]
+
+    @retrying
+    def summaries(self, run_id: int) -> list[TrialSummary]:
+        cols = (T_TRIALS.c.id, T_TRIALS.c.graph_hash, T_TRIALS.c.status,
+                T_TRIALS.c.replica_index, T_TRIALS.c.best_accuracy, T_TRIALS.c.predicted_accuracy)
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(*cols).where(T_TRIALS.c.run_id == run_id)
+                                .order_by(T_TRIALS.c.id)).all()
+        return [TrialSummary(*row) for row in rows]
 
     # epochs and samples --------------------------------------------------------------------
     @retrying

@@ -47,3 +47,8 @@ def resolve_store_url(url: str | None) -> str | None:
         url = (f"{match['scheme']}{match['user']}:{quote(password, safe='')}@"
                f"{url[match.end():]}")
     return url
+
+
+def strip_password(url: str) -> str:
+    """The URL without its password (to write down; the password is supplied separately)."""
+    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}@", url, count=1)

@@ -86,8 +86,21 @@ def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps({"kind": kind, **payload}).encode())
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (even by SIGKILL), so that no
+    rank outlives its replica, e.g. blocked in an all-reduce with a dead peer."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: ranks still exit when their pipe to the parent closes
+
+
 def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
                data: dict[str, Any], conn: Connection) -> None:
+    _die_with_parent()
     # Ranks stop when the parent says so or kills them; Ctrl-C goes to the parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

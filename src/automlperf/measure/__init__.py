@@ -1,0 +1,1 @@
+"""Measurement: score and validity, resource monitor, system description."""

@@ -1,0 +1,176 @@
+"""The score of a run, from its recorded epochs (pure: plain data in, plain data out).
+
+* Run time is wall-clock time inside the primary's sessions (segments): a run interrupted
+  and resumed is not charged for the time it was down. An epoch counts if it ended inside a
+  session, before that session's deadline.
+* At each 0.1-hour mark t: cumulative ops = ops of the epochs completed by t;
+  OPS(t) = cumulative ops / (run time of the last epoch completed by t);
+  regulated(t) = OPS(t) * -ln(1 - best accuracy so far). The last mark is the end of the run;
+  the score and regulated score are the values there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MARK_S = 360.0  # 0.1 hour
+MIN_ERROR = 1e-4  # accuracy 1.0 on a finite validation set: -ln(error) stays finite
+OFFICIAL_MIN_DURATION_S = 3600.0
+MAX_ERROR = 0.30
+ALLOWED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+
+
+class EpochLike(Protocol):
+    trial_id: int
+    epoch: int
+    ended_at: float
+    ops: int
+    val_accuracy: float
+    train_images: int
+    val_images: int
+    precision: str
+
+
+class SegmentLike(Protocol):
+    started_at: float
+    deadline_at: float
+    ended_at: float | None
+    last_seen: float
+
+
+@dataclass(frozen=True)
+class Mark:
+    hours: float
+    ops: int
+    ops_per_s: float
+    best_accuracy: float | None
+    regulated: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hours": self.hours, "ops": self.ops, "ops_per_s": self.ops_per_s,
+                "best_accuracy": self.best_accuracy, "regulated": self.regulated}
+
+
+def segment_bounds(segments: Sequence[SegmentLike]) -> list[tuple[float, float, float]]:
+    """(start, end, run-time offset) of each session; its end is where it stopped, never
+    after its deadline."""
+    out, offset = [], 0.0
+    for seg in segments:
+        end = seg.ended_at if seg.ended_at is not None else seg.last_seen
+        end = max(seg.started_at, min(end, seg.deadline_at))
+        out.append((seg.started_at, end, offset))
+        offset += end - seg.started_at
+    return out
+
+
+def run_time(wall: float, bounds: Sequence[tuple[float, float, float]]) -> float | None:
+    """Run time of a wall-clock instant, or None if it falls outside every session."""
+    for start, end, offset in bounds:
+        if start <= wall <= end:
+            return offset + wall - start
+    return None
+
+
+def counted_epochs(epochs: Iterable[EpochLike],
+                   segments: Sequence[SegmentLike]) -> list[tuple[float, EpochLike]]:
+    """(run time of its end, epoch) for every epoch that counts, in completion order."""
+    bounds = segment_bounds(segments)
+    out = []
+    for e in epochs:
+        t = run_time(e.ended_at, bounds)
+        if t is not None:
+            out.append((t, e))
+    out.sort(key=lambda pair: (pair[0], pair[1].trial_id, pair[1].epoch))
+    return out
+
+
+def regulated(ops_per_s: float, best_accuracy: float | None) -> float | None:
+    if best_accuracy is None:
+        return None
+    return ops_per_s * -math.log(max(1.0 - best_accuracy, MIN_ERROR))
+
+
+def timeline(counted: Sequence[tuple[float, EpochLike]], elapsed_s: float,
+             accuracy_counts: bool = True, step_s: float = MARK_S) -> list[Mark]:
+    """Marks every ``step_s`` of run time, and one at the end."""
+    marks_at = [step_s * k for k in range(1, int(elapsed_s // step_s) + 1)]
+    if not marks_at or marks_at[-1] < elapsed_s - 1e-9:
+        marks_at.append(elapsed_s)
+    marks, i, ops, last_end, best = [], 0, 0, 0.0, None
+    for t in marks_at:
+        while i < len(counted) and counted[i][0] <= t + 1e-9:
+            end, e = counted[i]
+            ops += int(e.ops)
+            last_end = end
+            if accuracy_counts:
+                best = e.val_accuracy if best is None else max(best, e.val_accuracy)
+            i += 1
+        rate = ops / last_end if last_end > 0 else 0.0
+        marks.append(Mark(round(t / 3600.0, 6), ops, rate, best, regulated(rate, best)))
+    return marks
+
+
+def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[str],
+               elapsed_s: float, precisions: Iterable[str],
+               error: float | None) -> tuple[bool, bool, list[dict[str, str]]]:
+    """(official, valid, violations): each rule of an official result, checked."""
+    found: list[dict[str, str]] = []
+    if dataset != "imagenet" or not dataset_official:
+        found.append({"rule": "dataset", "detail": f"trained on {dataset}; an official result "
+                      "needs ImageNet-1k (1,000 classes) at 224x224"})
+    for change in fixed_changes:
+        if not change.startswith(("data.dataset ",)):
+            found.append({"rule": "fixed_setting", "detail": f"changed {change}"})
+    official = not found
+    if elapsed_s < OFFICIAL_MIN_DURATION_S:
+        found.append({"rule": "duration", "detail": f"ran {elapsed_s / 60:.1f} min; the "
+                      f"minimum is {OFFICIAL_MIN_DURATION_S / 3600:.0f} h"})
+    low = sorted({p for p in precisions if p not in ALLOWED_PRECISIONS})
+    if low:
+        found.append({"rule": "precision", "detail": f"trained in {', '.join(low)}; the "
+                      "minimum is 16-bit floating point"})
+    if error is None:
+        found.append({"rule": "max_error", "detail": "no accuracy was measured"})
+    elif error > MAX_ERROR:
+        found.append({"rule": "max_error", "detail": f"best error {100 * error:.1f} % is above "
+                      f"the {100 * MAX_ERROR:.0f} % maximum"})
+    return official, official and not found, found
+
+
+def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, dataset: str,
+              dataset_official: bool, fixed_changes: Sequence[str],
+              accuracy_counts: bool = True) -> dict[str, Any]:
+    """The figures of result.json that follow from epochs and sessions alone."""
+    bounds = segment_bounds(segments)
+    elapsed = bounds[-1][2] + bounds[-1][1] - bounds[-1][0] if bounds else 0.0
+    counted = counted_epochs(epochs, segments)
+    marks = timeline(counted, elapsed, accuracy_counts)
+    final = marks[-1] if marks else Mark(0.0, 0, 0.0, None, None)
+    best_epoch = None
+    if accuracy_counts and counted:
+        best_epoch = max(counted, key=lambda pair: (pair[1].val_accuracy, -pair[0]))[1]
+    error = None if final.best_accuracy is None else 1.0 - final.best_accuracy
+    official, valid, broken = violations(
+        dataset=dataset, dataset_official=dataset_official, fixed_changes=fixed_changes,
+        elapsed_s=elapsed, precisions=[e.precision for _, e in counted], error=error)
+    return {
+        "score": final.ops_per_s,
+        "regulated_score": final.regulated,
+        "best_accuracy": final.best_accuracy,
+        "error": error,
+        "official": official,
+        "valid": valid,
+        "violations": broken,
+        "total_ops": final.ops,
+        "elapsed_s": elapsed,
+        "epochs": len(counted),
+        "epochs_not_counted": len(epochs) - len(counted),
+        "train_images": sum(e.train_images for _, e in counted),
+        "val_images": sum(e.val_images for _, e in counted),
+        "best_trial": best_epoch.trial_id if best_epoch is not None else None,
+        "precisions": sorted({e.precision for _, e in counted}),
+        "timeline": [m.to_dict() for m in marks],
+    }

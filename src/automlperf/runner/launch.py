@@ -1,0 +1,82 @@
+"""Starting and stopping replicas: as local processes (the default) or SLURM job steps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from automlperf.store.urls import STORE_ENV
+
+
+class Launcher(Protocol):
+    def start(self) -> None: ...
+
+    def alive(self) -> list[bool]: ...
+
+    def exit_codes(self) -> list[int | None]: ...
+
+    def stop(self, grace_s: float) -> None: ...
+
+
+def worker_command(run_dir: Path, index: int | None, threads: int | None,
+                   devices: int | None) -> list[str]:
+    """The command every replica runs, locally or under srun."""
+    cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir)]
+    if index is not None:
+        cmd += ["--replica-index", str(index)]
+    if threads is not None:
+        cmd += ["--threads", str(threads)]
+    if devices is not None:
+        cmd += ["--devices", str(devices)]
+    return cmd
+
+
+@dataclass
+class LocalLauncher:
+    """``replicas`` worker processes on this machine, the CPU cores divided between them
+    (two processes each using every core run several times slower than one core each)."""
+
+    run_dir: Path
+    replicas: int
+    store_url: str | None
+    devices_per_replica: int | None = None
+    cores: int = 1
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> None:
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        threads = max(1, self.cores // self.replicas)
+        for index in range(self.replicas):
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            if self.store_url:
+                env[STORE_ENV] = self.store_url  # not on the command line, where ps shows it
+            with open(logs / f"replica-{index}.log", "ab") as out:
+                self.procs.append(subprocess.Popen(
+                    worker_command(self.run_dir, index, threads, self.devices_per_replica),
+                    stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+
+    def alive(self) -> list[bool]:
+        return [p.poll() is None for p in self.procs]
+
+    def exit_codes(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
+
+    def stop(self, grace_s: float) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                # The whole session: the worker and its training processes.
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

@@ -1,0 +1,214 @@
+"""The primary: set up the run, start the clock, launch replicas, watch, stop at the
+deadline, score. ``resume`` continues an interrupted run directory."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from automlperf.config import Config
+from automlperf.measure.result import build_result, write_result
+from automlperf.measure.score import counted_epochs
+from automlperf.runner.launch import Launcher
+from automlperf.runner.rundir import RunDir, RunDirError, write_atomic
+from automlperf.store import RUNNING, Store, open_store, redact
+from automlperf.store.urls import strip_password
+
+
+def fmt_ops(value: float | None) -> str:
+    """Operations per second for people: 1.23 TOPS."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    for scale, unit in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}OPS"
+    return f"{value:.3g} OPS"
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+@dataclass
+class Session:
+    dir: RunDir
+    store: Store
+    run_id: int
+    config: Config
+    segment: int
+    started_at: float
+    deadline_at: float
+    elapsed_before: float
+
+
+def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume: bool,
+            system: dict[str, Any]) -> Session:
+    """Create the run (or reopen it to resume) and open a new session with its deadline."""
+    rd = RunDir(run_dir)
+    now = time.time()
+    if resume:
+        meta = rd.meta()
+        run_id = int(meta["run_id"])
+        store = open_store(rd.store_url(store_url), run_dir=run_dir)
+        config = Config.load(rd.config)
+        # Trials that were running when the run stopped are over; their epochs stay.
+        store.expire_leases(run_id, math.inf)
+        segments = store.segments(run_id)
+        for seg in segments:
+            if seg.ended_at is None:
+                store.end_segment(run_id, seg.index, min(seg.last_seen, seg.deadline_at))
+        elapsed = sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
+    else:
+        if config is None:
+            raise ValueError("a new run needs a configuration")
+        config.check_official()
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise RunDirError(f"{run_dir} exists and is not empty: pass --resume to continue "
+                              "that run, or choose another --run-dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(rd.config, config.to_toml())
+        write_atomic(rd.system, json.dumps(system, indent=1) + "\n")
+        store = open_store(store_url, run_dir=run_dir, create=True)
+        run_id = store.create_run(run_dir.name, config.model_dump(mode="json"), system,
+                                  config.run.duration_s, now)
+        rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
+        elapsed = 0.0
+    remaining = max(0.0, config.run.duration_s - elapsed)
+    segment = store.start_segment(run_id, now, now + remaining)
+    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
+
+
+class Monitor:
+    """What the live view shows, read from the store."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def view(self, now: float, launcher_alive: list[bool]) -> Group:
+        s = self.s
+        trials = s.store.trials(s.run_id)
+        epochs = s.store.epochs(s.run_id)
+        segments = s.store.segments(s.run_id)
+        counted = counted_epochs(epochs, segments)
+        ops = sum(e.ops for _, e in counted)
+        last = counted[-1][0] if counted else 0.0
+        best = max((e.val_accuracy for _, e in counted), default=None)
+        elapsed = s.elapsed_before + now - s.started_at
+        remaining = max(0.0, s.deadline_at - now)
+        head = Text.assemble(
+            ("automlperf ", "bold"), f"{s.dir.path}  ",
+            ("elapsed ", "dim"), fmt_duration(elapsed), ("  remaining ", "dim"),
+            fmt_duration(remaining), ("  best accuracy ", "dim"),
+            f"{best:.4f}" if best is not None else "-", ("  OPS ", "dim"),
+            fmt_ops(ops / last if last else None), ("  trials ", "dim"),
+            f"{sum(t.status == 'completed' for t in trials)} done, "
+            f"{sum(t.status == RUNNING for t in trials)} running")
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("replica", "process", "done", "failed", "running trial", "epochs", "best"):
+            table.add_column(col)
+        for index, alive in enumerate(launcher_alive):
+            mine = [t for t in trials if t.replica_index == index]
+            running = [t for t in mine if t.status == RUNNING]
+            accs = [t.best_accuracy for t in mine if t.best_accuracy is not None]
+            table.add_row(str(index), "up" if alive else "exited",
+                          str(sum(t.status == "completed" for t in mine)),
+                          str(sum(t.status == "failed" for t in mine)),
+                          str(running[-1].id) if running else "-",
+                          str(running[-1].epochs_done) if running else "-",
+                          f"{max(accs):.4f}" if accs else "-")
+        return Group(head, table)
+
+    def line(self, now: float) -> str:
+        s = self.s
+        epochs = s.store.epochs(s.run_id)
+        best = max((e.val_accuracy for e in epochs), default=None)
+        return (f"elapsed {fmt_duration(s.elapsed_before + now - s.started_at)}, remaining "
+                f"{fmt_duration(s.deadline_at - now)}, {len(epochs)} epochs, best accuracy "
+                f"{best if best is None else round(best, 4)}")
+
+
+def supervise(session: Session, launcher: Launcher, console: Console,
+              on_tick: Callable[[], None] | None = None) -> bool:
+    """Watch the replicas until the deadline; returns False if interrupted (Ctrl-C)."""
+    s = session
+    monitor = Monitor(s)
+    tick = 1.0
+    last_line = 0.0
+    interrupted = False
+    live = Live(console=console, refresh_per_second=2, transient=False,
+                auto_refresh=False) if console.is_terminal else None
+    try:
+        if live:
+            live.start()
+        while True:
+            now = time.time()
+            s.store.touch_segment(s.run_id, s.segment, now)
+            s.store.expire_leases(s.run_id, now)
+            if on_tick:
+                on_tick()
+            alive = launcher.alive()
+            if live:
+                live.update(monitor.view(now, alive), refresh=True)
+            elif now - last_line > 30:
+                console.print(monitor.line(now), highlight=False)
+                last_line = now
+            if now >= s.deadline_at or not any(alive):
+                break
+            time.sleep(min(tick, max(0.05, s.deadline_at - now)))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if live:
+            live.stop()
+    return not interrupted
+
+
+def finish(session: Session, launcher: Launcher, console: Console, completed: bool,
+           system: dict[str, Any]) -> dict[str, Any]:
+    """Stop the replicas, close the session and write result.json."""
+    s = session
+    s.store.touch_segment(s.run_id, s.segment, time.time())
+    launcher.stop(s.config.run.stop_grace_s)
+    end = min(time.time(), s.deadline_at)
+    s.store.end_segment(s.run_id, s.segment, end)
+    # Anything a killed replica left running is over; its completed epochs count.
+    s.store.expire_leases(s.run_id, math.inf)
+    result = build_result(s.store, s.run_id, s.config, system, interrupted=not completed)
+    write_result(s.dir.result, result)
+    return result
+
+
+def summary(result: dict[str, Any], run_dir: Path) -> Table:
+    table = Table(title=f"automlperf result: {run_dir}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    label = "valid" if result["valid"] else "not valid"
+    if not result["official"]:
+        label += ", unofficial"
+    rows = [("score", f"{fmt_ops(result['score'])} ({result['score']:.4e} OPS)"),
+            ("regulated score", fmt_ops(result["regulated_score"])),
+            ("best accuracy", "-" if result["best_accuracy"] is None
+             else f"{result['best_accuracy']:.4f} (trial {result['best_trial']})"),
+            ("operations", f"{result['total_ops']:.4e} in {result['elapsed_s']:.0f} s"),
+            ("trials", f"{result['trials']} {result['trial_status']}"),
+            ("result", label)]
+    for v in result["violations"]:
+        rows.append(("", f"{v['rule']}: {v['detail']}"))
+    for k, v in rows:
+        table.add_row(k, v)
+    return table
+
+
+def redacted(url: str | None) -> str:
+    return redact(url) if url else "history.db"

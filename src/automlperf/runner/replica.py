@@ -1,0 +1,277 @@
+"""A replica: generate a candidate on the CPU, train it on this node's accelerators, record
+it, repeat until the run's deadline. One replica runs per node (or per local process).
+
+The next candidate is generated in a thread while the current one trains, so accelerators
+do not wait for the search. The replica stops on SIGTERM, at the deadline, or when the
+primary stops heart-beating; a trial cut short keeps the epochs it completed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from automlperf.config import Config
+from automlperf.graph import Graph, seeds
+from automlperf.runner.rundir import RunDir, write_atomic
+from automlperf.search import Candidate, Model, NoCandidate, Searcher
+from automlperf.search.curve import predict_final
+from automlperf.search.hpo import HyperSearch, batch_range
+from automlperf.store import COMPLETED, FAILED, STOPPED, EpochRecord, open_store
+from automlperf.train.events import JsonlSink
+from automlperf.train.pool import (DataArgs, DevicePool, accelerator_memory_gib, choose_devices,
+                                   cores_available, run_trial)
+from automlperf.train.trainer import EpochEvent, TrialSpec
+
+log = logging.getLogger("automlperf.replica")
+
+
+@dataclass
+class Job:
+    candidate: Candidate
+    round: int
+    batch_size: int
+    kernel_size: int
+    hpo_number: int | None
+
+
+class Replica:
+    def __init__(self, run_dir: Path, store_url: str | None, index: int,
+                 devices: int | None = None, threads: int | None = None) -> None:
+        self.dir = RunDir(Path(run_dir))
+        meta = self.dir.meta()
+        self.run_id = int(meta["run_id"])
+        self.url = self.dir.store_url(store_url)
+        self.store = open_store(self.url, run_dir=self.dir.path)
+        self.config = Config.load(self.dir.config)
+        self.index = index
+        self.segment = self.store.segments(self.run_id)[-1]
+        self.stop = threading.Event()
+        self.devices = choose_devices(devices or self.config.run.devices_per_replica)
+        self.threads = max(1, (threads or cores_available()) // len(self.devices))
+        self.rng = random.Random(self.config.run.seed * 7919 + index)
+        self.searcher = Searcher(self.config.search)
+        self.models: dict[int, Model] = {}
+        self.last_trial_id = 0
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def run(self) -> int:
+        if self.segment.ended_at is not None:
+            log.info("the run's current session has ended; nothing to do")
+            return 0
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        cfg = self.config
+        workers = cfg.data.workers
+        if workers is None:  # spare cores feed the accelerators
+            workers = max(0, self.threads - 1) if cfg.data.dataset == "imagenet" else 0
+        data = DataArgs(cfg.data.dataset, str(cfg.data.data_dir) if cfg.data.data_dir else None,
+                        cfg.data.image_size, workers, cfg.data.gpu_decode,
+                        cfg.data.synthetic_images, cfg.data.synthetic_classes)
+        self.replica_id = self.store.register_replica(
+            self.run_id, self.index, self.segment.index, socket.gethostname(), os.getpid(),
+            self.devices, time.time())
+        beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+        beat.start()
+        status = FAILED
+        try:
+            self.pool = DevicePool(self.devices, data, threads_per_rank=self.threads)
+            log.info("replica %d: %d x %s, %d threads each, %s", self.index, len(self.devices),
+                     self.pool.description["devices"][0], self.threads,
+                     self.pool.description["dataset"])
+            try:
+                self._loop()
+                status = STOPPED
+            finally:
+                self.pool.close()
+        except Exception:
+            log.exception("replica %d failed", self.index)
+            raise
+        finally:
+            self.stop.set()
+            self.store.end_replica(self.replica_id, status, time.time())
+            beat.join(timeout=5)
+        return 0
+
+    def _heartbeat(self) -> None:
+        period = self.config.run.heartbeat_s
+        while not self.stop.wait(period):
+            now = time.time()
+            try:
+                self.store.heartbeat(self.replica_id, now, self.config.run.lease_timeout_s)
+                seg = next(s for s in self.store.segments(self.run_id)
+                           if s.index == self.segment.index)
+            except Exception:  # noqa: BLE001 - a store hiccup is retried next beat
+                log.warning("heartbeat failed; retrying", exc_info=True)
+                continue
+            if seg.ended_at is not None:
+                log.info("the primary ended the session; stopping")
+                self.stop.set()
+            elif now - seg.last_seen > self.config.run.lease_timeout_s:
+                log.warning("the primary has been silent for %.0f s; stopping",
+                            now - seg.last_seen)
+                self.stop.set()
+
+    def _should_stop(self) -> bool:
+        return self.stop.is_set() or time.time() >= self.segment.deadline_at
+
+    # --- the loop -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        desc = self.pool.description["dataset"]
+        self.seed_graph = seeds.seed(self.config.model.seed_model, desc["classes"],
+                                     desc["image_size"], desc["channels"])
+        self.world = self.pool.world
+        self.default_batch = self.config.train.per_device_batch(accelerator_memory_gib()) * self.world
+        self.hpo = HyperSearch(
+            self.url or f"sqlite:///{self.dir.path.resolve() / 'history.db'}",
+            f"run-{self.run_id}-replica-{self.index}",
+            batch_range(self.default_batch, self.config.search.batch_size_factors, self.world),
+            self.config.search.kernel_sizes, multiple=self.world,
+            seed=self.config.run.seed + self.index,
+            startup_trials=self.config.search.tpe_startup_trials)
+        done = sum(1 for t in self.store.summaries(self.run_id) if t.replica_index == self.index)
+        round_index = done  # a resumed replica goes on counting its rounds
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search") as search:
+            upcoming: Future[Job] = search.submit(self._prepare, round_index)
+            while not self._should_stop():
+                try:
+                    job = upcoming.result()
+                except NoCandidate as exc:
+                    log.warning("no candidate: %s; waiting for other replicas", exc)
+                    if self.stop.wait(10):
+                        break
+                    upcoming = search.submit(self._prepare, round_index)
+                    continue
+                trial_id = self._claim(job)
+                if trial_id is None:  # another replica took this architecture meanwhile
+                    upcoming = search.submit(self._prepare, round_index)
+                    continue
+                # Generate the next candidate while this one trains.
+                upcoming = search.submit(self._prepare, round_index + 1)
+                self._train(trial_id, job, upcoming)
+                round_index += 1
+            upcoming.cancel()
+
+    def _refresh_history(self) -> list[Model]:
+        """The run's history, read incrementally: new trials in full, then every status."""
+        for rec in self.store.trials(self.run_id, after_id=self.last_trial_id):
+            self.models[rec.id] = Model(rec.id, graph_json=rec.graph_json,
+                                        content_hash=rec.graph_hash, status=rec.status)
+            self.last_trial_id = max(self.last_trial_id, rec.id)
+        history = []
+        for summary in self.store.summaries(self.run_id):
+            model = self.models.get(summary.id)
+            if model is None:
+                continue  # arrived after the read above
+            model.status = summary.status
+            model.accuracy = summary.search_accuracy if summary.status == COMPLETED else None
+            history.append(model)
+        return history
+
+    def _prepare(self, round_index: int) -> Job:
+        search = self.config.search
+        if round_index >= search.hpo_start_round:
+            s = self.hpo.ask()
+            batch, kernel, number = s.batch_size, s.kernel_size, s.number
+        else:
+            batch, kernel, number = self.default_batch, min(search.kernel_sizes), None
+        cand = self.searcher.next_candidate(self._refresh_history(), self.seed_graph, self.rng,
+                                            kernel)
+        log.info("round %d: candidate from %s (%d morphs) in %.2f s, batch %d, kernel %d",
+                 round_index, cand.parent_id, len(cand.morphs), cand.stats.get("seconds", 0.0),
+                 batch, kernel)
+        return Job(cand, round_index, batch, kernel, number)
+
+    def _claim(self, job: Job) -> int | None:
+        graph = job.candidate.graph
+        hparams = {"batch_size": job.batch_size, "kernel_size": job.kernel_size,
+                   "epochs": self.config.train.round_epochs(job.round),
+                   "patience": self.config.train.patience(job.round),
+                   "tpe_trial": job.hpo_number, "world_size": self.world,
+                   "acquisition": job.candidate.acquisition,
+                   "generation_s": job.candidate.stats.get("seconds")}
+        trial_id = self.store.claim_trial(
+            self.run_id, self.replica_id, self.index, graph.content_hash(), graph.to_json(None),
+            job.candidate.parent_id, job.candidate.morphs, job.round, hparams, time.time(),
+            self.config.run.lease_timeout_s)
+        if trial_id is None and job.hpo_number is not None:
+            self.hpo.tell(job.hpo_number, None)
+        return trial_id
+
+    def _train(self, trial_id: int, job: Job, upcoming: Future[Job]) -> None:
+        folder = self.dir.trial(trial_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        graph = job.candidate.graph
+        write_atomic(folder / "graph.json", graph.to_json() + "\n")
+        parent_graph = parent_weights = None
+        if job.candidate.parent_id is not None:
+            parent = self.store.trial(job.candidate.parent_id)
+            parent_graph = Graph.from_json(parent.graph_json).to_dict()
+            parent_weights = parent.weights_path
+        cfg = self.config
+        epochs = cfg.train.round_epochs(job.round)
+        spec = TrialSpec.from_config(
+            cfg.train, cfg.model.initial_weights, trial_id=trial_id, graph=graph.to_dict(),
+            epochs=epochs, batch_size=job.batch_size, patience=cfg.train.patience(job.round),
+            seed=cfg.run.seed * 1_000_003 + trial_id, parent_graph=parent_graph,
+            parent_weights=parent_weights, weights_out=str(folder / "weights.safetensors"),
+            round=job.round)
+        sink = JsonlSink(folder / "log.jsonl")
+        accuracies: list[float] = []
+
+        def on_message(kind: str, msg: dict[str, Any]) -> None:
+            if kind != "epoch":
+                return
+            event = EpochEvent(**msg)
+            sink.epoch(event)
+            fields = {k: v for k, v in msg.items() if k != "trial_id"}
+            self.store.record_epoch(EpochRecord(run_id=self.run_id, trial_id=trial_id, **fields))
+            accuracies.append(event.val_accuracy)
+            log.info("trial %d epoch %d: val acc %.4f, %.3e ops, %.0f img/s", trial_id,
+                     event.epoch, event.val_accuracy, event.ops, event.images_per_s)
+
+        log.info("trial %d: training %d epochs at batch %d (round %d)", trial_id, epochs,
+                 job.batch_size, job.round)
+        outcome = run_trial(self.pool, spec, on_message, should_stop=self._should_stop)
+        sink.trial(outcome)
+        sink.close()
+        predicted = None
+        if job.round < cfg.search.hpo_start_round and accuracies:
+            predicted = predict_final(accuracies, cfg.train.max_epochs)
+        status = {"completed": COMPLETED, "stopped": STOPPED}.get(outcome.status, FAILED)
+        # A trial cut short (deadline, crash) still has the epochs it reported, and the
+        # weights saved at the best of them.
+        best = max(accuracies) if accuracies else None
+        weights = spec.weights_out if accuracies and Path(spec.weights_out).exists() else None
+        extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
+                 "batch_size": outcome.batch_size,
+                 "best_epoch": accuracies.index(best) if accuracies else None, **outcome.extra}
+        self.store.finish_trial(trial_id, status, time.time(), reason=outcome.reason,
+                                best_accuracy=best, predicted_accuracy=predicted,
+                                weights_path=weights, extra=extra)
+        log.info("trial %d %s: best %s%s", trial_id, status,
+                 "-" if best is None else f"{best:.4f}",
+                 f" ({outcome.reason})" if outcome.reason else "")
+        if job.hpo_number is not None:
+            # The TPE objective is the measured accuracy; wait for an overlapping ask first.
+            if not upcoming.done():
+                upcoming.exception()
+            self.hpo.tell(job.hpo_number, best if status == COMPLETED else None)
+
+
+def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
+               threads: int | None) -> int:
+    """Entry point of ``automlperf worker``; identity from SLURM when not given."""
+    if index is None:
+        index = int(os.environ.get("SLURM_PROCID", os.environ.get("SLURM_NODEID", "0")))
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
+    return Replica(run_dir, store_url, index, devices, threads).run()

@@ -1,0 +1,87 @@
+"""The run directory: what is where, and its identity file run.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from automlperf.store.base import SCHEMA_VERSION
+from automlperf.store.urls import resolve_store_url, strip_password
+
+RUN_FILE = "run.json"
+
+
+class RunDirError(ValueError):
+    """Not a usable run directory; the message says what to do."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.toml"
+
+    @property
+    def system(self) -> Path:
+        return self.path / "system.json"
+
+    @property
+    def result(self) -> Path:
+        return self.path / "result.json"
+
+    @property
+    def report(self) -> Path:
+        return self.path / "report.html"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def monitor(self) -> Path:
+        return self.path / "monitor"
+
+    def trial(self, trial_id: int) -> Path:
+        return self.path / "trials" / str(trial_id)
+
+    def meta(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.path / RUN_FILE).read_text())
+        except FileNotFoundError:
+            raise RunDirError(f"{self.path} is not a run directory ({RUN_FILE} is missing); "
+                              "start a run with `automlperf run --run-dir DIR`") from None
+        except json.JSONDecodeError as exc:
+            raise RunDirError(f"{self.path / RUN_FILE} is damaged ({exc})") from None
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise RunDirError(f"{self.path} was written with run schema version "
+                              f"{data.get('schema_version')}; this automlperf reads version "
+                              f"{SCHEMA_VERSION}. Use the version that wrote it")
+        return data
+
+    def write_meta(self, run_id: int, store_url: str | None, name: str) -> None:
+        data = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "name": name,
+                "created_at": time.time(),
+                "store": strip_password(store_url) if store_url else None}
+        write_atomic(self.path / RUN_FILE, json.dumps(data, indent=1) + "\n")
+
+    def store_url(self, explicit: str | None = None) -> str | None:
+        """The store to open: the one given, else the one the run was started with (its
+        password from the environment), else the directory's own SQLite file."""
+        url = resolve_store_url(explicit)
+        if url:
+            return url
+        recorded = self.meta().get("store")
+        return resolve_store_url(recorded) if recorded else None

@@ -1,0 +1,62 @@
+"""TPE over the global batch size and the kernel size of deepen blocks (Optuna).
+
+Each replica keeps one study in the run's store, so it persists across trials and across a
+resumed run: a fresh sampler per trial would degenerate into random search.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    number: int  # the Optuna trial number, to report the result against
+    batch_size: int
+    kernel_size: int
+
+
+def batch_range(default: int, factors: tuple[float, float], multiple: int) -> tuple[int, int]:
+    """TPE's batch size range around ``default``, in multiples of the rank count."""
+    lo = max(multiple, int(default * factors[0]) // multiple * multiple)
+    hi = max(lo, int(default * factors[1]) // multiple * multiple)
+    return lo, hi
+
+
+class HyperSearch:
+    def __init__(self, storage_url: str, study_name: str, batch_bounds: tuple[int, int],
+                 kernel_sizes: Sequence[int], multiple: int = 1, seed: int = 0,
+                 startup_trials: int = 4) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Optuna 5 turned multivariate and constant-liar on by default; state what we rely on:
+        # joint modelling of the two parameters, and pending trials counted as likely poor
+        # so that a replica's overlapping asks do not repeat themselves.
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials,
+                                             multivariate=True, constant_liar=True)
+        kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
+        storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=kwargs)
+        self.study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
+                                         direction="maximize", load_if_exists=True)
+        self.lo, self.hi = batch_bounds
+        self.kernel_sizes = list(kernel_sizes)
+        self.multiple = multiple
+
+    def ask(self) -> Suggestion:
+        trial = self.study.ask()
+        raw = trial.suggest_int("batch_size", self.lo, self.hi, log=True)
+        batch = max(self.multiple, round(raw / self.multiple) * self.multiple)
+        kernel = trial.suggest_categorical("kernel_size", self.kernel_sizes)
+        return Suggestion(trial.number, batch, int(kernel))
+
+    def tell(self, number: int, accuracy: float | None) -> None:
+        """Report the measured accuracy (None: the trial failed)."""
+        import optuna
+
+        if accuracy is None or not math.isfinite(accuracy):
+            self.study.tell(number, state=optuna.trial.TrialState.FAIL)
+        else:
+            self.study.tell(number, accuracy)
