@@ -324,6 +324,13 @@ def run(
         result = primary.finish(session, launcher, err, completed, system)
     out.print(primary.summary(result, run_dir))
     out.print(f"result: {session.dir.result}", highlight=False)
+    try:
+        from automlperf.report.html import write_report
+
+        out.print(f"report: {write_report(run_dir, url)}", highlight=False)
+    except Exception as exc:  # noqa: BLE001 - the result is written; the report can be redone
+        err.print(f"the report could not be written ({exc}); retry with `automlperf report "
+                  f"{run_dir}`", highlight=False)
     if not completed:
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir {run_dir}`",
                   highlight=False)
@@ -341,11 +348,122 @@ def worker(
                                                    "(default all visible).")] = None,
     threads: Annotated[Optional[int], typer.Option(min=1, help="CPU cores to use (default "
                                                    "SLURM_CPUS_PER_TASK or all).")] = None,
+    monitor: Annotated[bool, typer.Option(help="Sample this node's resources (one sampler "
+                                          "per node).")] = True,
 ) -> None:
     """Run one replica: generate, train and record candidates until the deadline."""
     from automlperf.runner.replica import run_worker
 
-    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads))
+    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor))
+
+
+@app.command()
+@user_errors
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory.")],
+    store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
+) -> None:
+    """Write the HTML report of a run directory (report.html)."""
+    from automlperf.report.html import write_report
+
+    path = write_report(run_dir, store)
+    out.print(f"report: {path}", highlight=False)
+
+
+@app.command()
+@user_errors
+def check(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory.")],
+    store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
+    official: Annotated[bool, typer.Option(help="Also require an official, valid result "
+                                           "(exit 3 otherwise).")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Recompute every figure of a run directory and verify it; exit 1 on any mismatch."""
+    from automlperf.measure.check import check_run
+
+    rep = check_run(run_dir, store)
+    r = rep.result
+    if as_json:
+        print(json.dumps({"ok": rep.ok, "mismatches": rep.mismatches, "checked": rep.checked,
+                          "valid": r.get("valid"), "official": r.get("official"),
+                          "violations": r.get("violations")}))
+    else:
+        for m in rep.mismatches:
+            out.print(f"[red]mismatch:[/] {m}", highlight=False, soft_wrap=True)
+        state = "valid" if r.get("valid") else "not valid" + ("" if r.get("official") else ", unofficial")
+        verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
+        out.print(f"{verdict}: {rep.checked['trials']} trials, {rep.checked['epochs']} epochs "
+                  f"recomputed; the result is {state}", highlight=False)
+        for v in r.get("violations", []):
+            out.print(f"  {v['rule']}: {v['detail']}", highlight=False)
+    if not rep.ok:
+        raise typer.Exit(1)
+    if official and not r.get("valid"):
+        raise typer.Exit(3)
+
+
+@app.command()
+@user_errors
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to rank.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Rank several runs: system, accelerators, score, regulated score, OPS per device."""
+    from automlperf.report.charts import format_ops
+    from automlperf.report.compare import ranking
+
+    try:
+        rows = ranking(run_dirs)
+    except (FileNotFoundError, ValueError, json.JSONDecodeError) as exc:
+        raise UsageError(str(exc)) from None
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    table = Table(title="automlperf ranking")
+    for col in ("#", "run", "system", "accelerators", "devices", "score", "regulated",
+                "per device", "of peak", "best acc.", "valid"):
+        table.add_column(col, justify="right" if col in ("#", "devices") else "left")
+    for r in rows:
+        table.add_row(str(r["rank"]), r["name"] or r["run"], r["system"], r["accelerators"],
+                      str(r["devices"]), format_ops(r["score"]), format_ops(r["regulated_score"]),
+                      format_ops(r["ops_per_device"]),
+                      "-" if r["fraction_of_peak"] is None else f"{100 * r['fraction_of_peak']:.1f} %",
+                      "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
+                      "yes" if r["valid"] else ("no" if r["official"] else "no (unofficial)"))
+    out.print(table)
+
+
+@app.command()
+@user_errors
+def info(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Describe this system: CPUs, memory, accelerators, software versions."""
+    from automlperf.measure.system import describe
+    from automlperf.report.charts import format_ops
+
+    desc = describe()
+    if as_json:
+        print(json.dumps(desc, indent=1))
+        return
+    table = Table(title=f"automlperf info: {desc['host']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    cpu = desc["cpu"]
+    table.add_row("OS", desc["os"])
+    table.add_row("CPU", f"{cpu['model']}: {cpu['physical_cores']} physical / "
+                         f"{cpu['logical_cores']} logical cores, {cpu['usable_cores']} usable")
+    table.add_row("memory", f"{desc['memory_gib']} GiB")
+    if desc["accelerators"]:
+        for a in desc["accelerators"]:
+            peak = f", peak {format_ops(a['peak_ops'])} ({a['peak_precision']})" if a["peak_ops"] else ""
+            table.add_row(f"GPU {a['index']}", f"{a['name']}, {a['memory_gib']} GiB, "
+                          f"{a.get('uuid', '')}{peak}")
+    else:
+        table.add_row("accelerators", "none visible: training runs on the CPU")
+    table.add_row("software", ", ".join(f"{k} {v}" for k, v in desc["software"].items() if v))
+    for k, v in desc["slurm"].items():
+        table.add_row(k, v)
+    out.print(table)
 
 
 def _stub(name: str, doc: str) -> None:
@@ -359,10 +477,6 @@ def _stub(name: str, doc: str) -> None:
 
 for _name, _doc in [
     ("slurm", "Write (and submit) a SLURM batch script for a cluster run."),
-    ("report", "Write the HTML report of a run directory."),
-    ("check", "Recompute every figure of a run directory and verify it."),
-    ("compare", "Rank several runs side by side."),
-    ("info", "Describe this system: CPUs, memory, accelerators, versions."),
 ]:
     _stub(_name, _doc)
 

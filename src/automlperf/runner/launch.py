@@ -25,9 +25,11 @@ class Launcher(Protocol):
 
 
 def worker_command(run_dir: Path, index: int | None, threads: int | None,
-                   devices: int | None) -> list[str]:
+                   devices: int | None, monitor: bool = True) -> list[str]:
     """The command every replica runs, locally or under srun."""
     cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir)]
+    if not monitor:
+        cmd.append("--no-monitor")
     if index is not None:
         cmd += ["--replica-index", str(index)]
     if threads is not None:
@@ -59,7 +61,9 @@ class LocalLauncher:
                 env[STORE_ENV] = self.store_url  # not on the command line, where ps shows it
             with open(logs / f"replica-{index}.log", "ab") as out:
                 self.procs.append(subprocess.Popen(
-                    worker_command(self.run_dir, index, threads, self.devices_per_replica),
+                    # One resource sampler per node: replica 0's.
+                    worker_command(self.run_dir, index, threads, self.devices_per_replica,
+                                   monitor=index == 0),
                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
 
     def alive(self) -> list[bool]:

@@ -13,6 +13,8 @@ import os
 import random
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +29,7 @@ from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import COMPLETED, FAILED, STOPPED, EpochRecord, open_store
+from automlperf.store.urls import STORE_ENV
 from automlperf.train.events import JsonlSink
 from automlperf.train.pool import (DataArgs, DevicePool, accelerator_memory_gib, choose_devices,
                                    cores_available, run_trial)
@@ -46,7 +49,8 @@ class Job:
 
 class Replica:
     def __init__(self, run_dir: Path, store_url: str | None, index: int,
-                 devices: int | None = None, threads: int | None = None) -> None:
+                 devices: int | None = None, threads: int | None = None,
+                 monitor: bool = True) -> None:
         self.dir = RunDir(Path(run_dir))
         meta = self.dir.meta()
         self.run_id = int(meta["run_id"])
@@ -54,6 +58,7 @@ class Replica:
         self.store = open_store(self.url, run_dir=self.dir.path)
         self.config = Config.load(self.dir.config)
         self.index = index
+        self.monitor = monitor
         self.segment = self.store.segments(self.run_id)[-1]
         self.stop = threading.Event()
         self.devices = choose_devices(devices or self.config.run.devices_per_replica)
@@ -87,11 +92,15 @@ class Replica:
             log.info("replica %d: %d x %s, %d threads each, %s", self.index, len(self.devices),
                      self.pool.description["devices"][0], self.threads,
                      self.pool.description["dataset"])
+            sampler = self._start_sampler() if self.monitor else None
             try:
                 self._loop()
                 status = STOPPED
             finally:
                 self.pool.close()
+                if sampler is not None:
+                    sampler.terminate()
+                    sampler.wait(timeout=30)
         except Exception:
             log.exception("replica %d failed", self.index)
             raise
@@ -100,6 +109,18 @@ class Replica:
             self.store.end_replica(self.replica_id, status, time.time())
             beat.join(timeout=5)
         return 0
+
+    def _start_sampler(self) -> subprocess.Popen[bytes]:
+        """This node's resource monitor, in a process of its own."""
+        env = dict(os.environ)
+        if self.url:
+            env[STORE_ENV] = self.url
+        uuids = ",".join(self.pool.description.get("uuids", []))
+        log_file = open(self.dir.logs / f"monitor-{socket.gethostname()}.log", "ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir", str(self.dir.path),
+             "--interval", str(self.config.monitor.interval_s), "--uuids", uuids],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
     def _heartbeat(self) -> None:
         period = self.config.run.heartbeat_s
@@ -268,10 +289,10 @@ class Replica:
 
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
-               threads: int | None) -> int:
+               threads: int | None, monitor: bool = True) -> int:
     """Entry point of ``automlperf worker``; identity from SLURM when not given."""
     if index is None:
         index = int(os.environ.get("SLURM_PROCID", os.environ.get("SLURM_NODEID", "0")))
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
-    return Replica(run_dir, store_url, index, devices, threads).run()
+    return Replica(run_dir, store_url, index, devices, threads, monitor).run()

@@ -22,6 +22,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from automlperf.procutil import die_with_parent
 from automlperf.train.trainer import TrialOutcome, TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
@@ -86,21 +87,9 @@ def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps({"kind": kind, **payload}).encode())
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (even by SIGKILL), so that no
-    rank outlives its replica, e.g. blocked in an all-reduce with a dead peer."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: ranks still exit when their pipe to the parent closes
-
-
 def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
                data: dict[str, Any], conn: Connection) -> None:
-    _die_with_parent()
+    die_with_parent()
     # Ranks stop when the parent says so or kills them; Ctrl-C goes to the parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -121,7 +110,7 @@ def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
         dataset = datasets.load(**data)
         ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
         _send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
-                              "device": _device_name(device)})
+                              "device": _device_name(device), "uuid": _device_uuid(device)})
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
         _send(conn, "fatal", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
                               "traceback": traceback.format_exc()})
@@ -146,6 +135,15 @@ def _device_name(device: Any) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return "cpu"
+
+
+def _device_uuid(device: Any) -> str | None:
+    import torch
+
+    if device.type != "cuda":
+        return None
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    return uuid if uuid.startswith("GPU-") or not uuid else f"GPU-{uuid}"
 
 
 def _free_port() -> int:
@@ -220,7 +218,8 @@ class DevicePool:
                 self.close()
                 raise PoolError(f"training processes did not start in {self.start_timeout_s:.0f} s")
         self.description = {"dataset": self._ranks[0].done["dataset"],
-                            "devices": [r.done["device"] for r in self._ranks]}
+                            "devices": [r.done["device"] for r in self._ranks],
+                            "uuids": [r.done["uuid"] for r in self._ranks if r.done["uuid"]]}
         for rank in self._ranks:
             rank.done = None
 

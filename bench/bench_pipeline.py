@@ -1,0 +1,103 @@
+"""Pipeline efficiency: the sustained OPS of a whole run divided by the OPS the same trials
+reach in pure training steps.
+
+1. Run the benchmark (the README's main job: builtin data, small seed) for --duration.
+2. For every trial it trained, time pure training steps of the same graph at the same batch
+   size on the same data and threads (no validation, no search, no process or trial set-up),
+   giving that trial's pure OPS.
+3. The pure time of the run's work is sum(ops of each trial / its pure OPS); efficiency is
+   that time divided by the run's elapsed time, i.e. run OPS / pure OPS. Target >= 0.90.
+
+Also reported: the share of the run that replicas spent inside epochs (training and
+validation), which separates search and set-up overhead from in-epoch overhead.
+
+Run: python bench/bench_pipeline.py [--duration 300] [--replicas 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from automlperf.graph import Graph
+from automlperf.measure.score import counted_epochs
+from automlperf.ops import count
+from automlperf.store import open_store
+from automlperf.train.builder import build_module
+from automlperf.train.data import builtin
+from automlperf.train.pool import cores_available
+
+
+def pure_ops_per_s(graph: Graph, batch: int, data, steps: int = 12) -> float:
+    """Training-step throughput in operations per second (forward, backward, update)."""
+    module = build_module(graph, seed=0)
+    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    batches = [b for _, b in zip(range(steps + 2), data.batches("train", 0, 1, batch, 0, 0,
+                                                                  torch.device("cpu")))]
+    module.train()
+    images, t0 = 0, 0.0
+    for i, (x, y) in enumerate(batches):
+        if i == 2:  # warm-up
+            t0, images = time.perf_counter(), 0
+        loss = loss_fn(module(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        images += len(y)
+    seconds = time.perf_counter() - t0
+    ops = count(graph, batch_size=batch)
+    steps_timed = len(batches) - 2
+    return (images * (ops.forward + ops.backward_grad) + steps_timed * ops.update_per_step) / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=float, default=300)
+    ap.add_argument("--replicas", type=int, default=1)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "automlperf.cli", "run", "--duration", f"{args.duration}s",
+               "--replicas", str(args.replicas), "--run-dir", str(run_dir)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        result = json.loads((run_dir / "result.json").read_text())
+        store = open_store(run_dir=run_dir)
+        trials = {t.id: t for t in store.trials(1)}
+        counted = counted_epochs(store.epochs(1), store.segments(1))
+        ops_by_trial: dict[int, int] = defaultdict(int)
+        in_epochs = 0.0
+        for _, e in counted:
+            ops_by_trial[e.trial_id] += e.ops
+            in_epochs += e.ended_at - e.started_at
+        torch.set_num_threads(max(1, cores_available() // args.replicas))
+        data = builtin(16)
+        pure_time = 0.0
+        for trial_id, ops in ops_by_trial.items():
+            t = trials[trial_id]
+            rate = pure_ops_per_s(Graph.from_json(t.graph_json), t.hparams["batch_size"], data)
+            pure_time += ops / rate
+        # Replicas train side by side: the run's pure time is shared among them.
+        pure_time /= args.replicas
+        elapsed = result["elapsed_s"]
+        out = {"bench": "pipeline", "duration_s": elapsed, "replicas": args.replicas,
+               "run_ops_per_s": result["score"], "pure_ops_per_s": result["total_ops"] / pure_time,
+               "efficiency": pure_time / elapsed,
+               "in_epoch_share": in_epochs / args.replicas / elapsed,
+               "trials": len(ops_by_trial), "epochs": len(counted), "target": 0.90}
+        print(f"run {result['score']:.3e} OPS over {elapsed:.0f} s; the same trials in pure "
+              f"training steps {out['pure_ops_per_s']:.3e} OPS; efficiency {out['efficiency']:.3f}"
+              f"; replicas inside epochs {100 * out['in_epoch_share']:.1f} % of the run")
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Verify a run directory: recompute every figure from what was stored, name each mismatch.
+
+What is checked:
+* each stored graph is valid and hashes to the hash its trial was recorded with, and the
+  trial folder's graph.json is the same architecture;
+* each epoch's operations equal the analytical count of its graph for the images, steps and
+  batch size it recorded, and its step count fits its image count;
+* the store's epochs and each trial's own log (trials/<id>/log.jsonl) agree;
+* the configuration file is the one the run was started with;
+* result.json's score, regulated score, accuracy, totals, timeline, validity and violations
+  equal a fresh computation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from automlperf.config import Config
+from automlperf.graph import Graph, GraphError
+from automlperf.measure.result import build_result
+from automlperf.ops import count, epoch_ops
+from automlperf.runner.rundir import RunDir
+from automlperf.store import open_store
+from automlperf.train.events import read_jsonl
+
+COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
+            "epochs", "train_images", "val_images", "best_trial", "official", "valid", "trials")
+EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",
+                "world_size", "precision", "ended_at")
+
+
+@dataclass
+class CheckReport:
+    mismatches: list[str] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)
+    checked: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            return a is b
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    return a == b
+
+
+def check_run(run_dir: Path, store_url: str | None = None) -> CheckReport:
+    rd = RunDir(Path(run_dir))
+    run_id = int(rd.meta()["run_id"])
+    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+    report = CheckReport()
+    bad = report.mismatches
+    config = Config.load(rd.config)
+    stored_config = store.run(run_id)["config"]
+    if config.model_dump(mode="json") != Config.parse(stored_config).model_dump(mode="json"):
+        bad.append(f"{rd.config} differs from the configuration the run was started with")
+    try:
+        tomllib.loads(rd.config.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        bad.append(f"{rd.config} is not valid TOML: {exc}")
+
+    graphs: dict[int, Graph] = {}
+    trials = store.trials(run_id)
+    for t in trials:
+        try:
+            g = Graph.from_json(t.graph_json)
+        except GraphError as exc:
+            bad.append(f"trial {t.id}: stored graph is invalid: {exc}")
+            continue
+        graphs[t.id] = g
+        if g.content_hash() != t.graph_hash:
+            bad.append(f"trial {t.id}: stored graph hashes to {g.content_hash()}, but the trial "
+                       f"was recorded with {t.graph_hash}")
+        file = rd.trial(t.id) / "graph.json"
+        if file.exists():
+            try:
+                on_disk = Graph.from_json(file.read_text()).content_hash()
+            except GraphError as exc:
+                bad.append(f"{file}: invalid graph: {exc}")
+            else:
+                if on_disk != t.graph_hash:
+                    bad.append(f"{file}: architecture {on_disk} differs from the stored one "
+                               f"({t.graph_hash})")
+    epochs = store.epochs(run_id)
+    logged: dict[tuple[int, int], dict[str, Any]] = {}
+    for t in trials:
+        log = rd.trial(t.id) / "log.jsonl"
+        if log.exists():
+            for rec in read_jsonl(log):
+                if rec.get("type") == "epoch":
+                    logged[(t.id, rec["epoch"])] = rec
+    for e in epochs:
+        where = f"trial {e.trial_id} epoch {e.epoch}"
+        g = graphs.get(e.trial_id)
+        if g is not None:
+            expected = epoch_ops(count(g, batch_size=e.batch_size), e.train_images, e.steps,
+                                 e.val_images)
+            if expected != e.ops:
+                bad.append(f"{where}: recorded {e.ops} ops, but {e.train_images} training and "
+                           f"{e.val_images} validation images in {e.steps} steps of this "
+                           f"graph make {expected}")
+        per_rank = max(1, e.batch_size // max(1, e.world_size))
+        shard = math.ceil((e.train_images + e.skipped_images) / max(1, e.world_size))
+        if e.steps > math.ceil(shard / per_rank) + 1 or e.steps < (shard - 1) // per_rank:
+            bad.append(f"{where}: {e.steps} steps cannot train {e.train_images} images at "
+                       f"batch {e.batch_size} on {e.world_size} rank(s)")
+        rec = logged.get((e.trial_id, e.epoch))
+        if rec is not None:
+            for name in EPOCH_FIELDS:
+                if not _same(getattr(e, name), rec.get(name)):
+                    bad.append(f"{where}: store has {name} = {getattr(e, name)!r} but the trial "
+                               f"log has {rec.get(name)!r}")
+    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
+
+    system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+    fresh = build_result(store, run_id, config, system)
+    report.result = fresh
+    if not rd.result.exists():
+        bad.append(f"{rd.result} is missing")
+        return report
+    try:
+        recorded = json.loads(rd.result.read_text())
+    except json.JSONDecodeError as exc:
+        bad.append(f"{rd.result} is not valid JSON: {exc}")
+        return report
+    for name in COMPARED:
+        if not _same(recorded.get(name), fresh.get(name)):
+            bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "
+                       f"{fresh.get(name)!r}")
+    if sorted(v["rule"] for v in recorded.get("violations", [])) != \
+            sorted(v["rule"] for v in fresh["violations"]):
+        bad.append("result.json: violations "
+                   f"{sorted(v['rule'] for v in recorded.get('violations', []))} differ from the "
+                   f"recomputed {sorted(v['rule'] for v in fresh['violations'])}")
+    marks, fresh_marks = recorded.get("timeline", []), fresh["timeline"]
+    if len(marks) != len(fresh_marks):
+        bad.append(f"result.json: timeline has {len(marks)} marks, recomputed {len(fresh_marks)}")
+    else:
+        for a, b in zip(marks, fresh_marks):
+            for name in ("hours", "ops", "ops_per_s", "best_accuracy", "regulated"):
+                if not _same(a.get(name), b.get(name)):
+                    bad.append(f"result.json: timeline at {b['hours']} h: {name} is "
+                               f"{a.get(name)!r}, recomputed {b.get(name)!r}")
+    return report

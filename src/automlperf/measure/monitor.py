@@ -1,0 +1,143 @@
+"""Resource monitor: one sampler process per node, every ``interval_s`` seconds.
+
+Records per-GPU utilisation, memory and power through NVML (``nvidia-ml-py``, imported only
+here), and CPU utilisation and host memory through psutil, into the run's store and
+``monitor/<node>.jsonl``. NVML numbers devices its own way and ignores
+CUDA_VISIBLE_DEVICES, so GPUs are matched to torch's numbering by UUID. Without a GPU (or
+without NVML) it records CPU and memory only.
+
+Run as: python -m automlperf.measure.monitor --run-dir D --interval 30 [--uuids a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class GPUSampler:
+    """NVML handles for the given UUIDs (torch order); empty if NVML is unavailable."""
+
+    def __init__(self, uuids: list[str] | None = None) -> None:
+        self.handles: list[tuple[int, str, Any]] = []
+        self.error: str | None = None
+        try:
+            import pynvml
+        except ImportError:
+            self.error = "nvidia-ml-py is not installed"
+            return
+        self.nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self.error = f"NVML unavailable: {exc}"
+            return
+        by_uuid = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            by_uuid[_text(pynvml.nvmlDeviceGetUUID(handle))] = handle
+        order = uuids if uuids else sorted(by_uuid)
+        for index, uuid in enumerate(order):
+            if uuid in by_uuid:
+                self.handles.append((index, uuid, by_uuid[uuid]))
+
+    def sample(self) -> list[dict[str, Any]]:
+        out = []
+        for index, uuid, handle in self.handles:
+            nv = self.nvml
+            entry: dict[str, Any] = {"index": index, "uuid": uuid}
+            try:
+                util = nv.nvmlDeviceGetUtilizationRates(handle)
+                mem = nv.nvmlDeviceGetMemoryInfo(handle)
+                entry.update(util=float(util.gpu), mem_used_gib=mem.used / 2**30,
+                             mem_total_gib=mem.total / 2**30)
+                entry["power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
+            except nv.NVMLError as exc:
+                entry["error"] = str(exc)
+            out.append(entry)
+        return out
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def host_sample() -> dict[str, Any]:
+    import psutil
+
+    mem = psutil.virtual_memory()
+    return {"cpu_percent": psutil.cpu_percent(interval=None),
+            "mem_used_gib": (mem.total - mem.available) / 2**30, "mem_total_gib": mem.total / 2**30}
+
+
+def sample(gpus: GPUSampler) -> dict[str, Any]:
+    return {"t": time.time(), **host_sample(), "gpus": gpus.sample()}
+
+
+def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: list[str],
+                node: str, stop: threading.Event | None = None) -> None:
+    """Sample until ``stop`` is set (or SIGTERM); each sample goes to the file at once and
+    to the store (batched, so a slow store never delays sampling)."""
+    from automlperf.runner.rundir import RunDir
+    from automlperf.store import open_store
+
+    rd = RunDir(run_dir)
+    run_id = int(rd.meta()["run_id"])
+    store = open_store(rd.store_url(store_url), run_dir=run_dir)
+    stop = stop or threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    rd.monitor.mkdir(exist_ok=True)
+    gpus = GPUSampler(uuids)
+    import psutil
+
+    psutil.cpu_percent(interval=None)  # the first reading only starts the measurement
+    pending: list[dict[str, Any]] = []
+    with open(rd.monitor / f"{node}.jsonl", "a", encoding="utf-8") as out:
+        if gpus.error:
+            out.write(json.dumps({"t": time.time(), "note": gpus.error}) + "\n")
+        wait = min(interval_s, 2.0)  # an early first sample, so short runs have one
+        while True:
+            if stop.wait(wait):
+                break
+            wait = interval_s
+            record = sample(gpus)
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            pending.append(record)
+            try:
+                store.add_samples(run_id, node, pending)
+                pending = []
+            except Exception:  # noqa: BLE001 - kept and sent with the next sample
+                pass
+        record = sample(gpus)
+        out.write(json.dumps(record) + "\n")
+        pending.append(record)
+        try:
+            store.add_samples(run_id, node, pending)
+        except Exception:  # noqa: BLE001 - the file has it
+            pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--run-dir", type=Path, required=True)
+    ap.add_argument("--store", default=None)
+    ap.add_argument("--interval", type=float, default=30.0)
+    ap.add_argument("--uuids", default="")
+    ap.add_argument("--node", default=socket.gethostname())
+    args = ap.parse_args()
+    from automlperf.procutil import die_with_parent
+
+    die_with_parent()
+    run_sampler(args.run_dir, args.store, args.interval,
+                [u for u in args.uuids.split(",") if u], args.node)
+
+
+if __name__ == "__main__":
+    main()

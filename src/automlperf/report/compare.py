@@ -1,0 +1,41 @@
+"""Ranking several runs side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from automlperf.measure.result import read_result
+from automlperf.runner.rundir import RunDir
+
+
+def row(run_dir: Path) -> dict[str, Any]:
+    rd = RunDir(Path(run_dir))
+    if not rd.result.exists():
+        raise FileNotFoundError(f"{rd.result} is missing: finish the run, or `automlperf run "
+                                f"--resume --run-dir {run_dir}`")
+    result = read_result(rd.result)
+    system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+    accels = system.get("accelerators", [])
+    names = sorted({a["name"] for a in accels})
+    return {
+        "run": str(run_dir), "name": result.get("name"),
+        "system": f"{system.get('host', '?')} ({system.get('cpu', {}).get('model', '?')})",
+        "accelerators": ", ".join(names) or "CPU", "devices": result.get("devices"),
+        "nodes": result.get("nodes"), "dataset": result.get("dataset"),
+        "score": result["score"], "regulated_score": result.get("regulated_score"),
+        "ops_per_device": result.get("ops_per_s_per_device"),
+        "fraction_of_peak": result.get("fraction_of_peak"),
+        "best_accuracy": result.get("best_accuracy"), "elapsed_s": result.get("elapsed_s"),
+        "official": result.get("official"), "valid": result.get("valid"),
+    }
+
+
+def ranking(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Runs ordered by score; valid results first, as an official list would rank them."""
+    rows = [row(d) for d in run_dirs]
+    rows.sort(key=lambda r: (not r["valid"], -r["score"]))
+    for rank, r in enumerate(rows, start=1):
+        r["rank"] = rank
+    return rows

@@ -1,0 +1,141 @@
+"""The report: one self-contained HTML file per run (charts inline, no network needed)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from automlperf import __version__
+from automlperf.config import FIXED, Config
+from automlperf.graph import Graph
+from automlperf.measure.result import build_result, read_result
+from automlperf.measure.score import counted_epochs, regulated, segment_bounds, run_time
+from automlperf.ops import count
+from automlperf.report import charts
+from automlperf.runner.rundir import RunDir, write_atomic
+from automlperf.store import open_store, redact
+
+_env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
+                          autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
+                          lstrip_blocks=True)
+_env.filters["ops"] = charts.format_ops
+_env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.2f} %"
+_env.filters["num"] = lambda v: "-" if v is None else f"{v:,}"
+_env.filters["when"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _morph_text(morphs: list[dict[str, Any]]) -> str:
+    parts = []
+    for m in morphs:
+        if m["op"] == "deepen":
+            parts.append(f"deepen k{m.get('kernel')}")
+        elif m["op"] == "widen":
+            parts.append(f"widen {m.get('from')}→{m.get('to')}")
+        else:
+            parts.append("skip" + (" proj" if m.get("projection") else ""))
+    return ", ".join(parts) or "seed"
+
+
+def _config_rows(config: Config) -> list[dict[str, Any]]:
+    custom = config.customised()
+    rows = []
+    for section, values in config.model_dump(mode="json").items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            rows.append({"name": name, "value": json.dumps(value),
+                         "fixed": name in FIXED, "customised": name in custom,
+                         "changed_fixed": name in FIXED and value != FIXED[name]})
+    return rows
+
+
+def gather(run_dir: Path, store_url: str | None = None) -> dict[str, Any]:
+    """Everything the report shows, as plain data."""
+    rd = RunDir(Path(run_dir))
+    run_id = int(rd.meta()["run_id"])
+    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+    config = Config.load(rd.config)
+    system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+    result = read_result(rd.result) if rd.result.exists() else build_result(store, run_id, config,
+                                                                             system)
+    segments = store.segments(run_id)
+    epochs = store.epochs(run_id)
+    trials = store.trials(run_id)
+    bounds = segment_bounds(segments)
+    counted = counted_epochs(epochs, segments)
+    accuracy_counts = config.data.dataset != "synthetic"
+    curve, ops, best = [], 0, None
+    for t, e in counted:
+        ops += e.ops
+        if accuracy_counts:
+            best = e.val_accuracy if best is None else max(best, e.val_accuracy)
+        rate = ops / t if t > 0 else 0.0
+        curve.append({"t": t, "ops_per_s": rate, "best_accuracy": best,
+                      "regulated": regulated(rate, best)})
+    series: dict[int, dict[str, Any]] = {}
+    trial_by_id = {t.id: t for t in trials}
+    for t, e in counted:
+        rec = trial_by_id[e.trial_id]
+        series.setdefault(e.trial_id, {"replica": rec.replica_index, "points": []})["points"].append(
+            (t, e.val_accuracy))
+    epoch_time: dict[int, float] = {}
+    for e in epochs:
+        epoch_time[e.trial_id] = epoch_time.get(e.trial_id, 0.0) + e.ended_at - e.started_at
+    rows = []
+    for rec in trials:
+        g = Graph.from_json(rec.graph_json)
+        batch = rec.extra.get("batch_size") or rec.hparams.get("batch_size") or 1
+        ops_count = count(g, batch_size=batch)
+        rows.append({
+            "id": rec.id, "parent": rec.parent_id, "replica": rec.replica_index, "round": rec.round,
+            "morphs": _morph_text(rec.morphs), "depth": g.count("conv2d"),
+            "params": ops_count.params, "ops_per_image": ops_count.total,
+            "batch": batch, "kernel": rec.hparams.get("kernel_size"),
+            "tpe": rec.hparams.get("tpe_trial") is not None, "epochs": rec.epochs_done,
+            "best": rec.best_accuracy, "predicted": rec.predicted_accuracy,
+            "status": rec.status, "reason": rec.reason,
+            "seconds": epoch_time.get(rec.id, 0.0),
+            "started": run_time(rec.created_at, bounds)})
+    best_trial = trial_by_id.get(result.get("best_trial"))
+    best_graph = Graph.from_json(best_trial.graph_json) if best_trial else None
+    start = segments[0].started_at if segments else 0.0
+    samples = store.samples(run_id)
+    replicas = store.replicas(run_id)
+    nodes = sorted({(r.host, tuple(r.devices)) for r in replicas})
+    return {
+        "run_dir": str(rd.path), "run_id": run_id, "result": result, "config": config,
+        "config_rows": _config_rows(config), "system": system, "curve": curve,
+        "series": list(series.values()), "rows": rows, "best_trial": best_trial,
+        "best_graph": best_graph, "samples": samples, "start": start, "nodes": nodes,
+        "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
+        "epochs": len(epochs), "replica_count": len({r.index for r in replicas}),
+    }
+
+
+def render(data: dict[str, Any]) -> str:
+    result = data["result"]
+    resource_svg, resource_note = charts.resource_chart(data["samples"], data["start"])
+    best_graph: Graph | None = data["best_graph"]
+    best_ops = count(best_graph) if best_graph else None
+    template = _env.get_template("report.html.j2")
+    return template.render(
+        d=data, r=result, version=__version__,
+        generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
+        score_svg=charts.score_chart(data["curve"], result.get("timeline", [])),
+        error_svg=charts.error_chart(data["curve"]),
+        trials_svg=charts.trials_chart(data["series"]),
+        resource_svg=resource_svg, resource_note=resource_note,
+        best_summary=best_graph.summary() if best_graph else None, best_ops=best_ops,
+        kinds={k: v for k, v in (best_ops.by_kind.items() if best_ops else [])},
+        isfinite=math.isfinite)
+
+
+def write_report(run_dir: Path, store_url: str | None = None) -> Path:
+    rd = RunDir(Path(run_dir))
+    html = render(gather(run_dir, store_url))
+    write_atomic(rd.report, html)
+    return rd.report

@@ -1,0 +1,198 @@
+"""Results people can trust and read: check, report (in a real browser), monitor, compare."""
+
+import json
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from automlperf.measure.result import RESULT_SCHEMA_VERSION, read_result
+
+pytestmark = pytest.mark.slow
+DATA = Path(__file__).parent / "data"
+
+CONFIG = """
+[run]
+duration_s = 30
+heartbeat_s = 1
+lease_timeout_s = 6
+[data]
+dataset = "builtin"
+image_size = 8
+[train]
+max_epochs = 2
+batch_size = 128
+[monitor]
+interval_s = 1
+"""
+
+
+def cli(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "automlperf.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    base = tmp_path_factory.mktemp("results")
+    (base / "c.toml").write_text(CONFIG)
+    done = cli("run", "--config", base / "c.toml", "--run-dir", base / "run", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "report:" in done.stdout
+    return base / "run"
+
+
+def tampered(run_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+def test_the_committed_sample_result_still_reads():
+    result = read_result(DATA / "run_v1" / "result.json")
+    assert result["schema_version"] == 1 <= RESULT_SCHEMA_VERSION
+    for key in ("score", "regulated_score", "best_accuracy", "error", "official", "valid",
+                "violations", "total_ops", "elapsed_s", "trials", "best_trial", "timeline"):
+        assert key in result
+    assert set(result["timeline"][0]) == {"hours", "ops", "ops_per_s", "best_accuracy", "regulated"}
+
+
+def test_check_verifies_a_genuine_run(run_dir):
+    done = cli("check", run_dir)
+    assert done.returncode == 0, done.stdout
+    assert "verified" in done.stdout and "not valid, unofficial" in done.stdout
+    report = json.loads(cli("check", run_dir, "--json").stdout)
+    assert report["ok"] and report["checked"]["epochs"] == report["checked"]["logged_epochs"] > 0
+    assert cli("check", run_dir, "--official").returncode == 3
+
+
+def test_check_catches_an_edited_result(run_dir, tmp_path):
+    copy = tampered(run_dir, tmp_path)
+    result = json.loads((copy / "result.json").read_text())
+    result["score"] *= 1.1
+    (copy / "result.json").write_text(json.dumps(result))
+    done = cli("check", copy)
+    assert done.returncode == 1 and "result.json: score is" in done.stdout
+
+
+def test_check_catches_an_edited_image_count(run_dir, tmp_path):
+    copy = tampered(run_dir, tmp_path)
+    with sqlite3.connect(copy / "history.db") as db:
+        db.execute("UPDATE amp_epochs SET train_images = train_images + 500 "
+                   "WHERE trial_id = 1 AND epoch = 0")
+    done = cli("check", copy)
+    assert done.returncode == 1
+    assert re.search(r"trial 1 epoch 0: recorded \d+ ops, but \d+ training", done.stdout)
+    assert "but the trial log has" in done.stdout
+
+
+def test_check_catches_an_edited_graph(run_dir, tmp_path):
+    copy = tampered(run_dir, tmp_path)
+    graph_file = copy / "trials" / "1" / "graph.json"
+    graph = json.loads(graph_file.read_text())
+    for layer in graph["layers"]:
+        if layer["name"] == "s1b1_conv2":
+            layer["kernel"], layer["padding"] = 5, 2  # a bigger kernel: more operations
+    graph_file.write_text(json.dumps(graph))
+    done = cli("check", copy)
+    assert done.returncode == 1 and "trials/1/graph.json: architecture" in done.stdout
+    # The same edit made in the store, with a matching hash, breaks the operation counts.
+    from automlperf.graph import Graph
+
+    g = Graph.from_dict(graph)
+    with sqlite3.connect(copy / "history.db") as db:
+        db.execute("UPDATE amp_trials SET graph_json = ?, graph_hash = ? WHERE id = 1",
+                   (g.to_json(), g.content_hash()))
+    shutil.copy(run_dir / "trials" / "1" / "graph.json", graph_file)
+    done = cli("check", copy)
+    assert done.returncode == 1 and "trial 1 epoch 0: recorded" in done.stdout
+
+
+def test_the_monitor_samples_without_a_gpu(run_dir):
+    samples = [json.loads(line) for f in (run_dir / "monitor").glob("*.jsonl")
+               for line in f.read_text().splitlines()]
+    readings = [s for s in samples if "cpu_percent" in s]
+    assert len(readings) >= 5
+    assert all(s["gpus"] == [] and 0 < s["mem_used_gib"] < s["mem_total_gib"] for s in readings)
+    assert any("NVML" in s.get("note", "") or "nvidia-ml-py" in s.get("note", "") for s in samples)
+    from automlperf.store import open_store
+
+    assert len(open_store(run_dir=run_dir).samples(1)) == len(readings)
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.fail("chromium is not installed (run scripts/setup-system.sh)")
+
+
+def browser(*args, tmp_path):
+    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                           "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                           f"--user-data-dir={tmp_path / 'profile'}", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_report_renders_in_a_real_browser(run_dir, tmp_path):
+    report = run_dir / "report.html"
+    html = report.read_text()
+    # Self-contained: nothing is loaded from elsewhere.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)|url\(\s*["']?https?:|@import""", html)
+    dom = browser("--virtual-time-budget=3000", "--dump-dom", report.as_uri(), tmp_path=tmp_path).stdout
+    assert dom.count('class="chart"') == 4  # score, error, trials, resources
+    for label in ("score and regulated score over time", "best error over time",
+                  "trial accuracy over time", "CPU utilisation and memory over time"):
+        assert f'aria-label="{label}"' in dom
+    trials = json.loads((run_dir / "result.json").read_text())["trials"]
+    body = dom[dom.index('<table id="trials">'):]
+    body = body[: body.index("</table>")]
+    assert body.count("<tr") == trials + 1  # header and one row per trial
+    result = read_result(run_dir / "result.json")
+    assert "not valid" in dom and "unofficial" in dom and "duration" in dom
+    assert "resnet_small" in dom and "customised" in dom
+    shot = tmp_path / "report.png"
+    browser("--window-size=1280,2400", f"--screenshot={shot}", report.as_uri(), tmp_path=tmp_path)
+    assert shot.stat().st_size > 50_000
+    assert result["score"] > 0
+
+
+def test_the_trial_table_sorts_in_the_browser(run_dir, tmp_path):
+    # Click the "best acc." header twice through a page script, then read the order back.
+    page = tmp_path / "sorted.html"
+    html = (run_dir / "report.html").read_text()
+    probe = """<script>
+      var th = document.querySelectorAll('#trials th')[11]; th.click(); th.click();
+      document.title = Array.from(document.querySelectorAll('#trials tbody tr'))
+        .map(function (r) { return r.cells[11].getAttribute('data-v'); }).join(',');
+    </script></body>"""
+    page.write_text(html.replace("</body>", probe))
+    dom = browser("--dump-dom", page.as_uri(), tmp_path=tmp_path).stdout
+    values = [float(v) for v in re.search(r"<title>([^<]*)</title>", dom).group(1).split(",")]
+    assert values == sorted(values, reverse=True) and len(values) >= 2
+
+
+def test_compare_ranks_runs(run_dir, tmp_path):
+    done = cli("compare", run_dir, DATA / "run_v1")
+    assert done.returncode == 0, done.stderr
+    assert "automlperf ranking" in done.stdout and "GOPS" in done.stdout
+    rows = json.loads(cli("compare", run_dir, DATA / "run_v1", "--json").stdout)
+    assert [r["rank"] for r in rows] == [1, 2]
+    assert rows[0]["score"] >= rows[1]["score"] or rows[0]["valid"]
+    assert all(r["ops_per_device"] > 0 for r in rows)
+    missing = cli("compare", tmp_path)
+    assert missing.returncode == 2 and "result.json is missing" in missing.stderr
+
+
+def test_info_describes_the_system():
+    done = cli("info", "--json")
+    desc = json.loads(done.stdout)
+    assert desc["cpu"]["logical_cores"] >= 1 and desc["memory_gib"] > 0
+    assert desc["software"]["torch"] and "accelerators" in desc
+    assert "CPU" in cli("info").stdout
