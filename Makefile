@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 .PHONY: run test setup system bench clean
 
 run: setup
-	$(BIN)/automlperf ops --model resnet50 --image-size 224 --num-classes 1000
+	$(BIN)/automlperf run
 
 test: setup system
 	$(BIN)/python -m pytest

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from rich.table import Table
 
 from automlperf.config import ConfigError
 from automlperf.graph import Graph, GraphError, seeds
+from automlperf.runner.launch import LaunchError
 from automlperf.runner.rundir import RunDirError
 from automlperf.store.base import StoreError
 
@@ -40,16 +43,11 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (UsageError, ConfigError, GraphError, RunDirError, StoreError) as exc:
+        except (UsageError, ConfigError, GraphError, RunDirError, StoreError, LaunchError) as exc:
             err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
-
-
-def not_built(name: str) -> None:
-    err.print(f"automlperf {name}: not built yet in this version.")
-    raise typer.Exit(2)
 
 
 def fmt_ops(value: float) -> str:
@@ -264,14 +262,17 @@ def run(
                                                  "(password from AUTOMLPERF_STORE_PASSWORD); "
                                                  "default RUN_DIR/history.db.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --run-dir.")] = False,
+    launcher: Annotated[str, typer.Option(help="local: replicas as processes here; slurm: one "
+                                          "replica per node of the SLURM job.")] = "local",
 ) -> None:
     """Run the benchmark: launch replicas, stop at the deadline, score, write the report."""
     import datetime
 
-    from automlperf.config import parse_duration
+    from automlperf.config import Config, parse_duration
     from automlperf.measure.system import describe
     from automlperf.runner import primary
     from automlperf.runner.launch import LocalLauncher
+    from automlperf.runner.rundir import RunDir
     from automlperf.store.urls import resolve_store_url
     from automlperf.train.pool import cores_available
 
@@ -299,29 +300,45 @@ def run(
     if run_dir is None:
         run_dir = Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     url = resolve_store_url(store)
+    replica_url = RunDir(run_dir).store_url(url) if resume else url
+    cfg_for_launch = Config.load(RunDir(run_dir).config) if resume else cfg
+    # The launcher first: a request that does not fit the machine is refused before anything
+    # is written.
+    if launcher == "slurm":
+        from automlperf.runner.slurm import SlurmLauncher
+
+        count = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
+        starter: Any = SlurmLauncher(run_dir, replica_url)
+    elif launcher == "local":
+        count = replicas or cfg_for_launch.run.replicas
+        starter = LocalLauncher(run_dir, count, replica_url,
+                                devices_per_replica or cfg_for_launch.run.devices_per_replica,
+                                cores=cores_available())
+    else:
+        raise UsageError(f"--launcher must be local or slurm, not {launcher!r}")
     system = describe()
     session = primary.prepare(cfg, run_dir, url, resume, system)
     cfg = session.config
     if session.deadline_at <= session.started_at:
         err.print("this run has used its whole duration; recomputing its result")
-    count = replicas if (resume and replicas) else cfg.run.replicas
-    launcher = LocalLauncher(run_dir, count, session.dir.store_url(url),
-                             devices_per_replica or cfg.run.devices_per_replica,
-                             cores=cores_available())
     mode = "official" if not cfg.fixed_changes() else "unofficial"
     err.print(f"automlperf {'resuming' if resume else 'starting'} {run_dir}: {cfg.data.dataset}, "
               f"{cfg.model.seed_model} seed, {count} replica(s), "
               f"{primary.fmt_duration(session.deadline_at - session.started_at)} to go "
               f"({mode} settings), store {primary.redacted(url)}", highlight=False)
     completed = False
+    # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
+    # stopped and the result is written.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if session.deadline_at > session.started_at:
-            launcher.start()
-            completed = primary.supervise(session, launcher, err)
+            starter.start()
+            completed = primary.supervise(session, starter, err)
         else:
             completed = True
     finally:
-        result = primary.finish(session, launcher, err, completed, system)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
+        result = primary.finish(session, starter, err, completed, system)
     out.print(primary.summary(result, run_dir))
     out.print(f"result: {session.dir.result}", highlight=False)
     try:
@@ -466,19 +483,57 @@ def info(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     out.print(table)
 
 
-def _stub(name: str, doc: str) -> None:
-    def command() -> None:
-        not_built(name)
+@app.command()
+@user_errors
+def slurm(
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes: one replica on each.")],
+    duration: Annotated[str, typer.Option(help="Run length, e.g. 2h.")],
+    run_dir: Annotated[Path, typer.Option(help="Run directory on the shared filesystem.")],
+    gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per node (0: CPU nodes).")] = 0,
+    cpus_per_task: Annotated[Optional[int], typer.Option(min=1, help="CPU cores per replica "
+                                                         "(default: SLURM's).")] = None,
+    store: Annotated[Optional[str], typer.Option(help="PostgreSQL URL; default: a private "
+                                                 "server in the run directory.")] = None,
+    partition: Annotated[Optional[str], typer.Option()] = None,
+    account: Annotated[Optional[str], typer.Option()] = None,
+    time_limit: Annotated[Optional[str], typer.Option(help="Job time limit (default: duration "
+                                                      "plus a margin to write the result).")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
+    sbatch_option: Annotated[Optional[list[str]], typer.Option(
+        "--sbatch", help="Extra #SBATCH line, e.g. --sbatch=--qos=high (repeatable).")] = None,
+    submit: Annotated[bool, typer.Option(help="Submit the script with sbatch.")] = False,
+    test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
+) -> None:
+    """Write a SLURM batch script into the run directory (and submit it with --submit)."""
+    from automlperf.config import Config, parse_duration
+    from automlperf.runner.pgserver import PostgresError
+    from automlperf.runner.slurm import ScriptOptions, SlurmError, submit as sbatch, write_script
+    from automlperf.store.urls import resolve_store_url
 
-    command.__doc__ = doc
-    app.command(name, context_settings={"allow_extra_args": True,
-                                        "ignore_unknown_options": True})(command)
-
-
-for _name, _doc in [
-    ("slurm", "Write (and submit) a SLURM batch script for a cluster run."),
-]:
-    _stub(_name, _doc)
+    try:
+        seconds = parse_duration(duration)
+        limit = parse_duration(time_limit) if time_limit else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if config is not None:
+        Config.load(config)  # a broken file is refused here, not in the queue
+    url = resolve_store_url(store)
+    try:
+        script = write_script(ScriptOptions(
+            run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
+            cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
+            time_limit_s=limit, config=config, sbatch_extra=sbatch_option or []))
+        out.print(f"batch script: {script}", highlight=False)
+        if test_only:
+            out.print(sbatch(script, test_only=True), highlight=False)
+        elif submit:
+            job = sbatch(script)
+            out.print(f"submitted job {job}; output: {run_dir.resolve()}/logs/slurm-{job}.out",
+                      highlight=False)
+        else:
+            out.print(f"submit it with: sbatch {script}", highlight=False)
+    except (SlurmError, PostgresError) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ from automlperf.config import Config
 from automlperf.graph import Graph, GraphError
 from automlperf.measure.result import build_result
 from automlperf.ops import count, epoch_ops
-from automlperf.runner.rundir import RunDir
-from automlperf.store import open_store
+from automlperf.runner.rundir import RunDir, run_store
+from automlperf.store import Store
 from automlperf.train.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
@@ -56,7 +56,11 @@ def _same(a: Any, b: Any) -> bool:
 def check_run(run_dir: Path, store_url: str | None = None) -> CheckReport:
     rd = RunDir(Path(run_dir))
     run_id = int(rd.meta()["run_id"])
-    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+    with run_store(rd.path, store_url) as store:
+        return _check(rd, run_id, store)
+
+
+def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     report = CheckReport()
     bad = report.mismatches
     config = Config.load(rd.config)

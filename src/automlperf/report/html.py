@@ -17,8 +17,8 @@ from automlperf.measure.result import build_result, read_result
 from automlperf.measure.score import counted_epochs, regulated, segment_bounds, run_time
 from automlperf.ops import count
 from automlperf.report import charts
-from automlperf.runner.rundir import RunDir, write_atomic
-from automlperf.store import open_store, redact
+from automlperf.runner.rundir import RunDir, run_store, write_atomic
+from automlperf.store import Store, redact
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
                           autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
@@ -56,8 +56,12 @@ def _config_rows(config: Config) -> list[dict[str, Any]]:
 def gather(run_dir: Path, store_url: str | None = None) -> dict[str, Any]:
     """Everything the report shows, as plain data."""
     rd = RunDir(Path(run_dir))
+    with run_store(rd.path, store_url) as store:
+        return _gather(rd, store, store_url)
+
+
+def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     run_id = int(rd.meta()["run_id"])
-    store = open_store(rd.store_url(store_url), run_dir=rd.path)
     config = Config.load(rd.config)
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
     result = read_result(rd.result) if rd.result.exists() else build_result(store, run_id, config,

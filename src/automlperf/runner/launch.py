@@ -15,13 +15,24 @@ from automlperf.store.urls import STORE_ENV
 
 
 class Launcher(Protocol):
+    procs: list[subprocess.Popen[bytes]]
+
     def start(self) -> None: ...
 
     def alive(self) -> list[bool]: ...
 
-    def exit_codes(self) -> list[int | None]: ...
-
     def stop(self, grace_s: float) -> None: ...
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
+    """Wait until every process has exited, at most ``timeout_s``; whether they all did."""
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return False
+    return True
 
 
 def worker_command(run_dir: Path, index: int | None, threads: int | None,
@@ -39,6 +50,28 @@ def worker_command(run_dir: Path, index: int | None, threads: int | None,
     return cmd
 
 
+class LaunchError(ValueError):
+    """The replicas asked for do not fit this machine."""
+
+
+def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
+    """CUDA_VISIBLE_DEVICES for each local replica: disjoint groups of this machine's GPUs
+    (none without GPUs)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",")] if visible else \
+        [str(i) for i in range(torch.cuda.device_count())]
+    per = per_replica or len(ids) // replicas
+    if per < 1 or per * replicas > len(ids):
+        raise LaunchError(f"{replicas} replica(s) x {per_replica or 1} GPU(s) need "
+                          f"{replicas * (per_replica or 1)} GPUs but {len(ids)} are visible: "
+                          "lower --replicas or --devices-per-replica")
+    return [",".join(ids[i * per:(i + 1) * per]) for i in range(replicas)]
+
+
 @dataclass
 class LocalLauncher:
     """``replicas`` worker processes on this machine, the CPU cores divided between them
@@ -51,12 +84,18 @@ class LocalLauncher:
     cores: int = 1
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.slices = gpu_slices(self.replicas, self.devices_per_replica)  # refuse early
+
     def start(self) -> None:
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
         threads = max(1, self.cores // self.replicas)
+        slices = self.slices
         for index in range(self.replicas):
             env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            if slices:
+                env["CUDA_VISIBLE_DEVICES"] = slices[index]
             if self.store_url:
                 env[STORE_ENV] = self.store_url  # not on the command line, where ps shows it
             with open(logs / f"replica-{index}.log", "ab") as out:
@@ -69,18 +108,13 @@ class LocalLauncher:
     def alive(self) -> list[bool]:
         return [p.poll() is None for p in self.procs]
 
-    def exit_codes(self) -> list[int | None]:
-        return [p.poll() for p in self.procs]
-
     def stop(self, grace_s: float) -> None:
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                # The whole session: the worker and its training processes.
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        if not wait_all(self.procs, grace_s):
+            for p in self.procs:
+                if p.poll() is None:
+                    # The whole session: the worker and its training processes.
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()

@@ -125,6 +125,7 @@ class PostgresServer:
                 with open(self.data / "pg_hba.conf", "a") as hba:
                     hba.write("host all all 0.0.0.0/0 scram-sha-256\n"
                               "host all all ::/0 scram-sha-256\n")
+        (self.directory / "socket-dir").write_text(str(self.socket_dir) + "\n")
         log = self.directory / "postgres.log"
         log.touch(mode=0o600, exist_ok=True)
         self._chown(self.socket_dir, log)
@@ -166,6 +167,9 @@ class PostgresServer:
             except PostgresError:
                 pass
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        recorded = self.directory / "socket-dir"
+        if recorded.exists():  # left by the process that started the server
+            shutil.rmtree(recorded.read_text().strip(), ignore_errors=True)
 
     def __enter__(self) -> PostgresServer:
         self.start()
@@ -173,3 +177,30 @@ class PostgresServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main() -> None:
+    """``start`` prints the server's URL without its password (which stays in
+    DIR/pg.password); ``stop`` stops it."""
+    import argparse
+
+    from automlperf.store.urls import strip_password
+
+    ap = argparse.ArgumentParser(prog="python -m automlperf.runner.pgserver")
+    ap.add_argument("action", choices=("start", "stop"))
+    ap.add_argument("--dir", type=Path, required=True)
+    ap.add_argument("--host", default="127.0.0.1", help="the name other nodes reach it by")
+    ap.add_argument("--listen-all", action="store_true", help="accept other nodes")
+    args = ap.parse_args()
+    try:
+        server = PostgresServer(args.dir, host=args.host, listen_all=args.listen_all)
+        if args.action == "start":
+            print(strip_password(server.start()))
+        else:
+            server.stop()
+    except PostgresError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,8 @@ from rich.text import Text
 from automlperf.config import Config
 from automlperf.measure.result import build_result, write_result
 from automlperf.measure.score import counted_epochs
-from automlperf.runner.launch import Launcher
+from automlperf.runner.launch import Launcher, wait_all
+from automlperf.search.hpo import prepare_storage
 from automlperf.runner.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store import RUNNING, Store, open_store, redact
 from automlperf.store.urls import strip_password
@@ -38,6 +39,10 @@ def fmt_ops(value: float | None) -> str:
 def fmt_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+# What `automlperf slurm` puts in a run directory before its run starts.
+PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password"}
 
 
 @dataclass
@@ -73,7 +78,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         if config is None:
             raise ValueError("a new run needs a configuration")
         config.check_official()
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.exists() and any(p.name not in PREPARED for p in run_dir.iterdir()):
             raise RunDirError(f"{run_dir} exists and is not empty: pass --resume to continue "
                               "that run, or choose another --run-dir")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +89,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                                   config.run.duration_s, now)
         rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
         elapsed = 0.0
+    prepare_storage(store.url)
     remaining = max(0.0, config.run.duration_s - elapsed)
     segment = store.start_segment(run_id, now, now + remaining)
     return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
@@ -179,6 +185,9 @@ def finish(session: Session, launcher: Launcher, console: Console, completed: bo
     """Stop the replicas, close the session and write result.json."""
     s = session
     s.store.touch_segment(s.run_id, s.segment, time.time())
+    if completed:
+        # At the deadline replicas stop by themselves, recording cut-short trials as stopped.
+        wait_all(launcher.procs, s.config.run.stop_grace_s)
     launcher.stop(s.config.run.stop_grace_s)
     end = min(time.time(), s.deadline_at)
     s.store.end_segment(s.run_id, s.segment, end)

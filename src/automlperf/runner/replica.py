@@ -152,7 +152,7 @@ class Replica:
         self.world = self.pool.world
         self.default_batch = self.config.train.per_device_batch(accelerator_memory_gib()) * self.world
         self.hpo = HyperSearch(
-            self.url or f"sqlite:///{self.dir.path.resolve() / 'history.db'}",
+            self.store.url,
             f"run-{self.run_id}-replica-{self.index}",
             batch_range(self.default_batch, self.config.search.batch_size_factors, self.world),
             self.config.search.kernel_sizes, multiple=self.world,
@@ -292,7 +292,9 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
                threads: int | None, monitor: bool = True) -> int:
     """Entry point of ``automlperf worker``; identity from SLURM when not given."""
     if index is None:
-        index = int(os.environ.get("SLURM_PROCID", os.environ.get("SLURM_NODEID", "0")))
+        from automlperf.runner.slurm import replica_index
+
+        index = replica_index() if "SLURM_JOB_ID" in os.environ else 0
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
     return Replica(run_dir, store_url, index, devices, threads, monitor).run()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,3 +87,31 @@ class RunDir:
             return url
         recorded = self.meta().get("store")
         return resolve_store_url(recorded) if recorded else None
+
+
+@contextlib.contextmanager
+def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
+    """The run's store, opened for reading it afterwards. A run that used a private
+    PostgreSQL server in its directory (a SLURM job without --store) gets that server started
+    for as long as it is needed, then stopped again."""
+    from automlperf.store import open_store
+
+    rd = RunDir(Path(run_dir))
+    private = rd.path / "postgres"
+    url = rd.store_url(explicit)
+    server = None
+    if (explicit is None and url and (private / "pgdata").exists()
+            and not (private / "pgdata" / "postmaster.pid").exists()):
+        from automlperf.runner.pgserver import PostgresServer
+
+        server = PostgresServer(private)
+        url = server.start()
+    try:
+        store = open_store(url, run_dir=rd.path)
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        if server is not None:
+            server.stop()

@@ -25,6 +25,15 @@ def batch_range(default: int, factors: tuple[float, float], multiple: int) -> tu
     return lo, hi
 
 
+def prepare_storage(storage_url: str) -> None:
+    """Create Optuna's tables once, before replicas race to (PostgreSQL refuses two
+    concurrent CREATE TYPE of the same name)."""
+    import optuna
+
+    kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
+    optuna.storages.RDBStorage(storage_url, engine_kwargs=kwargs)
+
+
 class HyperSearch:
     def __init__(self, storage_url: str, study_name: str, batch_bounds: tuple[int, int],
                  kernel_sizes: Sequence[int], multiple: int = 1, seed: int = 0,

@@ -52,3 +52,13 @@ def resolve_store_url(url: str | None) -> str | None:
 def strip_password(url: str) -> str:
     """The URL without its password (to write down; the password is supplied separately)."""
     return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}@", url, count=1)
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """(the URL without its password, the password or None)."""
+    match = _CREDENTIALS.match(url)
+    if match is None or match["pw"] is None:
+        return url, None
+    from urllib.parse import unquote
+
+    return strip_password(url), unquote(match["pw"])

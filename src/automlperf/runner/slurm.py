@@ -1,0 +1,212 @@
+"""SLURM: the batch script that runs a benchmark on a cluster, and the launcher that starts
+one replica per node as a job step.
+
+Everything a replica needs to know about itself comes from SLURM's environment: the node
+count and node list of the job, its node's name, the GPUs bound to its step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from automlperf.runner.launch import wait_all, worker_command
+from automlperf.runner.pgserver import find_binaries
+from automlperf.runner.rundir import write_atomic
+from automlperf.store.urls import redact, split_password
+
+
+class SlurmError(RuntimeError):
+    """SLURM is missing or refused the job; the message says what to do."""
+
+
+def require(command: str) -> str:
+    path = shutil.which(command)
+    if path is None:
+        raise SlurmError(f"{command} not found: run this on a SLURM login node (or load the "
+                         "SLURM module), or write the script without --submit")
+    return path
+
+
+def node_names() -> list[str]:
+    """The job's nodes in SLURM's order."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise SlurmError("not inside a SLURM job (SLURM_JOB_NODELIST is not set)")
+    done = subprocess.run([require("scontrol"), "show", "hostnames", nodelist],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def replica_index() -> int:
+    """This replica's number from SLURM: its task rank when one step runs every replica,
+    else its node's position in the job's node list (one step per node)."""
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    if tasks > 1 and "SLURM_PROCID" in os.environ:
+        return int(os.environ["SLURM_PROCID"])
+    name = os.environ.get("SLURMD_NODENAME")
+    if name is None:
+        return int(os.environ.get("SLURM_NODEID", "0"))
+    return node_names().index(name)
+
+
+@dataclass
+class SlurmLauncher:
+    """One replica per node of the job, each in its own job step, so that a node that dies
+    takes down only its replica."""
+
+    run_dir: Path
+    store_url: str | None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> None:
+        srun = require("srun")
+        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
+        if nodes < 1:
+            raise SlurmError("not inside a SLURM job (SLURM_JOB_NUM_NODES is not set)")
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        env = dict(os.environ)
+        if self.store_url:
+            env["AUTOMLPERF_STORE_URL"] = self.store_url
+        gpus = os.environ.get("SLURM_GPUS_PER_NODE")
+        for i in range(nodes):
+            cmd = [srun, "--nodes=1", "--ntasks=1", f"--relative={i}", "--kill-on-bad-exit=0",
+                   f"--job-name=automlperf-replica-{i}", f"--output={logs}/replica-{i}.log"]
+            if gpus:
+                cmd.append(f"--gpus-per-node={gpus}")
+            cmd += worker_command(self.run_dir, None, None, None)
+            self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL))
+
+    def alive(self) -> list[bool]:
+        return [p.poll() is None for p in self.procs]
+
+    def stop(self, grace_s: float) -> None:
+        # srun answers a signal by cancelling its step at once: signal only steps that did not
+        # end by themselves (replicas stop at the deadline on their own).
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        if not wait_all(self.procs, grace_s):
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def format_time(seconds: float) -> str:
+    seconds = int(seconds + 59) // 60 * 60  # whole minutes, rounded up
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    return f"{days}-{hours:02d}:{rest // 60:02d}:00" if days else f"{hours}:{rest // 60:02d}:00"
+
+
+def margins(duration_s: float) -> tuple[float, int]:
+    """(time limit, signal lead) in seconds: the limit leaves room to stop and write the
+    result; SLURM may signal up to a minute early, so the lead is a minute shorter than
+    the margin and an early signal still lands after the run's own deadline."""
+    margin = max(180.0, 0.05 * duration_s)
+    return duration_s + margin, int(margin - 60)
+
+
+@dataclass
+class ScriptOptions:
+    run_dir: Path
+    nodes: int
+    duration_s: float
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    store_url: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    time_limit_s: float | None = None
+    config: Path | None = None
+    job_name: str = "automlperf"
+    sbatch_extra: list[str] = field(default_factory=list)
+
+
+def write_script(opts: ScriptOptions) -> Path:
+    """Write RUN_DIR/automlperf.sbatch (and the files it needs); return its path."""
+    run_dir = opts.run_dir.resolve()
+    if (run_dir / "run.json").exists():
+        raise SlurmError(f"{run_dir} already holds a run; choose a new --run-dir")
+    if opts.store_url is None:
+        find_binaries()  # fail here, on the login node, rather than in the queue
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    if opts.store_url is None:
+        (run_dir / "postgres").mkdir(exist_ok=True)
+    password_file = None
+    store_url = None
+    if opts.store_url:
+        store_url, password = split_password(opts.store_url)
+        if password is not None:
+            # Kept out of the script and the logs, in a file only its owner can read.
+            password_file = run_dir / ".store-password"
+            old = os.umask(0o077)
+            try:
+                password_file.write_text(password + "\n")
+            finally:
+                os.umask(old)
+    limit, lead = margins(opts.duration_s)
+    if opts.time_limit_s is not None:
+        if opts.time_limit_s < opts.duration_s + 120:
+            raise SlurmError(f"--time-limit {format_time(opts.time_limit_s)} leaves no room to "
+                             f"stop and write the result after a {opts.duration_s:.0f} s run: "
+                             "give at least 2 minutes more than --duration")
+        limit = opts.time_limit_s
+        lead = int(min(lead, limit - opts.duration_s - 60))
+    run_args = [f"--duration {int(opts.duration_s)}s"]
+    if opts.config is not None:
+        config_copy = run_dir / "submitted-config.toml"
+        shutil.copyfile(opts.config, config_copy)
+        run_args.insert(0, f"--config {shlex.quote(str(config_copy))}")
+    env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.runner", "."),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["shq"] = lambda v: shlex.quote(str(v))
+    script = run_dir / "automlperf.sbatch"
+    text = env.get_template("slurm.sh.j2").render(
+        written=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), script=script,
+        run_dir=run_dir, nodes=opts.nodes, gpus_per_node=opts.gpus_per_node,
+        cpus_per_task=opts.cpus_per_task, time_limit=format_time(limit), signal_s=max(30, lead),
+        partition=opts.partition, account=opts.account, job_name=opts.job_name,
+        sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
+        store_shown=redact(store_url) if store_url else None, password_file=password_file,
+        run_args=" ".join(run_args))
+    write_atomic(script, text)
+    script.chmod(0o750)
+    return script
+
+
+def submit(script: Path, test_only: bool = False) -> str:
+    """sbatch the script; the job id (or sbatch's verdict with ``test_only``)."""
+    cmd = [require("sbatch")] + (["--test-only"] if test_only else ["--parsable"]) + [str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SlurmError(f"sbatch refused {script}: {done.stderr.strip()}")
+    if test_only:
+        return done.stderr.strip() or done.stdout.strip()
+    return done.stdout.strip().split(";")[0]
+
+
+def describe_job(job_id: str) -> dict[str, str]:
+    done = subprocess.run([require("scontrol"), "show", "job", job_id, "--oneliner"],
+                          capture_output=True, text=True)
+    fields = {}
+    for token in done.stdout.split():
+        if "=" in token:
+            key, value = token.split("=", 1)
+            fields[key] = value
+    return fields
+
+

@@ -1,0 +1,184 @@
+"""Clusters: the benchmark submitted to a real SLURM cluster, with real PostgreSQL stores."""
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from automlperf.cli import app
+from automlperf.runner.slurm import format_time, margins
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+FAST = """
+[run]
+heartbeat_s = 1
+lease_timeout_s = 8
+[data]
+dataset = "builtin"
+image_size = 8
+[train]
+max_epochs = 2
+batch_size = 128
+[monitor]
+interval_s = 2
+"""
+
+
+def cli(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "automlperf.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def wait_job(job, env, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queue = subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True)
+        if not queue.stdout.strip():
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"job {job} still queued or running after {timeout} s")
+    state = subprocess.run(["scontrol", "show", "job", job, "--oneliner"], env=env,
+                           capture_output=True, text=True).stdout
+    return re.search(r"JobState=(\S+)", state).group(1)
+
+
+def submit(tmp_path, env, run_dir, *extra, duration="40s"):
+    (tmp_path / "fast.toml").write_text(FAST)
+    done = cli("slurm", "--nodes", 2, "--duration", duration, "--run-dir", run_dir,
+               "--config", tmp_path / "fast.toml", "--submit", *extra, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return re.search(r"submitted job (\d+)", done.stdout).group(1)
+
+
+def stored(run_dir):
+    """Trials and epochs of a finished job's run (its private server is started to read)."""
+    from automlperf.runner.rundir import run_store
+
+    with run_store(run_dir) as store:
+        return store.trials(1), store.epochs(1)
+
+
+def test_the_script_is_valid_for_sbatch(slurm_cluster, tmp_path):
+    done = cli("slurm", "--nodes", 2, "--duration", "2h", "--run-dir", tmp_path / "r",
+               "--gpus-per-node", 0, "--partition", "debug", "--test-only", env=slurm_cluster)
+    assert done.returncode == 0, done.stderr
+    assert "to start at" in done.stdout
+    script = (tmp_path / "r" / "automlperf.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=debug" in script
+    assert "#SBATCH --time=2:06:00" in script and "#SBATCH --signal=B:TERM@300" in script
+    assert script.count("2h") == 0 and "--duration 7200s" in script  # one place holds it
+
+
+def test_time_limits_leave_room_for_the_result():
+    assert margins(3600) == (3780, 120)
+    assert margins(7200 * 10) == (72000 + 3600, 3540)
+    assert format_time(3780) == "1:03:00" and format_time(90000) == "1-01:00:00"
+
+
+def test_a_submitted_benchmark_runs_two_replicas(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job = submit(tmp_path, slurm_cluster, run_dir)
+    assert wait_job(job, slurm_cluster) == "COMPLETED"
+    out = next((run_dir / "logs").glob("slurm-*.out")).read_text()
+    assert "automlperf primary finished with status 0" in out
+    trials, epochs = stored(run_dir)
+    assert {t.replica_index for t in trials} == {0, 1}
+    assert {e.trial_id for e in epochs} & {t.id for t in trials if t.replica_index == 1}
+    system = json.loads((run_dir / "system.json").read_text())
+    assert system["slurm"]["SLURM_JOB_ID"] == job
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["replicas"] == 2 and result["score"] > 0
+    assert (run_dir / "report.html").exists()
+    assert not any(t.status == "running" for t in trials)
+    # The run's private PostgreSQL server is stopped; check starts it again to verify.
+    assert not (run_dir / "postgres" / "pgdata" / "postmaster.pid").exists()
+    done = cli("check", run_dir, timeout=180)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
+    pw = run_dir / "postgres" / "pg.password"
+    assert stat.S_IMODE(pw.stat().st_mode) == 0o600
+
+
+def test_a_dead_node_is_a_failed_replica_not_a_failed_run(slurm_cluster, pg_server, pg_url, tmp_path):
+    """With an external PostgreSQL store whose password is given on the command line: kill
+    replica 1's job step mid-run; the run completes and counts what replica 1 finished, and
+    the password appears in no file but its private one."""
+    run_dir = tmp_path / "run"
+    job = submit(tmp_path, slurm_cluster, run_dir, "--store", pg_url, duration="45s")
+    env = dict(slurm_cluster)
+    from automlperf.store import open_store
+
+    store = None
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            store = store or open_store(pg_url)
+            if any(t.replica_index == 1 and t.epochs_done >= 1 for t in store.trials(1)):
+                break
+        except Exception:  # the run has not created its tables yet
+            pass
+        time.sleep(1)
+    else:
+        raise AssertionError("replica 1 never finished an epoch")
+    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], env=env,
+                           capture_output=True, text=True).stdout.split("\n")
+    step = next(line.split()[0] for line in steps if "automlperf-replica-1" in line)
+    killed_at = time.time()
+    subprocess.run(["scancel", step], env=env, check=True)
+    assert wait_job(job, env) == "COMPLETED"
+    trials = store.trials(1)
+    epochs = store.epochs(1)
+    from automlperf.measure.score import counted_epochs
+
+    counted = {(e.trial_id, e.epoch) for _, e in counted_epochs(epochs, store.segments(1))}
+    mine = [t for t in trials if t.replica_index == 1]
+    done_by_1 = {(e.trial_id, e.epoch) for e in epochs if e.trial_id in {t.id for t in mine}}
+    assert done_by_1 and done_by_1 <= counted
+    assert all(t.created_at < killed_at + 5 for t in mine)  # replica 1 stopped there
+    assert any(t.replica_index == 0 and t.created_at > killed_at for t in trials)  # 0 went on
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["score"] > 0 and not result["interrupted"]
+    out = next((run_dir / "logs").glob("slurm-*.out")).read_text()
+    assert "automlperf primary finished with status 0" in out
+
+    secret = pg_server.password
+    holders = [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert holders == [run_dir / ".store-password"]
+    assert stat.S_IMODE(holders[0].stat().st_mode) == 0o600
+    assert "***" not in (run_dir / "run.json").read_text() and "@" in (run_dir / "run.json").read_text()
+    done = cli("check", run_dir, "--store", pg_url, timeout=180)
+    assert done.returncode == 0, done.stdout
+
+
+def test_missing_sbatch_is_a_clear_error(tmp_path):
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent))
+    done = cli("slurm", "--nodes", 1, "--duration", "1h", "--run-dir", tmp_path / "r",
+               "--store", "postgresql://u@db/x", "--submit", env=env)
+    assert done.returncode == 2 and "sbatch not found" in done.stderr
+
+
+def test_missing_postgres_binaries_is_a_clear_error(tmp_path, monkeypatch):
+    import automlperf.runner.pgserver as pg
+
+    monkeypatch.setattr(pg.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(pg.glob, "glob", lambda *a, **k: [])
+    result = CliRunner().invoke(app, ["slurm", "--nodes", "1", "--duration", "1h",
+                                      "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "PostgreSQL server binaries (initdb, pg_ctl) not found" in result.output
+    assert "--store" in result.output
+
+
+def test_a_short_time_limit_is_refused(tmp_path):
+    result = CliRunner().invoke(app, ["slurm", "--nodes", "1", "--duration", "1h",
+                                      "--time-limit", "1h", "--run-dir", str(tmp_path / "r"),
+                                      "--store", "postgresql://u@db/x"])
+    assert result.exit_code == 2 and "leaves no room" in result.output
