@@ -191,8 +191,11 @@ def test_compare_ranks_runs(run_dir, tmp_path):
 
 
 def test_info_describes_the_system():
-    done = cli("info", "--json")
-    desc = json.loads(done.stdout)
+    from typer.testing import CliRunner
+
+    from automlperf.cli import app
+
+    desc = json.loads(CliRunner().invoke(app, ["info", "--json"]).output)
     assert desc["cpu"]["logical_cores"] >= 1 and desc["memory_gib"] > 0
     assert desc["software"]["torch"] and "accelerators" in desc
-    assert "CPU" in cli("info").stdout
+    assert "CPU" in CliRunner().invoke(app, ["info"]).output

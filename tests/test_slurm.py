@@ -51,7 +51,7 @@ def wait_job(job, env, timeout=300):
     return re.search(r"JobState=(\S+)", state).group(1)
 
 
-def submit(tmp_path, env, run_dir, *extra, duration="40s"):
+def submit(tmp_path, env, run_dir, *extra, duration="32s"):
     (tmp_path / "fast.toml").write_text(FAST)
     done = cli("slurm", "--nodes", 2, "--duration", duration, "--run-dir", run_dir,
                "--config", tmp_path / "fast.toml", "--submit", *extra, env=env)
@@ -112,7 +112,7 @@ def test_a_dead_node_is_a_failed_replica_not_a_failed_run(slurm_cluster, pg_serv
     replica 1's job step mid-run; the run completes and counts what replica 1 finished, and
     the password appears in no file but its private one."""
     run_dir = tmp_path / "run"
-    job = submit(tmp_path, slurm_cluster, run_dir, "--store", pg_url, duration="45s")
+    job = submit(tmp_path, slurm_cluster, run_dir, "--store", pg_url, duration="40s")
     env = dict(slurm_cluster)
     from automlperf.store import open_store
 

@@ -177,3 +177,52 @@ def test_train_command_json_and_errors(tmp_path):
                                   "--dataset", "builtin", "--graph", str(graph)],
                            capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 2 and "--graph or --model" in wrong.stderr
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_paths_train_on_cpu(precision):
+    """The autocast and gradient-scaler code GPUs use, exercised on a tiny CPU run."""
+    import torch
+
+    from automlperf.train.data import SyntheticDataset
+    from automlperf.train.trainer import RankContext, run_trial as train_here
+
+    data = SyntheticDataset(image_size=8, num_classes=10, train_images=48)
+    graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
+    rec = Recorder()
+    out = train_here(spec("amp", graph=graph, epochs=1, batch_size=16, precision=precision,
+                          channels_last=True),
+                     RankContext(0, 1, torch.device("cpu"), data), rec)
+    assert out.status == "completed", out.reason
+    assert out.precision == precision and rec.epochs[0]["precision"] == precision
+    assert rec.epochs[0]["train_images"] == 48
+
+
+def test_precision_rules():
+    import torch
+
+    from automlperf.train.trainer import resolve_precision
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) == "fp32"
+    assert resolve_precision("tf32", cpu) == "tf32"
+    with pytest.raises(ValueError, match="minimum is 16-bit"):
+        resolve_precision("fp8", cpu)
+
+
+def test_local_replicas_get_disjoint_gpus(monkeypatch):
+    import torch
+
+    from automlperf.runner.launch import LaunchError, gpu_slices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_slices(2, None) == ["0,1,2,3", "4,5,6,7"]
+    assert gpu_slices(3, 2) == ["0,1", "2,3", "4,5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert gpu_slices(2, None) == ["3", "5"]
+    with pytest.raises(LaunchError, match="need 3 GPUs but 2 are visible"):
+        gpu_slices(3, None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_slices(4, None) == []

@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +27,9 @@ from automlperf.train.data import Dataset
 from automlperf.train.inherit import inherit
 
 ALLOWED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+# fp16's gradient scaler skips the optimiser step when gradients overflow; the schedule then
+# runs one step ahead, which is harmless. Knowing per step would cost a device sync.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
 Emit = Callable[[str, dict[str, Any]], None]
 
 
