@@ -27,9 +27,6 @@ from automlperf.train.data import Dataset
 from automlperf.train.inherit import inherit
 
 ALLOWED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
-# fp16's gradient scaler skips the optimiser step when gradients overflow; the schedule then
-# runs one step ahead, which is harmless. Knowing per step would cost a device sync.
-warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
 Emit = Callable[[str, dict[str, Any]], None]
 
 
@@ -303,10 +300,15 @@ class _Run:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            # The scaler skips the optimiser step when gradients overflow; the schedule then
+            # runs a step ahead, which is harmless (knowing would cost a device sync).
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+                self.schedule.step()
         else:
             loss.backward()
             self.optimizer.step()
-        self.schedule.step()
+            self.schedule.step()
         return loss.detach()
 
     @torch.no_grad()
