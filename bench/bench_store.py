@@ -28,8 +28,8 @@ WRITER = textwrap.dedent("""
     print("ready", flush=True)
     sys.stdin.readline()
     for e in range(n):
-        s.record_epoch(EpochRecord(run_id, trial, e, 1.0, 2.0, 1281167, 50000, 2860, 10**16,
-                                   2.1, 0.7, "bf16", 448, 8, 0.02, 3000.0))
+        s.record_epoch(EpochRecord(trial, e, 1.0, 2.0, 1281167, 50000, 2860, 10**16, 2.1, 0.7,
+                                   "bf16", 448, 8, 0.02, 3000.0, run_id=run_id))
 """)
 
 

@@ -5,42 +5,20 @@ import re
 import shutil
 import sqlite3
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from automlperf.measure.result import RESULT_SCHEMA_VERSION, read_result
+from helpers import cli, fast_config
 
 pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data"
 
-CONFIG = """
-[run]
-duration_s = 30
-heartbeat_s = 1
-lease_timeout_s = 6
-[data]
-dataset = "builtin"
-image_size = 8
-[train]
-max_epochs = 2
-batch_size = 128
-[monitor]
-interval_s = 1
-"""
-
-
-def cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "automlperf.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     base = tmp_path_factory.mktemp("results")
-    (base / "c.toml").write_text(CONFIG)
+    (base / "c.toml").write_text(fast_config(duration_s=30, replicas=1))
     done = cli("run", "--config", base / "c.toml", "--run-dir", base / "run", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "report:" in done.stdout

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,40 +14,23 @@ from automlperf.measure.score import counted_epochs
 from automlperf.ops import count, epoch_ops
 from automlperf.graph import Graph
 from automlperf.store import open_store
+from helpers import cli, fast_config
 
 pytestmark = pytest.mark.slow
 
-FAST = """
-[run]
-duration_s = {duration}
-replicas = {replicas}
-heartbeat_s = 1
-lease_timeout_s = 6
-stop_grace_s = 15
-[data]
-dataset = "builtin"
-image_size = 8
-[train]
-max_epochs = 2
-batch_size = 128
-[search]
-tpe_startup_trials = 1
-"""
-
-
 def config_file(tmp_path, duration=40, replicas=2):
     path = tmp_path / "fast.toml"
-    path.write_text(FAST.format(duration=duration, replicas=replicas))
+    path.write_text(fast_config(duration_s=duration, replicas=replicas, stop_grace_s=15))
     return path
 
 
-def cli(*args):
+def cli_args(*args):
     return [sys.executable, "-m", "automlperf.cli", *map(str, args)]
 
 
 def start_run(tmp_path, run_dir, **kw):
     log = open(tmp_path / f"primary-{run_dir.name}.log", "ab")
-    return subprocess.Popen(cli("run", "--config", config_file(tmp_path, **kw), "--run-dir", run_dir),
+    return subprocess.Popen(cli_args("run", "--config", config_file(tmp_path, **kw), "--run-dir", run_dir),
                             stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -76,8 +58,7 @@ def check_ops_are_consistent(store):
 
 def test_a_short_run_searches_morphs_and_tunes(tmp_path):
     run_dir = tmp_path / "run"
-    done = subprocess.run(cli("run", "--config", config_file(tmp_path), "--run-dir", run_dir),
-                          capture_output=True, text=True, timeout=300)
+    done = cli("run", "--config", config_file(tmp_path), "--run-dir", run_dir, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "score" in done.stdout and "regulated score" in done.stdout and "best accuracy" in done.stdout
     result = json.loads((run_dir / "result.json").read_text())
@@ -150,8 +131,7 @@ def test_kill_the_primary_and_resume(tmp_path):
     # Orphaned replicas notice the silent primary and stop by themselves.
     wait_for(lambda: all(r.status != "running" for r in store.replicas(1)), 60, "replicas to stop")
     before = {(e.trial_id, e.epoch): e for e in store.epochs(1)}
-    done = subprocess.run(cli("run", "--resume", "--run-dir", run_dir), capture_output=True,
-                          text=True, timeout=300)
+    done = cli("run", "--resume", "--run-dir", run_dir, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     after = {(e.trial_id, e.epoch): e for e in store.epochs(1)}
     assert set(before) < set(after)  # kept everything, added more
@@ -165,8 +145,7 @@ def test_kill_the_primary_and_resume(tmp_path):
     assert result["total_ops"] == sum(e.ops for _, e in counted)
     assert len(counted) == len(set((e.trial_id, e.epoch) for _, e in counted))
     assert not any(t.status == "running" for t in store.trials(1))
-    again = subprocess.run(cli("run", "--resume", "--run-dir", run_dir), capture_output=True,
-                           text=True, timeout=120)
+    again = cli("run", "--resume", "--run-dir", run_dir, timeout=120)
     assert again.returncode == 0 and "whole duration" in again.stderr
     assert json.loads((run_dir / "result.json").read_text())["total_ops"] == result["total_ops"]
 

@@ -14,28 +14,9 @@ from typer.testing import CliRunner
 
 from automlperf.cli import app
 from automlperf.runner.slurm import format_time, margins
+from helpers import cli, fast_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
-
-FAST = """
-[run]
-heartbeat_s = 1
-lease_timeout_s = 8
-[data]
-dataset = "builtin"
-image_size = 8
-[train]
-max_epochs = 2
-batch_size = 128
-[monitor]
-interval_s = 2
-"""
-
-
-def cli(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "automlperf.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-
 
 def wait_job(job, env, timeout=300):
     deadline = time.monotonic() + timeout
@@ -52,7 +33,7 @@ def wait_job(job, env, timeout=300):
 
 
 def submit(tmp_path, env, run_dir, *extra, duration="32s"):
-    (tmp_path / "fast.toml").write_text(FAST)
+    (tmp_path / "fast.toml").write_text(fast_config(lease_timeout_s=8))
     done = cli("slurm", "--nodes", 2, "--duration", duration, "--run-dir", run_dir,
                "--config", tmp_path / "fast.toml", "--submit", *extra, env=env)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -15,8 +15,8 @@ from automlperf.store.urls import normalise_url
 
 
 def epoch(run_id, trial_id, n, ended=None, ops=10**15):
-    return EpochRecord(run_id, trial_id, n, 100.0 + n, ended or 101.0 + n, 1000, 200, 8, ops,
-                       1.5, 0.5 + n / 100, "bf16", 128, 2, 0.01, 900.0)
+    return EpochRecord(trial_id, n, 100.0 + n, ended or 101.0 + n, 1000, 200, 8, ops, 1.5,
+                       0.5 + n / 100, "bf16", 128, 2, 0.01, 900.0, run_id=run_id)
 
 
 @pytest.fixture
@@ -140,8 +140,8 @@ class TestStoreContract:
                 t = s.claim_trial({run_id}, rep, w, f"w{{w}}-{{i}}", "{{}}", None, [], i, {{}}, 1.0, 60.0)
                 s.claim_trial({run_id}, rep, w, "shared", "{{}}", None, [], i, {{}}, 1.0, 60.0)
                 for e in range(3):
-                    s.record_epoch(EpochRecord({run_id}, t, e, 1.0, 2.0 + e, 10, 5, 1, 7 * w + e,
-                                               0.1, 0.2, "fp32", 8, 1, 0.0, 1.0))
+                    s.record_epoch(EpochRecord(t, e, 1.0, 2.0 + e, 10, 5, 1, 7 * w + e, 0.1,
+                                               0.2, "fp32", 8, 1, 0.0, 1.0, run_id={run_id}))
                 s.finish_trial(t, "completed", 3.0, best_accuracy=0.2)
                 s.heartbeat(rep, 3.0, 60.0)
         """)
@@ -203,3 +203,26 @@ def test_urls(monkeypatch, tmp_path):
     assert resolve_store_url(None) == "postgresql://alice:s%20e%2Fcret@db:5432/amp"
     monkeypatch.setenv("AUTOMLPERF_STORE_PASSWORD", "x")
     assert resolve_store_url("postgresql://bob:given@db/amp") == "postgresql://bob:given@db/amp"
+
+
+def test_a_store_being_created_is_never_seen_half_made(tmp_path):
+    path = tmp_path / "h.db"
+    watcher = textwrap.dedent(f"""
+        import os, time
+        from automlperf.store import SchemaMismatch, StoreError, open_store
+        end, seen = time.time() + 3, set()
+        while time.time() < end:
+            if os.path.exists({str(path)!r}):
+                try:
+                    open_store("sqlite:///{path}").close(); seen.add("ok")
+                except SchemaMismatch:
+                    seen.add("half-made")
+                except StoreError:
+                    seen.add("empty")
+        print(sorted(seen))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", watcher], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    open_store(f"sqlite:///{path}", create=True).create_run("r", {}, {}, 1.0, 1.0)
+    seen = proc.communicate(timeout=60)[0]
+    assert "half-made" not in seen and "ok" in seen

@@ -12,9 +12,9 @@ import pytest
 from automlperf.graph import INPUT, Graph, seeds
 from automlperf.graph.graph import conv, dense, simple
 from automlperf.ops import count, epoch_ops
-from automlperf.train.events import JsonlSink, read_jsonl
+from automlperf.events import EpochEvent, JsonlSink, TrialOutcome, read_jsonl
 from automlperf.train.pool import DataArgs, DevicePool, run_trial
-from automlperf.train.trainer import EpochEvent, TrialOutcome, TrialSpec, lr_factor
+from automlperf.train.trainer import TrialSpec, lr_factor
 
 pytestmark = pytest.mark.slow
 

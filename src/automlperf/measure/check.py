@@ -26,7 +26,7 @@ from automlperf.measure.result import build_result
 from automlperf.ops import count, epoch_ops
 from automlperf.runner.rundir import RunDir, run_store
 from automlperf.store import Store
-from automlperf.train.events import read_jsonl
+from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
             "epochs", "train_images", "val_images", "best_trial", "official", "valid", "trials")

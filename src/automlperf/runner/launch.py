@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +23,19 @@ class Launcher(Protocol):
     def alive(self) -> list[bool]: ...
 
     def stop(self, grace_s: float) -> None: ...
+
+
+def terminate(procs: list[subprocess.Popen[bytes]], grace_s: float,
+              kill: Callable[[subprocess.Popen[bytes]], None]) -> None:
+    """SIGTERM every process still running, give them ``grace_s`` to stop, then ``kill``."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    if not wait_all(procs, grace_s):
+        for p in procs:
+            if p.poll() is None:
+                kill(p)
+                p.wait()
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
@@ -109,12 +123,5 @@ class LocalLauncher:
         return [p.poll() is None for p in self.procs]
 
     def stop(self, grace_s: float) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        if not wait_all(self.procs, grace_s):
-            for p in self.procs:
-                if p.poll() is None:
-                    # The whole session: the worker and its training processes.
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+        # A replica that ignores SIGTERM loses its whole session: worker and training ranks.
+        terminate(self.procs, grace_s, lambda p: os.killpg(p.pid, signal.SIGKILL))

@@ -30,10 +30,10 @@ from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import COMPLETED, FAILED, STOPPED, EpochRecord, open_store
 from automlperf.store.urls import STORE_ENV
-from automlperf.train.events import JsonlSink
 from automlperf.train.pool import (DataArgs, DevicePool, accelerator_memory_gib, choose_devices,
                                    cores_available, run_trial)
-from automlperf.train.trainer import EpochEvent, TrialSpec
+from automlperf.events import EpochEvent, JsonlSink
+from automlperf.train.trainer import TrialSpec
 
 log = logging.getLogger("automlperf.replica")
 
@@ -116,11 +116,12 @@ class Replica:
         if self.url:
             env[STORE_ENV] = self.url
         uuids = ",".join(self.pool.description.get("uuids", []))
-        log_file = open(self.dir.logs / f"monitor-{socket.gethostname()}.log", "ab")
-        return subprocess.Popen(
-            [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir", str(self.dir.path),
-             "--interval", str(self.config.monitor.interval_s), "--uuids", uuids],
-            env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        self.dir.logs.mkdir(exist_ok=True)
+        with open(self.dir.logs / f"monitor-{socket.gethostname()}.log", "ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
+                 str(self.dir.path), "--interval", str(self.config.monitor.interval_s),
+                 "--uuids", uuids], env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
     def _heartbeat(self) -> None:
         period = self.config.run.heartbeat_s
@@ -180,6 +181,11 @@ class Replica:
                 self._train(trial_id, job, upcoming)
                 round_index += 1
             upcoming.cancel()
+        # A suggestion prepared but never trained must not stay pending in the TPE study.
+        if upcoming.done() and not upcoming.cancelled() and upcoming.exception() is None:
+            unused = upcoming.result()
+            if unused.hpo_number is not None:
+                self.hpo.tell(unused.hpo_number, None)
 
     def _refresh_history(self) -> list[Model]:
         """The run's history, read incrementally: new trials in full, then every status."""
@@ -204,8 +210,13 @@ class Replica:
             batch, kernel, number = s.batch_size, s.kernel_size, s.number
         else:
             batch, kernel, number = self.default_batch, min(search.kernel_sizes), None
-        cand = self.searcher.next_candidate(self._refresh_history(), self.seed_graph, self.rng,
-                                            kernel)
+        try:
+            cand = self.searcher.next_candidate(self._refresh_history(), self.seed_graph,
+                                                self.rng, kernel)
+        except NoCandidate:
+            if number is not None:
+                self.hpo.tell(number, None)
+            raise
         log.info("round %d: candidate from %s (%d morphs) in %.2f s, batch %d, kernel %d",
                  round_index, cand.parent_id, len(cand.morphs), cand.stats.get("seconds", 0.0),
                  batch, kernel)
@@ -253,8 +264,8 @@ class Replica:
                 return
             event = EpochEvent(**msg)
             sink.epoch(event)
-            fields = {k: v for k, v in msg.items() if k != "trial_id"}
-            self.store.record_epoch(EpochRecord(run_id=self.run_id, trial_id=trial_id, **fields))
+            self.store.record_epoch(EpochRecord(**{**msg, "trial_id": trial_id},
+                                                run_id=self.run_id))
             accuracies.append(event.val_accuracy)
             log.info("trial %d epoch %d: val acc %.4f, %.3e ops, %.0f img/s", trial_id,
                      event.epoch, event.val_accuracy, event.ops, event.images_per_s)

@@ -11,7 +11,6 @@ import datetime
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import jinja2
 
-from automlperf.runner.launch import wait_all, worker_command
+from automlperf.runner.launch import terminate, worker_command
 from automlperf.runner.pgserver import find_binaries
 from automlperf.runner.rundir import write_atomic
 from automlperf.store.urls import redact, split_password
@@ -92,16 +91,8 @@ class SlurmLauncher:
         return [p.poll() is None for p in self.procs]
 
     def stop(self, grace_s: float) -> None:
-        # srun answers a signal by cancelling its step at once: signal only steps that did not
-        # end by themselves (replicas stop at the deadline on their own).
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        if not wait_all(self.procs, grace_s):
-            for p in self.procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        # srun answers SIGTERM by cancelling its step, which ends the replica there.
+        terminate(self.procs, grace_s, lambda p: p.kill())
 
 
 def format_time(seconds: float) -> str:

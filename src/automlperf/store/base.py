@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from automlperf.events import EpochEvent
+
 SCHEMA_VERSION = 1
 
 RUNNING, COMPLETED, FAILED, STOPPED = "running", "completed", "failed", "stopped"
@@ -65,24 +67,10 @@ class TrialSummary:
 
 
 @dataclass
-class EpochRecord:
-    run_id: int
-    trial_id: int
-    epoch: int
-    started_at: float
-    ended_at: float
-    train_images: int
-    val_images: int
-    steps: int
-    ops: int
-    train_loss: float
-    val_accuracy: float
-    precision: str
-    batch_size: int
-    world_size: int
-    data_share: float
-    images_per_s: float
-    skipped_images: int = 0
+class EpochRecord(EpochEvent):
+    """An epoch as stored: the trainer's event and the run it belongs to."""
+
+    run_id: int = field(kw_only=True)
 
 
 @dataclass

@@ -138,9 +138,14 @@ class SQLStore(Store):
         self.url = normalise_url(url)
         self.retry_s = retry_s
         if self.url.startswith("sqlite"):
-            self.engine = sa.create_engine(self.url, connect_args={"timeout": 60},
+            # The sqlite3 module commits DDL on its own, so a reader could see the schema
+            # half made; with its transaction handling off and BEGIN issued here, creating
+            # the schema (like every transaction) is atomic.
+            self.engine = sa.create_engine(self.url, connect_args={"timeout": 60,
+                                                                   "isolation_level": None},
                                            poolclass=sa.pool.NullPool)
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
         else:
             self.engine = sa.create_engine(self.url, pool_pre_ping=True, pool_size=2,
                                            max_overflow=4)

@@ -23,7 +23,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from automlperf.procutil import die_with_parent
-from automlperf.train.trainer import TrialOutcome, TrialSpec
+from automlperf.events import TrialOutcome
+from automlperf.train.trainer import TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
 

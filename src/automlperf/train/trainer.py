@@ -13,13 +13,14 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from automlperf.events import EpochEvent, TrialOutcome
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
@@ -72,49 +73,6 @@ class TrialSpec:
                    compile=train.compile, init=seed_init, **fields)
 
 
-@dataclass
-class EpochEvent:
-    """One completed epoch, the unit the score is made of."""
-
-    trial_id: Any
-    epoch: int
-    started_at: float
-    ended_at: float
-    train_images: int
-    val_images: int
-    steps: int
-    ops: int
-    train_loss: float
-    val_accuracy: float
-    precision: str
-    batch_size: int
-    world_size: int
-    data_share: float
-    images_per_s: float
-    skipped_images: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class TrialOutcome:
-    trial_id: Any
-    status: str  # completed | failed | stopped
-    reason: str = ""
-    epochs: int = 0
-    best_accuracy: float | None = None
-    best_epoch: int | None = None
-    batch_size: int = 0
-    precision: str = ""
-    weights: str | None = None
-    early_stopped: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 class TrialFailure(RuntimeError):
     """A trial that cannot go on; ``kind`` is oom, nan, data or error."""
 
@@ -162,7 +120,7 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
 
 def _optimizer(module: nn.Module, spec: TrialSpec, lr: float) -> torch.optim.Optimizer:
     decay, no_decay = [], []
-    for name, p in module.named_parameters():
+    for p in module.parameters():
         (decay if p.ndim > 1 else no_decay).append(p)  # no decay on BN and biases
     return torch.optim.SGD([{"params": decay, "weight_decay": spec.weight_decay},
                             {"params": no_decay, "weight_decay": 0.0}],

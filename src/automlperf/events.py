@@ -1,13 +1,60 @@
-"""Where a trainer's per-epoch events and trial outcomes go: one small interface."""
+"""What training reports: one record per completed epoch, one outcome per trial, and the
+small interface they are written through.
+
+Plain data shared by the trainer (which produces it), the store (which keeps it) and the
+scoring (which counts it); nothing here needs torch.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from automlperf.train.trainer import EpochEvent, TrialOutcome
+
+@dataclass
+class EpochEvent:
+    """One completed epoch, the unit the score is made of."""
+
+    trial_id: Any
+    epoch: int
+    started_at: float
+    ended_at: float
+    train_images: int
+    val_images: int
+    steps: int
+    ops: int
+    train_loss: float
+    val_accuracy: float
+    precision: str
+    batch_size: int
+    world_size: int
+    data_share: float
+    images_per_s: float
+    skipped_images: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrialOutcome:
+    trial_id: Any
+    status: str  # completed | failed | stopped
+    reason: str = ""
+    epochs: int = 0
+    best_accuracy: float | None = None
+    best_epoch: int | None = None
+    batch_size: int = 0
+    precision: str = ""
+    weights: str | None = None
+    early_stopped: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class EventSink(Protocol):
