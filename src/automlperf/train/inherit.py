@@ -75,6 +75,31 @@ def _is_branch(child: Graph, name: str, readers: dict[str, list[str]]) -> bool:
         return False
 
 
+def new_blocks(parent_graph: Graph, child_graph: Graph) -> dict[str, str]:
+    """Each convolution the child adds, and its BN if any, by role: ``deepen`` (starts as the
+    identity), ``branch`` (a skip branch, starts silent)."""
+    readers = child_graph.consumers()
+    roles: dict[str, str] = {}
+    for layer in child_graph.layers:
+        if layer.kind != "conv2d" or layer.name in parent_graph:
+            continue
+        after = readers[layer.name]
+        bn = after[0] if len(after) == 1 and child_graph[after[0]].kind == "batchnorm" else None
+        if bn is not None and not _is_branch(child_graph, bn, readers):
+            if layer.stride != 1:
+                raise InheritError(f"new convolution {layer.name!r} has stride {layer.stride}; "
+                                   "a deepen block has stride 1")
+            roles[layer.name] = roles[bn] = "deepen"
+        elif bn is not None or _is_branch(child_graph, layer.name, readers):
+            roles[layer.name] = "branch"
+            if bn is not None:
+                roles[bn] = "branch"
+        else:
+            raise InheritError(f"new convolution {layer.name!r} is neither a deepen block nor "
+                               "a skip branch")
+    return roles
+
+
 def inherit(parent_graph: Graph, parent_state_dict: dict[str, torch.Tensor], child_graph: Graph,
             seed: int = 0) -> dict[str, torch.Tensor]:
     """A state dict for ``child_graph`` (as built by ``build_module``) whose module computes the
@@ -83,8 +108,8 @@ def inherit(parent_graph: Graph, parent_state_dict: dict[str, torch.Tensor], chi
     state = {k.removeprefix("layers."): v.detach().cpu() for k, v in parent_state_dict.items()}
     base = _base_channels(parent_graph, child_graph)
     readers = child_graph.consumers()
+    roles = new_blocks(parent_graph, child_graph)
     out: dict[str, torch.Tensor] = {}
-    new_bn: dict[str, str] = {}  # new BN -> "identity" or "zero"
     for layer in child_graph.layers:
         name = layer.name
         cin = child_graph.in_shape(layer)[0]
@@ -100,26 +125,17 @@ def inherit(parent_graph: Graph, parent_state_dict: dict[str, torch.Tensor], chi
                 if cin != w.shape[1]:
                     w = _expand(w, 1, cin) * _shares(cin, w.shape[1], gen)[None, :, None, None]
             else:
-                after = readers[name]
-                bn = after[0] if len(after) == 1 and child_graph[after[0]].kind == "batchnorm" \
-                    else None
                 w = torch.zeros(cout, cin, layer.kernel, layer.kernel, dtype=torch.float64)
-                if bn is not None and not _is_branch(child_graph, bn, readers):
-                    # A deepen block: the identity (on replicated channels, split shares).
-                    if layer.stride != 1:
-                        raise InheritError(f"new convolution {name!r} has stride "
-                                           f"{layer.stride}; a deepen block has stride 1")
+                after = readers[name]
+                bn = after[0] if child_graph[after[0]].kind == "batchnorm" else None
+                if roles[name] == "deepen":
+                    # The identity (on replicated channels, with split shares).
                     c = layer.kernel // 2
                     same = (torch.arange(cout)[:, None] % in_base) == (torch.arange(cin) % in_base)
                     w[:, :, c, c] = same * _shares(cin, in_base, gen)
-                    new_bn[bn] = "identity"
                 elif bn is not None:
                     # A projected skip: a zero-scale BN silences it; random weights let it learn.
                     nn.init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu", generator=gen)
-                    new_bn[bn] = "zero"
-                elif not _is_branch(child_graph, name, readers):
-                    raise InheritError(f"new convolution {name!r} is neither a deepen block "
-                                       "nor a skip branch")
             out[key] = w
         elif layer.kind == "batchnorm":
             keys = ("weight", "bias", "running_mean", "running_var")
@@ -128,16 +144,16 @@ def inherit(parent_graph: Graph, parent_state_dict: dict[str, torch.Tensor], chi
                     out[f"{name}.{k}"] = _expand(state[f"{name}.{k}"].to(torch.float64), 0, cout)
                 out[f"{name}.num_batches_tracked"] = state[f"{name}.num_batches_tracked"].clone()
             else:
-                role = new_bn.get(name)
+                role = roles.get(name)
                 if role is None:
                     raise InheritError(f"new batchnorm {name!r} does not follow a new "
                                        "convolution; it is not a morph block")
                 one = torch.ones(cout, dtype=torch.float64)
-                out[f"{name}.weight"] = one.clone() if role == "identity" else torch.zeros_like(one)
+                out[f"{name}.weight"] = one.clone() if role == "deepen" else torch.zeros_like(one)
                 out[f"{name}.bias"] = torch.zeros_like(one)
                 out[f"{name}.running_mean"] = torch.zeros_like(one)
                 # Eval-mode BN divides by sqrt(var + eps): this makes it exactly 1.
-                out[f"{name}.running_var"] = one * (1.0 - BN_EPS) if role == "identity" else one
+                out[f"{name}.running_var"] = one * (1.0 - BN_EPS) if role == "deepen" else one
                 out[f"{name}.num_batches_tracked"] = torch.tensor(0, dtype=torch.long)
         elif layer.kind == "dense":
             if name not in parent_graph:
