@@ -7,7 +7,7 @@ need=""
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need="$need postgresql"
 command -v slurmctld >/dev/null 2>&1 || need="$need slurm-wlm"
 command -v munged >/dev/null 2>&1 || need="$need munge"
-command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need="$need chromium"
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need="$need chromium fonts-liberation"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
     sudo=""
