@@ -75,7 +75,7 @@ def test_a_submitted_benchmark_runs_two_replicas(slurm_cluster, tmp_path):
     assert {t.replica_index for t in trials} == {0, 1}
     assert {e.trial_id for e in epochs} & {t.id for t in trials if t.replica_index == 1}
     system = json.loads((run_dir / "system.json").read_text())
-    assert system["slurm"]["SLURM_JOB_ID"] == job
+    assert system["slurm"]["SLURM_JOB_ID"] == job and system["nodes"] == 2
     result = json.loads((run_dir / "result.json").read_text())
     assert result["replicas"] == 2 and result["score"] > 0
     assert (run_dir / "report.html").exists()

@@ -316,7 +316,7 @@ def run(
                                 cores=cores_available())
     else:
         raise UsageError(f"--launcher must be local or slurm, not {launcher!r}")
-    system = describe()
+    system = describe(nodes=count if launcher == "slurm" else 1)
     session = primary.prepare(cfg, run_dir, url, resume, system)
     cfg = session.config
     if session.deadline_at <= session.started_at:
