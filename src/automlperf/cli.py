@@ -172,10 +172,7 @@ def train(
     except PoolError as exc:
         raise UsageError(str(exc)) from None
     threads = max(1, cores_available() // len(ranks))
-    data = DataArgs(cfg.data.dataset, str(cfg.data.data_dir) if cfg.data.data_dir else None,
-                    cfg.data.image_size, cfg.data.workers if cfg.data.workers is not None
-                    else (max(0, threads - 1) if cfg.data.dataset == "imagenet" else 0),
-                    cfg.data.gpu_decode, cfg.data.synthetic_images, cfg.data.synthetic_classes)
+    data = DataArgs.from_config(cfg.data, threads)
     try:
         from automlperf.train import data as datasets
 
@@ -427,7 +424,7 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Rank several runs: system, accelerators, score, regulated score, OPS per device."""
-    from automlperf.report.charts import format_ops
+    from automlperf.measure.units import format_ops
     from automlperf.report.compare import ranking
 
     try:
@@ -456,7 +453,7 @@ def compare(
 def info(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Describe this system: CPUs, memory, accelerators, software versions."""
     from automlperf.measure.system import describe
-    from automlperf.report.charts import format_ops
+    from automlperf.measure.units import format_ops
 
     desc = describe()
     if as_json:

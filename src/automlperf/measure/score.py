@@ -94,11 +94,13 @@ def regulated(ops_per_s: float, best_accuracy: float | None) -> float | None:
 
 
 def timeline(counted: Sequence[tuple[float, EpochLike]], elapsed_s: float,
-             accuracy_counts: bool = True, step_s: float = MARK_S) -> list[Mark]:
-    """Marks every ``step_s`` of run time, and one at the end."""
-    marks_at = [step_s * k for k in range(1, int(elapsed_s // step_s) + 1)]
-    if not marks_at or marks_at[-1] < elapsed_s - 1e-9:
-        marks_at.append(elapsed_s)
+             accuracy_counts: bool = True, step_s: float = MARK_S,
+             marks_at: Sequence[float] | None = None) -> list[Mark]:
+    """Marks every ``step_s`` of run time and one at the end (or at the run times given)."""
+    if marks_at is None:
+        marks_at = [step_s * k for k in range(1, int(elapsed_s // step_s) + 1)]
+        if not marks_at or marks_at[-1] < elapsed_s - 1e-9:
+            marks_at.append(elapsed_s)
     marks, i, ops, last_end, best = [], 0, 0, 0.0, None
     for t in marks_at:
         while i < len(counted) and counted[i][0] <= t + 1e-9:

@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from automlperf.measure.units import ops_unit  # noqa: E402
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
            "#e377c2", "#7f7f7f", "#bcbd22"]
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
                      "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
                      "font.family": "sans-serif"})
-
-
-def ops_unit(values: Sequence[float]) -> tuple[float, str]:
-    peak = max([abs(v) for v in values if v is not None] or [0.0])
-    for scale, unit in ((1e18, "EOPS"), (1e15, "POPS"), (1e12, "TOPS"), (1e9, "GOPS"),
-                        (1e6, "MOPS")):
-        if peak >= scale:
-            return scale, unit
-    return 1.0, "OPS"
 
 
 def _svg(fig: Any, title: str) -> str:
@@ -39,7 +30,7 @@ def _svg(fig: Any, title: str) -> str:
     return svg.replace("<svg ", f'<svg role="img" aria-label="{title}" class="chart" ', 1)
 
 
-def _minutes_axis(ax: Any, hours: bool) -> str:
+def _time_label(hours: bool) -> str:
     return "run time (h)" if hours else "run time (min)"
 
 
@@ -61,7 +52,7 @@ def score_chart(curve: list[dict[str, float]], marks: list[dict[str, Any]]) -> s
         ax.plot(m["hours"] * 3600 / tx, m["ops_per_s"] / scale, "o", color=PALETTE[0], ms=4)
         if m["regulated"] is not None:
             ax.plot(m["hours"] * 3600 / tx, m["regulated"] / scale, "o", color=PALETTE[1], ms=4)
-    ax.set_xlabel(_minutes_axis(ax, long_run))
+    ax.set_xlabel(_time_label(long_run))
     ax.set_ylabel(unit)
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", frameon=False)
@@ -79,7 +70,7 @@ def error_chart(curve: list[dict[str, float]]) -> str:
     ax.axhline(30, color="#999", lw=0.8, ls="--")
     ax.text(0.99, 30, "30 % maximum", transform=ax.get_yaxis_transform(), ha="right",
             va="bottom", color="#777", fontsize=8)
-    ax.set_xlabel(_minutes_axis(ax, long_run))
+    ax.set_xlabel(_time_label(long_run))
     ax.set_ylabel("best error (%)")
     ax.set_ylim(0, max([100 * (1 - p["best_accuracy"]) for p in pts] + [35]) * 1.05)
     return _svg(fig, "best error over time")
@@ -98,7 +89,7 @@ def trials_chart(series: list[dict[str, Any]]) -> str:
         xs = [p[0] / tx for p in s["points"]]
         ys = [100 * p[1] for p in s["points"]]
         ax.plot(xs, ys, "-o", color=colour, ms=2.5, lw=1, alpha=0.85, label=label)
-    ax.set_xlabel(_minutes_axis(ax, long_run))
+    ax.set_xlabel(_time_label(long_run))
     ax.set_ylabel("validation accuracy (%)")
     ax.set_ylim(0, 100)
     if seen:
@@ -145,14 +136,3 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
     shows = ("utilisation and memory of every GPU (NVML)" if gpu else
              "no GPU was sampled: CPU utilisation and host memory (psutil)")
     return _svg(fig, f"{what} utilisation and memory over time"), shows
-
-
-def format_ops(value: float | None) -> str:
-    if value is None:
-        return "-"
-    scale, unit = ops_unit([value])
-    return f"{value / scale:.3g} {unit}"
-
-
-def axis_formatter() -> FuncFormatter:
-    return FuncFormatter(lambda v, _: f"{v:g}")

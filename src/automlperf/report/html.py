@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,8 @@ from automlperf import __version__
 from automlperf.config import FIXED, Config
 from automlperf.graph import Graph
 from automlperf.measure.result import build_result, read_result
-from automlperf.measure.score import counted_epochs, regulated, segment_bounds, run_time
+from automlperf.measure.units import format_ops
+from automlperf.measure.score import counted_epochs, timeline
 from automlperf.ops import count
 from automlperf.report import charts
 from automlperf.runner.rundir import RunDir, run_store, write_atomic
@@ -23,7 +23,7 @@ from automlperf.store import Store, redact
 _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
                           autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
                           lstrip_blocks=True)
-_env.filters["ops"] = charts.format_ops
+_env.filters["ops"] = format_ops
 _env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.2f} %"
 _env.filters["num"] = lambda v: "-" if v is None else f"{v:,}"
 _env.filters["when"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
@@ -69,17 +69,11 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     segments = store.segments(run_id)
     epochs = store.epochs(run_id)
     trials = store.trials(run_id)
-    bounds = segment_bounds(segments)
     counted = counted_epochs(epochs, segments)
-    accuracy_counts = config.data.dataset != "synthetic"
-    curve, ops, best = [], 0, None
-    for t, e in counted:
-        ops += e.ops
-        if accuracy_counts:
-            best = e.val_accuracy if best is None else max(best, e.val_accuracy)
-        rate = ops / t if t > 0 else 0.0
-        curve.append({"t": t, "ops_per_s": rate, "best_accuracy": best,
-                      "regulated": regulated(rate, best)})
+    # The score's own timeline, with a mark at every epoch end.
+    ends = sorted({t for t, _ in counted})
+    curve = [{"t": t, **m.to_dict()} for t, m in zip(ends, timeline(
+        counted, ends[-1] if ends else 0.0, config.data.dataset != "synthetic", marks_at=ends))]
     series: dict[int, dict[str, Any]] = {}
     trial_by_id = {t.id: t for t in trials}
     for t, e in counted:
@@ -90,8 +84,9 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     for e in epochs:
         epoch_time[e.trial_id] = epoch_time.get(e.trial_id, 0.0) + e.ended_at - e.started_at
     rows = []
+    graphs = {}
     for rec in trials:
-        g = Graph.from_json(rec.graph_json)
+        g = graphs[rec.id] = Graph.from_json(rec.graph_json)
         batch = rec.extra.get("batch_size") or rec.hparams.get("batch_size") or 1
         ops_count = count(g, batch_size=batch)
         rows.append({
@@ -102,21 +97,19 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
             "tpe": rec.hparams.get("tpe_trial") is not None, "epochs": rec.epochs_done,
             "best": rec.best_accuracy, "predicted": rec.predicted_accuracy,
             "status": rec.status, "reason": rec.reason,
-            "seconds": epoch_time.get(rec.id, 0.0),
-            "started": run_time(rec.created_at, bounds)})
+            "seconds": epoch_time.get(rec.id, 0.0)})
     best_trial = trial_by_id.get(result.get("best_trial"))
-    best_graph = Graph.from_json(best_trial.graph_json) if best_trial else None
+    best_graph = graphs[best_trial.id] if best_trial else None
     start = segments[0].started_at if segments else 0.0
     samples = store.samples(run_id)
     replicas = store.replicas(run_id)
     nodes = sorted({(r.host, tuple(r.devices)) for r in replicas})
     return {
-        "run_dir": str(rd.path), "run_id": run_id, "result": result, "config": config,
+        "run_dir": str(rd.path), "result": result, "config": config,
         "config_rows": _config_rows(config), "system": system, "curve": curve,
         "series": list(series.values()), "rows": rows, "best_trial": best_trial,
         "best_graph": best_graph, "samples": samples, "start": start, "nodes": nodes,
         "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
-        "epochs": len(epochs), "replica_count": len({r.index for r in replicas}),
     }
 
 
@@ -134,8 +127,7 @@ def render(data: dict[str, Any]) -> str:
         trials_svg=charts.trials_chart(data["series"]),
         resource_svg=resource_svg, resource_note=resource_note,
         best_summary=best_graph.summary() if best_graph else None, best_ops=best_ops,
-        kinds={k: v for k, v in (best_ops.by_kind.items() if best_ops else [])},
-        isfinite=math.isfinite)
+        kinds=best_ops.by_kind if best_ops else {})
 
 
 def write_report(run_dir: Path, store_url: str | None = None) -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,21 +18,12 @@ from rich.text import Text
 from automlperf.config import Config
 from automlperf.measure.result import build_result, write_result
 from automlperf.measure.score import counted_epochs
+from automlperf.measure.units import format_ops
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.search.hpo import prepare_storage
 from automlperf.runner.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store import RUNNING, Store, open_store, redact
 from automlperf.store.urls import strip_password
-
-
-def fmt_ops(value: float | None) -> str:
-    """Operations per second for people: 1.23 TOPS."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    for scale, unit in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}OPS"
-    return f"{value:.3g} OPS"
 
 
 def fmt_duration(seconds: float) -> str:
@@ -102,11 +92,11 @@ class Monitor:
         self.s = session
 
     def view(self, now: float, launcher_alive: list[bool]) -> Group:
+        # Read every second: light rows only (no graphs).
         s = self.s
-        trials = s.store.trials(s.run_id)
+        trials = s.store.summaries(s.run_id)
         epochs = s.store.epochs(s.run_id)
-        segments = s.store.segments(s.run_id)
-        counted = counted_epochs(epochs, segments)
+        counted = counted_epochs(epochs, s.store.segments(s.run_id))
         ops = sum(e.ops for _, e in counted)
         last = counted[-1][0] if counted else 0.0
         best = max((e.val_accuracy for _, e in counted), default=None)
@@ -117,21 +107,26 @@ class Monitor:
             ("elapsed ", "dim"), fmt_duration(elapsed), ("  remaining ", "dim"),
             fmt_duration(remaining), ("  best accuracy ", "dim"),
             f"{best:.4f}" if best is not None else "-", ("  OPS ", "dim"),
-            fmt_ops(ops / last if last else None), ("  trials ", "dim"),
+            format_ops(ops / last if last else None), ("  trials ", "dim"),
             f"{sum(t.status == 'completed' for t in trials)} done, "
             f"{sum(t.status == RUNNING for t in trials)} running")
+        done_epochs: dict[int, int] = {}
+        best_of: dict[int, float] = {}
+        for e in epochs:
+            done_epochs[e.trial_id] = done_epochs.get(e.trial_id, 0) + 1
+            best_of[e.trial_id] = max(best_of.get(e.trial_id, 0.0), e.val_accuracy)
         table = Table(show_edge=False, pad_edge=False)
         for col in ("replica", "process", "done", "failed", "running trial", "epochs", "best"):
             table.add_column(col)
         for index, alive in enumerate(launcher_alive):
             mine = [t for t in trials if t.replica_index == index]
             running = [t for t in mine if t.status == RUNNING]
-            accs = [t.best_accuracy for t in mine if t.best_accuracy is not None]
+            accs = [best_of[t.id] for t in mine if t.id in best_of]
             table.add_row(str(index), "up" if alive else "exited",
                           str(sum(t.status == "completed" for t in mine)),
                           str(sum(t.status == "failed" for t in mine)),
                           str(running[-1].id) if running else "-",
-                          str(running[-1].epochs_done) if running else "-",
+                          str(done_epochs.get(running[-1].id, 0)) if running else "-",
                           f"{max(accs):.4f}" if accs else "-")
         return Group(head, table)
 
@@ -144,8 +139,7 @@ class Monitor:
                 f"{best if best is None else round(best, 4)}")
 
 
-def supervise(session: Session, launcher: Launcher, console: Console,
-              on_tick: Callable[[], None] | None = None) -> bool:
+def supervise(session: Session, launcher: Launcher, console: Console) -> bool:
     """Watch the replicas until the deadline; returns False if interrupted (Ctrl-C)."""
     s = session
     monitor = Monitor(s)
@@ -161,8 +155,6 @@ def supervise(session: Session, launcher: Launcher, console: Console,
             now = time.time()
             s.store.touch_segment(s.run_id, s.segment, now)
             s.store.expire_leases(s.run_id, now)
-            if on_tick:
-                on_tick()
             alive = launcher.alive()
             if live:
                 live.update(monitor.view(now, alive), refresh=True)
@@ -205,8 +197,8 @@ def summary(result: dict[str, Any], run_dir: Path) -> Table:
     label = "valid" if result["valid"] else "not valid"
     if not result["official"]:
         label += ", unofficial"
-    rows = [("score", f"{fmt_ops(result['score'])} ({result['score']:.4e} OPS)"),
-            ("regulated score", fmt_ops(result["regulated_score"])),
+    rows = [("score", f"{format_ops(result['score'])} ({result['score']:.4e} OPS)"),
+            ("regulated score", format_ops(result["regulated_score"])),
             ("best accuracy", "-" if result["best_accuracy"] is None
              else f"{result['best_accuracy']:.4f} (trial {result['best_trial']})"),
             ("operations", f"{result['total_ops']:.4e} in {result['elapsed_s']:.0f} s"),

@@ -8,6 +8,7 @@ primary stops heart-beating; a trial cut short keeps the epochs it completed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.config import Config
-from automlperf.graph import Graph, seeds
+from automlperf.graph import seeds
 from automlperf.runner.rundir import RunDir, write_atomic
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
@@ -74,13 +75,7 @@ class Replica:
             log.info("the run's current session has ended; nothing to do")
             return 0
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
-        cfg = self.config
-        workers = cfg.data.workers
-        if workers is None:  # spare cores feed the accelerators
-            workers = max(0, self.threads - 1) if cfg.data.dataset == "imagenet" else 0
-        data = DataArgs(cfg.data.dataset, str(cfg.data.data_dir) if cfg.data.data_dir else None,
-                        cfg.data.image_size, workers, cfg.data.gpu_decode,
-                        cfg.data.synthetic_images, cfg.data.synthetic_classes)
+        data = DataArgs.from_config(self.config.data, self.threads)
         self.replica_id = self.store.register_replica(
             self.run_id, self.index, self.segment.index, socket.gethostname(), os.getpid(),
             self.devices, time.time())
@@ -246,7 +241,7 @@ class Replica:
         parent_graph = parent_weights = None
         if job.candidate.parent_id is not None:
             parent = self.store.trial(job.candidate.parent_id)
-            parent_graph = Graph.from_json(parent.graph_json).to_dict()
+            parent_graph = json.loads(parent.graph_json)
             parent_weights = parent.weights_path
         cfg = self.config
         epochs = cfg.train.round_epochs(job.round)

@@ -188,16 +188,3 @@ def submit(script: Path, test_only: bool = False) -> str:
     if test_only:
         return done.stderr.strip() or done.stdout.strip()
     return done.stdout.strip().split(";")[0]
-
-
-def describe_job(job_id: str) -> dict[str, str]:
-    done = subprocess.run([require("scontrol"), "show", "job", job_id, "--oneliner"],
-                          capture_output=True, text=True)
-    fields = {}
-    for token in done.stdout.split():
-        if "=" in token:
-            key, value = token.split("=", 1)
-            fields[key] = value
-    return fields
-
-

@@ -43,6 +43,16 @@ class DataArgs:
     synthetic_images: int = 4096
     synthetic_classes: int = 1000
 
+    @classmethod
+    def from_config(cls, data: Any, threads: int) -> DataArgs:
+        """The dataset of a ``DataConfig``; unless set, decoding workers take the spare
+        cores beside each rank's ``threads`` (image files only: in-memory data needs none)."""
+        workers = data.workers
+        if workers is None:
+            workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
+        return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
+                   workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes)
+
 
 def visible_accelerators() -> list[str]:
     import torch

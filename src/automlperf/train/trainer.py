@@ -149,14 +149,6 @@ def save_weights(module: nn.Module, path: str) -> None:
     os.replace(tmp, path)
 
 
-def _all_sum(values: list[float], ctx: RankContext) -> list[float]:
-    if not ctx.distributed:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
 def run_trial(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -> TrialOutcome:
     """Train ``spec`` on this rank; returns how the trial ended. Failures are classified,
     not raised, so the rank stays ready for the next trial."""
