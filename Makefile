@@ -3,13 +3,21 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test setup system bench clean
+.PHONY: run test test-fast lint setup system bench clean
 
 run: setup
 	$(BIN)/automlperf run
 
 test: setup system
 	$(BIN)/python -m pytest
+
+# Day-to-day: no root, no services (PostgreSQL, SLURM, Chromium), no end-to-end runs.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow and not postgres and not slurm and not browser"
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 setup: $(VENV)/.ready
 

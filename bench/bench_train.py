@@ -70,13 +70,13 @@ def main() -> None:
 
     trainer_rates, plain_rates, shares = [], [], []
     for epoch in range(args.epochs):
-        def trainer() -> tuple[int, float, float]:
+        def trainer(epoch: int = epoch) -> tuple[int, float, float]:
             _, images, _, wait, seconds = run.train_epoch(epoch, lambda kind, msg: None)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             return images, seconds, wait
 
-        def hand() -> tuple[int, float, float]:
+        def hand(epoch: int = epoch) -> tuple[int, float, float]:
             return (*plain_epoch(plain, opt, loss_fn, data, run.per_rank, epoch, device), 0.0)
 
         order = (trainer, hand) if epoch % 2 == 0 else (hand, trainer)

@@ -8,6 +8,19 @@ import pytest
 _db_names = itertools.count()
 
 
+def pytest_collection_modifyitems(items):
+    """Tests that start a real server carry its lane's mark, so `make test-fast` (no root, no
+    services) leaves them out without a list to keep up to date."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("store_url") == "postgresql"
+        if "pg_server" in names or on_postgres:
+            item.add_marker(pytest.mark.postgres)
+        if "slurm_cluster" in names:
+            item.add_marker(pytest.mark.slurm)
+
+
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory):
     """A private PostgreSQL server for the whole session (installed by

@@ -76,8 +76,8 @@ def test_hash_ignores_names_and_listing_order():
     random.Random(1).shuffle(data["layers"])
     other = Graph.from_dict(data)
     assert other.content_hash() == g.content_hash()
-    bigger = Graph.build(g.input_shape, [conv("c2", "r1", 8, 5, 1) if l.name == "c2" else l
-                                         for l in g.layers])
+    bigger = Graph.build(g.input_shape, [conv("c2", "r1", 8, 5, 1) if x.name == "c2" else x
+                                         for x in g.layers])
     assert bigger.content_hash() != g.content_hash()
 
 

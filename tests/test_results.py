@@ -118,6 +118,7 @@ def browser(*args, tmp_path):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.browser
 def test_the_report_renders_in_a_real_browser(run_dir, tmp_path):
     report = run_dir / "report.html"
     html = report.read_text()
@@ -141,6 +142,7 @@ def test_the_report_renders_in_a_real_browser(run_dir, tmp_path):
     assert result["score"] > 0
 
 
+@pytest.mark.browser
 def test_the_trial_table_sorts_in_the_browser(run_dir, tmp_path):
     # Click the "best acc." header twice through a page script, then read the order back.
     page = tmp_path / "sorted.html"

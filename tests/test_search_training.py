@@ -56,7 +56,8 @@ def test_children_start_from_their_parents_accuracy(tmp_path):
             grown = run_trial(pool, TrialSpec(
                 f"child{r}", cand.graph.to_dict(), epochs=1, batch_size=64, patience=10,
                 lr_per_256=0.4, warmup_epochs=1, parent_graph=SEED.to_dict(),
-                parent_weights=weights), lambda kind, msg: events.append(msg) if kind == "epoch" else None)
+                parent_weights=weights),
+                lambda kind, msg, events=events: events.append(msg) if kind == "epoch" else None)
             assert grown.status == "completed"
             assert events[0]["val_accuracy"] >= parent_acc - 0.15
             # ... while the same architecture from scratch is far behind after that epoch.
@@ -64,7 +65,7 @@ def test_children_start_from_their_parents_accuracy(tmp_path):
             run_trial(pool, TrialSpec(f"scratch{r}", cand.graph.to_dict(), epochs=1,
                                       batch_size=64, patience=10, lr_per_256=0.4,
                                       warmup_epochs=1),
-                      lambda kind, msg: scratch.append(msg) if kind == "epoch" else None)
+                      lambda kind, msg, scratch=scratch: scratch.append(msg) if kind == "epoch" else None)
             assert scratch[0]["val_accuracy"] < events[0]["val_accuracy"] - 0.2
             history.append(Model(f"child{r}", Graph.from_dict(cand.graph.to_dict()),
                                  grown.best_accuracy))

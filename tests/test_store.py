@@ -9,7 +9,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from automlperf.store import (EpochRecord, SchemaMismatch, StoreError, open_store, redact,
+from automlperf.store import (SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError, open_store, redact,
                               resolve_store_url)
 from automlperf.store.urls import normalise_url
 
@@ -43,7 +43,8 @@ class TestStoreContract:
         assert again.run(run_id)["name"] == "r"
         with store.engine.begin() as conn:
             conn.execute(sa.text("UPDATE amp_meta SET value = '99' WHERE key = 'schema_version'"))
-        with pytest.raises(SchemaMismatch, match="schema version 99; this automlperf reads version 1"):
+        with pytest.raises(SchemaMismatch,
+                           match=f"schema version 99; this automlperf reads version {SCHEMA_VERSION}"):
             open_store(store_url)
         with pytest.raises(StoreError, match="run 999 is not in store"):
             store.run(999)

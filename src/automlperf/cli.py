@@ -6,13 +6,13 @@ import functools
 import json
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from automlperf.config import ConfigError
@@ -44,7 +44,7 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(*args, **kwargs)
         except (UsageError, ConfigError, GraphError, RunDirError, StoreError, LaunchError) as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -230,14 +230,19 @@ def train(
     with progress:
         try:
             outcome = run_trial(pool, spec, on_message)
+        except KeyboardInterrupt:
+            pool.kill()  # the ranks are mid-epoch: they would not read a polite stop
+            err.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
         finally:
             pool.close()
     if outcome.status != "completed":
-        err.print(f"[bold red]trial failed:[/] {outcome.reason}", highlight=False)
+        err.print(f"[bold red]trial failed:[/] {escape(outcome.reason)}", highlight=False,
+                  soft_wrap=True)
         raise typer.Exit(1)
     total_ops = sum(e["ops"] for e in events)
     seconds = sum(e["ended_at"] - e["started_at"] for e in events)
-    err.print(f"best val accuracy {outcome.best_accuracy:.4f} (epoch {outcome.best_epoch + 1}); "
+    err.print(f"best val accuracy {outcome.best_accuracy:.4f} (epoch {(outcome.best_epoch or 0) + 1}); "
               f"{total_ops:.3e} ops in {seconds:.1f} s = {total_ops / max(seconds, 1e-9):.3e} OPS"
               f" ({outcome.precision})", highlight=False)
 
@@ -298,7 +303,7 @@ def run(
         run_dir = Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     url = resolve_store_url(store)
     replica_url = RunDir(run_dir).store_url(url) if resume else url
-    cfg_for_launch = Config.load(RunDir(run_dir).config) if resume else cfg
+    cfg_for_launch = Config.load(RunDir(run_dir).config) if cfg is None else cfg
     # The launcher first: a request that does not fit the machine is refused before anything
     # is written.
     if launcher == "slurm":
@@ -323,19 +328,19 @@ def run(
               f"{cfg.model.seed_model} seed, {count} replica(s), "
               f"{primary.fmt_duration(session.deadline_at - session.started_at)} to go "
               f"({mode} settings), store {primary.redacted(url)}", highlight=False)
-    completed = False
+    watch = primary.Watch("interrupted")
     # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
     # stopped and the result is written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if session.deadline_at > session.started_at:
             starter.start()
-            completed = primary.supervise(session, starter, err)
+            watch = primary.supervise(session, starter, err)
         else:
-            completed = True
+            watch = primary.Watch("completed")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
-        result = primary.finish(session, starter, err, completed, system)
+        result = primary.finish(session, starter, err, watch, system)
     out.print(primary.summary(result, run_dir))
     out.print(f"result: {session.dir.result}", highlight=False)
     try:
@@ -345,7 +350,11 @@ def run(
     except Exception as exc:  # noqa: BLE001 - the result is written; the report can be redone
         err.print(f"the report could not be written ({exc}); retry with `automlperf report "
                   f"{run_dir}`", highlight=False)
-    if not completed:
+    if watch.state == "failed":
+        err.print(f"[bold red]error:[/] the run cannot train: {escape(watch.reason)}",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    if watch.state == "interrupted":
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir {run_dir}`",
                   highlight=False)
         raise typer.Exit(130)
@@ -404,13 +413,13 @@ def check(
                           "violations": r.get("violations")}))
     else:
         for m in rep.mismatches:
-            out.print(f"[red]mismatch:[/] {m}", highlight=False, soft_wrap=True)
+            out.print(f"[red]mismatch:[/] {escape(m)}", highlight=False, soft_wrap=True)
         state = "valid" if r.get("valid") else "not valid" + ("" if r.get("official") else ", unofficial")
         verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
         out.print(f"{verdict}: {rep.checked['trials']} trials, {rep.checked['epochs']} epochs "
                   f"recomputed; the result is {state}", highlight=False)
         for v in r.get("violations", []):
-            out.print(f"  {v['rule']}: {v['detail']}", highlight=False)
+            out.print(f"  {v['rule']}: {escape(v['detail'])}", highlight=False)
     if not rep.ok:
         raise typer.Exit(1)
     if official and not r.get("valid"):
@@ -538,4 +547,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -59,6 +59,13 @@ class RunConfig(_Section):
                                    "this long is marked failed, seconds.")
     stop_grace_s: float = Field(20.0, ge=0, description="Time replicas get to stop after the "
                                 "deadline before they are killed, seconds.")
+    max_rounds: int | None = Field(None, ge=1, description="Trials each replica trains before "
+                                   "it stops; unset: until the deadline. For smoke tests: a "
+                                   "run that ends before its duration is not a valid one.")
+    max_repeated_failures: int = Field(3, ge=1, description="Trials in a row failing for the "
+                                       "same reason after which a replica gives up and the run "
+                                       "ends as failed. One failing architecture never stops "
+                                       "a run.")
 
     @field_validator("duration_s", mode="before")
     @classmethod

@@ -47,6 +47,14 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
     if synthetic:
         scored["violations"].append({"rule": "accuracy", "detail": "synthetic data: throughput "
                                      "only, no accuracy-based score"})
+    # A replica that gave up says why; such a run did not do its job.
+    failures = [{"replica": rep.index, "host": rep.host, "reason": rep.reason}
+                for rep in replicas if rep.status == "failed" and rep.reason]
+    for f in failures:
+        scored["violations"].append({"rule": "run_failed",
+                                     "detail": f"replica {f['replica']}: {f['reason']}"})
+    if failures:
+        scored["valid"] = False
     devices = {}
     for rep in replicas:
         devices[(rep.host, rep.index)] = rep.devices
@@ -65,6 +73,7 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         "dataset": config.data.dataset,
         **scored,
         "interrupted": interrupted,
+        "failures": failures,
         "trials": len(trials),
         "trial_status": dict(sorted(status.items())),
         "best_trial_detail": None if best is None else {

@@ -55,7 +55,8 @@ def score_chart(curve: list[dict[str, float]], marks: list[dict[str, Any]]) -> s
     ax.set_xlabel(_time_label(long_run))
     ax.set_ylabel(unit)
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left", frameon=False)
+    if curve:
+        ax.legend(loc="upper left", frameon=False)
     return _svg(fig, "score and regulated score over time")
 
 

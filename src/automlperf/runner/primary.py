@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -22,7 +23,7 @@ from automlperf.measure.units import format_ops
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.search.hpo import prepare_storage
 from automlperf.runner.rundir import RunDir, RunDirError, write_atomic
-from automlperf.store import RUNNING, Store, open_store, redact
+from automlperf.store import FAILED, RUNNING, Store, open_store, redact
 from automlperf.store.urls import strip_password
 
 
@@ -139,13 +140,40 @@ class Monitor:
                 f"{best if best is None else round(best, 4)}")
 
 
-def supervise(session: Session, launcher: Launcher, console: Console) -> bool:
-    """Watch the replicas until the deadline; returns False if interrupted (Ctrl-C)."""
+@dataclass
+class Watch:
+    """How supervision ended: ``completed`` (the deadline, or every replica done),
+    ``interrupted`` (Ctrl-C, SIGTERM) or ``failed`` (the run cannot train; ``reason``)."""
+
+    state: str
+    reason: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return self.state == "completed"
+
+
+def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None],
+            log_dir: Path) -> str | None:
+    """Why the run cannot go on, if it cannot: a replica gave up and recorded why, or every
+    replica exited with an error without saying why (it could not even start)."""
+    for rep in store.replicas(run_id):
+        if rep.segment == segment and rep.status == FAILED and rep.reason:
+            return f"replica {rep.index} ({rep.host}): {rep.reason}"
+    if exit_codes and all(code is not None and code != 0 for code in exit_codes):
+        codes = ", ".join(f"replica {i}: {code}" for i, code in enumerate(exit_codes))
+        return (f"every replica exited with an error before the deadline ({codes}); see "
+                f"{log_dir}/replica-*.log")
+    return None
+
+
+def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
+    """Watch the replicas until the deadline, until every replica is done, or until the run
+    turns out unable to train."""
     s = session
     monitor = Monitor(s)
     tick = 1.0
     last_line = 0.0
-    interrupted = False
     live = Live(console=console, refresh_per_second=2, transient=False,
                 auto_refresh=False) if console.is_terminal else None
     try:
@@ -161,23 +189,26 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> bool:
             elif now - last_line > 30:
                 console.print(monitor.line(now), highlight=False)
                 last_line = now
+            broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
+                             s.dir.logs)
+            if broken is not None:
+                return Watch("failed", broken)
             if now >= s.deadline_at or not any(alive):
-                break
+                return Watch("completed")
             time.sleep(min(tick, max(0.05, s.deadline_at - now)))
     except KeyboardInterrupt:
-        interrupted = True
+        return Watch("interrupted")
     finally:
         if live:
             live.stop()
-    return not interrupted
 
 
-def finish(session: Session, launcher: Launcher, console: Console, completed: bool,
+def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
            system: dict[str, Any]) -> dict[str, Any]:
     """Stop the replicas, close the session and write result.json."""
     s = session
     s.store.touch_segment(s.run_id, s.segment, time.time())
-    if completed:
+    if watch.completed:
         # At the deadline replicas stop by themselves, recording cut-short trials as stopped.
         wait_all(launcher.procs, s.config.run.stop_grace_s)
     launcher.stop(s.config.run.stop_grace_s)
@@ -185,7 +216,8 @@ def finish(session: Session, launcher: Launcher, console: Console, completed: bo
     s.store.end_segment(s.run_id, s.segment, end)
     # Anything a killed replica left running is over; its completed epochs count.
     s.store.expire_leases(s.run_id, math.inf)
-    result = build_result(s.store, s.run_id, s.config, system, interrupted=not completed)
+    result = build_result(s.store, s.run_id, s.config, system,
+                          interrupted=watch.state == "interrupted")
     write_result(s.dir.result, result)
     return result
 
@@ -205,7 +237,7 @@ def summary(result: dict[str, Any], run_dir: Path) -> Table:
             ("trials", f"{result['trials']} {result['trial_status']}"),
             ("result", label)]
     for v in result["violations"]:
-        rows.append(("", f"{v['rule']}: {v['detail']}"))
+        rows.append(("", escape(f"{v['rule']}: {v['detail']}")))
     for k, v in rows:
         table.add_row(k, v)
     return table

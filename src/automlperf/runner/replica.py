@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -31,12 +32,39 @@ from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import COMPLETED, FAILED, STOPPED, EpochRecord, open_store
 from automlperf.store.urls import STORE_ENV
-from automlperf.train.pool import (DataArgs, DevicePool, accelerator_memory_gib, choose_devices,
-                                   cores_available, run_trial)
+from automlperf.train.pool import (DataArgs, DevicePool, PoolError, accelerator_memory_gib,
+                                   choose_devices, cores_available, run_trial)
 from automlperf.events import EpochEvent, JsonlSink
 from automlperf.train.trainer import TrialSpec
 
 log = logging.getLogger("automlperf.replica")
+
+# What to do about a failure that repeats, by the trainer's failure kind.
+FIXES = {
+    "oom": "lower train.batch_size (or data.image_size) in the configuration",
+    "nan": "lower train.lr_per_256 or raise train.warmup_epochs in the configuration",
+    "data": "check the dataset: `automlperf train --dataset ... --data-dir ...` shows the "
+            "problem on its own",
+    "crash": "a training process died: look for the system killing it (host memory, "
+             "the job's limits) in {log}",
+}
+
+
+class CannotTrain(RuntimeError):
+    """Trials keep failing for the same reason: the replica cannot do its job."""
+
+
+def _reason_key(reason: str) -> str:
+    # Sizes, counts and ids differ between occurrences of the same failure.
+    return re.sub(r"\d+(\.\d+)?", "#", reason)
+
+
+def repeated_failure(reasons: list[str], limit: int) -> str | None:
+    """The reason, when the last ``limit`` trials all failed alike (numbers aside)."""
+    if len(reasons) < limit:
+        return None
+    last = reasons[-limit:]
+    return last[-1] if len({_reason_key(r) for r in last}) == 1 else None
 
 
 @dataclass
@@ -68,6 +96,7 @@ class Replica:
         self.searcher = Searcher(self.config.search)
         self.models: dict[int, Model] = {}
         self.last_trial_id = 0
+        self.failures: list[str] = []  # reasons of the trials failed in a row
 
     # --- lifecycle ----------------------------------------------------------------------
     def run(self) -> int:
@@ -81,9 +110,12 @@ class Replica:
             self.devices, time.time())
         beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         beat.start()
-        status = FAILED
+        status, reason = FAILED, ""
         try:
-            self.pool = DevicePool(self.devices, data, threads_per_rank=self.threads)
+            try:
+                self.pool = DevicePool(self.devices, data, threads_per_rank=self.threads)
+            except PoolError as exc:
+                raise CannotTrain(str(exc)) from None
             log.info("replica %d: %d x %s, %d threads each, %s", self.index, len(self.devices),
                      self.pool.description["devices"][0], self.threads,
                      self.pool.description["dataset"])
@@ -96,14 +128,23 @@ class Replica:
                 if sampler is not None:
                     sampler.terminate()
                     sampler.wait(timeout=30)
-        except Exception:
+        except CannotTrain as exc:
+            # Recorded for the primary, which ends the run and says why.
+            reason = str(exc)
+            log.error("replica %d gives up: %s", self.index, reason)
+            return 1
+        except Exception as exc:
+            reason = f"replica error: {type(exc).__name__}: {exc}; see {self._log_name()}"
             log.exception("replica %d failed", self.index)
             raise
         finally:
             self.stop.set()
-            self.store.end_replica(self.replica_id, status, time.time())
+            self.store.end_replica(self.replica_id, status, time.time(), reason)
             beat.join(timeout=5)
         return 0
+
+    def _log_name(self) -> str:
+        return str(self.dir.logs / f"replica-{self.index}.log")
 
     def _start_sampler(self) -> subprocess.Popen[bytes]:
         """This node's resource monitor, in a process of its own."""
@@ -140,6 +181,10 @@ class Replica:
     def _should_stop(self) -> bool:
         return self.stop.is_set() or time.time() >= self.segment.deadline_at
 
+    def _rounds_left(self, round_index: int) -> bool:
+        limit = self.config.run.max_rounds
+        return limit is None or round_index < limit
+
     # --- the loop -----------------------------------------------------------------------
     def _loop(self) -> None:
         desc = self.pool.description["dataset"]
@@ -156,26 +201,31 @@ class Replica:
             startup_trials=self.config.search.tpe_startup_trials)
         done = sum(1 for t in self.store.summaries(self.run_id) if t.replica_index == self.index)
         round_index = done  # a resumed replica goes on counting its rounds
+        if not self._rounds_left(round_index):
+            log.info("replica %d has trained its %d rounds", self.index, round_index)
+            return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search") as search:
             upcoming: Future[Job] = search.submit(self._prepare, round_index)
-            while not self._should_stop():
-                try:
-                    job = upcoming.result()
-                except NoCandidate as exc:
-                    log.warning("no candidate: %s; waiting for other replicas", exc)
-                    if self.stop.wait(10):
-                        break
-                    upcoming = search.submit(self._prepare, round_index)
-                    continue
-                trial_id = self._claim(job)
-                if trial_id is None:  # another replica took this architecture meanwhile
-                    upcoming = search.submit(self._prepare, round_index)
-                    continue
-                # Generate the next candidate while this one trains.
-                upcoming = search.submit(self._prepare, round_index + 1)
-                self._train(trial_id, job, upcoming)
-                round_index += 1
-            upcoming.cancel()
+            try:
+                while not self._should_stop() and self._rounds_left(round_index):
+                    try:
+                        job = upcoming.result()
+                    except NoCandidate as exc:
+                        log.warning("no candidate: %s; waiting for other replicas", exc)
+                        if self.stop.wait(10):
+                            break
+                        upcoming = search.submit(self._prepare, round_index)
+                        continue
+                    trial_id = self._claim(job)
+                    if trial_id is None:  # another replica took this architecture meanwhile
+                        upcoming = search.submit(self._prepare, round_index)
+                        continue
+                    # Generate the next candidate while this one trains.
+                    upcoming = search.submit(self._prepare, round_index + 1)
+                    self._train(trial_id, job, upcoming)
+                    round_index += 1
+            finally:
+                upcoming.cancel()
         # A suggestion prepared but never trained must not stay pending in the TPE study.
         if upcoming.done() and not upcoming.cancelled() and upcoming.exception() is None:
             unused = upcoming.result()
@@ -277,10 +327,12 @@ class Replica:
         # A trial cut short (deadline, crash) still has the epochs it reported, and the
         # weights saved at the best of them.
         best = max(accuracies) if accuracies else None
-        weights = spec.weights_out if accuracies and Path(spec.weights_out).exists() else None
+        saved = spec.weights_out
+        weights = saved if accuracies and saved and Path(saved).exists() else None
         extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
                  "batch_size": outcome.batch_size,
-                 "best_epoch": accuracies.index(best) if accuracies else None, **outcome.extra}
+                 "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,
+                 **outcome.extra}
         self.store.finish_trial(trial_id, status, time.time(), reason=outcome.reason,
                                 best_accuracy=best, predicted_accuracy=predicted,
                                 weights_path=weights, extra=extra)
@@ -292,6 +344,21 @@ class Replica:
             if not upcoming.done():
                 upcoming.exception()
             self.hpo.tell(job.hpo_number, best if status == COMPLETED else None)
+        self._note_failure(status, outcome.reason, outcome.extra.get("failure"))
+
+    def _note_failure(self, status: str, reason: str, kind: str | None) -> None:
+        """One failing architecture is the search's business; the same failure again and
+        again means this replica cannot train at all, and it says so."""
+        if status == COMPLETED:
+            self.failures.clear()
+        if status != FAILED:
+            return
+        self.failures.append(reason or "failed")
+        limit = self.config.run.max_repeated_failures
+        repeated = repeated_failure(self.failures, limit)
+        if repeated is not None:
+            fix = FIXES.get(kind or "", "see {log} for the traceback").format(log=self._log_name())
+            raise CannotTrain(f"{limit} trials in a row failed with \"{repeated}\"; {fix}")
 
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,

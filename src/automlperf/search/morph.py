@@ -174,8 +174,8 @@ def widen(graph: Graph, target: str, factor: float = 2.0, limits: Limits = Limit
     old = graph[target].out_channels
     new = max(old + 1, math.ceil(old * factor))
     wide = set(producers)
-    layers = [Layer(l.name, l.kind, l.inputs, new, l.kernel, l.stride, l.padding)
-              if l.name in wide else l for l in graph.layers]
+    layers = [Layer(x.name, x.kind, x.inputs, new, x.kernel, x.stride, x.padding)
+              if x.name in wide else x for x in graph.layers]
     child = _rebuild(graph, layers, limits, f"widen {target!r}")
     return MorphResult(child, MorphRecord("widen", target, {"from": old, "to": new,
                                                             "convs": producers,
@@ -228,20 +228,20 @@ def skip_targets(graph: Graph) -> list[tuple[str, str]]:
     """Every (ReLU, later BN) pair a skip could join."""
     readers = graph.consumers()
     pairs = []
-    for relu in (l.name for l in graph.layers if l.kind == "relu"):
+    for relu in (x.name for x in graph.layers if x.kind == "relu"):
         after = _descendants(graph, relu)
-        pairs += [(relu, l.name) for l in graph.layers if l.kind == "batchnorm"
-                  and l.name in after and _skip_ok(graph, relu, l.name, readers)]
+        pairs += [(relu, x.name) for x in graph.layers if x.kind == "batchnorm"
+                  and x.name in after and _skip_ok(graph, relu, x.name, readers)]
     return pairs
 
 
 def _random_skip_target(graph: Graph, rng: random.Random) -> tuple[str, str]:
     readers = graph.consumers()
-    relus = [l.name for l in graph.layers if l.kind == "relu"]
+    relus = [x.name for x in graph.layers if x.kind == "relu"]
     rng.shuffle(relus)
     for relu in relus[:8]:
         after = _descendants(graph, relu)
-        bns = [l.name for l in graph.layers if l.kind == "batchnorm" and l.name in after]
+        bns = [x.name for x in graph.layers if x.kind == "batchnorm" and x.name in after]
         rng.shuffle(bns)
         for bn in bns[:8]:
             if _skip_ok(graph, relu, bn, readers):

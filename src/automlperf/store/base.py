@@ -8,7 +8,8 @@ from typing import Any
 
 from automlperf.events import EpochEvent
 
-SCHEMA_VERSION = 1
+# 2: replicas record why they stopped (a run that cannot train says so).
+SCHEMA_VERSION = 2
 
 RUNNING, COMPLETED, FAILED, STOPPED = "running", "completed", "failed", "stopped"
 FINAL = (COMPLETED, FAILED, STOPPED)
@@ -101,6 +102,7 @@ class ReplicaRecord:
     started_at: float
     last_heartbeat: float
     status: str
+    reason: str = ""
 
 
 class Store(ABC):
@@ -154,7 +156,8 @@ class Store(ABC):
         """Mark the replica alive and extend the leases of its running trials."""
 
     @abstractmethod
-    def end_replica(self, replica_id: int, status: str, now: float) -> None: ...
+    def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
+        """Record how a running replica ended; ``reason`` says why one gave up."""
 
     @abstractmethod
     def replicas(self, run_id: int) -> list[ReplicaRecord]: ...

@@ -50,6 +50,7 @@ T_REPLICAS = sa.Table(
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("last_heartbeat", sa.Float, nullable=False),
     sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
     sa.Column("ended_at", sa.Float))
 T_TRIALS = sa.Table(
     "amp_trials", meta,
@@ -229,7 +230,7 @@ class SQLStore(Store):
             result = conn.execute(T_REPLICAS.insert().values(
                 run_id=run_id, idx=index, segment=segment, host=host, pid=pid,
                 devices=json.dumps(devices), started_at=now, last_heartbeat=now,
-                status=RUNNING))
+                status=RUNNING, reason=""))
             return int(result.inserted_primary_key[0])
 
     @retrying
@@ -242,11 +243,11 @@ class SQLStore(Store):
                 .values(lease_until=now + lease_s))
 
     @retrying
-    def end_replica(self, replica_id: int, status: str, now: float) -> None:
+    def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
         with self.engine.begin() as conn:
             conn.execute(T_REPLICAS.update().where(
                 (T_REPLICAS.c.id == replica_id) & (T_REPLICAS.c.status == RUNNING))
-                .values(status=status, ended_at=now))
+                .values(status=status, ended_at=now, reason=reason))
 
     @retrying
     def replicas(self, run_id: int) -> list[ReplicaRecord]:
@@ -255,7 +256,7 @@ class SQLStore(Store):
                                 .order_by(T_REPLICAS.c.id)).mappings().all()
         return [ReplicaRecord(r["id"], r["run_id"], r["idx"], r["segment"], r["host"], r["pid"],
                               json.loads(r["devices"]), r["started_at"], r["last_heartbeat"],
-                              r["status"]) for r in rows]
+                              r["status"], r["reason"]) for r in rows]
 
     # trials --------------------------------------------------------------------------------
     @retrying

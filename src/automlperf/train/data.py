@@ -14,6 +14,7 @@ Unreadable images are skipped and counted, never fatal.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.resources
 import io
@@ -322,20 +323,21 @@ class _FolderItems(torch.utils.data.Dataset):
         from PIL import Image, UnidentifiedImageError
 
         path, label = self.items[i]
+        bilinear = Image.Resampling.BILINEAR
         try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")
+            with Image.open(path) as file:
+                img = file.convert("RGB")
                 if self.train:
                     rng = random.Random(hash((self.seed, self.epoch, i)))
                     box = random_resized_crop_box(img.width, img.height, rng)
-                    img = img.resize((self.size, self.size), Image.BILINEAR, box=box)
+                    img = img.resize((self.size, self.size), bilinear, box=box)
                     if rng.random() < 0.5:
-                        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+                        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
                 else:
                     short = round(self.size / 0.875)  # 256 for 224
                     scale = short / min(img.width, img.height)
                     img = img.resize((max(short, round(img.width * scale)),
-                                      max(short, round(img.height * scale))), Image.BILINEAR)
+                                      max(short, round(img.height * scale))), bilinear)
                     left = (img.width - self.size) // 2
                     top = (img.height - self.size) // 2
                     img = img.crop((left, top, left + self.size, top + self.size))
@@ -352,6 +354,13 @@ def _collate(batch: list[Any]) -> tuple[torch.Tensor, torch.Tensor, int]:
     x = torch.stack([b[0] for b in good])
     y = torch.tensor([b[1] for b in good], dtype=torch.long)
     return x, y, len(batch) - len(good)
+
+
+def _worker_init(rank_pid: int, _worker_id: int) -> None:
+    """A data-loading worker dies with its rank, even when the rank is killed outright."""
+    from automlperf.procutil import die_with_parent
+
+    die_with_parent(rank_pid)
 
 
 class _ShardSampler(torch.utils.data.Sampler[int]):
@@ -392,7 +401,8 @@ class ImageFolderDataset(Dataset):
             sampler=_ShardSampler(shard(len(items), rank, world, split, epoch, seed)),
             num_workers=self.workers, collate_fn=_collate, pin_memory=device.type == "cuda",
             prefetch_factor=4 if self.workers else None,
-            persistent_workers=False, multiprocessing_context="fork" if self.workers else None)
+            persistent_workers=False, multiprocessing_context="fork" if self.workers else None,
+            worker_init_fn=functools.partial(_worker_init, os.getpid()) if self.workers else None)
         mean, std = self._mean.to(device), self._std.to(device)
         for x, y, bad in loader:
             self.skipped += bad
@@ -424,7 +434,7 @@ class DaliImageFolderDataset(ImageFolderDataset):
 
         @pipeline_def(batch_size=batch_size, num_threads=max(1, self.workers),
                       device_id=device.index or 0, seed=seed + epoch)
-        def pipe():  # type: ignore[no-untyped-def]
+        def pipe():
             jpegs, lab = fn.readers.file(files=files, labels=labels, random_shuffle=False,
                                          name="reader")
             if train:

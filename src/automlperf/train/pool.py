@@ -99,9 +99,11 @@ def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
 
 
 def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
-               data: dict[str, Any], conn: Connection) -> None:
-    die_with_parent()
-    # Ranks stop when the parent says so or kills them; Ctrl-C goes to the parent.
+               data: dict[str, Any], conn: Connection, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    # Ranks stop when the parent says so or kills them; Ctrl-C goes to the parent. Their
+    # data-loading workers inherit this, so a Ctrl-C in a terminal does not tear the
+    # pipeline down under a trial the parent is about to stop in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import torch
@@ -196,11 +198,15 @@ class DevicePool:
         ctx = mp.get_context("spawn")
         port = _free_port()
         self._ranks = []
-        for rank, device in enumerate(self.devices):
+        for index, device in enumerate(self.devices):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, name=f"automlperf-rank{rank}", daemon=True,
-                               args=(rank, self.world, port, device, self.threads_per_rank,
-                                     self.data.__dict__, child))
+            # Not daemonic: a daemonic process may not start children, and a rank must be
+            # able to start data-loading workers. Ranks still never outlive the pool: each
+            # asks the kernel to kill it when this process dies (die_with_parent), and
+            # close() and kill() end them otherwise.
+            proc = ctx.Process(target=_rank_main, name=f"automlperf-rank{index}", daemon=False,
+                               args=(index, self.world, port, device, self.threads_per_rank,
+                                     self.data.__dict__, child, os.getpid()))
             proc.start()
             child.close()
             self._ranks.append(_Rank(proc, parent))
@@ -228,9 +234,10 @@ class DevicePool:
             if time.monotonic() > deadline:
                 self.close()
                 raise PoolError(f"training processes did not start in {self.start_timeout_s:.0f} s")
-        self.description = {"dataset": self._ranks[0].done["dataset"],
-                            "devices": [r.done["device"] for r in self._ranks],
-                            "uuids": [r.done["uuid"] for r in self._ranks if r.done["uuid"]]}
+        hello = [r.done or {} for r in self._ranks]
+        self.description = {"dataset": hello[0]["dataset"],
+                            "devices": [h["device"] for h in hello],
+                            "uuids": [h["uuid"] for h in hello if h["uuid"]]}
         for rank in self._ranks:
             rank.done = None
 
@@ -266,10 +273,11 @@ class DevicePool:
                                                 f"code {code}", batch_size=spec.batch_size,
                                                 extra={"failure": "crash"})
             outcomes = [r.done for r in self._ranks]
-            if all(o is not None for o in outcomes):
-                first_bad = next((o for o in outcomes if o["status"] != "completed"), None)
-                return TrialOutcome(**(first_bad or outcomes[0]))
-            if any(o is not None and o["status"] != "completed" for o in outcomes):
+            finished = [o for o in outcomes if o is not None]
+            if len(finished) == len(outcomes):
+                first_bad = next((o for o in finished if o["status"] != "completed"), None)
+                return TrialOutcome(**(first_bad or finished[0]))
+            if any(o["status"] != "completed" for o in finished):
                 # One rank failed; the others may wait forever in a collective.
                 failed_at = failed_at or time.monotonic()
                 if time.monotonic() - failed_at > self.failure_grace_s:
@@ -309,6 +317,11 @@ class DevicePool:
     def ensure_running(self) -> None:
         if not self._ranks:
             self._start()
+
+    def kill(self) -> None:
+        """End every rank now (Ctrl-C): what they reported stays reported."""
+        self._kill()
+        self._ranks = []
 
     def close(self) -> None:
         for rank in self._ranks:

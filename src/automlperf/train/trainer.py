@@ -119,7 +119,8 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
 
 
 def _optimizer(module: nn.Module, spec: TrialSpec, lr: float) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in module.parameters():
         (decay if p.ndim > 1 else no_decay).append(p)  # no decay on BN and biases
     return torch.optim.SGD([{"params": decay, "weight_decay": spec.weight_decay},
@@ -186,7 +187,8 @@ class _Run:
         self.channels_last = (spec.channels_last if spec.channels_last is not None
                               else self.device.type == "cuda")
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        self.module = _initial_module(spec, graph).to(self.device, memory_format=self.memory_format)
+        self.module = _initial_module(spec, graph).to(self.device,
+                                                      memory_format=self.memory_format)  # type: ignore[call-overload]
         self.per_rank = spec.batch_size // ctx.world
         self.batch = self.per_rank * ctx.world
         self.ops = count(graph, batch_size=self.batch)
@@ -197,7 +199,7 @@ class _Run:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total, warmup))
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
-        runner: nn.Module = torch.compile(self.module) if spec.compile else self.module
+        runner: Any = torch.compile(self.module) if spec.compile else self.module
         if ctx.distributed:
             runner = nn.parallel.DistributedDataParallel(
                 runner, device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -232,7 +234,9 @@ class _Run:
                 images += len(y)
                 steps += 1
                 now = time.perf_counter()
-                if now - last_report > 0.5:
+                # The first step reports at once (a progress bar moves from the start), then
+                # at most twice a second.
+                if steps == 1 or now - last_report > 0.5:
                     last_report = now
                     emit("progress", {"trial_id": self.spec.trial_id, "epoch": epoch,
                                       "step": steps, "steps": self.steps_per_epoch,
@@ -302,13 +306,14 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
     for epoch in range(spec.epochs):
         started = time.time()
         skipped_before = data.skipped
-        loss_sum, images, steps, wait, seconds = run.train_epoch(epoch, emit)
-        correct, seen = run.validate()
-        loss_sum, images, correct, seen, skipped, wait = _reduce(
-            [loss_sum, images, correct, seen, data.skipped - skipped_before, wait], ctx)
+        local_loss, local_images, local_steps, local_wait, seconds = run.train_epoch(epoch, emit)
+        local_correct, local_seen = run.validate()
+        loss_sum, n_images, n_correct, n_seen, skipped, wait = _reduce(
+            [local_loss, local_images, local_correct, local_seen,
+             data.skipped - skipped_before, local_wait], ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
-        (steps,) = _reduce([steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
-        images, seen, steps = int(images), int(seen), int(steps)
+        (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
+        images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
         if not math.isfinite(loss_sum):
             raise TrialFailure("nan", f"the training loss became non-finite in epoch {epoch}")
         accuracy = correct / seen if seen else 0.0
