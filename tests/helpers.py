@@ -1,13 +1,22 @@
 """Helpers shared by the end-to-end tests."""
 
+import os
 import subprocess
 import sys
+import time
+import uuid
+
+MARK = "AUTOMLPERF_TEST_MARK"
 
 
-def cli(*args, env=None, timeout=180):
+def cli(*args, env=None, timeout=600):
     """Run the automlperf command line as a user would, in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "automlperf.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def cli_args(*args):
+    return [sys.executable, "-m", "automlperf.cli", *map(str, args)]
 
 
 def fast_config(**run) -> str:
@@ -27,3 +36,70 @@ tpe_startup_trials = 1
 [monitor]
 interval_s = 1
 """
+
+
+def folder_config(data_dir, workers=1, image_size=32, **run) -> str:
+    """A configuration for an ImageNet-layout folder of JPEGs, decoded by ``workers``
+    data-loading processes per rank, trained small: 1-epoch rounds of the small seed."""
+    settings = {"heartbeat_s": 1, "lease_timeout_s": 6, **run}
+    lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
+    return "\n".join(lines) + f"""
+[data]
+dataset = "imagenet"
+data_dir = "{data_dir}"
+image_size = {image_size}
+workers = {workers}
+[model]
+seed_model = "resnet_small"
+[train]
+max_epochs = 4
+batch_size = 16
+[search]
+tpe_startup_trials = 1
+[monitor]
+interval_s = 1
+"""
+
+
+def marked_env(**extra):
+    """An environment whose mark every process started from it inherits (replicas, training
+    ranks, data-loading workers, samplers), so a test can find any that outlive a run."""
+    mark = uuid.uuid4().hex
+    return dict(os.environ, **{MARK: mark}, **extra), mark
+
+
+def marked_processes(mark):
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(MARK) == mark:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_for(predicate, timeout, what, every=0.5):
+    """Wait for a condition; the limit is generous and only guards against a hang."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_no_strays(mark, timeout=120):
+    """Every process of a run ends with it (the limit covers replicas that notice a dead
+    primary by its silence, after their lease)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = marked_processes(mark)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("processes outlived the run: " + "; ".join(
+                f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left))
+        time.sleep(0.5)

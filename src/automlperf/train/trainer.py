@@ -307,10 +307,12 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         started = time.time()
         skipped_before = data.skipped
         local_loss, local_images, local_steps, local_wait, seconds = run.train_epoch(epoch, emit)
+        # Unreadable training images (validation images that cannot be read are simply not
+        # validated): what `check` needs to tie steps to images.
+        local_skipped = data.skipped - skipped_before
         local_correct, local_seen = run.validate()
         loss_sum, n_images, n_correct, n_seen, skipped, wait = _reduce(
-            [local_loss, local_images, local_correct, local_seen,
-             data.skipped - skipped_before, local_wait], ctx)
+            [local_loss, local_images, local_correct, local_seen, local_skipped, local_wait], ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
         (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
         images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
