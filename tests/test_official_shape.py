@@ -14,6 +14,7 @@ from imagefolder import photo
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(3600)  # minutes on an idle 2-core machine; a guard against a hang only
 def test_resnet50_at_224_on_a_thousand_class_tree(tmp_path):
     src = photo().resize((64, 64))
     for split, classes in (("train", 1000), ("val", 50)):
