@@ -180,7 +180,7 @@ class SQLStore(Store):
             result = conn.execute(T_RUNS.insert().values(
                 name=name, created_at=now, duration_s=duration_s, config=json.dumps(config),
                 system=json.dumps(system)))
-            return int(result.inserted_primary_key[0])
+            return _new_id(result)
 
     @retrying
     def run(self, run_id: int) -> dict[str, Any]:
@@ -231,7 +231,7 @@ class SQLStore(Store):
                 run_id=run_id, idx=index, segment=segment, host=host, pid=pid,
                 devices=json.dumps(devices), started_at=now, last_heartbeat=now,
                 status=RUNNING, reason=""))
-            return int(result.inserted_primary_key[0])
+            return _new_id(result)
 
     @retrying
     def heartbeat(self, replica_id: int, now: float, lease_s: float) -> None:
@@ -272,7 +272,7 @@ class SQLStore(Store):
                     morphs=json.dumps(morphs), round=round_index, hparams=json.dumps(hparams),
                     status=RUNNING, reason="", created_at=now, lease_until=now + lease_s,
                     extra="{}"))
-                return int(result.inserted_primary_key[0])
+                return _new_id(result)
         except IntegrityError:
             return None  # another replica has this architecture
 
@@ -386,6 +386,14 @@ class SQLStore(Store):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _new_id(result: Any) -> int:
+    """The id the database gave the row just inserted."""
+    key = result.inserted_primary_key
+    if key is None:
+        raise StoreError("the database returned no id for a new row")
+    return int(key[0])
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

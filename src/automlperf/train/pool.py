@@ -9,6 +9,7 @@ so the replica is ready for the next trial.
 
 from __future__ import annotations
 
+import atexit
 import json
 import multiprocessing as mp
 import os
@@ -188,6 +189,9 @@ class DevicePool:
     def __post_init__(self) -> None:
         if not self.devices:
             raise PoolError("no devices to train on")
+        # Ranks are not daemonic, so at exit multiprocessing would wait for them: a pool that
+        # an error or Ctrl-C left open must kill them first (handlers run last-in, first-out).
+        atexit.register(self.kill)
         self._start()
 
     @property
@@ -333,6 +337,7 @@ class DevicePool:
             rank.process.join(timeout=15)
         self._kill()
         self._ranks = []
+        atexit.unregister(self.kill)
 
     def __enter__(self) -> DevicePool:
         return self
