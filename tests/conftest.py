@@ -108,7 +108,7 @@ def slurm_cluster(tmp_path_factory):
     subprocess.run([sbin + "slurmctld", "-f", str(conf)], env=env, check=True)
     for node in ("n1", "n2"):
         subprocess.run([sbin + "slurmd", "-f", str(conf), "-N", node], env=env, check=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a guard: slurmd starts in seconds when idle
     while time.monotonic() < deadline:
         state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True)
         if state.stdout.split() == ["idle"]:

@@ -207,12 +207,17 @@ def test_urls(monkeypatch, tmp_path):
 
 
 def test_a_store_being_created_is_never_seen_half_made(tmp_path):
+    """A reader polls the file while it is created: it may find nothing or an empty file,
+    never a schema half made. The watcher says when it is polling, and stops once it has
+    opened the finished store (or after a guard of two minutes)."""
     path = tmp_path / "h.db"
     watcher = textwrap.dedent(f"""
         import os, time
         from automlperf.store import SchemaMismatch, StoreError, open_store
-        end, seen = time.time() + 3, set()
-        while time.time() < end:
+        seen = set()
+        print("polling", flush=True)
+        end = time.monotonic() + 120
+        while "ok" not in seen and time.monotonic() < end:
             if os.path.exists({str(path)!r}):
                 try:
                     open_store("sqlite:///{path}").close(); seen.add("ok")
@@ -223,7 +228,7 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path):
         print(sorted(seen))
     """)
     proc = subprocess.Popen([sys.executable, "-c", watcher], stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    assert proc.stdout.readline().strip() == "polling"
     open_store(f"sqlite:///{path}", create=True).create_run("r", {}, {}, 1.0, 1.0)
-    seen = proc.communicate(timeout=60)[0]
+    seen = proc.communicate(timeout=300)[0]
     assert "half-made" not in seen and "ok" in seen
