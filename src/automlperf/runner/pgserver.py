@@ -163,7 +163,10 @@ class PostgresServer:
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
             try:
-                self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+                # Wait for the server to be gone, however loaded the machine: whoever comes
+                # next (a job's end, `check`) relies on it.
+                self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "600",
+                          "stop", timeout=660)
             except PostgresError:
                 pass
         shutil.rmtree(self.socket_dir, ignore_errors=True)

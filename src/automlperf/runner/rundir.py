@@ -100,12 +100,16 @@ def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
     private = rd.path / "postgres"
     url = rd.store_url(explicit)
     server = None
-    if (explicit is None and url and (private / "pgdata").exists()
-            and not (private / "pgdata" / "postmaster.pid").exists()):
-        from automlperf.runner.pgserver import PostgresServer
+    if explicit is None and url and (private / "pgdata").exists():
+        if (private / "pgdata" / "postmaster.pid").exists():
+            # Its server is up (the job still runs, or is stopping it): the password is in
+            # the file only the run's owner can read.
+            url = resolve_store_url(url, password_file=private / "pg.password")
+        else:
+            from automlperf.runner.pgserver import PostgresServer
 
-        server = PostgresServer(private)
-        url = server.start()
+            server = PostgresServer(private)
+            url = server.start()
     try:
         store = open_store(url, run_dir=rd.path)
         try:

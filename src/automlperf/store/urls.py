@@ -30,16 +30,19 @@ def redact(text: str) -> str:
     return _QUERY_SECRET.sub(r"\1***", text)
 
 
-def resolve_store_url(url: str | None) -> str | None:
+def resolve_store_url(url: str | None, password_file: Path | None = None) -> str | None:
     """The store URL from the option, else the environment; a password missing from the URL
     is taken from AUTOMLPERF_STORE_PASSWORD or the file named by
-    AUTOMLPERF_STORE_PASSWORD_FILE, so it need not appear on a command line."""
+    AUTOMLPERF_STORE_PASSWORD_FILE (or by ``password_file``), so it need not appear on a
+    command line."""
     url = url or os.environ.get(STORE_ENV)
     if not url or url.startswith("sqlite") or "://" not in url:
         return url
     password = os.environ.get(PASSWORD_ENV)
     if password is None and os.environ.get(PASSWORD_FILE_ENV):
-        password = Path(os.environ[PASSWORD_FILE_ENV]).read_text().strip()
+        password_file = Path(os.environ[PASSWORD_FILE_ENV])
+    if password is None and password_file is not None and password_file.exists():
+        password = password_file.read_text().strip()
     match = _CREDENTIALS.match(url)
     if password is not None and match and match["pw"] is None:
         from urllib.parse import quote
