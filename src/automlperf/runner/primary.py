@@ -92,11 +92,10 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
     return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
 
 
-def record_origin(config: Config) -> dict[str, Any]:
+def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, Any]:
     """What a new run records beside the system description: the ruleset it is judged by,
     its provenance, and the identity of its data (scanned once, here). An official run on
     data that is not the ruleset's dataset is refused before anything is written."""
-    ruleset = rules.CURRENT
     config.check_official()
     identity = None
     if config.data.dataset == ruleset.dataset.name and config.data.data_dir is not None:
