@@ -25,7 +25,7 @@ def main() -> None:
         print(f"{k:>3} {100 * sum(values) / places:7.2f}% {100 * min(values):7.2f}% "
               f"{100 * max(values):7.2f}%")
     print("by place (k=5/k=7):", dict(Counter(f"{100 * a:.1f}%/{100 * b:.1f}%"
-                                              for a, b in zip(over[5], over[7]))))
+                                              for a, b in zip(over[5], over[7], strict=True))))
     print(json.dumps({"bench": "kernel_count", "places": places,
                       **{f"k{k}_mean": sum(v) / places for k, v in over.items()},
                       **{f"k{k}_min": min(v) for k, v in over.items()},

@@ -31,7 +31,7 @@ def other_value(name, official):
 
 def test_every_fixed_setting_exists_and_defaults_to_its_official_value():
     settings = Config().settings()
-    for name, official in FIXED.items():
+    for name in FIXED:
         assert name in settings, f"{name} is fixed by the ruleset but not a setting"
     assert Config().fixed_changes() == []
 

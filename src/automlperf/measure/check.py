@@ -195,7 +195,7 @@ def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[st
     mine_b, theirs_b = recorded.get("time_breakdown") or {}, fresh["time_breakdown"]
     for label, a, b in [("total", mine_b.get("total", {}), theirs_b["total"])] + [
             (f"replica {r.get('replica')}", r, f) for r, f in
-            zip(mine_b.get("replicas", []), theirs_b["replicas"])]:
+            zip(mine_b.get("replicas", []), theirs_b["replicas"], strict=False)]:
         for part in (*PARTS, "session_s"):
             if not _same(a.get(part), b.get(part)):
                 bad.append(f"result.json: time_breakdown {label} {part} is {a.get(part)!r}, "

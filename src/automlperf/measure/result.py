@@ -104,6 +104,9 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         ceiling = None
     status = Counter(t.status for t in trials)
     best = next((t for t in trials if t.id == scored["best_trial"]), None)
+    accelerators = {a["name"] for a in system.get("accelerators", [])}
+    accelerators |= {a["name"] for n in described
+                     for a in n.get("system", {}).get("accelerators", [])}
     return {
         "schema_version": RESULT_SCHEMA_VERSION,
         "generated_at": time.time(),
@@ -136,9 +139,7 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         "started_at": segments[0].started_at if segments else run["created_at"],
         "duration_s": run["duration_s"],
         "system": {"host": system.get("host"), "cpu": system.get("cpu", {}).get("model"),
-                   "accelerators": sorted({a["name"] for a in system.get("accelerators", [])}
-                                          | {a["name"] for n in described
-                                             for a in n.get("system", {}).get("accelerators", [])})},
+                   "accelerators": sorted(accelerators)},
     }
 
 
