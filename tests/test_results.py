@@ -208,6 +208,6 @@ def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     assert node["ceiling"][0]["precision"] == "fp32" and node["ceiling_ops"] > 0
     assert result["fraction_of_ceiling"] == pytest.approx(result["score"] / result["ceiling_ops"])
     parts = result["time_breakdown"]["total"]
-    assert parts["training_s"] > 0 and parts["session_s"] == pytest.approx(result["elapsed_s"])
+    assert parts["session_s"] == pytest.approx(result["elapsed_s"])
     assert sum(v for k, v in parts.items() if k not in ("session_s", "data_wait_s")) == \
         pytest.approx(parts["session_s"])

@@ -188,6 +188,8 @@ class SearchConfig(_Section):
 
 class MonitorConfig(_Section):
     interval_s: float = Field(30.0, gt=0, description="Resource sampling period, seconds.")
+    ceiling_s: float = Field(2.0, ge=0.05, le=60, description="How long each replica measures "
+                             "its devices' dense matrix-multiply rate at start, seconds.")
 
 
 class Config(_Section):

@@ -77,8 +77,20 @@ def measure_node(devices: list[str], precision: str, threads: int,
 
 def run_measurement(devices: list[str], precision: str, threads: int,
                     seconds: float = 2.0, timeout_s: float = 300.0) -> dict[str, Any]:
-    """:func:`measure_node` in a process of its own; an error is reported, not raised (a
-    node without a ceiling still trains and scores)."""
+    """:func:`measure_node`; an error is reported, not raised (a node without a ceiling still
+    trains and scores). CPU ranks are measured in this process (torch is loaded already and
+    the thread setting is restored); GPUs in a process of their own, so that no GPU context
+    stays behind."""
+    if all(d == "cpu" for d in devices):
+        import torch
+
+        before = torch.get_num_threads()
+        try:
+            return measure_node(devices, precision, threads, seconds)
+        except Exception as exc:  # noqa: BLE001 - reported in the node's description
+            return {"devices": devices, "error": f"the measurement failed: {exc}"}
+        finally:
+            torch.set_num_threads(before)
     cmd = [sys.executable, "-m", "automlperf.measure.ceiling", "--devices", ",".join(devices),
            "--precision", precision, "--threads", str(threads), "--seconds", str(seconds)]
     try:

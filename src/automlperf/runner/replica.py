@@ -151,7 +151,7 @@ class Replica:
         from automlperf.measure.ceiling import run_measurement
 
         found = run_measurement(self.devices, self.config.train.precision,
-                                self.threads * len(self.devices))
+                                self.threads * len(self.devices), self.config.monitor.ceiling_s)
         ceiling = found.get("ceiling_ops")
         log.info("replica %d: measured ceiling %s", self.index,
                  f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
