@@ -31,12 +31,14 @@ def dataset_is_official(config: Config, graph_jsons: list[str],
     """(official, why not): the data folder was identified as the ruleset's dataset when the
     run started, and the trained graphs show it was fed at the official size."""
     ds = ruleset.dataset
-    if config.data.dataset != ds.name or not graph_jsons:
+    if config.data.dataset != ds.name:
         return False, None
     if identity is None:
         return False, "the data folder was not identified"
     if identity.get("problems"):
         return False, "; ".join(identity["problems"])
+    if not graph_jsons:
+        return False, "no trial completed an epoch"
     size = [ds.image_size, ds.image_size]
     if not all(shape[1:] == size and classes == ds.num_classes
                for shape, classes in map(_input_and_classes, graph_jsons)):
