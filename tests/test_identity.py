@@ -28,7 +28,15 @@ def tiny_jpeg(path):
 def make_tree(root, per_class=(2, 1), flat_val=False, classes=WNIDS, counts=None):
     """train/<wnid>/ and val/<wnid>/ (or flat val/ + LOC_val_solution.csv), hard-linked.
     ``counts`` overrides per_class with exact totals spread over the classes."""
-    src = tiny_jpeg(root.parent / f"{root.name}-src.JPEG")
+    sources = []
+
+    def link(dst):
+        # ext4 allows 65,000 links to one file: start a new source file well before that.
+        if not sources or sources[-1][1] >= 60_000:
+            sources.append([tiny_jpeg(root.parent / f"{root.name}-src{len(sources)}.JPEG"), 0])
+        os.link(sources[-1][0], dst)
+        sources[-1][1] += 1
+
     n_train, n_val = counts or (per_class[0] * len(classes), per_class[1] * len(classes))
     (root / "train").mkdir(parents=True)
     (root / "val").mkdir()
@@ -38,16 +46,16 @@ def make_tree(root, per_class=(2, 1), flat_val=False, classes=WNIDS, counts=None
             (root / "val" / c).mkdir()
     for i in range(n_train):
         c = classes[i % len(classes)]
-        os.link(src, root / "train" / c / f"{c}_{i}.JPEG")
+        link(root / "train" / c / f"{c}_{i}.JPEG")
     rows = ["ImageId,PredictionString"]
     for i in range(n_val):
         c = classes[i % len(classes)]
         name = f"ILSVRC2012_val_{i + 1:08d}"
         if flat_val:
-            os.link(src, root / "val" / f"{name}.JPEG")
+            link(root / "val" / f"{name}.JPEG")
             rows.append(f"{name},{c} 1 2 3 4 {c} 5 6 7 8")
         else:
-            os.link(src, root / "val" / c / f"{name}.JPEG")
+            link(root / "val" / c / f"{name}.JPEG")
     if flat_val:
         (root / KAGGLE_LABELS).write_text("\n".join(rows) + "\n")
     return root
