@@ -45,8 +45,11 @@ def test_an_official_run_on_a_near_miss_is_refused(tmp_path, kind, named):
 def test_an_unreadable_layout_is_refused_in_one_line(tmp_path):
     root = make_tree(tmp_path / "imagenet")
     (root / "val").rename(root / "validation")
-    with pytest.raises(ConfigError, match="val not found"):
+    with pytest.raises(ConfigError, match="official run refused: .*val not found"):
         record_origin(official(root), SMALL_RULES)
+    unofficial = Config.parse({"data": {"data_dir": str(root)}})
+    assert "val not found" in record_origin(unofficial, SMALL_RULES)["dataset_identity"][
+        "problems"][0]
 
 
 @pytest.mark.slow

@@ -102,7 +102,11 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dic
         try:
             identity = identify(config.data.data_dir, ruleset.dataset)
         except DatasetIdentityError as exc:
-            raise ConfigError(str(exc)) from None
+            if config.run.official:
+                raise ConfigError(f"official run refused: {exc}") from None
+            # An unofficial run goes on; its replicas say why they cannot read the data.
+            identity = {"layout": None, "classes": 0, "train_images": 0, "val_images": 0,
+                        "files": 0, "fingerprint": None, "problems": [str(exc)]}
         if config.run.official and identity["problems"]:
             raise ConfigError(f"official run refused: {config.data.data_dir} is not "
                               f"{ruleset.dataset.name} as ruleset {ruleset.id} defines it: "
