@@ -35,6 +35,7 @@ batch_size = 128
 tpe_startup_trials = 1
 [monitor]
 interval_s = 1
+ceiling_s = 0.3
 """
 
 

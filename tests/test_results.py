@@ -179,3 +179,35 @@ def test_info_describes_the_system():
     assert desc["cpu"]["logical_cores"] >= 1 and desc["memory_gib"] > 0
     assert desc["software"]["torch"] and "accelerators" in desc
     assert "CPU" in CliRunner().invoke(app, ["info"]).output
+
+
+@pytest.mark.parametrize("edit,named", [
+    (lambda r: r.update(ruleset="aiperf-2099.1"), "unknown ruleset 'aiperf-2099.1'"),
+    (lambda r: r["provenance"]["packages"].update(torch="9.9.9"), "provenance differs"),
+    (lambda r: r["provenance"].update(source_hash="sha256:0"), "provenance differs"),
+    (lambda r: r["node_descriptions"][0].update(ceiling_ops=1.0), "node_descriptions differs"),
+    (lambda r: r.update(fraction_of_ceiling=0.99), "fraction_of_ceiling is"),
+    (lambda r: r["time_breakdown"]["total"].update(training_s=1e6), "time_breakdown total"),
+])
+def test_check_catches_edited_records(run_dir, tmp_path, edit, named):
+    copy = tampered(run_dir, tmp_path)
+    result = json.loads((copy / "result.json").read_text())
+    edit(result)
+    (copy / "result.json").write_text(json.dumps(result))
+    done = cli("check", copy)
+    assert done.returncode == 1 and named in done.stdout, done.stdout
+
+
+def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
+    result = read_result(run_dir / "result.json")
+    assert result["ruleset"] == "aiperf-2021.1"
+    prov = result["provenance"]
+    assert prov["source_hash"].startswith("sha256:") and "torch" in prov["packages"]
+    assert (prov["git"] or {}).get("commit") or prov["git"] is None
+    node = result["node_descriptions"][0]
+    assert node["ceiling"][0]["precision"] == "fp32" and node["ceiling_ops"] > 0
+    assert result["fraction_of_ceiling"] == pytest.approx(result["score"] / result["ceiling_ops"])
+    parts = result["time_breakdown"]["total"]
+    assert parts["session_s"] == pytest.approx(result["elapsed_s"])
+    assert sum(v for k, v in parts.items() if k not in ("session_s", "data_wait_s")) == \
+        pytest.approx(parts["session_s"])

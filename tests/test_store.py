@@ -129,6 +129,17 @@ class TestStoreContract:
         store.add_samples(run_id, "node2", [])
         assert [(s["t"], s["node"]) for s in store.samples(run_id)] == [(1.0, "node1"), (2.0, "node1")]
 
+    def test_node_descriptions(self, store, run):
+        run_id, seg, _ = run
+        assert store.nodes(run_id) == []
+        store.record_node(run_id, 1, seg, "node2", {"ceiling_ops": 2.0, "devices": ["cuda:0"]},
+                          1002.0)
+        store.record_node(run_id, 0, seg, "node1", {"ceiling_ops": 1.0, "devices": ["cpu"]},
+                          1001.0)
+        nodes = store.nodes(run_id)
+        assert [(n["host"], n["replica_index"], n["segment"], n["ceiling_ops"]) for n in nodes] \
+            == [("node1", 0, seg, 1.0), ("node2", 1, seg, 2.0)]
+
     def test_eight_processes_writing_at_once_lose_nothing(self, store, store_url, run):
         run_id, seg, _ = run
         script = textwrap.dedent(f"""
@@ -232,3 +243,20 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path):
     open_store(f"sqlite:///{path}", create=True).create_run("r", {}, {}, 1.0, 1.0)
     seen = proc.communicate(timeout=300)[0]
     assert "half-made" not in seen and "ok" in seen
+
+
+def test_a_store_from_before_node_descriptions_gets_their_table(tmp_path):
+    """Schema 1 stores made without the nodes table still open, and gain it."""
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = open_store(url, create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    s.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE amp_nodes")
+    engine.dispose()
+    s = open_store(url)
+    assert s.nodes(run_id) == [] and s.run(run_id)["name"] == "r"
+    s.close()

@@ -2,8 +2,9 @@
 
 Defaults follow the official rules (ImageNet, ResNet-50, 60 epochs). Each dataset has a preset
 that changes only customisable settings plus the fixed ones that an unofficial dataset implies
-(image size, seed model); ``Config.for_dataset`` applies it. Settings marked *fixed* must keep
-their official value in an official run; :meth:`Config.fixed_changes` names any that differ.
+(image size, seed model); ``Config.for_dataset`` applies it. Settings the ruleset (:mod:`automlperf.rules`)
+fixes must keep their official value in an official run; :meth:`Config.fixed_changes` names
+any that differ.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from automlperf import rules
+
 Dataset = Literal["imagenet", "cifar10", "builtin", "synthetic"]
+# "auto" and the ruleset's allowed precisions (a test keeps the two in step).
 Precision = Literal["auto", "bf16", "fp16", "tf32", "fp32"]
-BELOW_16_BIT = {"fp8", "e4m3", "e5m2", "int8", "int4", "fp4", "uint8", "int16"}
 
 
 class ConfigError(ValueError):
@@ -125,9 +128,10 @@ class TrainConfig(_Section):
     @field_validator("precision", mode="before")
     @classmethod
     def _precision(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.lower() in BELOW_16_BIT:
-            raise ValueError(f"{value!r} is below the 16-bit floating point minimum; "
-                             "use bf16, fp16, tf32 or fp32")
+        allowed = rules.CURRENT.allowed_precisions
+        if isinstance(value, str) and value.lower() not in ("auto", *allowed):
+            raise ValueError(f"{value!r} is below the 16-bit floating point minimum or not a "
+                             f"precision; use auto, {', '.join(allowed)}")
         return value
 
     @field_validator("warmup_round_fractions")
@@ -184,6 +188,8 @@ class SearchConfig(_Section):
 
 class MonitorConfig(_Section):
     interval_s: float = Field(30.0, gt=0, description="Resource sampling period, seconds.")
+    ceiling_s: float = Field(2.0, ge=0.05, le=60, description="How long each replica measures "
+                             "its devices' dense matrix-multiply rate at start, seconds.")
 
 
 class Config(_Section):
@@ -234,15 +240,14 @@ class Config(_Section):
         return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
 
     # --- rules --------------------------------------------------------------------------
-    def fixed_changes(self) -> list[str]:
-        """Fixed settings (design Table 4) whose value differs from the official one."""
-        changes = []
-        for dotted, official in FIXED.items():
-            section, key = dotted.split(".")
-            value = getattr(getattr(self, section), key)
-            if value != official:
-                changes.append(f"{dotted} = {value!r} (official: {official!r})")
-        return changes
+    def settings(self) -> dict[str, Any]:
+        """Every setting by dotted name, as JSON values."""
+        return {f"{s}.{k}": v for s, sec in self.model_dump(mode="json").items()
+                for k, v in sec.items()}
+
+    def fixed_changes(self, ruleset: rules.Ruleset = rules.CURRENT) -> list[str]:
+        """Settings the ruleset fixes whose value differs from the official one."""
+        return ruleset.fixed_changes(self.settings())
 
     def check_official(self) -> None:
         changes = self.fixed_changes()
@@ -258,15 +263,7 @@ class Config(_Section):
                 if base[s].get(k) != v}
 
 
-FIXED: dict[str, Any] = {
-    "data.dataset": "imagenet",
-    "data.image_size": 224,
-    "model.seed_model": "resnet50",
-    "search.nas": "network_morphism",
-    "search.hpo": "tpe",
-    "search.hpo_start_round": 3,
-    "search.beta": 2.576,
-}
+FIXED = rules.CURRENT.fixed
 
 # Customisable (and dataset-implied) settings per dataset; everything else keeps its default.
 PRESETS: dict[str, dict[str, Any]] = {

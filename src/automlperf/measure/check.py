@@ -8,7 +8,10 @@ What is checked:
 * the store's epochs and each trial's own log (trials/<id>/log.jsonl) agree;
 * the configuration file is the one the run was started with;
 * result.json's score, regulated score, accuracy, totals, timeline, validity and violations
-  equal a fresh computation.
+  equal a fresh computation under the ruleset the result names (an unknown one is refused);
+* result.json's ruleset id, dataset identity, provenance, node descriptions, peak, measured
+  ceiling and time breakdown equal what the run recorded in its store, and the data folder,
+  when reachable, still has the fingerprint recorded at the start.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from automlperf import rules
 from automlperf.config import Config
+from automlperf.measure.breakdown import PARTS
+from automlperf.measure.identity import DatasetIdentityError, scan
+from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
 from automlperf.measure.result import build_result
 from automlperf.ops import count, epoch_ops
@@ -29,7 +36,10 @@ from automlperf.store import Store
 from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
-            "epochs", "train_images", "val_images", "best_trial", "official", "valid", "trials")
+            "epochs", "train_images", "val_images", "best_trial", "official", "valid", "trials",
+            "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling")
+# Recorded wholesale; compared by digest, named when they differ.
+RECORDS = ("dataset_identity", "provenance", "node_descriptions")
 EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",
                 "world_size", "precision", "ended_at")
 
@@ -136,7 +146,22 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     except json.JSONDecodeError as exc:
         bad.append(f"{rd.result} is not valid JSON: {exc}")
         return report
+    if "ruleset" in recorded:  # results written before rulesets were named have none
+        try:
+            rules.get(recorded["ruleset"])
+        except rules.UnknownRuleset as exc:
+            bad.append(f"result.json: {exc}")
+        if recorded["ruleset"] != fresh["ruleset"]:
+            bad.append(f"result.json: ruleset is {recorded['ruleset']!r}, but the run was "
+                       f"started under {fresh['ruleset']!r}")
+        _check_records(recorded, fresh, bad)
+        _check_data(config, fresh, bad)
+        system_file = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+        if digest(system_file.get("provenance")) != digest(fresh.get("provenance")):
+            bad.append(f"{rd.system}: provenance differs from the one recorded in the store")
     for name in COMPARED:
+        if name not in recorded and name in ("peak_ops", "ceiling_ops", "fraction_of_ceiling"):
+            continue  # absent from results of earlier versions
         if not _same(recorded.get(name), fresh.get(name)):
             bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "
                        f"{fresh.get(name)!r}")
@@ -155,3 +180,42 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
                     bad.append(f"result.json: timeline at {b['hours']} h: {name} is "
                                f"{a.get(name)!r}, recomputed {b.get(name)!r}")
     return report
+
+
+def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:
+    for name in RECORDS:
+        mine, theirs = recorded.get(name), fresh.get(name)
+        if digest(mine) == digest(theirs):
+            continue
+        keys = sorted(k for k in set(mine or {}) | set(theirs or {})
+                      if (mine or {}).get(k) != (theirs or {}).get(k)) \
+            if isinstance(mine, dict) and isinstance(theirs, dict) else []
+        where = f" ({', '.join(keys[:5])})" if keys else ""
+        bad.append(f"result.json: {name} differs from what the run recorded{where}")
+    mine_b, theirs_b = recorded.get("time_breakdown") or {}, fresh["time_breakdown"]
+    for label, a, b in [("total", mine_b.get("total", {}), theirs_b["total"])] + [
+            (f"replica {r.get('replica')}", r, f) for r, f in
+            zip(mine_b.get("replicas", []), theirs_b["replicas"], strict=False)]:
+        for part in (*PARTS, "session_s"):
+            if not _same(a.get(part), b.get(part)):
+                bad.append(f"result.json: time_breakdown {label} {part} is {a.get(part)!r}, "
+                           f"recomputed {b.get(part)!r}")
+    if len(mine_b.get("replicas", [])) != len(theirs_b["replicas"]):
+        bad.append("result.json: time_breakdown lists a different number of replicas")
+
+
+def _check_data(config: Config, fresh: dict[str, Any], bad: list[str]) -> None:
+    """Rescan the data folder when it is reachable: it must be the data the run used."""
+    identity = fresh.get("dataset_identity")
+    folder = config.data.data_dir
+    if not identity or folder is None or not Path(folder).is_dir():
+        return
+    try:
+        now = scan(folder).fingerprint
+    except (DatasetIdentityError, OSError) as exc:
+        bad.append(f"{folder}: cannot rescan the data ({exc})")
+        return
+    if now != identity.get("fingerprint"):
+        bad.append(f"{folder}: the data's fingerprint is now {now}, but the run recorded "
+                   f"{identity.get('fingerprint')} (files were added, removed, renamed or "
+                   "changed)")

@@ -8,8 +8,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from automlperf import __version__
+from automlperf import __version__, rules
 from automlperf.config import Config
+from automlperf.measure.breakdown import breakdown
 from automlperf.measure.score import score_run
 from automlperf.store import Store
 
@@ -24,12 +25,40 @@ def _input_and_classes(graph_json: str) -> tuple[list[int], int]:
     return data["input_shape"], dense[-1]["out_channels"] if dense else 0
 
 
-def dataset_is_official(config: Config, graph_jsons: list[str]) -> bool:
-    """ImageNet-1k at 224x224: the trained graphs show what was actually fed."""
-    if config.data.dataset != "imagenet" or not graph_jsons:
-        return False
-    return all(shape[1:] == [224, 224] and classes == 1000
-               for shape, classes in map(_input_and_classes, graph_jsons))
+def dataset_is_official(config: Config, graph_jsons: list[str],
+                        identity: dict[str, Any] | None = None,
+                        ruleset: rules.Ruleset = rules.CURRENT) -> tuple[bool, str | None]:
+    """(official, why not): the data folder was identified as the ruleset's dataset when the
+    run started, and the trained graphs show it was fed at the official size."""
+    ds = ruleset.dataset
+    if config.data.dataset != ds.name:
+        return False, None
+    if identity is None:
+        return False, "the data folder was not identified"
+    if identity.get("problems"):
+        return False, "; ".join(identity["problems"])
+    if not graph_jsons:
+        return False, "no trial completed an epoch"
+    size = [ds.image_size, ds.image_size]
+    if not all(shape[1:] == size and classes == ds.num_classes
+               for shape, classes in map(_input_and_classes, graph_jsons)):
+        return False, f"the trained graphs were not fed {ds.image_size}x{ds.image_size} images"
+    return True, None
+
+
+def latest_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each replica's most recent node description (a resumed run measures again)."""
+    latest: dict[int, dict[str, Any]] = {}
+    for node in nodes:
+        latest[node["replica_index"]] = node
+    return [latest[k] for k in sorted(latest)]
+
+
+def owned_peak(node: dict[str, Any]) -> float | None:
+    """Sum of the cited peaks of the accelerators this replica trained on."""
+    accel = {f"cuda:{a['index']}": a for a in node.get("system", {}).get("accelerators", [])}
+    peaks = [accel[d].get("peak_ops") for d in node.get("devices", []) if d in accel]
+    return sum(p for p in peaks if p) if peaks and all(peaks) else None
 
 
 def build_result(store: Store, run_id: int, config: Config, system: dict[str, Any],
@@ -41,9 +70,14 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
     replicas = store.replicas(run_id)
     trained = [t.graph_json for t in trials if t.epochs_done]
     synthetic = config.data.dataset == "synthetic"
+    recorded = run["system"]  # what the run recorded in its store when it was created
+    ruleset = rules.get(recorded.get("ruleset"))
+    identity = recorded.get("dataset_identity")
+    official_data, why = dataset_is_official(config, trained, identity, ruleset)
     scored = score_run(epochs, segments, dataset=config.data.dataset,
-                       dataset_official=dataset_is_official(config, trained),
-                       fixed_changes=config.fixed_changes(), accuracy_counts=not synthetic)
+                       dataset_official=official_data, dataset_detail=why,
+                       fixed_changes=config.fixed_changes(ruleset), accuracy_counts=not synthetic,
+                       ruleset=ruleset)
     if synthetic:
         scored["violations"].append({"rule": "accuracy", "detail": "synthetic data: throughput "
                                      "only, no accuracy-based score"})
@@ -59,11 +93,22 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
     for rep in replicas:
         devices[(rep.host, rep.index)] = rep.devices
     device_count = sum(len(d) for d in devices.values())
-    peak = system.get("peak_ops_per_node")
     nodes = len({host for host, _ in devices}) or 1
-    total_peak = peak * nodes if peak else None
+    described = latest_nodes(store.nodes(run_id))
+    if described:
+        peaks = [owned_peak(n) for n in described]
+        total_peak = sum(p for p in peaks if p) if all(peaks) else None
+        ceilings = [n.get("ceiling_ops") for n in described]
+        ceiling = sum(c for c in ceilings if c) if all(ceilings) else None
+    else:  # a run from before nodes described themselves
+        peak = system.get("peak_ops_per_node")
+        total_peak = peak * nodes if peak else None
+        ceiling = None
     status = Counter(t.status for t in trials)
     best = next((t for t in trials if t.id == scored["best_trial"]), None)
+    accelerators = {a["name"] for a in system.get("accelerators", [])}
+    accelerators |= {a["name"] for n in described
+                     for a in n.get("system", {}).get("accelerators", [])}
     return {
         "schema_version": RESULT_SCHEMA_VERSION,
         "generated_at": time.time(),
@@ -85,12 +130,18 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         "ops_per_s_per_device": scored["score"] / device_count if device_count else None,
         "peak_ops": total_peak,
         "fraction_of_peak": scored["score"] / total_peak if total_peak else None,
+        "ceiling_ops": ceiling,
+        "fraction_of_ceiling": scored["score"] / ceiling if ceiling else None,
+        "time_breakdown": breakdown(epochs, trials, segments, store.samples(run_id)),
+        "dataset_identity": identity,
+        "provenance": recorded.get("provenance"),
+        "node_descriptions": described,
         "segments": [{"started_at": s.started_at, "ended_at": s.end,
                       "deadline_at": s.deadline_at} for s in segments],
         "started_at": segments[0].started_at if segments else run["created_at"],
         "duration_s": run["duration_s"],
         "system": {"host": system.get("host"), "cpu": system.get("cpu", {}).get("model"),
-                   "accelerators": sorted({a["name"] for a in system.get("accelerators", [])})},
+                   "accelerators": sorted(accelerators)},
     }
 
 

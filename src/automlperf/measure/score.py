@@ -16,11 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from automlperf import rules
+
 MARK_S = 360.0  # 0.1 hour
 MIN_ERROR = 1e-4  # accuracy 1.0 on a finite validation set: -ln(error) stays finite
-OFFICIAL_MIN_DURATION_S = 3600.0
-MAX_ERROR = 0.30
-ALLOWED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
 
 
 class EpochLike(Protocol):
@@ -116,35 +115,42 @@ def timeline(counted: Sequence[tuple[float, EpochLike]], elapsed_s: float,
 
 
 def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[str],
-               elapsed_s: float, precisions: Iterable[str],
-               error: float | None) -> tuple[bool, bool, list[dict[str, str]]]:
-    """(official, valid, violations): each rule of an official result, checked."""
+               elapsed_s: float, precisions: Iterable[str], error: float | None,
+               dataset_detail: str | None = None,
+               ruleset: rules.Ruleset = rules.CURRENT) -> tuple[bool, bool, list[dict[str, str]]]:
+    """(official, valid, violations): each rule of the ruleset, checked."""
     found: list[dict[str, str]] = []
-    if dataset != "imagenet" or not dataset_official:
-        found.append({"rule": "dataset", "detail": f"trained on {dataset}; an official result "
-                      "needs ImageNet-1k (1,000 classes) at 224x224"})
+    ds = ruleset.dataset
+    if dataset != ds.name or not dataset_official:
+        detail = (f"trained on {dataset}; an official result needs ImageNet-1k "
+                  f"({ds.num_classes:,} classes, {ds.train_images:,} training and "
+                  f"{ds.val_images:,} validation images) at {ds.image_size}x{ds.image_size}")
+        if dataset_detail:
+            detail += f": {dataset_detail}"
+        found.append({"rule": "dataset", "detail": detail})
     for change in fixed_changes:
         if not change.startswith(("data.dataset ",)):
             found.append({"rule": "fixed_setting", "detail": f"changed {change}"})
     official = not found
-    if elapsed_s < OFFICIAL_MIN_DURATION_S:
+    if elapsed_s < ruleset.min_duration_s:
         found.append({"rule": "duration", "detail": f"ran {elapsed_s / 60:.1f} min; the "
-                      f"minimum is {OFFICIAL_MIN_DURATION_S / 3600:.0f} h"})
-    low = sorted({p for p in precisions if p not in ALLOWED_PRECISIONS})
+                      f"minimum is {ruleset.min_duration_s / 3600:g} h"})
+    low = ruleset.precision_violations(set(precisions))
     if low:
-        found.append({"rule": "precision", "detail": f"trained in {', '.join(low)}; the "
-                      "minimum is 16-bit floating point"})
+        found.append({"rule": "precision", "detail": f"trained in {', '.join(low)}; allowed: "
+                      f"{', '.join(ruleset.allowed_precisions)}"})
     if error is None:
         found.append({"rule": "max_error", "detail": "no accuracy was measured"})
-    elif error > MAX_ERROR:
+    elif error > ruleset.max_error:
         found.append({"rule": "max_error", "detail": f"best error {100 * error:.1f} % is above "
-                      f"the {100 * MAX_ERROR:.0f} % maximum"})
+                      f"the {100 * ruleset.max_error:.0f} % maximum"})
     return official, official and not found, found
 
 
 def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, dataset: str,
               dataset_official: bool, fixed_changes: Sequence[str],
-              accuracy_counts: bool = True) -> dict[str, Any]:
+              accuracy_counts: bool = True, dataset_detail: str | None = None,
+              ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, Any]:
     """The figures of result.json that follow from epochs and sessions alone."""
     bounds = segment_bounds(segments)
     elapsed = bounds[-1][2] + bounds[-1][1] - bounds[-1][0] if bounds else 0.0
@@ -157,8 +163,10 @@ def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, d
     error = None if final.best_accuracy is None else 1.0 - final.best_accuracy
     official, valid, broken = violations(
         dataset=dataset, dataset_official=dataset_official, fixed_changes=fixed_changes,
-        elapsed_s=elapsed, precisions=[e.precision for _, e in counted], error=error)
+        elapsed_s=elapsed, precisions=[e.precision for _, e in counted], error=error,
+        dataset_detail=dataset_detail, ruleset=ruleset)
     return {
+        "ruleset": ruleset.id,
         "score": final.ops_per_s,
         "regulated_score": final.regulated,
         "best_accuracy": final.best_accuracy,

@@ -29,6 +29,13 @@ _env.filters["num"] = lambda v: "-" if v is None else f"{v:,}"
 _env.filters["when"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
+BREAKDOWN_LABELS = [("start_to_first_epoch_s", "start to first epoch"),
+                    ("training_s", "training"), ("data_wait_s", "of which data wait"),
+                    ("validation_s", "validation"), ("candidate_wait_s", "waiting for a candidate"),
+                    ("between_trials_s", "between epochs and trials"),
+                    ("lost_at_deadline_s", "lost at the deadline")]
+
+
 def _morph_text(morphs: list[dict[str, Any]]) -> str:
     parts = []
     for m in morphs:
@@ -41,6 +48,10 @@ def _morph_text(morphs: list[dict[str, Any]]) -> str:
     return ", ".join(parts) or "seed"
 
 
+def list_or(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _config_rows(config: Config) -> list[dict[str, Any]]:
     custom = config.customised()
     rows = []
@@ -49,7 +60,7 @@ def _config_rows(config: Config) -> list[dict[str, Any]]:
             name = f"{section}.{key}"
             rows.append({"name": name, "value": json.dumps(value),
                          "fixed": name in FIXED, "customised": name in custom,
-                         "changed_fixed": name in FIXED and value != FIXED[name]})
+                         "changed_fixed": name in FIXED and value != list_or(FIXED[name])})
     return rows
 
 
@@ -110,6 +121,9 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
         "series": list(series.values()), "rows": rows, "best_trial": best_trial,
         "best_graph": best_graph, "samples": samples, "start": start, "nodes": nodes,
         "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
+        "breakdown": result.get("time_breakdown"), "breakdown_parts": BREAKDOWN_LABELS,
+        "ceiling_precisions": sorted({c["precision"] for n in result.get("node_descriptions") or []
+                                      for c in n.get("ceiling", [])}),
     }
 
 

@@ -16,7 +16,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from automlperf.config import Config
+from automlperf import rules
+from automlperf.config import Config, ConfigError
+from automlperf.measure import provenance
+from automlperf.measure.identity import DatasetIdentityError, identify
 from automlperf.measure.result import build_result, write_result
 from automlperf.measure.score import counted_epochs
 from automlperf.measure.units import format_ops
@@ -52,6 +55,8 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
             system: dict[str, Any]) -> Session:
     """Create the run (or reopen it to resume) and open a new session with its deadline."""
     rd = RunDir(run_dir)
+    # Scanning the data comes before the clock starts: it is not the benchmark's work.
+    origin = record_origin(config) if config is not None and not resume else {}
     now = time.time()
     if resume:
         meta = rd.meta()
@@ -72,6 +77,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         if run_dir.exists() and any(p.name not in PREPARED for p in run_dir.iterdir()):
             raise RunDirError(f"{run_dir} exists and is not empty: pass --resume to continue "
                               "that run, or choose another --run-dir")
+        system = {**system, **origin}
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(rd.config, config.to_toml())
         write_atomic(rd.system, json.dumps(system, indent=1) + "\n")
@@ -84,6 +90,29 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
     remaining = max(0.0, config.run.duration_s - elapsed)
     segment = store.start_segment(run_id, now, now + remaining)
     return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
+
+
+def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, Any]:
+    """What a new run records beside the system description: the ruleset it is judged by,
+    its provenance, and the identity of its data (scanned once, here). An official run on
+    data that is not the ruleset's dataset is refused before anything is written."""
+    config.check_official()
+    identity = None
+    if config.data.dataset == ruleset.dataset.name and config.data.data_dir is not None:
+        try:
+            identity = identify(config.data.data_dir, ruleset.dataset)
+        except DatasetIdentityError as exc:
+            if config.run.official:
+                raise ConfigError(f"official run refused: {exc}") from None
+            # An unofficial run goes on; its replicas say why they cannot read the data.
+            identity = {"layout": None, "classes": 0, "train_images": 0, "val_images": 0,
+                        "files": 0, "fingerprint": None, "problems": [str(exc)]}
+        if config.run.official and identity["problems"]:
+            raise ConfigError(f"official run refused: {config.data.data_dir} is not "
+                              f"{ruleset.dataset.name} as ruleset {ruleset.id} defines it: "
+                              + "; ".join(identity["problems"]))
+    return {"ruleset": ruleset.id, "provenance": provenance.collect(),
+            "dataset_identity": identity}
 
 
 class Monitor:

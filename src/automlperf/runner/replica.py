@@ -74,6 +74,7 @@ class Job:
     batch_size: int
     kernel_size: int
     hpo_number: int | None
+    waited_s: float = 0.0  # how long training waited for this candidate
 
 
 class Replica:
@@ -112,6 +113,7 @@ class Replica:
         beat.start()
         status, reason = FAILED, ""
         try:
+            self._record_node()
             try:
                 self.pool = DevicePool(self.devices, data, threads_per_rank=self.threads)
             except PoolError as exc:
@@ -142,6 +144,19 @@ class Replica:
             self.store.end_replica(self.replica_id, status, time.time(), reason)
             beat.join(timeout=5)
         return 0
+
+    def _record_node(self) -> None:
+        """Describe this node and measure its devices' matmul rate before training starts,
+        so the measurement has the devices to itself."""
+        from automlperf.measure.ceiling import run_measurement
+
+        found = run_measurement(self.devices, self.config.train.precision,
+                                self.threads * len(self.devices), self.config.monitor.ceiling_s)
+        ceiling = found.get("ceiling_ops")
+        log.info("replica %d: measured ceiling %s", self.index,
+                 f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
+        self.store.record_node(self.run_id, self.index, self.segment.index,
+                               socket.gethostname(), found, time.time())
 
     def _log_name(self) -> str:
         return str(self.dir.logs / f"replica-{self.index}.log")
@@ -208,8 +223,10 @@ class Replica:
             upcoming: Future[Job] = search.submit(self._prepare, round_index)
             try:
                 while not self._should_stop() and self._rounds_left(round_index):
+                    asked = time.time()
                     try:
                         job = upcoming.result()
+                        job.waited_s = time.time() - asked
                     except NoCandidate as exc:
                         log.warning("no candidate: %s; waiting for other replicas", exc)
                         if self.stop.wait(10):
@@ -274,7 +291,8 @@ class Replica:
                    "patience": self.config.train.patience(job.round),
                    "tpe_trial": job.hpo_number, "world_size": self.world,
                    "acquisition": job.candidate.acquisition,
-                   "generation_s": job.candidate.stats.get("seconds")}
+                   "generation_s": job.candidate.stats.get("seconds"),
+                   "candidate_wait_s": round(job.waited_s, 6)}
         trial_id = self.store.claim_trial(
             self.run_id, self.replica_id, self.index, graph.content_hash(), graph.to_json(None),
             job.candidate.parent_id, job.candidate.morphs, job.round, hparams, time.time(),
@@ -300,7 +318,7 @@ class Replica:
             epochs=epochs, batch_size=job.batch_size, patience=cfg.train.patience(job.round),
             seed=cfg.run.seed * 1_000_003 + trial_id, parent_graph=parent_graph,
             parent_weights=parent_weights, weights_out=str(folder / "weights.safetensors"),
-            round=job.round)
+            round=job.round, horizon_epochs=cfg.train.max_epochs)
         sink = JsonlSink(folder / "log.jsonl")
         accuracies: list[float] = []
 

@@ -202,5 +202,17 @@ class Store(ABC):
     @abstractmethod
     def samples(self, run_id: int) -> list[dict[str, Any]]: ...
 
+    # nodes ---------------------------------------------------------------------------------
+    @abstractmethod
+    def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
+                    description: dict[str, Any], now: float) -> None:
+        """What a replica found on its node when it started (hardware, measured ceiling)."""
+
+    @abstractmethod
+    def nodes(self, run_id: int) -> list[dict[str, Any]]:
+        """Every node description, oldest first, each with ``replica_index``, ``segment``,
+        ``host`` and ``recorded_at`` beside its own fields. Stores made before nodes were
+        recorded have none."""
+
     @abstractmethod
     def close(self) -> None: ...

@@ -101,6 +101,17 @@ T_SAMPLES = sa.Table(
     sa.Column("t", sa.Float, nullable=False),
     sa.Column("data", sa.Text, nullable=False))
 
+# Added after schema version 1 without changing it: older stores get the table when opened.
+T_NODES = sa.Table(
+    "amp_nodes", meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("amp_runs.id"), nullable=False, index=True),
+    sa.Column("replica_index", sa.Integer, nullable=False),
+    sa.Column("segment", sa.Integer, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("recorded_at", sa.Float, nullable=False),
+    sa.Column("data", sa.Text, nullable=False))
+
 R = TypeVar("R")
 
 
@@ -171,6 +182,9 @@ class SQLStore(Store):
             raise SchemaMismatch(f"store {redact(self.url)} has schema version {found}; this "
                                  f"automlperf reads version {SCHEMA_VERSION}. Use the version "
                                  "that wrote it, or start a new run directory")
+        with self.engine.begin() as conn:
+            if not sa.inspect(conn).has_table("amp_nodes"):
+                T_NODES.create(conn)
 
     # runs and segments ---------------------------------------------------------------------
     @retrying
@@ -383,6 +397,23 @@ class SQLStore(Store):
                                 .where(T_SAMPLES.c.run_id == run_id)
                                 .order_by(T_SAMPLES.c.t, T_SAMPLES.c.id)).all()
         return [{**json.loads(data), "node": node} for node, data in rows]
+
+    @retrying
+    def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
+                    description: dict[str, Any], now: float) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(T_NODES.insert().values(
+                run_id=run_id, replica_index=replica_index, segment=segment, host=host,
+                recorded_at=now, data=json.dumps(description)))
+
+    @retrying
+    def nodes(self, run_id: int) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(T_NODES).where(T_NODES.c.run_id == run_id)
+                                .order_by(T_NODES.c.recorded_at, T_NODES.c.id)).mappings().all()
+        return [{**json.loads(r["data"]), "replica_index": r["replica_index"],
+                 "segment": r["segment"], "host": r["host"], "recorded_at": r["recorded_at"]}
+                for r in rows]
 
     def close(self) -> None:
         self.engine.dispose()

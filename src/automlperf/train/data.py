@@ -261,8 +261,12 @@ def scan_image_folder(root: Path) -> tuple[list[str], dict[str, list[tuple[str, 
         folder = root / split
         if not folder.is_dir():
             raise DataError(f"{folder} not found: an imagenet data dir needs "
-                            "train/<class>/*.JPEG and val/<class>/*.JPEG")
+                            "train/<class>/*.JPEG and val/<class>/*.JPEG (or a flat val/ with "
+                            "LOC_val_solution.csv)")
         found = sorted(e.name for e in os.scandir(folder) if e.is_dir())
+        if not found and split == "val":
+            splits[split] = _flat_val(root, classes)
+            continue
         if not found:
             raise DataError(f"{folder} has no class folders (expected {split}/<class>/*.JPEG)")
         if split == "train":
@@ -281,6 +285,24 @@ def scan_image_folder(root: Path) -> tuple[list[str], dict[str, list[tuple[str, 
         items.sort()
         splits[split] = items
     return classes, splits
+
+
+def _flat_val(root: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """A flat val/ folder labelled by a ground-truth file (see measure/identity.py)."""
+    from automlperf.measure.identity import DatasetIdentityError, flat_val_labels
+
+    try:
+        labels = flat_val_labels(root)
+    except DatasetIdentityError as exc:
+        raise DataError(str(exc)) from None
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted({wnid for wnid in labels.values() if wnid not in index})
+    if unknown:
+        raise DataError(f"{root / 'val'}: labelled with class {unknown[0]!r}, which is not "
+                        "in train/")
+    if not labels:
+        raise DataError(f"{root / 'val'}: no labelled images")
+    return sorted((str(root / "val" / name), index[wnid]) for name, wnid in labels.items())
 
 
 def random_resized_crop_box(width: int, height: int, rng: random.Random,

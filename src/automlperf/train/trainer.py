@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from automlperf import rules
 from automlperf.events import EpochEvent, TrialOutcome
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
@@ -27,7 +28,7 @@ from automlperf.train.builder import build_module
 from automlperf.train.data import Dataset
 from automlperf.train.inherit import inherit
 
-ALLOWED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
 Emit = Callable[[str, dict[str, Any]], None]
 
 
@@ -55,6 +56,8 @@ class TrialSpec:
     parent_weights: str | None = None
     weights_out: str | None = None
     round: int = 0
+    # Epochs the learning rate decays to 0 over (a warm-up round trains fewer); default epochs.
+    horizon_epochs: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,7 +196,7 @@ class _Run:
         self.batch = self.per_rank * ctx.world
         self.ops = count(graph, batch_size=self.batch)
         self.steps_per_epoch = math.ceil(math.ceil(self.data.train_size / ctx.world) / self.per_rank)
-        total = max(1, spec.epochs * self.steps_per_epoch)
+        total = max(1, max(spec.epochs, spec.horizon_epochs or 0) * self.steps_per_epoch)
         warmup = min(int(spec.warmup_epochs * self.steps_per_epoch), total // 2)
         self.optimizer = _optimizer(self.module, spec, spec.lr_per_256 * self.batch / 256)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -1,0 +1,127 @@
+"""Where each replica's run time went (pure: plain data in, plain data out).
+
+For every replica and session, the session's run time is split without overlap or gap:
+
+* ``start_to_first_epoch_s``: from the clock's start to the start of the replica's first
+  counted epoch (launch, node measurement, process start, first candidate);
+* ``training_s`` and ``validation_s``: inside counted epochs (``data_wait_s`` is the part of
+  training spent waiting for the next batch);
+* ``candidate_wait_s``: after the first epoch, waiting for the search to hand over a candidate;
+* ``between_trials_s``: the rest of the time between counted epochs (building and inheriting
+  the next model, saving weights, recording);
+* ``lost_at_deadline_s``: after the last counted epoch (epochs in flight at the deadline).
+
+Utilisation is the mean of the monitor's samples taken inside the sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from automlperf.measure.score import SegmentLike, segment_bounds
+
+PARTS = ("start_to_first_epoch_s", "training_s", "validation_s", "data_wait_s",
+         "candidate_wait_s", "between_trials_s", "lost_at_deadline_s")
+
+
+class TimedEpoch(Protocol):
+    trial_id: int
+    started_at: float
+    ended_at: float
+    train_images: int
+    images_per_s: float
+    data_share: float
+
+
+class TrialTimes(Protocol):
+    id: int
+    replica_index: int
+    created_at: float
+    hparams: dict[str, Any]
+
+
+def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], start: float,
+           end: float) -> dict[str, float]:
+    """One replica's session [start, end] from its counted epochs (by start time) and its
+    candidate waits as (claimed at, seconds waited)."""
+    out = dict.fromkeys(PARTS, 0.0)
+    out["session_s"] = end - start
+    if not epochs:
+        out["start_to_first_epoch_s"] = end - start
+        return out
+    first, last = epochs[0].started_at, epochs[-1].ended_at
+    out["start_to_first_epoch_s"] = max(0.0, first - start)
+    out["lost_at_deadline_s"] = max(0.0, end - last)
+    inside = 0.0
+    for e in epochs:
+        seconds = max(0.0, e.ended_at - e.started_at)
+        train = min(seconds, e.train_images / e.images_per_s if e.images_per_s > 0 else seconds)
+        out["training_s"] += train
+        out["validation_s"] += seconds - train
+        out["data_wait_s"] += train * min(1.0, max(0.0, e.data_share))
+        inside += seconds
+    gaps = max(0.0, (last - first) - inside)
+    waited = sum(s for at, s in waits if first < at <= last)
+    out["candidate_wait_s"] = min(gaps, waited)
+    out["between_trials_s"] = gaps - out["candidate_wait_s"]
+    return out
+
+
+def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
+              segments: Sequence[SegmentLike],
+              samples: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Per replica and in total: the time parts above, in seconds and as shares of the
+    replicas' run time; and the mean accelerator and CPU utilisation."""
+    replica_of = {t.id: t.replica_index for t in trials}
+    waits: dict[int, list[tuple[float, float]]] = {}
+    for t in trials:
+        waited = t.hparams.get("candidate_wait_s")
+        if waited:
+            waits.setdefault(t.replica_index, []).append((t.created_at, float(waited)))
+    bounds = segment_bounds(segments)
+    per: dict[int, dict[str, float]] = {}
+    by_replica: dict[int, list[TimedEpoch]] = {}
+    for e in epochs:
+        if e.trial_id in replica_of:
+            by_replica.setdefault(replica_of[e.trial_id], []).append(e)
+    for replica in sorted(by_replica.keys() | waits.keys()):
+        mine = sorted(by_replica.get(replica, []), key=lambda e: (e.started_at, e.ended_at))
+        total = dict.fromkeys((*PARTS, "session_s"), 0.0)
+        for start, end, _ in bounds:
+            inside = [e for e in mine if start <= e.started_at and e.ended_at <= end]
+            part = _split(inside, waits.get(replica, []), start, end)
+            for key, value in part.items():
+                total[key] += value
+        per[replica] = total
+    overall = dict.fromkeys((*PARTS, "session_s"), 0.0)
+    for part in per.values():
+        for key, value in part.items():
+            overall[key] += value
+    return {"replicas": [{"replica": r, **_rounded(p)} for r, p in per.items()],
+            "total": _rounded(overall),
+            "shares": {k: (overall[k] / overall["session_s"] if overall["session_s"] else None)
+                       for k in PARTS},
+            "utilisation": utilisation(samples, bounds)}
+
+
+def _rounded(part: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in part.items()}
+
+
+def utilisation(samples: Iterable[Mapping[str, Any]],
+                bounds: Sequence[tuple[float, float, float]]) -> dict[str, Any]:
+    """Mean accelerator and CPU utilisation (0..1) over the samples inside the sessions."""
+    gpu: list[float] = []
+    cpu: list[float] = []
+    count = 0
+    for s in samples:
+        t = s.get("t")
+        if t is None or not any(a <= t <= b for a, b, _ in bounds):
+            continue
+        count += 1
+        if s.get("cpu_percent") is not None:
+            cpu.append(float(s["cpu_percent"]) / 100.0)
+        gpu.extend(float(g["util"]) / 100.0 for g in s.get("gpus", []) if "util" in g)
+    return {"accelerator": sum(gpu) / len(gpu) if gpu else None,
+            "cpu": sum(cpu) / len(cpu) if cpu else None, "samples": count}

@@ -1,0 +1,118 @@
+"""A node's measured ceiling: the dense matrix-multiply rate of its devices, in the precision
+the run trains in, measured for a few seconds when its replica starts.
+
+It runs in a process of its own (``python -m automlperf.measure.ceiling``) so that neither its
+thread settings nor a GPU context stay behind in the replica; the same process describes the
+node (CPU, memory, accelerators with UUIDs, driver), which the replica records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+# Matrix side per device kind: large enough to reach the device's dense rate, small enough
+# that one product takes well under the measuring time.
+SIDE = {"cpu": 2048, "cuda": 8192}
+
+
+def matmul_rate(device: str, precision: str, seconds: float = 2.0) -> dict[str, Any]:
+    """Operations per second of n x n matrix products (2 n^3 each) on ``device``."""
+    import torch
+
+    from automlperf.train.trainer import resolve_precision
+
+    dev = torch.device(device)
+    resolved = resolve_precision(precision, dev)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolved, torch.float32)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        torch.backends.cuda.matmul.allow_tf32 = resolved == "tf32"
+    n = SIDE.get(dev.type, 2048)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dev, dtype)
+    b = torch.randn(n, n, generator=gen).to(dev, dtype)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    torch.mm(a, b)  # warm-up: library initialisation and kernel choice
+    sync()
+    reps, started = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        reps += 1
+        if reps % 8 == 0 or dev.type != "cuda":
+            sync()
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                break
+    return {"device": device, "precision": resolved, "side": n, "products": reps,
+            "seconds": elapsed, "ops_per_s": 2.0 * n**3 * reps / elapsed}
+
+
+def measure_node(devices: list[str], precision: str, threads: int,
+                 seconds: float = 2.0) -> dict[str, Any]:
+    """The node's description and each of ``devices``' matmul rate (CPU ranks share the
+    node's cores: they are measured once, with all of this replica's threads)."""
+    import torch
+
+    from automlperf.measure.system import describe
+
+    torch.set_num_threads(max(1, threads))
+    rates = []
+    for device in dict.fromkeys(devices):
+        rate = matmul_rate(device, precision, seconds)
+        if device == "cpu":
+            rate["threads"] = threads
+        rates.append(rate)
+    return {"system": describe(), "devices": devices, "ceiling": rates,
+            "ceiling_ops": sum(r["ops_per_s"] for r in rates)}
+
+
+def run_measurement(devices: list[str], precision: str, threads: int,
+                    seconds: float = 2.0, timeout_s: float = 300.0) -> dict[str, Any]:
+    """:func:`measure_node`; an error is reported, not raised (a node without a ceiling still
+    trains and scores). CPU ranks are measured in this process (torch is loaded already and
+    the thread setting is restored); GPUs in a process of their own, so that no GPU context
+    stays behind."""
+    if all(d == "cpu" for d in devices):
+        import torch
+
+        before = torch.get_num_threads()
+        try:
+            return measure_node(devices, precision, threads, seconds)
+        except Exception as exc:  # noqa: BLE001 - reported in the node's description
+            return {"devices": devices, "error": f"the measurement failed: {exc}"}
+        finally:
+            torch.set_num_threads(before)
+    cmd = [sys.executable, "-m", "automlperf.measure.ceiling", "--devices", ",".join(devices),
+           "--precision", precision, "--threads", str(threads), "--seconds", str(seconds)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"devices": devices, "error": f"the measurement took over {timeout_s:.0f} s"}
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"devices": devices, "error": f"the measurement failed: {tail[:300]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Measure this node's dense matmul rate.")
+    parser.add_argument("--devices", required=True, help="comma-separated, e.g. cuda:0,cuda:1")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    result = measure_node(args.devices.split(","), args.precision, args.threads, args.seconds)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

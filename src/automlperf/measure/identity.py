@@ -1,0 +1,228 @@
+"""The identity of an image-folder dataset: which classes and images it holds, and a
+fingerprint of its file list, so an official result can show it trained on ImageNet-1k.
+
+Accepted layouts:
+* ``train/<wnid>/*`` and ``val/<wnid>/*`` (class folders);
+* ``train/<wnid>/*`` and a flat ``val/*`` whose labels come from Kaggle's
+  ``LOC_val_solution.csv`` (in the data folder or in ``val/``), which names each image's WordNet
+  id. The devkit's ``ILSVRC2012_validation_ground_truth.txt`` numbers classes in the order of
+  the devkit's ``meta.mat``, not the WordNet id order, so it is not accepted on its own.
+
+The fingerprint is a SHA-256 over every file's relative name and size, in sorted order: it
+changes when a file is added, removed, renamed or resized, and costs one ``stat`` per file.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from automlperf.rules import DatasetRules
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+KAGGLE_LABELS = "LOC_val_solution.csv"
+DEVKIT_LABELS = "ILSVRC2012_validation_ground_truth.txt"
+
+
+class DatasetIdentityError(ValueError):
+    """The data folder has no layout automlperf can read; the message says what to change."""
+
+
+@dataclass
+class DatasetScan:
+    """What a data folder holds."""
+
+    layout: str
+    train: dict[str, int]  # class -> images
+    val: dict[str, int]
+    fingerprint: str
+    files: int
+    others: list[str] = field(default_factory=list)  # files that are not images, relative
+    unlabelled: list[str] = field(default_factory=list)  # flat val images without a label
+    unmatched: list[str] = field(default_factory=list)  # labels without an image
+
+    @property
+    def train_images(self) -> int:
+        return sum(self.train.values())
+
+    @property
+    def val_images(self) -> int:
+        return sum(self.val.values())
+
+    def summary(self) -> dict[str, Any]:
+        """What a run records: layout, counts and fingerprint (not the per-class table)."""
+        return {"layout": self.layout, "classes": len(self.train),
+                "train_images": self.train_images, "val_images": self.val_images,
+                "files": self.files, "fingerprint": self.fingerprint}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_SUFFIXES)
+
+
+def _walk(root: Path, top: Path, listing: list[tuple[str, int]]) -> None:
+    """Every file under ``top`` as (path relative to ``root``, size), recursively."""
+    with os.scandir(top) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=True):
+                _walk(root, Path(entry.path), listing)
+            else:
+                rel = os.path.relpath(entry.path, root)
+                listing.append((rel.replace(os.sep, "/"), entry.stat().st_size))
+
+
+def fingerprint(listing: list[tuple[str, int]]) -> str:
+    digest = hashlib.sha256()
+    for rel, size in sorted(listing):
+        digest.update(f"{rel}\t{size}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def _labels_file(root: Path) -> Path | None:
+    for candidate in (root / KAGGLE_LABELS, root / "val" / KAGGLE_LABELS):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_kaggle_labels(path: Path) -> dict[str, str]:
+    """Image id (file name without suffix) -> WordNet id, from LOC_val_solution.csv."""
+    labels = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = csv.reader(f)
+        header = next(rows, None)
+        if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
+            raise DatasetIdentityError(f"{path}: not Kaggle's {KAGGLE_LABELS} (its header must "
+                                       "be ImageId,PredictionString)")
+        for line, row in enumerate(rows, start=2):
+            if len(row) < 2 or not row[1].split():
+                raise DatasetIdentityError(f"{path}:{line}: no label for {row[:1]}")
+            labels[row[0].strip()] = row[1].split()[0]
+    return labels
+
+
+def flat_val_labels(root: Path) -> dict[str, str]:
+    """Relative val file name -> WordNet id, for a flat val/ folder with a label file."""
+    root = Path(root)
+    path = _labels_file(root)
+    if path is None:
+        hint = (f"; {DEVKIT_LABELS} numbers classes in the devkit's meta.mat order, which "
+                "automlperf does not map" if (root / DEVKIT_LABELS).exists()
+                or (root / "val" / DEVKIT_LABELS).exists() else "")
+        raise DatasetIdentityError(f"{root / 'val'} holds images but no class folders, and no "
+                                   f"{KAGGLE_LABELS} names their classes{hint}: put val images "
+                                   f"in val/<wnid>/ folders or add Kaggle's {KAGGLE_LABELS}")
+    labels = read_kaggle_labels(path)
+    out = {}
+    for entry in os.scandir(root / "val"):
+        if entry.is_file() and _is_image(entry.name):
+            wnid = labels.get(Path(entry.name).stem)
+            if wnid is not None:
+                out[entry.name] = wnid
+    return out
+
+
+def scan(root: Path | str) -> DatasetScan:
+    """Read the file list of an image-folder dataset (one ``stat`` per file)."""
+    root = Path(root)
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise DatasetIdentityError(f"{root / split} not found: the data folder needs "
+                                       "train/<class>/ and val/<class>/ (or a flat val/ with "
+                                       f"{KAGGLE_LABELS})")
+    listing: list[tuple[str, int]] = []
+    _walk(root, root / "train", listing)
+    _walk(root, root / "val", listing)
+    train: Counter[str] = Counter()
+    val: Counter[str] = Counter()
+    others: list[str] = []
+    flat_val = [rel for rel, _ in listing if rel.startswith("val/") and rel.count("/") == 1]
+    val_has_folders = any(rel.startswith("val/") and rel.count("/") >= 2 for rel, _ in listing)
+    labels_path = None
+    unlabelled: list[str] = []
+    unmatched: list[str] = []
+    if val_has_folders or not flat_val:
+        layout = "class folders"
+        labels: dict[str, str] = {}
+    else:
+        layout = f"flat val with {KAGGLE_LABELS}"
+        labels_path = _labels_file(root)
+        if labels_path is None:
+            flat_val_labels(root)  # raises, naming what is missing
+        assert labels_path is not None
+        labels = read_kaggle_labels(labels_path)
+        if labels_path.parent == root:
+            listing.append((KAGGLE_LABELS, labels_path.stat().st_size))
+    seen_ids = set()
+    for rel, _ in listing:
+        parts = rel.split("/")
+        name = parts[-1]
+        if rel == KAGGLE_LABELS or (labels_path is not None and rel == f"val/{KAGGLE_LABELS}"):
+            continue
+        if not _is_image(name):
+            others.append(rel)
+        elif len(parts) == 3:
+            (train if parts[0] == "train" else val)[parts[1]] += 1
+        elif len(parts) == 2 and parts[0] == "val" and labels_path is not None:
+            stem = Path(name).stem
+            if stem in labels:
+                val[labels[stem]] += 1
+                seen_ids.add(stem)
+            else:
+                unlabelled.append(rel)
+        else:
+            others.append(rel)  # an image outside any class folder, or nested too deep
+    if labels_path is not None:
+        unmatched = sorted(set(labels) - seen_ids)
+    return DatasetScan(layout=layout, train=dict(sorted(train.items())),
+                       val=dict(sorted(val.items())), fingerprint=fingerprint(listing),
+                       files=len(listing), others=sorted(others),
+                       unlabelled=sorted(unlabelled), unmatched=unmatched)
+
+
+def _some(names: list[str] | set[str], limit: int = 3) -> str:
+    items = sorted(names)
+    more = f" and {len(items) - limit:,} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def problems(found: DatasetScan, rules: DatasetRules) -> list[str]:
+    """How the scanned data differs from the official dataset; empty when it is identical."""
+    out = []
+    official = set(rules.classes)
+    for split, classes in (("train", found.train), ("val", found.val)):
+        missing, extra = official - set(classes), set(classes) - official
+        if missing:
+            out.append(f"{split}: {len(classes):,} classes instead of {len(official):,}; "
+                       f"missing {_some(missing)}" if len(classes) != len(official) else
+                       f"{split}: missing class(es) {_some(missing)}")
+        if extra:
+            out.append(f"{split}: class(es) not in ImageNet-1k: {_some(extra)}")
+    for split, have, want in (("train", found.train_images, rules.train_images),
+                              ("val", found.val_images, rules.val_images)):
+        if have != want:
+            diff = f"{want - have:,} missing" if have < want else f"{have - want:,} extra"
+            out.append(f"{split}: {have:,} images instead of {want:,} ({diff})")
+    if found.others:
+        out.append(f"extra file(s) that are not images in class folders: {_some(found.others)}")
+    if found.unlabelled:
+        out.append(f"val image(s) without a label in {KAGGLE_LABELS}: {_some(found.unlabelled)}")
+    if found.unmatched:
+        out.append(f"{KAGGLE_LABELS} lists image(s) that val/ lacks: {_some(found.unmatched)}")
+    return out
+
+
+def identify(root: Path | str, rules: DatasetRules) -> dict[str, Any]:
+    """What a run records about its data: layout, counts, fingerprint and every difference
+    from the official dataset (``problems``, empty when identical)."""
+    found = scan(root)
+    return {**found.summary(), "problems": problems(found, rules)}

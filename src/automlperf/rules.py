@@ -1,0 +1,132 @@
+"""The rules of an official result, versioned: one ruleset per id, read by every other module.
+
+A result records the id of the ruleset it was scored under, and ``automlperf check`` verifies
+it against that ruleset, so a later change of the rules never silently re-judges old results:
+a new rule gets a new id. Pure data (no torch, no I/O beyond the package's own files).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any, Mapping
+
+
+class UnknownRuleset(ValueError):
+    """A result names a ruleset this automlperf does not know."""
+
+
+@dataclass(frozen=True)
+class DatasetRules:
+    """What an official dataset is: its classes (by WordNet id), image counts and size."""
+
+    name: str
+    classes_file: str  # a file of the package's data folder, one class id per line
+    train_images: int
+    val_images: int
+    image_size: int
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return _class_list(self.classes_file)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    id: str
+    # Configuration settings (by dotted name) an official run keeps at these values: the
+    # algorithms, the seed, the dataset and the whole search space.
+    fixed: Mapping[str, Any]
+    allowed_precisions: tuple[str, ...]
+    min_duration_s: float
+    max_error: float
+    dataset: DatasetRules
+    notes: tuple[str, ...] = field(default=())
+
+    def fixed_changes(self, settings: Mapping[str, Any]) -> list[str]:
+        """Each fixed setting whose value in ``settings`` (dotted name -> value, JSON-like)
+        differs from the official one, described in words."""
+        changes = []
+        for name, official in self.fixed.items():
+            if name not in settings:
+                raise KeyError(f"ruleset {self.id} fixes {name!r}, which the configuration "
+                               "does not have")
+            value = settings[name]
+            if _normal(value) != _normal(official):
+                changes.append(f"{name} = {value!r} (official: {official!r})")
+        return changes
+
+    def precision_violations(self, precisions: list[str] | set[str]) -> list[str]:
+        return sorted({p for p in precisions if p not in self.allowed_precisions})
+
+
+def _normal(value: Any) -> Any:
+    """Tuples and lists compare equal (TOML has only lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_normal(v) for v in value]
+    return value
+
+
+@cache
+def _class_list(name: str) -> tuple[str, ...]:
+    text = resources.files("automlperf").joinpath("data", name).read_text(encoding="ascii")
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+IMAGENET_1K = DatasetRules(name="imagenet", classes_file="imagenet_wnids.txt",
+                           train_images=1_281_167, val_images=50_000, image_size=224)
+
+AIPERF_2021_1 = Ruleset(
+    id="aiperf-2021.1",
+    fixed=MappingProxyType({
+        "data.dataset": "imagenet",
+        "data.image_size": 224,
+        "model.seed_model": "resnet50",
+        "search.nas": "network_morphism",
+        "search.hpo": "tpe",
+        "search.hpo_start_round": 3,
+        "search.beta": 2.576,
+        "search.kernel_sizes": [3, 5, 7],
+        "search.batch_size_factors": [0.5, 2.0],
+        "search.tpe_startup_trials": 4,
+        "search.max_layers": 2000,
+        "search.max_params": 500_000_000,
+        "search.max_morphs_per_child": 3,
+        "search.gp_max_models": 64,
+        "search.sa_t_min": 0.05,
+        "search.sa_cooling": 0.85,
+        "search.neighbours": 6,
+        "search.generation_budget_s": 1.5,
+        "train.warmup_round_fractions": [0.25, 0.5, 0.75],
+    }),
+    allowed_precisions=("bf16", "fp16", "tf32", "fp32"),
+    min_duration_s=3600.0,
+    max_error=0.30,
+    dataset=IMAGENET_1K,
+    notes=("AIPerf (Ren et al., 2021), Table 4: fixed algorithms, seed and search space; "
+           "ImageNet-1k at 224x224; at least 1 hour; at least 16-bit floating point; "
+           "error at most 30 %.",),
+)
+
+RULESETS: Mapping[str, Ruleset] = MappingProxyType({r.id: r for r in (AIPERF_2021_1,)})
+CURRENT = AIPERF_2021_1
+# result.json files written before results named their ruleset were judged by these rules.
+LEGACY_ID = AIPERF_2021_1.id
+
+
+def get(ruleset_id: str | None) -> Ruleset:
+    """The ruleset with this id; None means a result from before rulesets were recorded."""
+    if ruleset_id is None:
+        return RULESETS[LEGACY_ID]
+    try:
+        return RULESETS[ruleset_id]
+    except KeyError:
+        raise UnknownRuleset(f"unknown ruleset {ruleset_id!r}: this automlperf knows "
+                             f"{', '.join(sorted(RULESETS))}; use the automlperf version that "
+                             "wrote the result") from None

@@ -1,0 +1,158 @@
+"""The dataset's identity: generated ImageNet-shaped trees (hard links to one tiny JPEG) and
+near-misses, each refused with an error naming the difference."""
+
+import dataclasses
+import io
+import os
+import time
+
+import pytest
+from PIL import Image
+
+from automlperf import rules
+from automlperf.measure.identity import (KAGGLE_LABELS, DatasetIdentityError, identify,
+                                         problems, scan)
+
+WNIDS = rules.IMAGENET_1K.classes
+# The official logic with small image counts: 2 training and 1 validation image per class.
+SMALL = dataclasses.replace(rules.IMAGENET_1K, train_images=2000, val_images=1000)
+
+
+def tiny_jpeg(path):
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (120, 30, 200)).save(buf, format="JPEG")
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def make_tree(root, per_class=(2, 1), flat_val=False, classes=WNIDS, counts=None):
+    """train/<wnid>/ and val/<wnid>/ (or flat val/ + LOC_val_solution.csv), hard-linked.
+    ``counts`` overrides per_class with exact totals spread over the classes."""
+    sources = []
+
+    def link(dst):
+        # ext4 allows 65,000 links to one file: start a new source file well before that.
+        if not sources or sources[-1][1] >= 60_000:
+            sources.append([tiny_jpeg(root.parent / f"{root.name}-src{len(sources)}.JPEG"), 0])
+        os.link(sources[-1][0], dst)
+        sources[-1][1] += 1
+
+    n_train, n_val = counts or (per_class[0] * len(classes), per_class[1] * len(classes))
+    (root / "train").mkdir(parents=True)
+    (root / "val").mkdir()
+    for c in classes:
+        (root / "train" / c).mkdir()
+        if not flat_val:
+            (root / "val" / c).mkdir()
+    for i in range(n_train):
+        c = classes[i % len(classes)]
+        link(root / "train" / c / f"{c}_{i}.JPEG")
+    rows = ["ImageId,PredictionString"]
+    for i in range(n_val):
+        c = classes[i % len(classes)]
+        name = f"ILSVRC2012_val_{i + 1:08d}"
+        if flat_val:
+            link(root / "val" / f"{name}.JPEG")
+            rows.append(f"{name},{c} 1 2 3 4 {c} 5 6 7 8")
+        else:
+            link(root / "val" / c / f"{name}.JPEG")
+    if flat_val:
+        (root / KAGGLE_LABELS).write_text("\n".join(rows) + "\n")
+    return root
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return make_tree(tmp_path / "imagenet")
+
+
+def test_the_right_shape_passes_and_is_fingerprinted(tree):
+    found = identify(tree, SMALL)
+    assert found["problems"] == []
+    assert (found["classes"], found["train_images"], found["val_images"]) == (1000, 2000, 1000)
+    assert found["layout"] == "class folders" and found["fingerprint"].startswith("sha256:")
+    assert identify(tree, SMALL)["fingerprint"] == found["fingerprint"]
+
+
+def test_flat_val_with_kaggle_labels_passes(tmp_path):
+    root = make_tree(tmp_path / "flat", flat_val=True)
+    found = identify(root, SMALL)
+    assert found["problems"] == [] and found["layout"].startswith("flat val")
+    s = scan(root)
+    assert set(s.val) == set(WNIDS) and s.val_images == 1000
+
+
+def test_flat_val_with_only_the_devkit_ground_truth_is_refused(tmp_path):
+    root = make_tree(tmp_path / "flat", flat_val=True)
+    (root / KAGGLE_LABELS).rename(root / "ILSVRC2012_validation_ground_truth.txt")
+    with pytest.raises(DatasetIdentityError, match="meta.mat order.*LOC_val_solution.csv"):
+        scan(root)
+
+
+def near_miss(root, kind):
+    if kind == "999 classes":
+        for split in ("train", "val"):
+            for f in (root / split / WNIDS[-1]).iterdir():
+                f.unlink()
+            (root / split / WNIDS[-1]).rmdir()
+    elif kind == "one image missing":
+        next((root / "train" / WNIDS[5]).iterdir()).unlink()
+    elif kind == "renamed class":
+        for split in ("train", "val"):
+            (root / split / WNIDS[7]).rename(root / split / "n99999999")
+    elif kind == "extra file":
+        (root / "train" / WNIDS[3] / "notes.txt").write_text("x")
+    elif kind == "extra image":
+        os.link(next((root / "val" / WNIDS[0]).iterdir()), root / "val" / WNIDS[0] / "x.JPEG")
+
+
+@pytest.mark.parametrize("kind,named", [
+    ("999 classes", [f"train: 999 classes instead of 1,000; missing {WNIDS[-1]}",
+                     "train: 1,998 images instead of 2,000 (2 missing)"]),
+    ("one image missing", ["train: 1,999 images instead of 2,000 (1 missing)"]),
+    ("renamed class", [f"train: missing class(es) {WNIDS[7]}",
+                       "train: class(es) not in ImageNet-1k: n99999999"]),
+    ("extra file", [f"not images in class folders: train/{WNIDS[3]}/notes.txt"]),
+    ("extra image", ["val: 1,001 images instead of 1,000 (1 extra)"]),
+])
+def test_near_misses_are_refused_naming_the_difference(tree, kind, named):
+    before = identify(tree, SMALL)["fingerprint"]
+    near_miss(tree, kind)
+    found = identify(tree, SMALL)
+    for text in named:
+        assert any(text in p for p in found["problems"]), (text, found["problems"])
+    assert found["fingerprint"] != before
+
+
+def test_flat_val_near_misses(tmp_path):
+    root = make_tree(tmp_path / "flat", flat_val=True)
+    (root / "val" / "ILSVRC2012_val_00000003.JPEG").unlink()
+    os.link(root / "val" / "ILSVRC2012_val_00000001.JPEG", root / "val" / "stray.JPEG")
+    found = problems(scan(root), SMALL)
+    assert any("lists image(s) that val/ lacks: ILSVRC2012_val_00000003" in p for p in found)
+    assert any("without a label in LOC_val_solution.csv: val/stray.JPEG" in p for p in found)
+
+
+def test_a_file_resized_changes_the_fingerprint(tree):
+    before = identify(tree, SMALL)["fingerprint"]
+    victim = next((tree / "train" / WNIDS[0]).iterdir())
+    victim.unlink()
+    victim.write_bytes(b"\xff\xd8 not the same size")
+    assert identify(tree, SMALL)["fingerprint"] != before
+
+
+@pytest.mark.slow
+def test_the_official_counts(tmp_path):
+    """1,281,167 + 50,000 hard links to one JPEG: the official ruleset passes them, one
+    missing image fails it. Reports how long making and scanning them took."""
+    t0 = time.perf_counter()
+    root = make_tree(tmp_path / "imagenet", counts=(1_281_167, 50_000))
+    made = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    found = identify(root, rules.IMAGENET_1K)
+    scanned = time.perf_counter() - t0
+    print(f"made 1,331,167 links in {made:.1f} s, scanned in {scanned:.1f} s")
+    assert found["problems"] == [] and found["files"] == 1_331_167
+    next((root / "val" / WNIDS[9]).iterdir()).unlink()
+    assert identify(root, rules.IMAGENET_1K)["problems"] == [
+        "val: 49,999 images instead of 50,000 (1 missing)"]

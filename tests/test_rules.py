@@ -1,0 +1,89 @@
+"""One versioned ruleset: every module reads it, every fixed setting is enforced."""
+
+import pytest
+from pydantic import ValidationError
+
+from automlperf import rules
+from automlperf.config import Config, ConfigError, Precision
+from automlperf.measure.score import violations
+
+FIXED = rules.CURRENT.fixed
+
+
+def other_value(name, official):
+    """A valid value different from the official one."""
+    alternatives = {"data.dataset": "cifar10", "model.seed_model": "resnet_small",
+                    "search.nas": "random_search", "search.hpo": "random"}
+    if name in alternatives:
+        return alternatives[name]
+    if isinstance(official, bool):
+        return not official
+    if isinstance(official, int):
+        return official + 1
+    if isinstance(official, float):
+        return official * 0.9
+    if isinstance(official, list) and name.endswith("factors"):
+        return [official[0], official[1] * 0.75]
+    if isinstance(official, list):
+        return official[:-1]
+    raise AssertionError(f"no alternative for {name}")
+
+
+def test_every_fixed_setting_exists_and_defaults_to_its_official_value():
+    settings = Config().settings()
+    for name in FIXED:
+        assert name in settings, f"{name} is fixed by the ruleset but not a setting"
+    assert Config().fixed_changes() == []
+
+
+@pytest.mark.parametrize("name", sorted(FIXED))
+def test_changing_any_fixed_setting_is_refused_for_an_official_run(name):
+    section, key = name.split(".")
+    value = other_value(name, FIXED[name])
+    tree = {section: {key: value}, "run": {"official": True}}
+    try:
+        config = Config.parse(tree)
+    except ConfigError as exc:
+        # A setting with one allowed value is enforced by its type already.
+        assert name in str(exc)
+        return
+    assert any(change.startswith(f"{name} = ") for change in config.fixed_changes())
+    with pytest.raises(ConfigError, match=f"official run refused: .*{name}"):
+        config.check_official()
+    official, valid, found = violations(
+        dataset=config.data.dataset, dataset_official=True, elapsed_s=7200,
+        fixed_changes=config.fixed_changes(), precisions=["bf16"], error=0.1)
+    assert not official and not valid and found
+
+
+def test_precisions_are_the_rulesets():
+    assert Precision.__args__ == ("auto", *rules.CURRENT.allowed_precisions)
+    from automlperf.train.trainer import ALLOWED_PRECISIONS
+
+    assert ALLOWED_PRECISIONS == rules.CURRENT.allowed_precisions
+
+
+def test_rulesets_are_found_by_id_and_unknown_ones_refused():
+    assert rules.get("aiperf-2021.1") is rules.CURRENT
+    assert rules.get(None) is rules.RULESETS[rules.LEGACY_ID]
+    with pytest.raises(rules.UnknownRuleset, match="unknown ruleset 'aiperf-2099.9'"):
+        rules.get("aiperf-2099.9")
+
+
+def test_the_dataset_rules_ship_the_1000_wordnet_ids():
+    classes = rules.IMAGENET_1K.classes
+    assert len(classes) == len(set(classes)) == 1000 and list(classes) == sorted(classes)
+    assert classes[0] == "n01440764" and all(c[0] == "n" and len(c) == 9 for c in classes)
+    assert (rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images) == (1_281_167, 50_000)
+
+
+def test_a_fixed_setting_the_configuration_lacks_is_named():
+    bad = rules.Ruleset(id="x", fixed={"search.nope": 1}, allowed_precisions=("fp32",),
+                        min_duration_s=1, max_error=0.5, dataset=rules.IMAGENET_1K)
+    with pytest.raises(KeyError, match="search.nope"):
+        Config().fixed_changes(bad)
+
+
+def test_literal_settings_reject_other_values():
+    with pytest.raises(ValidationError):
+        Config.model_validate({"search": {"nas": "random_search"}})
