@@ -114,9 +114,9 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
                     logged[(t.id, rec["epoch"])] = rec
     for e in epochs:
         where = f"trial {e.trial_id} epoch {e.epoch}"
-        g = graphs.get(e.trial_id)
-        if g is not None:
-            expected = epoch_ops(count(g, batch_size=e.batch_size), e.train_images, e.steps,
+        trained = graphs.get(e.trial_id)
+        if trained is not None:
+            expected = epoch_ops(count(trained, batch_size=e.batch_size), e.train_images, e.steps,
                                  e.val_images)
             if expected != e.ops:
                 bad.append(f"{where}: recorded {e.ops} ops, but {e.train_images} training and "
@@ -127,12 +127,12 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
         if e.steps > math.ceil(shard / per_rank) + 1 or e.steps < (shard - 1) // per_rank:
             bad.append(f"{where}: {e.steps} steps cannot train {e.train_images} images at "
                        f"batch {e.batch_size} on {e.world_size} rank(s)")
-        rec = logged.get((e.trial_id, e.epoch))
-        if rec is not None:
+        line = logged.get((e.trial_id, e.epoch))
+        if line is not None:
             for name in EPOCH_FIELDS:
-                if not _same(getattr(e, name), rec.get(name)):
+                if not _same(getattr(e, name), line.get(name)):
                     bad.append(f"{where}: store has {name} = {getattr(e, name)!r} but the trial "
-                               f"log has {rec.get(name)!r}")
+                               f"log has {line.get(name)!r}")
     report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
 
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
