@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-Dataset = Literal["imagenet", "cifar10", "builtin", "synthetic"]
+Dataset = Literal["imagenet", "cifar10", "builtin", "digits", "synthetic"]
 Precision = Literal["auto", "bf16", "fp16", "tf32", "fp32"]
 BELOW_16_BIT = {"fp8", "e4m3", "e5m2", "int8", "int4", "fp4", "uint8", "int16"}
 
@@ -274,11 +274,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cifar10": {"data": {"image_size": 32}, "model": {"seed_model": "resnet_small"},
                 "train": {"batch_size": 128, "max_epochs": 30}},
     "builtin": {"run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
-                "data": {"image_size": 16}, "model": {"seed_model": "resnet_small"},
+                "data": {"image_size": 12}, "model": {"seed_model": "resnet_small"},
                 "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0,
                           "lr_per_256": 0.4, "patience_base": 3, "patience_per_round": 1,
                           "patience_max": 5},
                 "monitor": {"interval_s": 5.0}},
+    "digits": {"run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
+               "data": {"image_size": 8}, "model": {"seed_model": "resnet_small"},
+               "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0,
+                         "lr_per_256": 0.4, "patience_base": 3, "patience_per_round": 1,
+                         "patience_max": 5},
+               "monitor": {"interval_s": 5.0}},
     "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
                   "train": {"max_epochs": 4}},
 }
