@@ -174,12 +174,18 @@ class SearchConfig(_Section):
     max_morphs_per_child: int = Field(3, ge=1, le=20)
     gp_max_models: int = Field(64, ge=4, le=10000, description="History models the Gaussian "
                                "process is fitted on (best, recent and diverse).")
-    sa_t_min: float = Field(0.05, gt=0, lt=1, description="Simulated annealing stops at this "
+    candidates_per_generation: int = Field(112, ge=1, le=100_000, description="Architectures "
+                                           "the Gaussian process scores per generation "
+                                           "(annealing steps x neighbours). A count, not a "
+                                           "time, so that any machine picks the same one.")
+    sa_t_min: float = Field(0.05, gt=0, lt=1, description="Floor of the simulated-annealing "
                             "temperature.")
-    sa_cooling: float = Field(0.85, gt=0, lt=1)
-    neighbours: int = Field(6, ge=1, le=64, description="Children tried per expanded node.")
-    generation_budget_s: float = Field(1.5, gt=0, description="Hard cap on one candidate "
-                                       "generation, seconds.")
+    sa_cooling: float = Field(0.8, gt=0, lt=1, description="Temperature factor per annealing "
+                              "step (from 1.0).")
+    neighbours: int = Field(8, ge=1, le=64, description="Children tried per expanded node.")
+    generation_budget_s: float = Field(30.0, gt=0, description="Safety cap on one candidate "
+                                       "generation, seconds; logged when it fires, since the "
+                                       "choice then depends on the machine's speed.")
 
 
 class MonitorConfig(_Section):

@@ -7,17 +7,21 @@ process on the edit-distance kernel.
 
 Cost stays bounded as the history grows: the process is fitted on at most
 ``gp_max_models`` models (the best, the most recent and a random sample of the rest),
-descriptors and pairwise distances are cached across calls, and a time budget caps the
-search. Everything random flows from the caller's ``rng``, so a seed gives the same candidate.
+descriptors and pairwise distances are cached across calls, and the tree search scores a fixed
+number of architectures (``candidates_per_generation``). Everything random flows from the
+caller's ``rng`` and nothing depends on elapsed time, so the same history, seed and
+configuration give the same candidate on a fast machine and on a slow or loaded one. A
+wall-clock cap remains as a safety net only; when it fires, it is logged and recorded.
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +34,7 @@ from automlperf.search.gp import DistanceGP, ucb
 from automlperf.search.morph import Limits, MorphError, morph
 
 TRAINED = "completed"
+log = logging.getLogger("automlperf.search")
 
 
 class Model:
@@ -91,8 +96,10 @@ class _Node:
 class Searcher:
     """Candidate generation with caches that persist between calls."""
 
-    def __init__(self, config: SearchConfig | None = None) -> None:
+    def __init__(self, config: SearchConfig | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config or SearchConfig()
+        self.clock = clock  # only the safety cap and the reported seconds read it
         self.limits = Limits(self.config.max_layers, self.config.max_params)
         self._descriptors: dict[str, Descriptor] = {}
         self._pairs: dict[tuple[str, str], float] = {}
@@ -151,7 +158,7 @@ class Searcher:
     # --- the search -------------------------------------------------------------------
     def next_candidate(self, history: Sequence[Model], seed_graph: Graph, rng: random.Random,
                        kernel_size: int = 3) -> Candidate:
-        started = time.perf_counter()
+        started = self.clock()
         taken = {m.content_hash for m in history}
         trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
         if not trained:
@@ -160,23 +167,42 @@ class Searcher:
         gp = DistanceGP().fit(self._gram(fit), np.array([m.accuracy for m in fit]))
         packed = pack([self.descriptor(m.graph) for m in fit])
         cfg = self.config
+        budget = cfg.candidates_per_generation
         searched = set(taken)
         heap: list[tuple[float, int, _Node]] = []
         tick = 0
-        for m in sorted(trained, key=lambda m: -m.accuracy)[: 2 * cfg.neighbours]:
-            heapq.heappush(heap, (-m.accuracy, tick, _Node(m.graph, m, [], m.accuracy)))
-            tick += 1
+        roots = sorted(trained, key=lambda m: -m.accuracy)[: 2 * cfg.neighbours]
         best: tuple[float, _Node, float, float] | None = None
-        evaluated = expansions = 0
+        evaluated = expansions = steps = restarts = 0
         temperature = 1.0
+        capped = False
         deadline = started + cfg.generation_budget_s
-        while heap and temperature > cfg.sa_t_min and time.perf_counter() < deadline:
+        scored_before = -1
+        # Every pop either expands (scoring up to `neighbours` new architectures) or is
+        # rejected and consumed. When the heap runs dry before the budget is spent, the
+        # annealing restarts from the best models (their children seen so far are skipped);
+        # a pass that scores nothing new ends the search.
+        while evaluated < budget:
+            if not heap:
+                if evaluated == scored_before:
+                    break
+                scored_before = evaluated
+                restarts += 1
+                temperature = 1.0
+                for m in roots:
+                    heapq.heappush(heap, (-m.accuracy, tick, _Node(m.graph, m, [], m.accuracy)))
+                    tick += 1
+            if self.clock() >= deadline:
+                capped = True
+                break
+            steps += 1
             _, _, node = heapq.heappop(heap)
             opt = best[0] if best else -math.inf
             accept = math.exp(min((node.priority - opt) / temperature, 1.0))
             if accept >= rng.random():
                 expansions += 1
-                children = self._children(node, searched, rng, kernel_size)
+                children = self._children(node, searched, rng, kernel_size,
+                                          min(cfg.neighbours, budget - evaluated))
                 if children:
                     d = np.stack([distances(self.descriptor(g), packed) for g, _ in children])
                     mean, std = gp.predict(d)
@@ -189,9 +215,17 @@ class Searcher:
                             tick += 1
                         if best is None or acq[k] > best[0]:
                             best = (float(acq[k]), child, float(mean[k]), float(std[k]))
-            temperature *= cfg.sa_cooling
-        stats = {"seconds": time.perf_counter() - started, "evaluated": evaluated,
-                 "expansions": expansions, "fit_models": len(fit), "history": len(history),
+            temperature = max(cfg.sa_t_min, temperature * cfg.sa_cooling)
+        seconds = self.clock() - started
+        if capped:
+            log.warning("candidate generation hit its %.1f s safety cap after %d of %d "
+                        "architectures; this choice depends on the machine's speed (raise "
+                        "search.generation_budget_s or lower search.candidates_per_generation)",
+                        cfg.generation_budget_s, evaluated, budget)
+        stats = {"seconds": seconds, "evaluated": evaluated, "budget": budget,
+                 "expansions": expansions, "steps": steps, "restarts": restarts - 1,
+                 "capped": capped,
+                 "fit_models": len(fit), "history": len(history),
                  "gp_retries": gp.stats.retries, "gp_projected": gp.stats.projected}
         if best is None:
             return self._fallback(trained, taken, rng, kernel_size, stats)
@@ -199,9 +233,9 @@ class Searcher:
         return Candidate(node.graph, node.father.id, node.morphs, acq, mean, std, stats)
 
     def _children(self, node: _Node, searched: set[str], rng: random.Random,
-                  kernel_size: int) -> list[tuple[Graph, dict[str, Any]]]:
+                  kernel_size: int, tries: int) -> list[tuple[Graph, dict[str, Any]]]:
         out = []
-        for _ in range(self.config.neighbours):
+        for _ in range(tries):
             try:
                 child, record = morph(node.graph, "random", rng, kernel_size, self.limits)
             except MorphError:
@@ -218,7 +252,7 @@ class Searcher:
         morphs of the seed trained from fresh weights."""
         stats = {"cold_start": True}
         if seed_graph.content_hash() not in taken:
-            stats["seconds"] = time.perf_counter() - started
+            stats["seconds"] = self.clock() - started
             return Candidate(seed_graph, None, [], stats=stats)
         for _ in range(100):
             graph, records = seed_graph, []
@@ -229,7 +263,7 @@ class Searcher:
                     break
                 records.append(record.to_dict())
             if records and graph.content_hash() not in taken:
-                stats["seconds"] = time.perf_counter() - started
+                stats["seconds"] = self.clock() - started
                 return Candidate(graph, None, records, stats=stats)
         raise NoCandidate("no new architecture within reach of the seed")
 
