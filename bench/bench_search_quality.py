@@ -107,7 +107,7 @@ def one_run(method: str, seed: int, budget: float, threads: int) -> dict[str, An
                 parent_weights=None if parent is None else weights.get(parent))
             accs: list[float] = []
 
-            def on_message(kind: str, msg: dict[str, Any]) -> None:
+            def on_message(kind: str, msg: dict[str, Any], accs: list[float] = accs) -> None:
                 nonlocal best
                 if kind != "epoch":
                     return

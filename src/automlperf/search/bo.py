@@ -70,6 +70,12 @@ class Model:
         return f"Model({self.id!r}, accuracy={self.accuracy}, status={self.status!r})"
 
 
+def _score(model: Model) -> float:
+    """The accuracy the search ranks a trained model by (trained models always have one)."""
+    assert model.accuracy is not None
+    return model.accuracy
+
+
 @dataclass
 class Candidate:
     graph: Graph
@@ -146,7 +152,7 @@ class Searcher:
         cap = self.config.gp_max_models
         if len(trained) <= cap:
             return list(trained)
-        best = sorted(range(len(trained)), key=lambda i: (-trained[i].accuracy, i))[: cap // 2]
+        best = sorted(range(len(trained)), key=lambda i: (-_score(trained[i]), i))[: cap // 2]
         chosen = set(best)
         recent = [i for i in range(len(trained) - 1, -1, -1) if i not in chosen][: cap // 4]
         chosen.update(recent)
@@ -171,7 +177,7 @@ class Searcher:
         searched = set(taken)
         heap: list[tuple[float, int, _Node]] = []
         tick = 0
-        roots = sorted(trained, key=lambda m: -m.accuracy)[: 2 * cfg.neighbours]
+        roots = sorted(trained, key=lambda m: -_score(m))[: 2 * cfg.neighbours]
         best: tuple[float, _Node, float, float] | None = None
         evaluated = expansions = steps = restarts = 0
         temperature = 1.0
@@ -190,7 +196,7 @@ class Searcher:
                 restarts += 1
                 temperature = 1.0
                 for m in roots:
-                    heapq.heappush(heap, (-m.accuracy, tick, _Node(m.graph, m, [], m.accuracy)))
+                    heapq.heappush(heap, (-_score(m), tick, _Node(m.graph, m, [], _score(m))))
                     tick += 1
             if self.clock() >= deadline:
                 capped = True
@@ -229,8 +235,8 @@ class Searcher:
                  "gp_retries": gp.stats.retries, "gp_projected": gp.stats.projected}
         if best is None:
             return self._fallback(trained, taken, rng, kernel_size, stats)
-        acq, node, mean, std = best
-        return Candidate(node.graph, node.father.id, node.morphs, acq, mean, std, stats)
+        top_acq, top, top_mean, top_std = best
+        return Candidate(top.graph, top.father.id, top.morphs, top_acq, top_mean, top_std, stats)
 
     def _children(self, node: _Node, searched: set[str], rng: random.Random,
                   kernel_size: int, tries: int) -> list[tuple[Graph, dict[str, Any]]]:
@@ -250,7 +256,7 @@ class Searcher:
                     kernel_size: int, started: float) -> Candidate:
         """Nothing trained yet: the seed itself, or (when another replica has it) random
         morphs of the seed trained from fresh weights."""
-        stats = {"cold_start": True}
+        stats: dict[str, Any] = {"cold_start": True}
         if seed_graph.content_hash() not in taken:
             stats["seconds"] = self.clock() - started
             return Candidate(seed_graph, None, [], stats=stats)
@@ -270,9 +276,9 @@ class Searcher:
     def _fallback(self, trained: list[Model], taken: set[str], rng: random.Random,
                   kernel_size: int, stats: dict[str, Any]) -> Candidate:
         stats["fallback"] = True
-        top = sorted(trained, key=lambda m: -m.accuracy)[: 4 * self.config.neighbours]
+        fathers = sorted(trained, key=lambda m: -_score(m))[: 4 * self.config.neighbours]
         for _ in range(200):
-            father = rng.choice(top)
+            father = rng.choice(fathers)
             try:
                 graph, record = morph(father.graph, "random", rng, kernel_size, self.limits)
             except MorphError:
