@@ -162,7 +162,7 @@ def test_the_report_traces_the_best_models_lineage(run_dir, tmp_path):
     assert [int(r[0]) for r in rows] == chain
     for r in rows:
         acc = trials[int(r[0])].best_accuracy
-        assert r[5] == ("-" if acc is None else f"{acc:.4f}")
+        assert r[4] == ("-" if acc is None else f"{acc:.4f}")
     assert "lineage of the best model" in dom and "parent → child" in dom
 
 

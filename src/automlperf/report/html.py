@@ -108,7 +108,8 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
             "best": rec.best_accuracy, "predicted": rec.predicted_accuracy,
             "status": rec.status, "reason": rec.reason,
             "seconds": epoch_time.get(rec.id, 0.0)})
-    best_trial = trial_by_id.get(result.get("best_trial"))
+    best_id = result.get("best_trial")
+    best_trial = trial_by_id.get(best_id) if best_id is not None else None
     best_graph = graphs[best_trial.id] if best_trial else None
     row_by_id = {row["id"]: row for row in rows}
     lineage = [row_by_id[i] for i in _ancestry(best_trial.id, trial_by_id)] if best_trial else []
