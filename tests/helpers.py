@@ -20,13 +20,13 @@ def cli_args(*args):
 
 
 def fast_config(**run) -> str:
-    """A configuration that searches fast on the built-in digits at their native 8x8:
+    """A configuration that searches fast on the small digits at their native 8x8:
     1-, 1-, 2-epoch warm-up rounds, then 2-epoch TPE rounds."""
     settings = {"heartbeat_s": 1, "lease_timeout_s": 6, **run}
     lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
     return "\n".join(lines) + """
 [data]
-dataset = "builtin"
+dataset = "digits"
 image_size = 8
 [train]
 max_epochs = 2

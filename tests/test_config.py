@@ -42,7 +42,8 @@ def test_round_trip_through_toml(tmp_path):
     ("[trian]\nx = 1\n", "unknown setting 'trian'; valid keys: run, data"),
     ('[train]\nmax_epochs = "many"\n', "train.max_epochs: Input should be a valid integer"),
     ('[run]\nduration_s = "soon"\n', "run.duration_s: 'soon' is not a duration"),
-    ('[data]\ndataset = "mnist"\n', "data.dataset: Input should be 'imagenet', 'cifar10', 'builtin' or 'synthetic'"),
+    ('[data]\ndataset = "mnist"\n',
+     "data.dataset: Input should be 'imagenet', 'cifar10', 'builtin', 'digits' or 'synthetic'"),
     ("[train\n", "not valid TOML"),
 ])
 def test_errors_are_one_clear_line(tmp_path, text, message):

@@ -127,7 +127,8 @@ def test_the_report_renders_in_a_real_browser(run_dir, tmp_path):
     dom = browser("--virtual-time-budget=3000", "--dump-dom", report.as_uri(), tmp_path=tmp_path).stdout
     assert dom.count('class="chart"') == 4  # score, error, trials, resources
     for label in ("score and regulated score over time", "best error over time",
-                  "trial accuracy over time", "CPU utilisation and memory over time"):
+                  "trial accuracy over time, with lineage",
+                  "CPU utilisation and memory over time"):
         assert f'aria-label="{label}"' in dom
     trials = json.loads((run_dir / "result.json").read_text())["trials"]
     body = dom[dom.index('<table id="trials">'):]
@@ -140,6 +141,29 @@ def test_the_report_renders_in_a_real_browser(run_dir, tmp_path):
     browser("--window-size=1280,2400", f"--screenshot={shot}", report.as_uri(), tmp_path=tmp_path)
     assert shot.stat().st_size > 50_000
     assert result["score"] > 0
+
+
+@pytest.mark.browser
+def test_the_report_traces_the_best_models_lineage(run_dir, tmp_path):
+    from automlperf.store import open_store
+
+    store = open_store(run_dir=run_dir)
+    trials = {t.id: t for t in store.trials(1)}
+    best = json.loads((run_dir / "result.json").read_text())["best_trial"]
+    chain = [best]
+    while trials[chain[-1]].parent_id is not None:
+        chain.append(trials[chain[-1]].parent_id)
+    chain.reverse()
+    dom = browser("--dump-dom", (run_dir / "report.html").as_uri(), tmp_path=tmp_path).stdout
+    table = dom[dom.index('<table id="lineage">'):]
+    table = table[table.index("<tbody>"): table.index("</table>")]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in table.split("<tr")[1:]]
+    # Every ancestor, first to last, each with the accuracy the store holds for it.
+    assert [int(r[0]) for r in rows] == chain
+    for r in rows:
+        acc = trials[int(r[0])].best_accuracy
+        assert r[4] == ("-" if acc is None else f"{acc:.4f}")
+    assert "lineage of the best model" in dom and "parent → child" in dom
 
 
 @pytest.mark.browser

@@ -154,3 +154,86 @@ def test_fit_set_is_bounded_and_mixes_best_recent_and_others():
     assert hist[-1].id in {m.id for m in fit}  # the most recent model
     cand = searcher.next_candidate(hist, SMALL, random.Random(0))
     assert cand.stats["fit_models"] == 16
+
+
+class SlowClock:
+    """A clock on which every reading comes ``step`` seconds after the previous one: the
+    search sees a machine that many times slower than this one."""
+
+    def __init__(self, step):
+        self.now, self.step = 0.0, step
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+
+def fingerprint(cand):
+    return cand.graph.content_hash(), cand.parent_id, cand.morphs, cand.stats["evaluated"]
+
+
+def test_the_candidate_does_not_depend_on_the_machine_speed():
+    hist = history_of(family(25, seed=3), random.Random(1))
+    config = SearchConfig()
+    fast = Searcher(config).next_candidate(hist, SMALL, random.Random(7))
+    # Each clock reading a quarter second after the last: the ~50 readings of this
+    # generation look like 12 s, where a 1.5 s time budget would stop after 6 steps.
+    slow = Searcher(config, clock=SlowClock(0.25)).next_candidate(hist, SMALL, random.Random(7))
+    assert fast.stats["evaluated"] == config.candidates_per_generation
+    assert slow.stats["seconds"] > 5 and not slow.stats["capped"]
+    assert fingerprint(slow) == fingerprint(fast)
+
+
+def test_the_safety_cap_is_logged_when_it_fires(caplog):
+    hist = history_of(family(25, seed=3), random.Random(1))
+    config = SearchConfig(generation_budget_s=5.0)
+    with caplog.at_level("WARNING", logger="automlperf.search"):
+        cand = Searcher(config, clock=SlowClock(1.0)).next_candidate(hist, SMALL, random.Random(7))
+    assert cand.stats["capped"] and cand.stats["evaluated"] < config.candidates_per_generation
+    assert "safety cap" in caplog.text and "depends on the machine's speed" in caplog.text
+
+
+GENERATE = """
+import json, random, sys
+sys.path.insert(0, {tests!r})
+from test_search import SMALL, family, history_of, fingerprint
+from automlperf.search import Searcher
+hist = history_of(family(40, seed=11), random.Random(2))
+searcher = Searcher()
+out = []
+for r in range(3):
+    cand = searcher.next_candidate(hist, SMALL, random.Random(r), kernel_size=5)
+    out.append(list(fingerprint(cand)) + [cand.stats["seconds"]])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_same_candidates_beside_cpu_burning_processes():
+    """Generation in a fresh interpreter, once alone and once with four processes burning
+    every core beside it (and a single BLAS thread): the same candidates."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    code = GENERATE.format(tests=str(pathlib.Path(__file__).parent))
+
+    def generate(env_extra):
+        env = {**os.environ, **env_extra}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    alone = generate({})
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    try:
+        loaded = generate({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait(timeout=30)
+    assert [row[:4] for row in loaded] == [row[:4] for row in alone]
+    assert all(row[3] == SearchConfig().candidates_per_generation for row in alone)

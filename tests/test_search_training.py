@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from automlperf.graph import Graph, seeds
 from automlperf.search import Model, Searcher
 from automlperf.train import build_module
-from automlperf.train.data import builtin
+from automlperf.train.data import digits
 from automlperf.train.inherit import inherit
 from automlperf.train.pool import DataArgs, DevicePool, run_trial
 from automlperf.train.trainer import TrialSpec
@@ -29,10 +29,10 @@ def accuracy(module, data):
 
 
 def test_children_start_from_their_parents_accuracy(tmp_path):
-    data = builtin(8)
+    data = digits(8)
     history: list[Model] = []
     searcher = Searcher()
-    with DevicePool(["cpu"], DataArgs("builtin", image_size=8), threads_per_rank=2) as pool:
+    with DevicePool(["cpu"], DataArgs("digits", image_size=8), threads_per_rank=2) as pool:
         weights = str(tmp_path / "seed.safetensors")
         out = run_trial(pool, TrialSpec("seed", SEED.to_dict(), epochs=4, batch_size=64,
                                         patience=10, lr_per_256=0.4, warmup_epochs=1,

@@ -37,7 +37,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def pool():
-    with DevicePool(["cpu"], DataArgs("builtin", image_size=8), threads_per_rank=2) as p:
+    with DevicePool(["cpu"], DataArgs("digits", image_size=8), threads_per_rank=2) as p:
         yield p
 
 
@@ -121,7 +121,7 @@ def test_two_gloo_ranks_process_the_same_images_as_one():
     counts = {}
     for world in (1, 2):
         rec = Recorder()
-        with DevicePool(["cpu"] * world, DataArgs("builtin", image_size=8)) as p:
+        with DevicePool(["cpu"] * world, DataArgs("digits", image_size=8)) as p:
             out = run_trial(p, spec(f"dp{world}", epochs=2, batch_size=64), rec)
         assert out.status == "completed"
         counts[world] = [(e["train_images"], e["val_images"], e["steps"]) for e in rec.epochs]
@@ -162,7 +162,7 @@ def test_train_command_json_and_errors(tmp_path):
     graph = tmp_path / "g.json"
     graph.write_text(SMALL.to_json())
     exe = [sys.executable, "-m", "automlperf.cli"]
-    done = subprocess.run(exe + ["train", "--graph", str(graph), "--dataset", "builtin",
+    done = subprocess.run(exe + ["train", "--graph", str(graph), "--dataset", "digits",
                                  "--image-size", "8", "--epochs", "2", "--batch-size", "128",
                                  "--json"],
                           capture_output=True, text=True, timeout=300)

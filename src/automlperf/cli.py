@@ -135,7 +135,7 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def train(
     graph: Annotated[Optional[Path], typer.Option(help="Architecture JSON to train.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Or a seed: resnet50, resnet_small.")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="builtin, cifar10, imagenet, synthetic.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="builtin, digits, cifar10, imagenet, synthetic.")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder.")] = None,
     epochs: Annotated[int, typer.Option(min=1)] = 5,
     batch_size: Annotated[Optional[int], typer.Option(min=1, help="Global batch size.")] = None,
@@ -253,7 +253,7 @@ def run(
     config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
     duration: Annotated[Optional[str], typer.Option(help="Run length, e.g. 10m, 2h "
                                                     "(default: the dataset's preset).")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="builtin (default), imagenet, cifar10, "
+    dataset: Annotated[Optional[str], typer.Option(help="builtin (default), digits, imagenet, cifar10, "
                                                    "synthetic.")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder.")] = None,
     replicas: Annotated[Optional[int], typer.Option(min=1, help="Local replica processes.")] = None,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from automlperf import rules
 
-Dataset = Literal["imagenet", "cifar10", "builtin", "synthetic"]
+Dataset = Literal["imagenet", "cifar10", "builtin", "digits", "synthetic"]
 # "auto" and the ruleset's allowed precisions (a test keeps the two in step).
 Precision = Literal["auto", "bf16", "fp16", "tf32", "fp32"]
 
@@ -178,12 +178,18 @@ class SearchConfig(_Section):
     max_morphs_per_child: int = Field(3, ge=1, le=20)
     gp_max_models: int = Field(64, ge=4, le=10000, description="History models the Gaussian "
                                "process is fitted on (best, recent and diverse).")
-    sa_t_min: float = Field(0.05, gt=0, lt=1, description="Simulated annealing stops at this "
+    candidates_per_generation: int = Field(112, ge=1, le=100_000, description="Architectures "
+                                           "the Gaussian process scores per generation "
+                                           "(annealing steps x neighbours). A count, not a "
+                                           "time, so that any machine picks the same one.")
+    sa_t_min: float = Field(0.05, gt=0, lt=1, description="Floor of the simulated-annealing "
                             "temperature.")
-    sa_cooling: float = Field(0.85, gt=0, lt=1)
-    neighbours: int = Field(6, ge=1, le=64, description="Children tried per expanded node.")
-    generation_budget_s: float = Field(1.5, gt=0, description="Hard cap on one candidate "
-                                       "generation, seconds.")
+    sa_cooling: float = Field(0.8, gt=0, lt=1, description="Temperature factor per annealing "
+                              "step (from 1.0).")
+    neighbours: int = Field(8, ge=1, le=64, description="Children tried per expanded node.")
+    generation_budget_s: float = Field(30.0, gt=0, description="Safety cap on one candidate "
+                                       "generation, seconds; logged when it fires, since the "
+                                       "choice then depends on the machine's speed.")
 
 
 class MonitorConfig(_Section):
@@ -271,11 +277,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cifar10": {"data": {"image_size": 32}, "model": {"seed_model": "resnet_small"},
                 "train": {"batch_size": 128, "max_epochs": 30}},
     "builtin": {"run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
-                "data": {"image_size": 16}, "model": {"seed_model": "resnet_small"},
+                "data": {"image_size": 12}, "model": {"seed_model": "resnet_small"},
                 "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0,
                           "lr_per_256": 0.4, "patience_base": 3, "patience_per_round": 1,
                           "patience_max": 5},
                 "monitor": {"interval_s": 5.0}},
+    "digits": {"run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
+               "data": {"image_size": 8}, "model": {"seed_model": "resnet_small"},
+               "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0,
+                         "lr_per_256": 0.4, "patience_base": 3, "patience_per_round": 1,
+                         "patience_max": 5},
+               "monitor": {"interval_s": 5.0}},
     "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
                   "train": {"max_epochs": 4}},
 }

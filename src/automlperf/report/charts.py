@@ -77,11 +77,23 @@ def error_chart(curve: list[dict[str, float]]) -> str:
     return _svg(fig, "best error over time")
 
 
-def trials_chart(series: list[dict[str, Any]]) -> str:
-    """Every trial's validation accuracy at each epoch end, coloured by replica."""
+def trials_chart(series: list[dict[str, Any]], best_lineage: list[Any] | None = None) -> str:
+    """Every trial's validation accuracy at each epoch end, coloured by replica. A thin grey
+    link joins each child's first epoch to its parent's last (lineage); the path from the
+    seed to the best model is drawn bold."""
     fig, ax = plt.subplots(figsize=(6.4, 3.2))
     long_run = any(p[0] > 2 * 3600 for s in series for p in s["points"])
     tx = 3600.0 if long_run else 60.0
+    by_id = {s["id"]: s for s in series if "id" in s and s["points"]}
+    on_path = set(best_lineage or [])
+    for s in series:
+        parent = by_id.get(s.get("parent"))
+        if parent is None or not s["points"]:
+            continue
+        (x0, y0), (x1, y1) = parent["points"][-1], s["points"][0]
+        bold = s["id"] in on_path and parent["id"] in on_path
+        ax.plot([x0 / tx, x1 / tx], [100 * y0, 100 * y1], ls="-" if bold else ":",
+                color="#222" if bold else "#999", lw=1.6 if bold else 0.8, zorder=1)
     seen: set[int] = set()
     for s in series:
         colour = PALETTE[s["replica"] % len(PALETTE)]
@@ -89,13 +101,21 @@ def trials_chart(series: list[dict[str, Any]]) -> str:
         seen.add(s["replica"])
         xs = [p[0] / tx for p in s["points"]]
         ys = [100 * p[1] for p in s["points"]]
-        ax.plot(xs, ys, "-o", color=colour, ms=2.5, lw=1, alpha=0.85, label=label)
+        bold = s.get("id") in on_path
+        ax.plot(xs, ys, "-o", color=colour, ms=3.5 if bold else 2.5, lw=2 if bold else 1,
+                alpha=1.0 if bold else 0.7, label=label, zorder=3 if bold else 2,
+                markeredgecolor="#222" if bold else colour, markeredgewidth=0.6)
+    if on_path:
+        ax.plot([], [], "-", color="#222", lw=1.6, label="lineage of the best model")
+        ax.plot([], [], ":", color="#999", lw=0.8, label="parent → child")
     ax.set_xlabel(_time_label(long_run))
     ax.set_ylabel("validation accuracy (%)")
-    ax.set_ylim(0, 100)
+    accs = [100 * p[1] for s in series for p in s["points"]]
+    # From just below the lowest point: a run that climbs from 90 % to 99 % shows its climb.
+    ax.set_ylim(max(0.0, min(accs) - 2) if accs else 0.0, 100)
     if seen:
-        ax.legend(loc="lower right", frameon=False, ncol=min(4, len(seen)))
-    return _svg(fig, "trial accuracy over time")
+        ax.legend(loc="lower right", frameon=False, ncol=min(3, len(seen) + 2), fontsize=7)
+    return _svg(fig, "trial accuracy over time, with lineage")
 
 
 def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, str]:

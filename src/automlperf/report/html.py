@@ -52,6 +52,15 @@ def list_or(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _ancestry(trial_id: int, trials: dict[int, Any]) -> list[int]:
+    """Trial ids from the first ancestor down to ``trial_id``, following parent links."""
+    chain = [trial_id]
+    while (parent := trials[chain[-1]].parent_id) is not None and parent in trials \
+            and parent not in chain:
+        chain.append(parent)
+    return chain[::-1]
+
+
 def _config_rows(config: Config) -> list[dict[str, Any]]:
     custom = config.customised()
     rows = []
@@ -89,8 +98,9 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     trial_by_id = {t.id: t for t in trials}
     for t, e in counted:
         rec = trial_by_id[e.trial_id]
-        series.setdefault(e.trial_id, {"replica": rec.replica_index, "points": []})["points"].append(
-            (t, e.val_accuracy))
+        series.setdefault(e.trial_id, {"id": rec.id, "parent": rec.parent_id,
+                                       "replica": rec.replica_index, "points": []}
+                          )["points"].append((t, e.val_accuracy))
     epoch_time: dict[int, float] = {}
     for e in epochs:
         epoch_time[e.trial_id] = epoch_time.get(e.trial_id, 0.0) + e.ended_at - e.started_at
@@ -112,6 +122,8 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     best_id = result.get("best_trial")
     best_trial = trial_by_id.get(best_id) if best_id is not None else None
     best_graph = graphs[best_trial.id] if best_trial else None
+    row_by_id = {row["id"]: row for row in rows}
+    lineage = [row_by_id[i] for i in _ancestry(best_trial.id, trial_by_id)] if best_trial else []
     start = segments[0].started_at if segments else 0.0
     samples = store.samples(run_id)
     replicas = store.replicas(run_id)
@@ -120,6 +132,7 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
         "run_dir": str(rd.path), "result": result, "config": config,
         "config_rows": _config_rows(config), "system": system, "curve": curve,
         "series": list(series.values()), "rows": rows, "best_trial": best_trial,
+        "lineage": lineage,
         "best_graph": best_graph, "samples": samples, "start": start, "nodes": nodes,
         "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
         "breakdown": result.get("time_breakdown"), "breakdown_parts": BREAKDOWN_LABELS,
@@ -139,7 +152,7 @@ def render(data: dict[str, Any]) -> str:
         generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         score_svg=charts.score_chart(data["curve"], result.get("timeline", [])),
         error_svg=charts.error_chart(data["curve"]),
-        trials_svg=charts.trials_chart(data["series"]),
+        trials_svg=charts.trials_chart(data["series"], [t["id"] for t in data["lineage"]]),
         resource_svg=resource_svg, resource_note=resource_note,
         best_summary=best_graph.summary() if best_graph else None, best_ops=best_ops,
         kinds=best_ops.by_kind if best_ops else {})

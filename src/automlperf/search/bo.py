@@ -7,17 +7,21 @@ process on the edit-distance kernel.
 
 Cost stays bounded as the history grows: the process is fitted on at most
 ``gp_max_models`` models (the best, the most recent and a random sample of the rest),
-descriptors and pairwise distances are cached across calls, and a time budget caps the
-search. Everything random flows from the caller's ``rng``, so a seed gives the same candidate.
+descriptors and pairwise distances are cached across calls, and the tree search scores a fixed
+number of architectures (``candidates_per_generation``). Everything random flows from the
+caller's ``rng`` and nothing depends on elapsed time, so the same history, seed and
+configuration give the same candidate on a fast machine and on a slow or loaded one. A
+wall-clock cap remains as a safety net only; when it fires, it is logged and recorded.
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +34,7 @@ from automlperf.search.gp import DistanceGP, ucb
 from automlperf.search.morph import Limits, MorphError, morph
 
 TRAINED = "completed"
+log = logging.getLogger("automlperf.search")
 
 
 class Model:
@@ -65,6 +70,12 @@ class Model:
         return f"Model({self.id!r}, accuracy={self.accuracy}, status={self.status!r})"
 
 
+def _score(model: Model) -> float:
+    """The accuracy the search ranks a trained model by (trained models always have one)."""
+    assert model.accuracy is not None
+    return model.accuracy
+
+
 @dataclass
 class Candidate:
     graph: Graph
@@ -91,8 +102,10 @@ class _Node:
 class Searcher:
     """Candidate generation with caches that persist between calls."""
 
-    def __init__(self, config: SearchConfig | None = None) -> None:
+    def __init__(self, config: SearchConfig | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config or SearchConfig()
+        self.clock = clock  # only the safety cap and the reported seconds read it
         self.limits = Limits(self.config.max_layers, self.config.max_params)
         self._descriptors: dict[str, Descriptor] = {}
         self._pairs: dict[tuple[str, str], float] = {}
@@ -139,7 +152,7 @@ class Searcher:
         cap = self.config.gp_max_models
         if len(trained) <= cap:
             return list(trained)
-        best = sorted(range(len(trained)), key=lambda i: (-trained[i].accuracy, i))[: cap // 2]
+        best = sorted(range(len(trained)), key=lambda i: (-_score(trained[i]), i))[: cap // 2]
         chosen = set(best)
         recent = [i for i in range(len(trained) - 1, -1, -1) if i not in chosen][: cap // 4]
         chosen.update(recent)
@@ -151,7 +164,7 @@ class Searcher:
     # --- the search -------------------------------------------------------------------
     def next_candidate(self, history: Sequence[Model], seed_graph: Graph, rng: random.Random,
                        kernel_size: int = 3) -> Candidate:
-        started = time.perf_counter()
+        started = self.clock()
         taken = {m.content_hash for m in history}
         trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
         if not trained:
@@ -160,23 +173,42 @@ class Searcher:
         gp = DistanceGP().fit(self._gram(fit), np.array([m.accuracy for m in fit]))
         packed = pack([self.descriptor(m.graph) for m in fit])
         cfg = self.config
+        budget = cfg.candidates_per_generation
         searched = set(taken)
         heap: list[tuple[float, int, _Node]] = []
         tick = 0
-        for m in sorted(trained, key=lambda m: -m.accuracy)[: 2 * cfg.neighbours]:
-            heapq.heappush(heap, (-m.accuracy, tick, _Node(m.graph, m, [], m.accuracy)))
-            tick += 1
+        roots = sorted(trained, key=lambda m: -_score(m))[: 2 * cfg.neighbours]
         best: tuple[float, _Node, float, float] | None = None
-        evaluated = expansions = 0
+        evaluated = expansions = steps = restarts = 0
         temperature = 1.0
+        capped = False
         deadline = started + cfg.generation_budget_s
-        while heap and temperature > cfg.sa_t_min and time.perf_counter() < deadline:
+        scored_before = -1
+        # Every pop either expands (scoring up to `neighbours` new architectures) or is
+        # rejected and consumed. When the heap runs dry before the budget is spent, the
+        # annealing restarts from the best models (their children seen so far are skipped);
+        # a pass that scores nothing new ends the search.
+        while evaluated < budget:
+            if not heap:
+                if evaluated == scored_before:
+                    break
+                scored_before = evaluated
+                restarts += 1
+                temperature = 1.0
+                for m in roots:
+                    heapq.heappush(heap, (-_score(m), tick, _Node(m.graph, m, [], _score(m))))
+                    tick += 1
+            if self.clock() >= deadline:
+                capped = True
+                break
+            steps += 1
             _, _, node = heapq.heappop(heap)
             opt = best[0] if best else -math.inf
             accept = math.exp(min((node.priority - opt) / temperature, 1.0))
             if accept >= rng.random():
                 expansions += 1
-                children = self._children(node, searched, rng, kernel_size)
+                children = self._children(node, searched, rng, kernel_size,
+                                          min(cfg.neighbours, budget - evaluated))
                 if children:
                     d = np.stack([distances(self.descriptor(g), packed) for g, _ in children])
                     mean, std = gp.predict(d)
@@ -189,19 +221,27 @@ class Searcher:
                             tick += 1
                         if best is None or acq[k] > best[0]:
                             best = (float(acq[k]), child, float(mean[k]), float(std[k]))
-            temperature *= cfg.sa_cooling
-        stats = {"seconds": time.perf_counter() - started, "evaluated": evaluated,
-                 "expansions": expansions, "fit_models": len(fit), "history": len(history),
+            temperature = max(cfg.sa_t_min, temperature * cfg.sa_cooling)
+        seconds = self.clock() - started
+        if capped:
+            log.warning("candidate generation hit its %.1f s safety cap after %d of %d "
+                        "architectures; this choice depends on the machine's speed (raise "
+                        "search.generation_budget_s or lower search.candidates_per_generation)",
+                        cfg.generation_budget_s, evaluated, budget)
+        stats = {"seconds": seconds, "evaluated": evaluated, "budget": budget,
+                 "expansions": expansions, "steps": steps, "restarts": restarts - 1,
+                 "capped": capped,
+                 "fit_models": len(fit), "history": len(history),
                  "gp_retries": gp.stats.retries, "gp_projected": gp.stats.projected}
         if best is None:
             return self._fallback(trained, taken, rng, kernel_size, stats)
-        acq, node, mean, std = best
-        return Candidate(node.graph, node.father.id, node.morphs, acq, mean, std, stats)
+        top_acq, top, top_mean, top_std = best
+        return Candidate(top.graph, top.father.id, top.morphs, top_acq, top_mean, top_std, stats)
 
     def _children(self, node: _Node, searched: set[str], rng: random.Random,
-                  kernel_size: int) -> list[tuple[Graph, dict[str, Any]]]:
+                  kernel_size: int, tries: int) -> list[tuple[Graph, dict[str, Any]]]:
         out = []
-        for _ in range(self.config.neighbours):
+        for _ in range(tries):
             try:
                 child, record = morph(node.graph, "random", rng, kernel_size, self.limits)
             except MorphError:
@@ -216,9 +256,9 @@ class Searcher:
                     kernel_size: int, started: float) -> Candidate:
         """Nothing trained yet: the seed itself, or (when another replica has it) random
         morphs of the seed trained from fresh weights."""
-        stats = {"cold_start": True}
+        stats: dict[str, Any] = {"cold_start": True}
         if seed_graph.content_hash() not in taken:
-            stats["seconds"] = time.perf_counter() - started
+            stats["seconds"] = self.clock() - started
             return Candidate(seed_graph, None, [], stats=stats)
         for _ in range(100):
             graph, records = seed_graph, []
@@ -229,16 +269,16 @@ class Searcher:
                     break
                 records.append(record.to_dict())
             if records and graph.content_hash() not in taken:
-                stats["seconds"] = time.perf_counter() - started
+                stats["seconds"] = self.clock() - started
                 return Candidate(graph, None, records, stats=stats)
         raise NoCandidate("no new architecture within reach of the seed")
 
     def _fallback(self, trained: list[Model], taken: set[str], rng: random.Random,
                   kernel_size: int, stats: dict[str, Any]) -> Candidate:
         stats["fallback"] = True
-        top = sorted(trained, key=lambda m: -m.accuracy)[: 4 * self.config.neighbours]
+        fathers = sorted(trained, key=lambda m: -_score(m))[: 4 * self.config.neighbours]
         for _ in range(200):
-            father = rng.choice(top)
+            father = rng.choice(fathers)
             try:
                 graph, record = morph(father.graph, "random", rng, kernel_size, self.limits)
             except MorphError:
