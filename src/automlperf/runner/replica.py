@@ -237,9 +237,15 @@ class Replica:
                     if trial_id is None:  # another replica took this architecture meanwhile
                         upcoming = search.submit(self._prepare, round_index)
                         continue
-                    # Generate the next candidate while this one trains.
-                    upcoming = search.submit(self._prepare, round_index + 1)
+                    # Generate the next candidate while this one trains, once anything has
+                    # been trained: before that, the search could only morph the seed into a
+                    # child trained from fresh weights, a trial wasted on a short run.
+                    overlap = any(t.status == COMPLETED for t in self.store.summaries(self.run_id))
+                    if overlap:
+                        upcoming = search.submit(self._prepare, round_index + 1)
                     self._train(trial_id, job, upcoming)
+                    if not overlap:
+                        upcoming = search.submit(self._prepare, round_index + 1)
                     round_index += 1
             finally:
                 upcoming.cancel()
