@@ -265,7 +265,9 @@ def run(
                                                  "default RUN_DIR/history.db.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --run-dir.")] = False,
     launcher: Annotated[str, typer.Option(help="local: replicas as processes here; slurm: one "
-                                          "replica per node of the SLURM job.")] = "local",
+                                          "replica per node of the SLURM job; external: start "
+                                          "none, the site's launcher runs `automlperf worker` "
+                                          "--replicas times.")] = "local",
 ) -> None:
     """Run the benchmark: launch replicas, stop at the deadline, score, write the report."""
     import datetime
@@ -316,8 +318,16 @@ def run(
         starter = LocalLauncher(run_dir, count, replica_url,
                                 devices_per_replica or cfg_for_launch.run.devices_per_replica,
                                 cores=cores_available())
+    elif launcher == "external":
+        from automlperf.runner.launch import ExternalLauncher
+
+        count = replicas or cfg_for_launch.run.replicas
+        starter = ExternalLauncher(run_dir, count, replica_url,
+                                   lease_timeout_s=cfg_for_launch.run.lease_timeout_s)
     else:
-        raise UsageError(f"--launcher must be local or slurm, not {launcher!r}")
+        raise UsageError(f"--launcher must be local, slurm or external, not {launcher!r}")
+    # An external launcher may place several replicas on a node: result.json counts the
+    # nodes from the hosts that replicas report.
     system = describe(nodes=count if launcher == "slurm" else 1)
     session = primary.prepare(cfg, run_dir, url, resume, system)
     cfg = session.config
@@ -335,12 +345,19 @@ def run(
     try:
         if session.deadline_at > session.started_at:
             starter.start()
+            if launcher == "external":
+                err.print(f"waiting for {count} replica(s): start `automlperf worker --run-dir "
+                          f"{run_dir.resolve()}` once per node with your launcher",
+                          highlight=False)
             watch = primary.supervise(session, starter, err)
         else:
             watch = primary.Watch("completed")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
         result = primary.finish(session, starter, err, watch, system)
+    if launcher == "external" and starter.joined() < count:
+        err.print(f"only {starter.joined()} of {count} replica(s) joined this session: check "
+                  "the site launcher's job and its logs", highlight=False)
     out.print(primary.summary(result, run_dir))
     out.print(f"result: {session.dir.result}", highlight=False)
     try:
@@ -358,6 +375,8 @@ def run(
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir {run_dir}`",
                   highlight=False)
         raise typer.Exit(130)
+    if launcher == "external" and starter.joined() == 0:
+        raise typer.Exit(1)  # a session no replica joined measured nothing
 
 
 @app.command()
@@ -365,19 +384,29 @@ def run(
 def worker(
     run_dir: Annotated[Path, typer.Option(help="The run directory (shared filesystem).")],
     store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
-    replica_index: Annotated[Optional[int], typer.Option(help="This replica's number "
-                                                         "(default SLURM_PROCID).")] = None,
+    replica_index: Annotated[Optional[int], typer.Option(min=0, help="This replica's number "
+                                                         "(default: from the launcher).")] = None,
     devices: Annotated[Optional[int], typer.Option(min=1, help="Accelerators to use "
                                                    "(default all visible).")] = None,
     threads: Annotated[Optional[int], typer.Option(min=1, help="CPU cores to use (default "
                                                    "SLURM_CPUS_PER_TASK or all).")] = None,
     monitor: Annotated[bool, typer.Option(help="Sample this node's resources (one sampler "
                                           "per node).")] = True,
+    wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for the primary to open "
+                                        "the run's session (replicas started by a site "
+                                        "launcher may come first).")] = 300.0,
 ) -> None:
-    """Run one replica: generate, train and record candidates until the deadline."""
+    """Run one replica: generate, train and record candidates until the deadline. Its index
+    comes from --replica-index or the launcher's rank variable (PMIX_RANK,
+    OMPI_COMM_WORLD_RANK, PMI_RANK, PALS_RANKID, FLUX_TASK_RANK, JOB_COMPLETION_INDEX, SLURM)."""
+    from automlperf.runner.identity import IdentityError
     from automlperf.runner.replica import run_worker
 
-    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor))
+    try:
+        code = run_worker(run_dir, store, replica_index, devices, threads, monitor, wait)
+    except IdentityError as exc:
+        raise UsageError(str(exc)) from None
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -507,13 +536,25 @@ def slurm(
     config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
     sbatch_option: Annotated[Optional[list[str]], typer.Option(
         "--sbatch", help="Extra #SBATCH line, e.g. --sbatch=--qos=high (repeatable).")] = None,
+    container_image: Annotated[Optional[str], typer.Option(
+        help="Run each node's replica in this image: an enroot/pyxis image "
+             "(nvcr.io#nvidia/pytorch:25.01-py3, a .sqsh file) or an Apptainer .sif.")] = None,
+    container_runtime: Annotated[str, typer.Option(help="pyxis (srun --container-image) or "
+                                                   "apptainer (srun apptainer exec).")] = "pyxis",
+    container_mount: Annotated[Optional[list[str]], typer.Option(
+        help="SRC:DST mounted in the container besides the run directory, e.g. the dataset "
+             "(repeatable).")] = None,
+    container_option: Annotated[Optional[list[str]], typer.Option(
+        help="Extra option for the runtime, e.g. --container-option=--nv for Apptainer on "
+             "NVIDIA GPUs, --rocm on AMD (repeatable).")] = None,
     submit: Annotated[bool, typer.Option(help="Submit the script with sbatch.")] = False,
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
     from automlperf.config import Config, parse_duration
     from automlperf.runner.pgserver import PostgresError
-    from automlperf.runner.slurm import ScriptOptions, SlurmError, submit as sbatch, write_script
+    from automlperf.runner.slurm import (Container, ScriptOptions, SlurmError, submit as sbatch,
+                                         write_script)
     from automlperf.store.urls import resolve_store_url
 
     try:
@@ -525,10 +566,17 @@ def slurm(
         Config.load(config)  # a broken file is refused here, not in the queue
     url = resolve_store_url(store)
     try:
+        box = None
+        if container_image is not None:
+            box = Container(container_runtime, container_image, container_mount or [],
+                            container_option or [])
+        elif container_mount or container_option:
+            raise UsageError("--container-mount and --container-option need --container-image")
         script = write_script(ScriptOptions(
             run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
             cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
-            time_limit_s=limit, config=config, sbatch_extra=sbatch_option or []))
+            time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [],
+            container=box))
         out.print(f"batch script: {script}", highlight=False)
         if test_only:
             out.print(sbatch(script, test_only=True), highlight=False)

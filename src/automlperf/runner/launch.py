@@ -1,4 +1,5 @@
-"""Starting and stopping replicas: as local processes (the default) or SLURM job steps."""
+"""Starting and stopping replicas: as local processes (the default), SLURM job steps
+(runner/slurm.py), or not at all when the site's own launcher starts them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from automlperf.store.urls import STORE_ENV
 
@@ -125,3 +126,73 @@ class LocalLauncher:
     def stop(self, grace_s: float) -> None:
         # A replica that ignores SIGTERM loses its whole session: worker and training ranks.
         terminate(self.procs, grace_s, lambda p: os.killpg(p.pid, signal.SIGKILL))
+
+
+@dataclass
+class ExternalLauncher:
+    """Replicas started by the site's own launcher (mpiexec, Flux, PBS, LSF, Kubernetes):
+    this side starts nothing and follows the ``replicas`` expected through the store, where
+    each one registers itself and heart-beats."""
+
+    run_dir: Path
+    replicas: int
+    store_url: str | None
+    lease_timeout_s: float = 60.0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> None:
+        from automlperf.runner.rundir import RunDir
+        from automlperf.store import open_store
+
+        rd = RunDir(self.run_dir)
+        self.run_id = int(rd.meta()["run_id"])
+        self.store = open_store(rd.store_url(self.store_url), run_dir=self.run_dir)
+        self.segment = self.store.segments(self.run_id)[-1]
+
+    def _mine(self) -> dict[int, Any]:
+        """The latest registration of each replica index in this session."""
+        latest: dict[int, Any] = {}
+        for rep in self.store.replicas(self.run_id):
+            if rep.segment == self.segment.index:
+                if rep.index not in latest or rep.id > latest[rep.index].id:
+                    latest[rep.index] = rep
+        return latest
+
+    def states(self) -> list[str]:
+        """``waiting`` (not registered yet), ``up``, ``lost`` (silent past the lease
+        timeout: killed without a chance to say so) or ``exited``, for each expected index
+        and any unexpected one that registered."""
+        from automlperf.store import RUNNING
+
+        mine = self._mine()
+        now = time.time()
+        count = max([self.replicas, *(i + 1 for i in mine)])
+        states = []
+        for i in range(count):
+            rep = mine.get(i)
+            if rep is None:
+                states.append("waiting")
+            elif rep.status != RUNNING:
+                states.append("exited")
+            elif now - rep.last_heartbeat > self.lease_timeout_s:
+                states.append("lost")
+            else:
+                states.append("up")
+        return states
+
+    def alive(self) -> list[bool]:
+        # A replica not yet started counts as alive: the session waits for it until the
+        # deadline rather than ending before the site's launcher has got going.
+        return [state in ("waiting", "up") for state in self.states()]
+
+    def joined(self) -> int:
+        return len(self._mine())
+
+    def stop(self, grace_s: float) -> None:
+        """Wait for the replicas to stop themselves: at the deadline, or when they see the
+        session end (at their next heartbeat); there is nothing here to signal."""
+        if time.time() < self.segment.deadline_at:
+            return  # interrupted: the ended session tells them to stop
+        deadline = time.monotonic() + grace_s
+        while "up" in self.states() and time.monotonic() < deadline:
+            time.sleep(0.5)
