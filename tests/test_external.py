@@ -69,6 +69,14 @@ def test_replicas_started_by_mpiexec_complete_a_run_that_verifies(tmp_path):
     assert {r.status for r in store.replicas(1)} == {"stopped"}
     done = cli("check", run_dir)
     assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
+    # The MLPerf-style log written at the end passes mlperf-logging's checker with our rules.
+    from mlperf_logging.compliance_checker import mlp_compliance
+
+    from automlperf.measure.mlperf import rules_path
+
+    checker = mlp_compliance.make_checker("training", "6.1.0", quiet=True, werror=False)
+    assert checker.check_file(str(run_dir / "mllog.txt"), str(rules_path()))
+    assert json.loads((run_dir / "system_desc.json").read_text())["number_of_nodes"] == "1"
 
 
 def test_a_session_nobody_joins_ends_at_its_deadline_and_says_so(tmp_path):

@@ -360,6 +360,7 @@ def run(
                   "the site launcher's job and its logs", highlight=False)
     out.print(primary.summary(result, run_dir))
     out.print(f"result: {session.dir.result}", highlight=False)
+    _write_mlperf(run_dir, url)
     try:
         from automlperf.report.html import write_report
 
@@ -407,6 +408,35 @@ def worker(
     except IdentityError as exc:
         raise UsageError(str(exc)) from None
     raise typer.Exit(code)
+
+
+def _write_mlperf(run_dir: Path, url: Optional[str], org: str = "unspecified") -> None:
+    from automlperf.measure.mlperf import write_mlperf
+
+    try:
+        written = write_mlperf(run_dir, url, org)
+    except Exception as exc:  # noqa: BLE001 - the result is written; these can be redone
+        err.print(f"MLPerf-style logs not written ({exc}); retry with `automlperf mlperf "
+                  f"{run_dir}`", highlight=False)
+        return
+    for what, where in written.items():
+        if isinstance(where, Path):
+            out.print(f"{what}: {where}", highlight=False)
+        else:
+            err.print(f"{what} not written: {where}", highlight=False)
+
+
+@app.command()
+@user_errors
+def mlperf(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory.")],
+    store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
+    org: Annotated[str, typer.Option(help="Submitter (submission_org, submitter).")] = "unspecified",
+) -> None:
+    """Write mllog.txt (MLPerf :::MLLOG lines) and system_desc.json of a finished run."""
+    if not (run_dir / "result.json").exists():
+        raise UsageError(f"{run_dir / 'result.json'} is missing: finish the run first")
+    _write_mlperf(run_dir, store, org)
 
 
 @app.command()
