@@ -491,8 +491,9 @@ def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to rank.")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Rank several runs: system, accelerators, score, regulated score, OPS per device."""
-    from automlperf.measure.units import format_ops
+    """Rank several runs: system, accelerators, score, regulated score, OPS per device and
+    per watt, energy."""
+    from automlperf.measure.units import format_energy, format_ops
     from automlperf.report.compare import ranking
 
     try:
@@ -504,13 +505,15 @@ def compare(
         return
     table = Table(title="automlperf ranking")
     for col in ("#", "run", "system", "accelerators", "devices", "score", "regulated",
-                "per device", "of peak", "best acc.", "valid"):
+                "per device", "of peak", "per watt", "energy", "best acc.", "valid"):
         table.add_column(col, justify="right" if col in ("#", "devices") else "left")
     for r in rows:
         table.add_row(str(r["rank"]), r["name"] or r["run"], r["system"], r["accelerators"],
                       str(r["devices"]), format_ops(r["score"]), format_ops(r["regulated_score"]),
                       format_ops(r["ops_per_device"]),
                       "-" if r["fraction_of_peak"] is None else f"{100 * r['fraction_of_peak']:.1f} %",
+                      "-" if r["ops_per_watt"] is None else f"{format_ops(r['ops_per_watt'])}/W",
+                      format_energy(r["energy_j"]),
                       "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
                       "yes" if r["valid"] else ("no" if r["official"] else "no (unofficial)"))
     out.print(table)

@@ -1,8 +1,10 @@
 """Resource monitor: one sampler process per node, every ``interval_s`` seconds.
 
-Records per-GPU utilisation, memory and power through NVML (``nvidia-ml-py``, imported only
-here), and CPU utilisation and host memory through psutil, into the run's store and
-``monitor/<node>.jsonl``. NVML numbers devices its own way and ignores
+Records per-GPU utilisation, memory, power and the cumulative energy counter through NVML
+(``nvidia-ml-py``, imported only here), CPU utilisation and host memory through psutil, and
+the CPU packages' RAPL energy counters where readable, into the run's store and
+``monitor/<node>.jsonl``. Energy is the difference of the counters between samples
+(measure/energy.py). NVML numbers devices its own way and ignores
 CUDA_VISIBLE_DEVICES, so GPUs are matched to torch's numbering by UUID. Without a GPU (or
 without NVML) it records CPU and memory only.
 
@@ -19,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from automlperf.measure.energy import POWERCAP, RaplReader
 
 
 class GPUSampler:
@@ -60,6 +64,11 @@ class GPUSampler:
                 entry["power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
             except nv.NVMLError as exc:
                 entry["error"] = str(exc)
+            try:
+                # Millijoules since the driver loaded (Volta and newer).
+                entry["energy_mj"] = int(nv.nvmlDeviceGetTotalEnergyConsumption(handle))
+            except nv.NVMLError:
+                pass
             out.append(entry)
         return out
 
@@ -76,12 +85,16 @@ def host_sample() -> dict[str, Any]:
             "mem_used_gib": (mem.total - mem.available) / 2**30, "mem_total_gib": mem.total / 2**30}
 
 
-def sample(gpus: GPUSampler) -> dict[str, Any]:
-    return {"t": time.time(), **host_sample(), "gpus": gpus.sample()}
+def sample(gpus: GPUSampler, rapl: RaplReader | None = None) -> dict[str, Any]:
+    record = {"t": time.time(), **host_sample(), "gpus": gpus.sample()}
+    if rapl is not None and rapl.domains:
+        record["cpu_energy_uj"] = rapl.read()
+    return record
 
 
 def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: list[str],
-                node: str, stop: threading.Event | None = None) -> None:
+                node: str, stop: threading.Event | None = None,
+                powercap: Path = POWERCAP) -> None:
     """Sample until ``stop`` is set (or SIGTERM); each sample goes to the file at once and
     to the store (batched, so a slow store never delays sampling)."""
     from automlperf.runner.rundir import RunDir
@@ -94,19 +107,21 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     rd.monitor.mkdir(exist_ok=True)
     gpus = GPUSampler(uuids)
+    rapl = RaplReader(powercap)
     import psutil
 
     psutil.cpu_percent(interval=None)  # the first reading only starts the measurement
     pending: list[dict[str, Any]] = []
     with open(rd.monitor / f"{node}.jsonl", "a", encoding="utf-8") as out:
-        if gpus.error:
-            out.write(json.dumps({"t": time.time(), "note": gpus.error}) + "\n")
+        for note in (gpus.error, rapl.error):
+            if note:
+                out.write(json.dumps({"t": time.time(), "note": note}) + "\n")
         wait = min(interval_s, 2.0)  # an early first sample, so short runs have one
         while True:
             if stop.wait(wait):
                 break
             wait = interval_s
-            record = sample(gpus)
+            record = sample(gpus, rapl)
             out.write(json.dumps(record) + "\n")
             out.flush()
             pending.append(record)
@@ -115,7 +130,7 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
                 pending = []
             except Exception:  # noqa: BLE001 - kept and sent with the next sample
                 pass
-        record = sample(gpus)
+        record = sample(gpus, rapl)
         out.write(json.dumps(record) + "\n")
         pending.append(record)
         try:
