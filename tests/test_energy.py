@@ -139,3 +139,28 @@ def test_no_counters_no_energy_figures(tmp_path):
     store.end_segment(run_id, segment, 100.0)
     result = build_result(store, run_id, config, {})
     assert result["energy_j"] is None and result["ops_per_watt"] is None
+
+
+def test_amd_gpus_are_sampled_through_amdsmi_when_nvml_finds_none(monkeypatch):
+    import sys
+
+    from automlperf.measure.monitor import open_gpu_sampler
+
+    nvml = FakeNVML()
+    nvml.nvmlDeviceGetCount = lambda: 0
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    energy = {"h0": 1_000}
+    amdsmi = types.ModuleType("amdsmi")
+    amdsmi.amdsmi_init = lambda *a: None
+    amdsmi.amdsmi_get_processor_handles = lambda: ["h0"]
+    amdsmi.amdsmi_get_gpu_device_uuid = lambda h: "ab-cd"
+    amdsmi.amdsmi_get_gpu_vram_usage = lambda h: {"vram_used": 2048, "vram_total": 196608}
+    amdsmi.amdsmi_get_power_info = lambda h: {"current_socket_power": 650}
+    amdsmi.amdsmi_get_gpu_activity = lambda h: {"gfx_activity": 97}
+    amdsmi.amdsmi_get_energy_count = lambda h: {"energy_accumulator": energy[h],
+                                                "counter_resolution": 15.3}
+    monkeypatch.setitem(sys.modules, "amdsmi", amdsmi)
+    sampler = open_gpu_sampler(["GPU-ab-cd"])
+    (entry,) = sampler.sample()
+    assert entry["uuid"] == "ab-cd" and entry["util"] == 97.0 and entry["power_w"] == 650.0
+    assert entry["mem_total_gib"] == 192.0 and entry["energy_mj"] == int(1_000 * 15.3 / 1000)

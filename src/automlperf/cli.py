@@ -541,7 +541,7 @@ def info(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if desc["accelerators"]:
         for a in desc["accelerators"]:
             peak = f", peak {format_ops(a['peak_ops'])} ({a['peak_precision']})" if a["peak_ops"] else ""
-            table.add_row(f"GPU {a['index']}", f"{a['name']}, {a['memory_gib']} GiB, "
+            table.add_row(f"{a.get('type', 'cuda')}:{a['index']}", f"{a['name']}, {a['memory_gib']} GiB, "
                           f"{a.get('uuid', '')}{peak}")
     else:
         table.add_row("accelerators", "none visible: training runs on the CPU")

@@ -69,16 +69,37 @@ class LaunchError(ValueError):
     """The replicas asked for do not fit this machine."""
 
 
-def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
-    """CUDA_VISIBLE_DEVICES for each local replica: disjoint groups of this machine's GPUs
-    (none without GPUs)."""
+# The variable each runtime reads to limit a process to some of the node's devices.
+VISIBILITY = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK",
+              "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+
+
+def visibility_variable() -> str:
+    """The variable that limits a process to some of this node's accelerators."""
     import torch
 
-    if not torch.cuda.is_available():
+    from automlperf.measure.system import accelerator_type
+
+    kind = accelerator_type(torch) or "cuda"
+    if kind == "cuda" and getattr(torch.version, "hip", None) and \
+            "HIP_VISIBLE_DEVICES" in os.environ:
+        return "HIP_VISIBLE_DEVICES"
+    return VISIBILITY.get(kind, "CUDA_VISIBLE_DEVICES")
+
+
+def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
+    """The visibility variable's value for each local replica: disjoint groups of this
+    machine's accelerators (none without any)."""
+    import torch
+
+    from automlperf.measure.system import accelerator_type, device_count
+
+    kind = accelerator_type(torch)
+    if kind is None or kind not in VISIBILITY:
         return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get(visibility_variable())
     ids = [d.strip() for d in visible.split(",")] if visible else \
-        [str(i) for i in range(torch.cuda.device_count())]
+        [str(i) for i in range(device_count(torch, kind))]
     per = per_replica or len(ids) // replicas
     if per < 1 or per * replicas > len(ids):
         raise LaunchError(f"{replicas} replica(s) x {per_replica or 1} GPU(s) need "
@@ -100,7 +121,9 @@ class LocalLauncher:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.slices = gpu_slices(self.replicas, self.devices_per_replica)  # refuse early
+        # Refused here, before anything is written, when they do not fit.
+        self.slices = gpu_slices(self.replicas, self.devices_per_replica)
+        self.visibility = visibility_variable() if self.slices else ""
 
     def start(self) -> None:
         logs = self.run_dir / "logs"
@@ -110,7 +133,7 @@ class LocalLauncher:
         for index in range(self.replicas):
             env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
             if slices:
-                env["CUDA_VISIBLE_DEVICES"] = slices[index]
+                env[self.visibility] = slices[index]
             if self.store_url:
                 env[STORE_ENV] = self.store_url  # not on the command line, where ps shows it
             with open(logs / f"replica-{index}.log", "ab") as out:
