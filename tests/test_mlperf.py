@@ -82,7 +82,7 @@ def test_the_checker_rejects_a_log_missing_its_end(run, tmp_path):
     store, run_id, result = run
     path = write_mllog(tmp_path / "mllog.txt", store, run_id, result, SYSTEM, "Example Org")
     cut = tmp_path / "cut.txt"
-    cut.write_text("".join(l for l in path.read_text().splitlines(True) if "run_stop" not in l))
+    cut.write_text("".join(line for line in path.read_text().splitlines(True) if "run_stop" not in line))
     valid, _ = check(cut, rules_path())
     assert not valid
 

