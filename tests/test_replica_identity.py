@@ -2,7 +2,7 @@
 
 import pytest
 
-from automlperf.runner.identity import RANK_VARIABLES, IdentityError, replica_identity
+from automlperf.runner.identity import RANK_VARIABLES, IdentityError, local_rank, replica_identity
 
 
 @pytest.mark.parametrize("variable", [name for name, _ in RANK_VARIABLES])
@@ -36,3 +36,9 @@ def test_a_lone_replica_is_number_zero():
 def test_a_garbled_rank_is_refused_with_the_fix():
     with pytest.raises(IdentityError, match="FLUX_TASK_RANK='x1'.*--replica-index"):
         replica_identity({"FLUX_TASK_RANK": "x1"})
+
+
+def test_the_first_process_on_a_node_is_local_rank_zero():
+    assert local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}) == 1
+    assert local_rank({"FLUX_TASK_LOCAL_ID": "0", "OMPI_COMM_WORLD_RANK": "7"}) == 0
+    assert local_rank({}) == 0

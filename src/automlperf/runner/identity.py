@@ -45,3 +45,17 @@ def replica_identity(env: Mapping[str, str] | None = None) -> tuple[int, str]:
 
         return replica_index(env), "SLURM"
     return 0, "default (no launcher variable set)"
+
+
+# A process's rank among those its launcher started on the same node.
+LOCAL_RANK_VARIABLES = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
+                        "FLUX_TASK_LOCAL_ID", "SLURM_LOCALID"]
+
+
+def local_rank(env: Mapping[str, str] | None = None) -> int:
+    """0 for the first process on its node (or when no launcher says), else its position."""
+    env = os.environ if env is None else env
+    for name in LOCAL_RANK_VARIABLES:
+        if env.get(name, "").strip().isdigit():
+            return int(env[name])
+    return 0

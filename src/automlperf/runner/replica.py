@@ -403,11 +403,13 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
                threads: int | None, monitor: bool = True, wait_s: float = 0.0) -> int:
     """Entry point of ``automlperf worker``; identity from the launcher's environment when
     not given."""
-    from automlperf.runner.identity import replica_identity
+    from automlperf.runner.identity import local_rank, replica_identity
 
     source = "--replica-index"
     if index is None:
         index, source = replica_identity()
+        # One resource sampler per node: the first replica a launcher put there.
+        monitor = monitor and local_rank() == 0
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
     log.info("replica %d (from %s) on %s", index, source, socket.gethostname())
