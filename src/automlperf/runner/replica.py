@@ -412,7 +412,8 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
         monitor = monitor and local_rank() == 0
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
-    log.info("replica %d (from %s) on %s", index, source, socket.gethostname())
+    log.info("replica %d (from %s) on %s%s", index, source, socket.gethostname(),
+             ", sampling the node's resources" if monitor else "")
     if wait_s > 0 and not wait_for_session(run_dir, store_url, wait_s):
         log.error("no open session of a run in %s after %.0f s: start `automlperf run "
                   "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
