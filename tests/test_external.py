@@ -33,8 +33,9 @@ def mpiexec():
 
 
 def test_replicas_started_by_mpiexec_complete_a_run_that_verifies(tmp_path):
+    # Each replica trains 4 trials and exits; the session ends when all have.
     config = tmp_path / "fast.toml"
-    config.write_text(fast_config(duration_s=60, replicas=2, stop_grace_s=15))
+    config.write_text(fast_config(duration_s=900, replicas=2, max_rounds=4, stop_grace_s=15))
     run_dir = tmp_path / "run"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_plm_rsh_agent="false")  # one node: no ssh
@@ -50,8 +51,8 @@ def test_replicas_started_by_mpiexec_complete_a_run_that_verifies(tmp_path):
                  sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", run_dir,
                  "--threads", "1", "--wait", "120"],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
-        assert workers.wait(timeout=300) == 0, (tmp_path / "mpiexec.log").read_text()
-        assert primary.wait(timeout=120) == 0, (tmp_path / "primary.log").read_text()
+        assert workers.wait(timeout=900) == 0, (tmp_path / "mpiexec.log").read_text()
+        assert primary.wait(timeout=300) == 0, (tmp_path / "primary.log").read_text()
     finally:
         for p in (primary,):
             if p.poll() is None:
