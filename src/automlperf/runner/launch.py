@@ -53,7 +53,9 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
 def worker_command(run_dir: Path, index: int | None, threads: int | None,
                    devices: int | None, monitor: bool = True) -> list[str]:
     """The command every replica runs, locally or under srun."""
-    cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir)]
+    # Started after the primary opened the session: nothing to wait for.
+    cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir),
+           "--wait", "0"]
     if not monitor:
         cmd.append("--no-monitor")
     if index is not None:

@@ -386,17 +386,21 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
     rd = RunDir(Path(run_dir))
     deadline = time.monotonic() + timeout_s
     store = None
-    while True:
-        if (rd.path / RUN_FILE).exists():
-            if store is None:
-                store = open_store(rd.store_url(store_url), run_dir=rd.path)
-            segments = store.segments(int(rd.meta()["run_id"]))
-            if segments and segments[-1].ended_at is None and \
-                    segments[-1].deadline_at > time.time():
-                return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
+    try:
+        while True:
+            if (rd.path / RUN_FILE).exists():
+                if store is None:
+                    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+                segments = store.segments(int(rd.meta()["run_id"]))
+                if segments and segments[-1].ended_at is None and \
+                        segments[-1].deadline_at > time.time():
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
