@@ -57,7 +57,8 @@ def latest_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def owned_peak(node: dict[str, Any]) -> float | None:
     """Sum of the cited peaks of the accelerators this replica trained on."""
-    accel = {f"cuda:{a['index']}": a for a in node.get("system", {}).get("accelerators", [])}
+    accel = {f"{a.get('type', 'cuda')}:{a['index']}": a
+             for a in node.get("system", {}).get("accelerators", [])}
     peaks = [accel[d].get("peak_ops") for d in node.get("devices", []) if d in accel]
     return sum(p for p in peaks if p) if peaks and all(peaks) else None
 
