@@ -265,7 +265,9 @@ def run(
                                                  "default RUN_DIR/history.db.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --run-dir.")] = False,
     launcher: Annotated[str, typer.Option(help="local: replicas as processes here; slurm: one "
-                                          "replica per node of the SLURM job.")] = "local",
+                                          "replica per node of the SLURM job; external: start "
+                                          "none, the site's launcher runs `automlperf worker` "
+                                          "--replicas times.")] = "local",
 ) -> None:
     """Run the benchmark: launch replicas, stop at the deadline, score, write the report."""
     import datetime
@@ -316,8 +318,16 @@ def run(
         starter = LocalLauncher(run_dir, count, replica_url,
                                 devices_per_replica or cfg_for_launch.run.devices_per_replica,
                                 cores=cores_available())
+    elif launcher == "external":
+        from automlperf.runner.launch import ExternalLauncher
+
+        count = replicas or cfg_for_launch.run.replicas
+        starter = ExternalLauncher(run_dir, count, replica_url,
+                                   lease_timeout_s=cfg_for_launch.run.lease_timeout_s)
     else:
-        raise UsageError(f"--launcher must be local or slurm, not {launcher!r}")
+        raise UsageError(f"--launcher must be local, slurm or external, not {launcher!r}")
+    # An external launcher may place several replicas on a node: result.json counts the
+    # nodes from the hosts that replicas report.
     system = describe(nodes=count if launcher == "slurm" else 1)
     session = primary.prepare(cfg, run_dir, url, resume, system)
     cfg = session.config
@@ -335,14 +345,22 @@ def run(
     try:
         if session.deadline_at > session.started_at:
             starter.start()
+            if launcher == "external":
+                err.print(f"waiting for {count} replica(s): start `automlperf worker --run-dir "
+                          f"{run_dir.resolve()}` once per node with your launcher",
+                          highlight=False)
             watch = primary.supervise(session, starter, err)
         else:
             watch = primary.Watch("completed")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
         result = primary.finish(session, starter, err, watch, system)
+    if launcher == "external" and starter.joined() < count:
+        err.print(f"only {starter.joined()} of {count} replica(s) joined this session: check "
+                  "the site launcher's job and its logs", highlight=False)
     out.print(primary.summary(result, run_dir))
     out.print(f"result: {session.dir.result}", highlight=False)
+    _write_mlperf(run_dir, url)
     try:
         from automlperf.report.html import write_report
 
@@ -358,6 +376,8 @@ def run(
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir {run_dir}`",
                   highlight=False)
         raise typer.Exit(130)
+    if launcher == "external" and starter.joined() == 0:
+        raise typer.Exit(1)  # a session no replica joined measured nothing
 
 
 @app.command()
@@ -365,19 +385,58 @@ def run(
 def worker(
     run_dir: Annotated[Path, typer.Option(help="The run directory (shared filesystem).")],
     store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
-    replica_index: Annotated[Optional[int], typer.Option(help="This replica's number "
-                                                         "(default SLURM_PROCID).")] = None,
+    replica_index: Annotated[Optional[int], typer.Option(min=0, help="This replica's number "
+                                                         "(default: from the launcher).")] = None,
     devices: Annotated[Optional[int], typer.Option(min=1, help="Accelerators to use "
                                                    "(default all visible).")] = None,
     threads: Annotated[Optional[int], typer.Option(min=1, help="CPU cores to use (default "
                                                    "SLURM_CPUS_PER_TASK or all).")] = None,
     monitor: Annotated[bool, typer.Option(help="Sample this node's resources (one sampler "
                                           "per node).")] = True,
+    wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for the primary to open "
+                                        "the run's session (replicas started by a site "
+                                        "launcher may come first).")] = 300.0,
 ) -> None:
-    """Run one replica: generate, train and record candidates until the deadline."""
+    """Run one replica: generate, train and record candidates until the deadline. Its index
+    comes from --replica-index or the launcher's rank variable (PMIX_RANK,
+    OMPI_COMM_WORLD_RANK, PMI_RANK, PALS_RANKID, FLUX_TASK_RANK, JOB_COMPLETION_INDEX, SLURM)."""
+    from automlperf.runner.identity import IdentityError
     from automlperf.runner.replica import run_worker
 
-    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor))
+    try:
+        code = run_worker(run_dir, store, replica_index, devices, threads, monitor, wait)
+    except IdentityError as exc:
+        raise UsageError(str(exc)) from None
+    raise typer.Exit(code)
+
+
+def _write_mlperf(run_dir: Path, url: Optional[str], org: str = "unspecified") -> None:
+    from automlperf.measure.mlperf import write_mlperf
+
+    try:
+        written = write_mlperf(run_dir, url, org)
+    except Exception as exc:  # noqa: BLE001 - the result is written; these can be redone
+        err.print(f"MLPerf-style logs not written ({exc}); retry with `automlperf mlperf "
+                  f"{run_dir}`", highlight=False)
+        return
+    for what, where in written.items():
+        if isinstance(where, Path):
+            out.print(f"{what}: {where}", highlight=False)
+        else:
+            err.print(f"{what} not written: {where}", highlight=False)
+
+
+@app.command()
+@user_errors
+def mlperf(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory.")],
+    store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
+    org: Annotated[str, typer.Option(help="Submitter (submission_org, submitter).")] = "unspecified",
+) -> None:
+    """Write mllog.txt (MLPerf :::MLLOG lines) and system_desc.json of a finished run."""
+    if not (run_dir / "result.json").exists():
+        raise UsageError(f"{run_dir / 'result.json'} is missing: finish the run first")
+    _write_mlperf(run_dir, store, org)
 
 
 @app.command()
@@ -432,8 +491,9 @@ def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to rank.")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Rank several runs: system, accelerators, score, regulated score, OPS per device."""
-    from automlperf.measure.units import format_ops
+    """Rank several runs: system, accelerators, score, regulated score, OPS per device and
+    per watt, energy."""
+    from automlperf.measure.units import format_energy, format_ops
     from automlperf.report.compare import ranking
 
     try:
@@ -445,13 +505,15 @@ def compare(
         return
     table = Table(title="automlperf ranking")
     for col in ("#", "run", "system", "accelerators", "devices", "score", "regulated",
-                "per device", "of peak", "best acc.", "valid"):
+                "per device", "of peak", "per watt", "energy", "best acc.", "valid"):
         table.add_column(col, justify="right" if col in ("#", "devices") else "left")
     for r in rows:
         table.add_row(str(r["rank"]), r["name"] or r["run"], r["system"], r["accelerators"],
                       str(r["devices"]), format_ops(r["score"]), format_ops(r["regulated_score"]),
                       format_ops(r["ops_per_device"]),
                       "-" if r["fraction_of_peak"] is None else f"{100 * r['fraction_of_peak']:.1f} %",
+                      "-" if r["ops_per_watt"] is None else f"{format_ops(r['ops_per_watt'])}/W",
+                      format_energy(r["energy_j"]),
                       "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
                       "yes" if r["valid"] else ("no" if r["official"] else "no (unofficial)"))
     out.print(table)
@@ -479,7 +541,7 @@ def info(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if desc["accelerators"]:
         for a in desc["accelerators"]:
             peak = f", peak {format_ops(a['peak_ops'])} ({a['peak_precision']})" if a["peak_ops"] else ""
-            table.add_row(f"GPU {a['index']}", f"{a['name']}, {a['memory_gib']} GiB, "
+            table.add_row(f"{a.get('type', 'cuda')}:{a['index']}", f"{a['name']}, {a['memory_gib']} GiB, "
                           f"{a.get('uuid', '')}{peak}")
     else:
         table.add_row("accelerators", "none visible: training runs on the CPU")
@@ -507,13 +569,25 @@ def slurm(
     config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
     sbatch_option: Annotated[Optional[list[str]], typer.Option(
         "--sbatch", help="Extra #SBATCH line, e.g. --sbatch=--qos=high (repeatable).")] = None,
+    container_image: Annotated[Optional[str], typer.Option(
+        help="Run each node's replica in this image: an enroot/pyxis image "
+             "(nvcr.io#nvidia/pytorch:25.01-py3, a .sqsh file) or an Apptainer .sif.")] = None,
+    container_runtime: Annotated[str, typer.Option(help="pyxis (srun --container-image) or "
+                                                   "apptainer (srun apptainer exec).")] = "pyxis",
+    container_mount: Annotated[Optional[list[str]], typer.Option(
+        help="SRC:DST mounted in the container besides the run directory, e.g. the dataset "
+             "(repeatable).")] = None,
+    container_option: Annotated[Optional[list[str]], typer.Option(
+        help="Extra option for the runtime, e.g. --container-option=--nv for Apptainer on "
+             "NVIDIA GPUs, --rocm on AMD (repeatable).")] = None,
     submit: Annotated[bool, typer.Option(help="Submit the script with sbatch.")] = False,
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
     from automlperf.config import Config, parse_duration
     from automlperf.runner.pgserver import PostgresError
-    from automlperf.runner.slurm import ScriptOptions, SlurmError, submit as sbatch, write_script
+    from automlperf.runner.slurm import (Container, ScriptOptions, SlurmError, submit as sbatch,
+                                         write_script)
     from automlperf.store.urls import resolve_store_url
 
     try:
@@ -525,10 +599,17 @@ def slurm(
         Config.load(config)  # a broken file is refused here, not in the queue
     url = resolve_store_url(store)
     try:
+        box = None
+        if container_image is not None:
+            box = Container(container_runtime, container_image, container_mount or [],
+                            container_option or [])
+        elif container_mount or container_option:
+            raise UsageError("--container-mount and --container-option need --container-image")
         script = write_script(ScriptOptions(
             run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
             cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
-            time_limit_s=limit, config=config, sbatch_extra=sbatch_option or []))
+            time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [],
+            container=box))
         out.print(f"batch script: {script}", highlight=False)
         if test_only:
             out.print(sbatch(script, test_only=True), highlight=False)

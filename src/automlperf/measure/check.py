@@ -37,7 +37,8 @@ from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
             "epochs", "train_images", "val_images", "best_trial", "official", "valid", "trials",
-            "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling")
+            "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling",
+            "energy_j", "ops_per_watt")
 # Recorded wholesale; compared by digest, named when they differ.
 RECORDS = ("dataset_identity", "provenance", "node_descriptions")
 EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",

@@ -1,10 +1,14 @@
 """Resource monitor: one sampler process per node, every ``interval_s`` seconds.
 
-Records per-GPU utilisation, memory and power through NVML (``nvidia-ml-py``, imported only
-here), and CPU utilisation and host memory through psutil, into the run's store and
-``monitor/<node>.jsonl``. NVML numbers devices its own way and ignores
+Records per-GPU utilisation, memory, power and the cumulative energy counter through NVML
+(``nvidia-ml-py``, imported only here), CPU utilisation and host memory through psutil, and
+the CPU packages' RAPL energy counters where readable, into the run's store and
+``monitor/<node>.jsonl``. Energy is the difference of the counters between samples
+(measure/energy.py). NVML numbers devices its own way and ignores
 CUDA_VISIBLE_DEVICES, so GPUs are matched to torch's numbering by UUID. Without a GPU (or
 without NVML) it records CPU and memory only.
+
+AMD GPUs are sampled through amdsmi instead where it is installed and NVML finds no GPU.
 
 Run as: python -m automlperf.measure.monitor --run-dir D --interval 30 [--uuids a,b]
 """
@@ -19,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from automlperf.measure.energy import POWERCAP, RaplReader
 
 
 class GPUSampler:
@@ -60,8 +66,78 @@ class GPUSampler:
                 entry["power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
             except nv.NVMLError as exc:
                 entry["error"] = str(exc)
+            try:
+                # Millijoules since the driver loaded (Volta and newer).
+                entry["energy_mj"] = int(nv.nvmlDeviceGetTotalEnergyConsumption(handle))
+            except nv.NVMLError:
+                pass
             out.append(entry)
         return out
+
+
+class AmdSampler:
+    """The same records for AMD GPUs through amdsmi (the ``amd`` extra, imported only
+    here): activity, VRAM, socket power and the energy accumulator."""
+
+    def __init__(self, uuids: list[str] | None = None) -> None:
+        self.handles: list[tuple[int, str, Any]] = []
+        self.error: str | None = None
+        try:
+            import amdsmi
+        except ImportError:
+            self.error = "amdsmi is not installed"
+            return
+        self.smi = amdsmi
+        try:
+            amdsmi.amdsmi_init()
+            found = [(_text(amdsmi.amdsmi_get_gpu_device_uuid(h)), h)
+                     for h in amdsmi.amdsmi_get_processor_handles()]
+        except Exception as exc:  # noqa: BLE001 - amdsmi raises its own exception types
+            self.error = f"amdsmi unavailable: {exc}"
+            return
+        by_uuid = {_bare(u): (u, h) for u, h in found}
+        wanted = [by_uuid[_bare(u)] for u in uuids or [] if _bare(u) in by_uuid]
+        # torch's and amdsmi's UUID spellings may differ: then every GPU, in amdsmi's order.
+        for index, (uuid, handle) in enumerate(wanted or found):
+            self.handles.append((index, uuid, handle))
+
+    def sample(self) -> list[dict[str, Any]]:
+        out = []
+        smi = self.smi
+        for index, uuid, handle in self.handles:
+            entry: dict[str, Any] = {"index": index, "uuid": uuid}
+            try:
+                vram = smi.amdsmi_get_gpu_vram_usage(handle)  # MB
+                power = smi.amdsmi_get_power_info(handle)  # W
+                entry.update(util=float(smi.amdsmi_get_gpu_activity(handle)["gfx_activity"]),
+                             mem_used_gib=vram["vram_used"] / 1024,
+                             mem_total_gib=vram["vram_total"] / 1024,
+                             power_w=float(power.get("current_socket_power")
+                                           or power.get("average_socket_power") or 0.0))
+            except Exception as exc:  # noqa: BLE001
+                entry["error"] = str(exc)
+            try:
+                count = smi.amdsmi_get_energy_count(handle)
+                accumulated = count.get("energy_accumulator", count.get("power"))
+                # The accumulator counts in units of counter_resolution microjoules.
+                entry["energy_mj"] = int(accumulated * count["counter_resolution"] / 1000)
+            except Exception:  # noqa: BLE001 - not every GPU has the counter
+                pass
+            out.append(entry)
+        return out
+
+
+def open_gpu_sampler(uuids: list[str]) -> GPUSampler | AmdSampler:
+    """NVML's sampler where it finds GPUs, else amdsmi's, else NVML's (which says why)."""
+    nvidia = GPUSampler(uuids)
+    if nvidia.handles:
+        return nvidia
+    amd = AmdSampler(uuids)
+    return amd if amd.handles else nvidia
+
+
+def _bare(uuid: str) -> str:
+    return uuid.lower().removeprefix("gpu-")
 
 
 def _text(value: Any) -> str:
@@ -76,12 +152,16 @@ def host_sample() -> dict[str, Any]:
             "mem_used_gib": (mem.total - mem.available) / 2**30, "mem_total_gib": mem.total / 2**30}
 
 
-def sample(gpus: GPUSampler) -> dict[str, Any]:
-    return {"t": time.time(), **host_sample(), "gpus": gpus.sample()}
+def sample(gpus: GPUSampler | AmdSampler, rapl: RaplReader | None = None) -> dict[str, Any]:
+    record = {"t": time.time(), **host_sample(), "gpus": gpus.sample()}
+    if rapl is not None and rapl.domains:
+        record["cpu_energy_uj"] = rapl.read()
+    return record
 
 
 def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: list[str],
-                node: str, stop: threading.Event | None = None) -> None:
+                node: str, stop: threading.Event | None = None,
+                powercap: Path = POWERCAP) -> None:
     """Sample until ``stop`` is set (or SIGTERM); each sample goes to the file at once and
     to the store (batched, so a slow store never delays sampling)."""
     from automlperf.runner.rundir import RunDir
@@ -93,20 +173,22 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
     stop = stop or threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     rd.monitor.mkdir(exist_ok=True)
-    gpus = GPUSampler(uuids)
+    gpus = open_gpu_sampler(uuids)
+    rapl = RaplReader(powercap)
     import psutil
 
     psutil.cpu_percent(interval=None)  # the first reading only starts the measurement
     pending: list[dict[str, Any]] = []
     with open(rd.monitor / f"{node}.jsonl", "a", encoding="utf-8") as out:
-        if gpus.error:
-            out.write(json.dumps({"t": time.time(), "note": gpus.error}) + "\n")
+        for note in (gpus.error, rapl.error):
+            if note:
+                out.write(json.dumps({"t": time.time(), "note": note}) + "\n")
         wait = min(interval_s, 2.0)  # an early first sample, so short runs have one
         while True:
             if stop.wait(wait):
                 break
             wait = interval_s
-            record = sample(gpus)
+            record = sample(gpus, rapl)
             out.write(json.dumps(record) + "\n")
             out.flush()
             pending.append(record)
@@ -115,7 +197,7 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
                 pending = []
             except Exception:  # noqa: BLE001 - kept and sent with the next sample
                 pass
-        record = sample(gpus)
+        record = sample(gpus, rapl)
         out.write(json.dumps(record) + "\n")
         pending.append(record)
         try:

@@ -11,6 +11,7 @@ from typing import Any
 from automlperf import __version__, rules
 from automlperf.config import Config
 from automlperf.measure.breakdown import breakdown
+from automlperf.measure.energy import energy_summary
 from automlperf.measure.score import score_run
 from automlperf.store import Store
 
@@ -56,7 +57,8 @@ def latest_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def owned_peak(node: dict[str, Any]) -> float | None:
     """Sum of the cited peaks of the accelerators this replica trained on."""
-    accel = {f"cuda:{a['index']}": a for a in node.get("system", {}).get("accelerators", [])}
+    accel = {f"{a.get('type', 'cuda')}:{a['index']}": a
+             for a in node.get("system", {}).get("accelerators", [])}
     peaks = [accel[d].get("peak_ops") for d in node.get("devices", []) if d in accel]
     return sum(p for p in peaks if p) if peaks and all(peaks) else None
 
@@ -104,6 +106,8 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         peak = system.get("peak_ops_per_node")
         total_peak = peak * nodes if peak else None
         ceiling = None
+    energy = energy_summary(store.samples(run_id), segments) or {}
+    power = energy.get("mean_power_w")
     status = Counter(t.status for t in trials)
     best = next((t for t in trials if t.id == scored["best_trial"]), None)
     accelerators = {a["name"] for a in system.get("accelerators", [])}
@@ -136,6 +140,13 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,
+        # Measured energy (GPU counters and CPU packages where readable) and the score per
+        # watt of mean power over the same samples; None where nothing was measured.
+        "energy_j": energy.get("energy_j"),
+        "gpu_energy_j": energy.get("gpu_energy_j"),
+        "cpu_energy_j": energy.get("cpu_energy_j"),
+        "mean_power_w": power,
+        "ops_per_watt": scored["score"] / power if power else None,
         "segments": [{"started_at": s.started_at, "ended_at": s.end,
                       "deadline_at": s.deadline_at} for s in segments],
         "started_at": segments[0].started_at if segments else run["created_at"],

@@ -12,10 +12,21 @@ import socket
 from importlib import metadata
 from typing import Any
 
-# Dense peak operations per second by device name fragment (first match wins), bf16 or, where
-# the device has no bf16, fp16. Sources: NVIDIA H200 product brief (2024), H100 data sheet
-# (2023, SXM and PCIe), A100 data sheet (2021), L40S data sheet (2023), L4 data sheet (2023),
-# A10 data sheet (2021), V100 data sheet (2020, fp16 tensor), T4 data sheet (2019, fp16).
+# Dense peak operations per second of one device as torch numbers them, by device name
+# fragment (first match wins), bf16 or, where the device has no bf16, fp16. Sources:
+# NVIDIA H200 product brief (2024), H100 data sheet (2023, SXM and PCIe), A100 data sheet
+# (2021), L40S data sheet (2023), L4 data sheet (2023), A10 data sheet (2021), V100 data
+# sheet (2020, fp16 tensor), T4 data sheet (2019, fp16).
+# AMD Instinct MI300X data sheet (2023): 1307.4 TFLOPS dense bf16. AMD Instinct MI250X data
+# sheet (2021): 383 TFLOPS bf16 for the package of two GCDs, and MI250: 362.1; ROCm shows
+# each GCD as its own device, so a device is half of that.
+# Intel Data Center GPU Max 1550 product brief (2023): 128 Xe cores with 8 XMX engines of
+# 512 bf16 operations per clock at 1.6 GHz, 838.9 TFLOPS for the card's two stacks; with
+# the driver's default flat hierarchy (ZE_FLAT_DEVICE_HIERARCHY=FLAT, as on Aurora) each
+# stack is one device, so a device is half of that.
+# Huawei Ascend 910B: the Atlas 800T A2 training server data sheet (2023) gives 8 NPUs ~2.5
+# PFLOPS fp16, 313 TFLOPS each (910B3); Ascend 910 (2019 launch, AIPerf's 2020 #1): 256
+# TFLOPS fp16. torch_npu names them e.g. "Ascend910B3".
 PEAKS: list[tuple[str, float, str]] = [
     ("H200", 989.4e12, "bf16"),
     ("H100 PCIe", 756.0e12, "bf16"),
@@ -27,6 +38,12 @@ PEAKS: list[tuple[str, float, str]] = [
     ("A10", 125.0e12, "bf16"),
     ("V100", 125.0e12, "fp16"),
     ("T4", 65.0e12, "fp16"),
+    ("MI300X", 1307.4e12, "bf16"),
+    ("MI250X", 191.5e12, "bf16"),
+    ("MI250", 181.05e12, "bf16"),
+    ("Max 1550", 419.4e12, "bf16"),
+    ("Ascend910B", 313.0e12, "fp16"),
+    ("Ascend910", 256.0e12, "fp16"),
 ]
 
 
@@ -55,29 +72,104 @@ def _version(package: str) -> str | None:
         return None
 
 
+def accelerator_type(torch: Any) -> str | None:
+    """The kind of accelerator torch will use here (``cuda`` also on ROCm, ``xpu``, ``npu``
+    through its plugin, ...), or None for the CPU. CUDA is asked first, as before;
+    ``torch.accelerator`` (torch 2.6 and newer) knows every other backend."""
+    if torch.cuda.is_available():
+        return "cuda"
+    api = getattr(torch, "accelerator", None)
+    if api is None or not api.is_available():
+        return None
+    device = api.current_accelerator()
+    return None if device is None else str(device.type)
+
+
+def device_count(torch: Any, kind: str) -> int:
+    if kind == "cuda":
+        return int(torch.cuda.device_count())
+    return int(torch.accelerator.device_count())
+
+
+VENDORS = {"cuda": "NVIDIA", "xpu": "Intel", "npu": "Huawei", "mps": "Apple"}
+
+
 def accelerators() -> list[dict[str, Any]]:
-    """Visible GPUs as torch numbers them, with NVML details matched by UUID."""
+    """Visible accelerators as torch numbers them, with NVML (NVIDIA) or amdsmi (AMD)
+    details matched by UUID where those libraries are present."""
     try:
         import torch
     except ImportError:
         return []
-    if not torch.cuda.is_available():
+    kind = accelerator_type(torch)
+    if kind is None:
         return []
-    nvml = _nvml_by_uuid()
+    if kind == "cuda":
+        return _cuda_devices(torch)
+    module: Any = getattr(torch, kind, None)
+    out = []
+    for i in range(device_count(torch, kind)):
+        props = module.get_device_properties(i) if hasattr(module, "get_device_properties") \
+            else None
+        name = str(getattr(props, "name", "") or "") or (
+            module.get_device_name(i) if hasattr(module, "get_device_name") else kind)
+        memory = getattr(props, "total_memory", None)
+        if memory is None and hasattr(torch, "accelerator"):
+            memory = torch.accelerator.get_memory_info(i)[1]
+        peak = peak_for(name)
+        out.append({"index": i, "name": name, "type": kind,
+                    "vendor": VENDORS.get(kind, kind),
+                    "memory_gib": round(memory / 2**30, 2) if memory else None,
+                    "peak_ops": peak[0] if peak else None,
+                    "peak_precision": peak[1] if peak else None})
+    return out
+
+
+def _cuda_devices(torch: Any) -> list[dict[str, Any]]:
+    rocm = bool(getattr(torch.version, "hip", None))
+    details = _amdsmi_by_uuid() if rocm else _nvml_by_uuid()
     out = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         uuid = str(getattr(props, "uuid", "") or "")
-        if uuid and not uuid.startswith("GPU-"):
+        if uuid and not rocm and not uuid.startswith("GPU-"):
             uuid = f"GPU-{uuid}"
         peak = peak_for(props.name)
-        entry = {"index": i, "name": props.name, "memory_gib": round(props.total_memory / 2**30, 2),
+        entry = {"index": i, "name": props.name, "type": "cuda",
+                 "vendor": "AMD" if rocm else "NVIDIA",
+                 "memory_gib": round(props.total_memory / 2**30, 2),
                  "uuid": uuid, "capability": f"{props.major}.{props.minor}",
                  "peak_ops": peak[0] if peak else None,
                  "peak_precision": peak[1] if peak else None}
-        entry.update(nvml.get(uuid, {}))
+        entry.update(details.get(uuid, {}))
         out.append(entry)
     return out
+
+
+def _amdsmi_by_uuid() -> dict[str, dict[str, Any]]:
+    """Driver version and power cap of AMD GPUs through amdsmi (the ``amd`` extra)."""
+    try:
+        import amdsmi
+    except ImportError:
+        return {}
+    try:
+        amdsmi.amdsmi_init()
+    except Exception:  # noqa: BLE001 - no driver: no details
+        return {}
+    try:
+        out = {}
+        for handle in amdsmi.amdsmi_get_processor_handles():
+            try:
+                uuid = str(amdsmi.amdsmi_get_gpu_device_uuid(handle))
+                driver = amdsmi.amdsmi_get_gpu_driver_info(handle).get("driver_version")
+                cap = amdsmi.amdsmi_get_power_cap_info(handle).get("power_cap")
+            except Exception:  # noqa: BLE001 - a device without these reports nothing
+                continue
+            out[uuid] = {"driver": driver,
+                         "power_limit_w": cap / 1e6 if isinstance(cap, (int, float)) else None}
+        return out
+    finally:
+        amdsmi.amdsmi_shut_down()
 
 
 def _nvml_by_uuid() -> dict[str, dict[str, Any]]:
@@ -113,6 +205,7 @@ def describe(nodes: int = 1) -> dict[str, Any]:
         import torch
 
         torch_info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                      "hip": getattr(torch.version, "hip", None),
                       "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None}
     except ImportError:
         torch_info = {}
@@ -131,7 +224,7 @@ def describe(nodes: int = 1) -> dict[str, Any]:
         "nodes": nodes,
         "software": {"python": platform.python_version(), **torch_info,
                      **{p: _version(p) for p in ("automlperf", "numpy", "optuna", "sqlalchemy",
-                                                 "scipy", "nvidia-ml-py")}},
+                                                 "scipy", "nvidia-ml-py", "amdsmi")}},
         "slurm": {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST",
                                              "SLURM_JOB_NUM_NODES", "SLURM_CLUSTER_NAME")
                   if k in os.environ},

@@ -21,3 +21,13 @@ def format_ops(value: float | None) -> str:
         return "-"
     scale, unit = ops_unit([value])
     return f"{value / scale:.3g} {unit}"
+
+
+def format_energy(joules: float | None) -> str:
+    """E.g. ``3.6 MJ (1 kWh)``; ``-`` when nothing was measured."""
+    if not isinstance(joules, (int, float)) or not math.isfinite(joules):
+        return "-"
+    for scale, unit in ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J")):
+        if abs(joules) >= scale or unit == "J":
+            return f"{joules / scale:.3g} {unit} ({joules / 3.6e6:.3g} kWh)"
+    return "-"

@@ -28,6 +28,8 @@ def row(run_dir: Path) -> dict[str, Any]:
         "ops_per_device": result.get("ops_per_s_per_device"),
         "fraction_of_peak": result.get("fraction_of_peak"),
         "best_accuracy": result.get("best_accuracy"), "elapsed_s": result.get("elapsed_s"),
+        "energy_j": result.get("energy_j"), "mean_power_w": result.get("mean_power_w"),
+        "ops_per_watt": result.get("ops_per_watt"),
         "official": result.get("official"), "valid": result.get("valid"),
     }
 

@@ -13,7 +13,7 @@ from automlperf import __version__
 from automlperf.config import FIXED, Config
 from automlperf.graph import Graph
 from automlperf.measure.result import build_result, read_result
-from automlperf.measure.units import format_ops
+from automlperf.measure.units import format_energy, format_ops
 from automlperf.measure.score import counted_epochs, timeline
 from automlperf.ops import count
 from automlperf.report import charts
@@ -24,6 +24,7 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "temp
                           autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
                           lstrip_blocks=True)
 _env.filters["ops"] = format_ops
+_env.filters["energy"] = format_energy
 _env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.2f} %"
 _env.filters["num"] = lambda v: "-" if v is None else f"{v:,}"
 _env.filters["when"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,4 +1,5 @@
-"""Starting and stopping replicas: as local processes (the default) or SLURM job steps."""
+"""Starting and stopping replicas: as local processes (the default), SLURM job steps
+(runner/slurm.py), or not at all when the site's own launcher starts them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from automlperf.store.urls import STORE_ENV
 
@@ -52,7 +53,9 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
 def worker_command(run_dir: Path, index: int | None, threads: int | None,
                    devices: int | None, monitor: bool = True) -> list[str]:
     """The command every replica runs, locally or under srun."""
-    cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir)]
+    # Started after the primary opened the session: nothing to wait for.
+    cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir),
+           "--wait", "0"]
     if not monitor:
         cmd.append("--no-monitor")
     if index is not None:
@@ -68,16 +71,37 @@ class LaunchError(ValueError):
     """The replicas asked for do not fit this machine."""
 
 
-def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
-    """CUDA_VISIBLE_DEVICES for each local replica: disjoint groups of this machine's GPUs
-    (none without GPUs)."""
+# The variable each runtime reads to limit a process to some of the node's devices.
+VISIBILITY = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK",
+              "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+
+
+def visibility_variable() -> str:
+    """The variable that limits a process to some of this node's accelerators."""
     import torch
 
-    if not torch.cuda.is_available():
+    from automlperf.measure.system import accelerator_type
+
+    kind = accelerator_type(torch) or "cuda"
+    if kind == "cuda" and getattr(torch.version, "hip", None) and \
+            "HIP_VISIBLE_DEVICES" in os.environ:
+        return "HIP_VISIBLE_DEVICES"
+    return VISIBILITY.get(kind, "CUDA_VISIBLE_DEVICES")
+
+
+def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
+    """The visibility variable's value for each local replica: disjoint groups of this
+    machine's accelerators (none without any)."""
+    import torch
+
+    from automlperf.measure.system import accelerator_type, device_count
+
+    kind = accelerator_type(torch)
+    if kind is None or kind not in VISIBILITY:
         return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get(visibility_variable())
     ids = [d.strip() for d in visible.split(",")] if visible else \
-        [str(i) for i in range(torch.cuda.device_count())]
+        [str(i) for i in range(device_count(torch, kind))]
     per = per_replica or len(ids) // replicas
     if per < 1 or per * replicas > len(ids):
         raise LaunchError(f"{replicas} replica(s) x {per_replica or 1} GPU(s) need "
@@ -99,7 +123,9 @@ class LocalLauncher:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.slices = gpu_slices(self.replicas, self.devices_per_replica)  # refuse early
+        # Refused here, before anything is written, when they do not fit.
+        self.slices = gpu_slices(self.replicas, self.devices_per_replica)
+        self.visibility = visibility_variable() if self.slices else ""
 
     def start(self) -> None:
         logs = self.run_dir / "logs"
@@ -109,7 +135,7 @@ class LocalLauncher:
         for index in range(self.replicas):
             env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
             if slices:
-                env["CUDA_VISIBLE_DEVICES"] = slices[index]
+                env[self.visibility] = slices[index]
             if self.store_url:
                 env[STORE_ENV] = self.store_url  # not on the command line, where ps shows it
             with open(logs / f"replica-{index}.log", "ab") as out:
@@ -125,3 +151,73 @@ class LocalLauncher:
     def stop(self, grace_s: float) -> None:
         # A replica that ignores SIGTERM loses its whole session: worker and training ranks.
         terminate(self.procs, grace_s, lambda p: os.killpg(p.pid, signal.SIGKILL))
+
+
+@dataclass
+class ExternalLauncher:
+    """Replicas started by the site's own launcher (mpiexec, Flux, PBS, LSF, Kubernetes):
+    this side starts nothing and follows the ``replicas`` expected through the store, where
+    each one registers itself and heart-beats."""
+
+    run_dir: Path
+    replicas: int
+    store_url: str | None
+    lease_timeout_s: float = 60.0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> None:
+        from automlperf.runner.rundir import RunDir
+        from automlperf.store import open_store
+
+        rd = RunDir(self.run_dir)
+        self.run_id = int(rd.meta()["run_id"])
+        self.store = open_store(rd.store_url(self.store_url), run_dir=self.run_dir)
+        self.segment = self.store.segments(self.run_id)[-1]
+
+    def _mine(self) -> dict[int, Any]:
+        """The latest registration of each replica index in this session."""
+        latest: dict[int, Any] = {}
+        for rep in self.store.replicas(self.run_id):
+            if rep.segment == self.segment.index:
+                if rep.index not in latest or rep.id > latest[rep.index].id:
+                    latest[rep.index] = rep
+        return latest
+
+    def states(self) -> list[str]:
+        """``waiting`` (not registered yet), ``up``, ``lost`` (silent past the lease
+        timeout: killed without a chance to say so) or ``exited``, for each expected index
+        and any unexpected one that registered."""
+        from automlperf.store import RUNNING
+
+        mine = self._mine()
+        now = time.time()
+        count = max([self.replicas, *(i + 1 for i in mine)])
+        states = []
+        for i in range(count):
+            rep = mine.get(i)
+            if rep is None:
+                states.append("waiting")
+            elif rep.status != RUNNING:
+                states.append("exited")
+            elif now - rep.last_heartbeat > self.lease_timeout_s:
+                states.append("lost")
+            else:
+                states.append("up")
+        return states
+
+    def alive(self) -> list[bool]:
+        # A replica not yet started counts as alive: the session waits for it until the
+        # deadline rather than ending before the site's launcher has got going.
+        return [state in ("waiting", "up") for state in self.states()]
+
+    def joined(self) -> int:
+        return len(self._mine())
+
+    def stop(self, grace_s: float) -> None:
+        """Wait for the replicas to stop themselves: at the deadline, or when they see the
+        session end (at their next heartbeat); there is nothing here to signal."""
+        if time.time() < self.segment.deadline_at:
+            return  # interrupted: the ended session tells them to stop
+        deadline = time.monotonic() + grace_s
+        while "up" in self.states() and time.monotonic() < deadline:
+            time.sleep(0.5)

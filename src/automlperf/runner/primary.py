@@ -36,7 +36,8 @@ def fmt_duration(seconds: float) -> str:
 
 
 # What `automlperf slurm` puts in a run directory before its run starts.
-PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password"}
+PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password",
+            "container.json"}
 
 
 @dataclass
@@ -121,7 +122,7 @@ class Monitor:
     def __init__(self, session: Session) -> None:
         self.s = session
 
-    def view(self, now: float, launcher_alive: list[bool]) -> Group:
+    def view(self, now: float, states: list[str]) -> Group:
         # Read every second: light rows only (no graphs).
         s = self.s
         trials = s.store.summaries(s.run_id)
@@ -148,11 +149,11 @@ class Monitor:
         table = Table(show_edge=False, pad_edge=False)
         for col in ("replica", "process", "done", "failed", "running trial", "epochs", "best"):
             table.add_column(col)
-        for index, alive in enumerate(launcher_alive):
+        for index, state in enumerate(states):
             mine = [t for t in trials if t.replica_index == index]
             running = [t for t in mine if t.status == RUNNING]
             accs = [best_of[t.id] for t in mine if t.id in best_of]
-            table.add_row(str(index), "up" if alive else "exited",
+            table.add_row(str(index), state,
                           str(sum(t.status == "completed" for t in mine)),
                           str(sum(t.status == "failed" for t in mine)),
                           str(running[-1].id) if running else "-",
@@ -160,13 +161,22 @@ class Monitor:
                           f"{max(accs):.4f}" if accs else "-")
         return Group(head, table)
 
-    def line(self, now: float) -> str:
+    def line(self, now: float, states: list[str]) -> str:
         s = self.s
         epochs = s.store.epochs(s.run_id)
         best = max((e.val_accuracy for e in epochs), default=None)
+        counts = ", ".join(f"{states.count(k)} {k}" for k in dict.fromkeys(states))
         return (f"elapsed {fmt_duration(s.elapsed_before + now - s.started_at)}, remaining "
-                f"{fmt_duration(s.deadline_at - now)}, {len(epochs)} epochs, best accuracy "
-                f"{best if best is None else round(best, 4)}")
+                f"{fmt_duration(s.deadline_at - now)}, replicas {counts or 'none'}, "
+                f"{len(epochs)} epochs, best accuracy {best if best is None else round(best, 4)}")
+
+
+def replica_states(launcher: Launcher) -> list[str]:
+    """What the live view shows per replica: the launcher's own words where it has them."""
+    states = getattr(launcher, "states", None)
+    if states is not None:
+        return list(states())
+    return ["up" if alive else "exited" for alive in launcher.alive()]
 
 
 @dataclass
@@ -212,17 +222,17 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
             now = time.time()
             s.store.touch_segment(s.run_id, s.segment, now)
             s.store.expire_leases(s.run_id, now)
-            alive = launcher.alive()
+            states = replica_states(launcher)
             if live:
-                live.update(monitor.view(now, alive), refresh=True)
+                live.update(monitor.view(now, states), refresh=True)
             elif now - last_line > 30:
-                console.print(monitor.line(now), highlight=False)
+                console.print(monitor.line(now, states), highlight=False)
                 last_line = now
             broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
                              s.dir.logs)
             if broken is not None:
                 return Watch("failed", broken)
-            if now >= s.deadline_at or not any(alive):
+            if now >= s.deadline_at or not any(x in ("up", "waiting") for x in states):
                 return Watch("completed")
             time.sleep(min(tick, max(0.05, s.deadline_at - now)))
     except KeyboardInterrupt:

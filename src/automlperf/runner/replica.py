@@ -26,7 +26,7 @@ from typing import Any
 
 from automlperf.config import Config
 from automlperf.graph import seeds
-from automlperf.runner.rundir import RunDir, write_atomic
+from automlperf.runner.rundir import RUN_FILE, RunDir, write_atomic
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
@@ -385,13 +385,47 @@ class Replica:
             raise CannotTrain(f"{limit} trials in a row failed with \"{repeated}\"; {fix}")
 
 
-def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
-               threads: int | None, monitor: bool = True) -> int:
-    """Entry point of ``automlperf worker``; identity from SLURM when not given."""
-    if index is None:
-        from automlperf.runner.slurm import replica_index
+def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
+                     poll_s: float = 1.0) -> bool:
+    """Wait until the run directory is prepared and its current session is open: a site's
+    launcher may start replicas before (or while) the primary sets the run up."""
+    rd = RunDir(Path(run_dir))
+    deadline = time.monotonic() + timeout_s
+    store = None
+    try:
+        while True:
+            if (rd.path / RUN_FILE).exists():
+                if store is None:
+                    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+                segments = store.segments(int(rd.meta()["run_id"]))
+                if segments and segments[-1].ended_at is None and \
+                        segments[-1].deadline_at > time.time():
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+    finally:
+        if store is not None:
+            store.close()
 
-        index = replica_index() if "SLURM_JOB_ID" in os.environ else 0
+
+def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
+               threads: int | None, monitor: bool = True, wait_s: float = 0.0) -> int:
+    """Entry point of ``automlperf worker``; identity from the launcher's environment when
+    not given."""
+    from automlperf.runner.identity import local_rank, replica_identity
+
+    source = "--replica-index"
+    if index is None:
+        index, source = replica_identity()
+        # One resource sampler per node: the first replica a launcher put there.
+        monitor = monitor and local_rank() == 0
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
+    log.info("replica %d (from %s) on %s%s", index, source, socket.gethostname(),
+             ", sampling the node's resources" if monitor else "")
+    if wait_s > 0 and not wait_for_session(run_dir, store_url, wait_s):
+        log.error("no open session of a run in %s after %.0f s: start `automlperf run "
+                  "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
+        return 1
     return Replica(run_dir, store_url, index, devices, threads, monitor).run()

@@ -8,11 +8,13 @@ count and node list of the job, its node's name, the GPUs bound to its step.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,9 +38,9 @@ def require(command: str) -> str:
     return path
 
 
-def node_names() -> list[str]:
+def node_names(env: Mapping[str, str] | None = None) -> list[str]:
     """The job's nodes in SLURM's order."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    nodelist = (os.environ if env is None else env).get("SLURM_JOB_NODELIST")
     if not nodelist:
         raise SlurmError("not inside a SLURM job (SLURM_JOB_NODELIST is not set)")
     done = subprocess.run([require("scontrol"), "show", "hostnames", nodelist],
@@ -46,44 +48,105 @@ def node_names() -> list[str]:
     return done.stdout.split()
 
 
-def replica_index() -> int:
+def replica_index(env: Mapping[str, str] | None = None) -> int:
     """This replica's number from SLURM: its task rank when one step runs every replica,
     else its node's position in the job's node list (one step per node)."""
-    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-    if tasks > 1 and "SLURM_PROCID" in os.environ:
-        return int(os.environ["SLURM_PROCID"])
-    name = os.environ.get("SLURMD_NODENAME")
+    env = os.environ if env is None else env
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    if tasks > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"])
+    name = env.get("SLURMD_NODENAME")
     if name is None:
-        return int(os.environ.get("SLURM_NODEID", "0"))
-    return node_names().index(name)
+        return int(env.get("SLURM_NODEID", "0"))
+    return node_names(env).index(name)
+
+
+CONTAINER_FILE = "container.json"
+RUNTIMES = ("pyxis", "apptainer")
+
+
+@dataclass
+class Container:
+    """The image each replica step runs in. The primary and the store stay on the batch
+    host, where ``srun`` is; only the steps that train need the accelerator software."""
+
+    runtime: str
+    image: str
+    mounts: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+    python: str = "python3"
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise SlurmError(f"container runtime {self.runtime!r} is not one of "
+                             f"{', '.join(RUNTIMES)}")
+
+    def binds(self, run_dir: Path) -> list[str]:
+        """The run directory at the same path inside (replicas write there), then the
+        user's mounts (datasets)."""
+        return [f"{run_dir}:{run_dir}", *self.mounts]
+
+    def wrap(self, run_dir: Path, srun_args: list[str], worker: list[str]) -> list[str]:
+        """An srun command that runs ``worker`` (whose first word is the host's Python)
+        inside the image."""
+        inner = [self.python, *worker[1:]]
+        if self.runtime == "pyxis":
+            return [*srun_args, f"--container-image={self.image}",
+                    f"--container-mounts={','.join(self.binds(run_dir))}",
+                    "--container-workdir=" + str(run_dir), *self.options, *inner]
+        binds = [arg for b in self.binds(run_dir) for arg in ("--bind", b)]
+        return [*srun_args, "apptainer", "exec", *self.options, *binds, self.image, *inner]
+
+    def save(self, run_dir: Path) -> None:
+        write_atomic(run_dir / CONTAINER_FILE, json.dumps(self.__dict__, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Container | None:
+        path = run_dir / CONTAINER_FILE
+        if not path.exists():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError) as exc:
+            raise SlurmError(f"{path} is damaged ({exc}): write it again with "
+                             "`automlperf slurm --container-image ...`") from None
 
 
 @dataclass
 class SlurmLauncher:
     """One replica per node of the job, each in its own job step, so that a node that dies
-    takes down only its replica."""
+    takes down only its replica; in a container when the run directory names one."""
 
     run_dir: Path
     store_url: str | None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start(self) -> None:
+    def commands(self, nodes: int, gpus: str | None) -> list[list[str]]:
+        """The srun command of each node's replica."""
         srun = require("srun")
-        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
-        if nodes < 1:
-            raise SlurmError("not inside a SLURM job (SLURM_JOB_NUM_NODES is not set)")
         logs = self.run_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        env = dict(os.environ)
-        if self.store_url:
-            env["AUTOMLPERF_STORE_URL"] = self.store_url
-        gpus = os.environ.get("SLURM_GPUS_PER_NODE")
+        container = Container.load(self.run_dir)
+        out = []
         for i in range(nodes):
             cmd = [srun, "--nodes=1", "--ntasks=1", f"--relative={i}", "--kill-on-bad-exit=0",
                    f"--job-name=automlperf-replica-{i}", f"--output={logs}/replica-{i}.log"]
             if gpus:
                 cmd.append(f"--gpus-per-node={gpus}")
-            cmd += worker_command(self.run_dir, None, None, None)
+            # The index on the command line: a site whose srun defaults to PMIx would
+            # otherwise give every one-task step PMIX_RANK=0.
+            worker = worker_command(self.run_dir, i, None, None)
+            out.append(container.wrap(self.run_dir, cmd, worker) if container else cmd + worker)
+        return out
+
+    def start(self) -> None:
+        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
+        if nodes < 1:
+            raise SlurmError("not inside a SLURM job (SLURM_JOB_NUM_NODES is not set)")
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        env = dict(os.environ)
+        if self.store_url:
+            env["AUTOMLPERF_STORE_URL"] = self.store_url
+        for cmd in self.commands(nodes, os.environ.get("SLURM_GPUS_PER_NODE")):
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL))
 
@@ -124,6 +187,7 @@ class ScriptOptions:
     config: Path | None = None
     job_name: str = "automlperf"
     sbatch_extra: list[str] = field(default_factory=list)
+    container: Container | None = None
 
 
 def write_script(opts: ScriptOptions) -> Path:
@@ -157,6 +221,8 @@ def write_script(opts: ScriptOptions) -> Path:
                              "give at least 2 minutes more than --duration")
         limit = opts.time_limit_s
         lead = int(min(lead, limit - opts.duration_s - 60))
+    if opts.container is not None:
+        opts.container.save(run_dir)
     run_args = [f"--duration {int(opts.duration_s)}s"]
     if opts.config is not None:
         config_copy = run_dir / "submitted-config.toml"
@@ -173,7 +239,7 @@ def write_script(opts: ScriptOptions) -> Path:
         partition=opts.partition, account=opts.account, job_name=opts.job_name,
         sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
         store_shown=redact(store_url) if store_url else None, password_file=password_file,
-        run_args=" ".join(run_args))
+        run_args=" ".join(run_args), container=opts.container)
     write_atomic(script, text)
     script.chmod(0o750)
     return script

@@ -56,32 +56,59 @@ class DataArgs:
 
 
 def visible_accelerators() -> list[str]:
+    """Every accelerator torch can use here, as device strings (``cuda:0`` on NVIDIA and
+    ROCm, ``xpu:0`` on Intel, ``npu:0`` with Ascend's plugin)."""
     import torch
 
-    if torch.cuda.is_available():
-        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return []
+    from automlperf.measure.system import accelerator_type, device_count
+
+    kind = accelerator_type(torch)
+    if kind is None:
+        return []
+    return [f"{kind}:{i}" for i in range(device_count(torch, kind))]
 
 
 def choose_devices(count: int | None) -> list[str]:
-    """The first ``count`` visible GPUs (default all); without GPUs, ``count`` CPU ranks
-    (default 1), which share the host's cores."""
+    """The first ``count`` visible accelerators (default all); without any, ``count`` CPU
+    ranks (default 1), which share the host's cores."""
     gpus = visible_accelerators()
     if gpus:
         if count is not None and count > len(gpus):
-            raise PoolError(f"{count} devices requested but only {len(gpus)} GPUs are visible")
+            raise PoolError(f"{count} devices requested but only {len(gpus)} accelerators "
+                            "are visible")
         return gpus[: count or len(gpus)]
     return ["cpu"] * (count or 1)
 
 
 def accelerator_memory_gib() -> float | None:
-    """Memory of the smallest visible GPU, GiB; None without GPUs."""
+    """Memory of the smallest visible accelerator, GiB; None without any."""
     import torch
 
-    if not torch.cuda.is_available():
+    devices = visible_accelerators()
+    if not devices:
         return None
-    return min(torch.cuda.get_device_properties(i).total_memory
-               for i in range(torch.cuda.device_count())) / 2**30
+    if devices[0].startswith("cuda"):
+        return min(torch.cuda.get_device_properties(i).total_memory
+                   for i in range(len(devices))) / 2**30
+    return min(torch.accelerator.get_memory_info(i)[1] for i in range(len(devices))) / 2**30
+
+
+def process_group_backend(device_type: str) -> str:
+    """The collective library of a device type: NCCL (or RCCL on ROCm) for ``cuda``, XCCL,
+    HCCL for the plugins that register one, Gloo on the CPU."""
+    import torch.distributed as dist
+
+    if device_type == "cpu":
+        return "gloo"
+    if device_type == "cuda":
+        return "nccl"
+    lookup = getattr(dist, "get_default_backend_for_device", None)
+    if lookup is not None:
+        try:
+            return str(lookup(device_type))
+        except (RuntimeError, ValueError):
+            pass
+    return "gloo"
 
 
 def cores_available() -> int:
@@ -117,8 +144,10 @@ def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
         device = torch.device(device_name)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        elif device.type != "cpu":
+            torch.accelerator.set_device_index(device.index)
         if world > 1:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+            dist.init_process_group(process_group_backend(device.type),
                                     init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                     world_size=world, timeout=timedelta(seconds=600))
         dataset = datasets.load(**data)
@@ -148,7 +177,10 @@ def _device_name(device: Any) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return "cpu"
+    module: Any = getattr(torch, device.type, None)
+    if device.type != "cpu" and hasattr(module, "get_device_name"):
+        return str(module.get_device_name(device.index))
+    return device.type
 
 
 def _device_uuid(device: Any) -> str | None:

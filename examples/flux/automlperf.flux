@@ -1,0 +1,35 @@
+#!/bin/bash
+# automlperf on Flux (e.g. El Capitan): one replica per node started by `flux run`.
+# Submit with: flux batch --env=RUN_DIR=/p/lustre/automlperf/run1 automlperf.flux
+#flux: -N 4
+#flux: -t 135m
+#flux: --job-name=automlperf
+#flux: --output=automlperf-{{id}}.out
+
+set -uo pipefail
+: "${RUN_DIR:?pass --env=RUN_DIR=/shared/path/run1}"
+DURATION=${DURATION:-2h}
+PYTHON=${PYTHON:-python3}
+NNODES=$(flux resource list -no {nnodes})
+mkdir -p "$RUN_DIR/logs"
+
+"$PYTHON" -m automlperf.runner.pgserver start --dir "$RUN_DIR/postgres" --listen-all \
+    --host "$(hostname -f)" > "$RUN_DIR/postgres/url" || exit 1
+export AUTOMLPERF_STORE_URL="$(cat "$RUN_DIR/postgres/url")"
+export AUTOMLPERF_STORE_PASSWORD_FILE="$RUN_DIR/postgres/pg.password"
+trap '"$PYTHON" -m automlperf.runner.pgserver stop --dir "$RUN_DIR/postgres"' EXIT
+
+if [ -f "$RUN_DIR/run.json" ]; then set -- --resume; else set -- --duration "$DURATION"; fi
+"$PYTHON" -m automlperf.cli run --launcher external --replicas "$NNODES" \
+    --run-dir "$RUN_DIR" "$@" > "$RUN_DIR/logs/primary.log" 2>&1 &
+primary=$!
+trap 'kill -TERM "$primary" 2>/dev/null' TERM INT
+
+# Each task learns its replica number from FLUX_TASK_RANK. Flux passes the environment on.
+flux run -N "$NNODES" -n "$NNODES" --exclusive \
+    "$PYTHON" -m automlperf.cli worker --run-dir "$RUN_DIR" > "$RUN_DIR/logs/replicas.log" 2>&1
+
+status=0
+wait "$primary" || status=$?
+while kill -0 "$primary" 2>/dev/null; do wait "$primary" && status=0 || status=$?; done
+exit "$status"

@@ -1,0 +1,89 @@
+"""Replica steps in a container, configured once by `automlperf slurm`: the script and the
+srun command lines it leads to (no container runtime runs here)."""
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from automlperf.cli import app
+from automlperf.runner.slurm import Container, SlurmError, SlurmLauncher
+
+
+def write(tmp_path, *extra):
+    run_dir = tmp_path / "r"
+    done = CliRunner().invoke(app, ["slurm", "--nodes", "2", "--duration", "2h", "--run-dir",
+                                    str(run_dir), "--store", "postgresql://u@db/x", *extra])
+    return run_dir, done
+
+
+def srun_available():
+    if shutil.which("srun") is None:
+        pytest.fail("srun is not installed (run scripts/setup-system.sh)")
+
+
+def test_pyxis_steps_mount_the_run_directory_and_run_the_images_python(tmp_path):
+    srun_available()
+    run_dir, done = write(tmp_path, "--container-image", "nvcr.io#nvidia/pytorch:25.01-py3",
+                          "--container-mount", "/data/imagenet:/data/imagenet")
+    assert done.exit_code == 0, done.output
+    saved = json.loads((run_dir / "container.json").read_text())
+    assert saved["runtime"] == "pyxis" and saved["image"] == "nvcr.io#nvidia/pytorch:25.01-py3"
+    script = (run_dir / "automlperf.sbatch").read_text()
+    assert "each step runs in the container nvcr.io#nvidia/pytorch:25.01-py3 (pyxis" in script
+    assert "/data/imagenet:/data/imagenet mounted" in script
+    cmds = SlurmLauncher(run_dir.resolve(), None).commands(2, "4")
+    assert len(cmds) == 2
+    second = cmds[1]
+    assert "--relative=1" in second and "--gpus-per-node=4" in second
+    assert f"--container-mounts={run_dir.resolve()}:{run_dir.resolve()},/data/imagenet:/data/imagenet" \
+        in second
+    python = second.index("python3")
+    assert all(a.startswith("--") for a in second[1:python])  # srun's options, then the command
+    assert second[python:python + 4] == ["python3", "-m", "automlperf.cli", "worker"]
+    assert second[second.index("--replica-index") + 1] == "1"
+
+
+def test_apptainer_steps_wrap_the_worker_in_apptainer_exec(tmp_path):
+    srun_available()
+    run_dir, done = write(tmp_path, "--container-image", "/sw/automlperf.sif",
+                          "--container-runtime", "apptainer", "--container-option=--nv")
+    assert done.exit_code == 0, done.output
+    cmd = SlurmLauncher(run_dir.resolve(), None).commands(1, None)[0]
+    at = cmd.index("apptainer")
+    assert cmd[at:at + 5] == ["apptainer", "exec", "--nv", "--bind",
+                              f"{run_dir.resolve()}:{run_dir.resolve()}"]
+    assert cmd[at + 5:at + 8] == ["/sw/automlperf.sif", "python3", "-m"]
+
+
+def test_without_a_container_the_steps_run_the_hosts_python(tmp_path):
+    srun_available()
+    run_dir, done = write(tmp_path)
+    assert done.exit_code == 0 and not (run_dir / "container.json").exists()
+    cmd = SlurmLauncher(run_dir.resolve(), None).commands(1, None)[0]
+    assert "apptainer" not in cmd and not any(a.startswith("--container") for a in cmd)
+
+
+def test_bad_container_settings_are_refused_in_one_line(tmp_path):
+    _, done = write(tmp_path, "--container-image", "x.sif", "--container-runtime", "docker")
+    assert done.exit_code == 2 and "container runtime 'docker' is not one of pyxis, apptainer" \
+        in done.output
+    _, done = write(tmp_path, "--container-mount", "/a:/a")
+    assert done.exit_code == 2 and "need --container-image" in done.output
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "container.json").write_text("{\"runtime\": 1")
+    with pytest.raises(SlurmError, match="damaged"):
+        Container.load(tmp_path / "bad")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_container_script_is_valid_for_sbatch(slurm_cluster, tmp_path):
+    from helpers import cli
+
+    done = cli("slurm", "--nodes", 2, "--duration", "2h", "--run-dir", tmp_path / "r",
+               "--container-image", "/sw/automlperf.sif", "--container-runtime", "apptainer",
+               "--test-only", env=slurm_cluster)
+    assert done.returncode == 0, done.stderr
+    assert "to start at" in done.stdout
