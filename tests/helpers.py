@@ -39,9 +39,10 @@ ceiling_s = 0.3
 """
 
 
-def folder_config(data_dir, workers=1, image_size=32, **run) -> str:
+def folder_config(data_dir, workers=1, image_size=32, max_epochs=4, **run) -> str:
     """A configuration for an ImageNet-layout folder of JPEGs, decoded by ``workers``
-    data-loading processes per rank, trained small: 1-epoch rounds of the small seed."""
+    data-loading processes per rank, trained small: 1-, 2-, 3-epoch warm-up rounds of the
+    small seed (with the default ``max_epochs``)."""
     settings = {"heartbeat_s": 1, "lease_timeout_s": 6, **run}
     lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
     return "\n".join(lines) + f"""
@@ -53,7 +54,7 @@ workers = {workers}
 [model]
 seed_model = "resnet_small"
 [train]
-max_epochs = 4
+max_epochs = {max_epochs}
 batch_size = 16
 [search]
 tpe_startup_trials = 1

@@ -3,6 +3,7 @@ files. Runs end by their round limit or their deadline, and every assertion is a
 happened, never about how much happened in some wall time."""
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -164,18 +165,29 @@ def test_killing_a_replica_leaves_the_run_going(tmp_path, photos):
 
 
 def test_kill_the_primary_and_resume(tmp_path, photos):
+    """kill -9 of the primary mid-trial: its replica notices the silence and stops with
+    everything it started; a resumed run keeps every record and goes on. The replica is held
+    (SIGSTOP) from its first epoch until the primary is dead and its lease has lapsed, so it
+    is stopped with most of its rounds still to train, however fast the machine."""
     root, _ = photos
     run_dir = tmp_path / "run"
     env, mark = marked_env()
-    config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, max_rounds=3))
+    config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, max_rounds=4,
+                                                  max_epochs=8))
     primary = start(tmp_path, config, run_dir, env)
     wait_for(has_epoch(run_dir), 600, "an epoch")
+    store = open_store(run_dir=run_dir)
+    (replica,) = store.replicas(1)
+    os.killpg(replica.pid, signal.SIGSTOP)  # the replica, its ranks and their workers
     primary.send_signal(signal.SIGKILL)
     primary.wait()
-    # Orphaned replicas notice the silent primary and stop by themselves, with everything
-    # they started.
+    lease = Config.load(run_dir / "config.toml").run.lease_timeout_s
+    wait_for(lambda: time.time() > store.segments(1)[0].last_seen + lease + 1, 120,
+             "the primary's lease to lapse")
+    os.killpg(replica.pid, signal.SIGCONT)
+    # The orphaned replica notices the silent primary and stops by itself, with everything
+    # it started.
     wait_no_strays(mark)
-    store = open_store(run_dir=run_dir)
     assert all(r.status != "running" for r in store.replicas(1))
     before = {(e.trial_id, e.epoch): e for e in store.epochs(1)}
     started = time.time()
