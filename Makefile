@@ -9,7 +9,7 @@ run: setup
 	$(BIN)/automlperf run
 
 test: setup system
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=20
 
 # Day-to-day: no root, no services (PostgreSQL, SLURM, Chromium), no end-to-end runs.
 test-fast: setup

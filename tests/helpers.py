@@ -63,6 +63,15 @@ interval_s = 1
 """
 
 
+def default_sigint():
+    """For a child that a test stops with Ctrl-C: a shell that runs the suite in the
+    background starts it with SIGINT ignored, which every process would inherit (and
+    Python then installs no KeyboardInterrupt handler), unlike a terminal's foreground job."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def marked_env(**extra):
     """An environment whose mark every process started from it inherits (replicas, training
     ranks, data-loading workers, samplers), so a test can find any that outlive a run."""

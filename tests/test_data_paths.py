@@ -14,7 +14,7 @@ import pytest
 from automlperf.graph import seeds
 from automlperf.train.pool import DataArgs, DevicePool, run_trial
 from automlperf.train.trainer import TrialSpec
-from helpers import cli, cli_args, marked_env, wait_no_strays
+from helpers import cli, cli_args, default_sigint, marked_env, wait_no_strays
 from imagefolder import make_image_folder
 
 pytestmark = pytest.mark.slow
@@ -117,7 +117,7 @@ def test_ctrl_c_stops_train_and_every_process_it_started(tmp_path, photos):
                                      "--image-size", 32, "--epochs", 1000, "--batch-size", 4,
                                      "--json"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
     first = proc.stdout.readline()  # one epoch done: ranks and workers are at work
     assert json.loads(first)["epoch"] == 0
     os.killpg(proc.pid, signal.SIGINT)

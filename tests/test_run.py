@@ -17,8 +17,8 @@ from automlperf.graph import Graph
 from automlperf.measure.score import counted_epochs
 from automlperf.ops import count, epoch_ops
 from automlperf.store import open_store
-from helpers import (cli, cli_args, fast_config, folder_config, marked_env, wait_for,
-                     wait_no_strays)
+from helpers import (cli, cli_args, default_sigint, fast_config, folder_config, marked_env,
+                     wait_for, wait_no_strays)
 from imagefolder import make_image_folder
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,8 @@ def write_config(tmp_path, text):
 def start(tmp_path, config, run_dir, env, *extra):
     log = open(tmp_path / f"primary-{run_dir.name}.log", "ab")
     return subprocess.Popen(cli_args("run", "--config", config, "--run-dir", run_dir, *extra),
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=default_sigint)
 
 
 def primary_log(tmp_path, run_dir):
