@@ -302,6 +302,9 @@ class DevicePool:
                         while rank.conn.poll() and self._receive(idx, rank, on_message):
                             pass
                         if rank.done is None:
+                            # The sentinel closes as the process dies, a moment before
+                            # its exit status can be collected.
+                            rank.process.join(timeout=30)
                             code = rank.process.exitcode
                             self._restart()
                             return TrialOutcome(spec.trial_id, "failed",
