@@ -3,11 +3,9 @@ data-loading worker processes inside the rank processes, one and two ranks."""
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 
-import numpy as np
 import psutil
 import pytest
 
@@ -16,6 +14,7 @@ from automlperf.train.pool import DataArgs, DevicePool, run_trial
 from automlperf.train.trainer import TrialSpec
 from helpers import cli, cli_args, default_sigint, marked_env, wait_no_strays
 from imagefolder import make_image_folder
+from test_data import write_cifar
 
 pytestmark = pytest.mark.slow
 
@@ -25,20 +24,6 @@ def photos(tmp_path_factory):
     root = tmp_path_factory.mktemp("photos")
     return root, make_image_folder(root, classes=3, train_per_class=10, val_per_class=4,
                                    corrupt=2)
-
-
-def write_cifar(folder, binary, per_batch=40):
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        images = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
-        labels = rng.integers(0, 10, per_batch)
-        if binary:
-            rec = np.concatenate([labels[:, None].astype(np.uint8), images], axis=1)
-            (folder / f"{name}.bin").write_bytes(rec.tobytes())
-        else:
-            (folder / name).write_bytes(pickle.dumps({b"data": images, b"labels": labels.tolist()},
-                                                     protocol=2))
 
 
 def train(tmp_path, *args, env=None, workers=1):
@@ -67,7 +52,7 @@ def test_train_on_jpeg_folders_with_workers(tmp_path, photos, devices):
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "python"])
 def test_train_on_cifar10_files(tmp_path, binary):
     folder = tmp_path / ("cifar-10-batches-bin" if binary else "cifar-10-batches-py")
-    write_cifar(folder, binary)
+    write_cifar(folder, binary, per_batch=40)
     epochs = train(tmp_path, "--dataset", "cifar10", "--data-dir", tmp_path, "--batch-size", 32)
     assert all(e["train_images"] == 200 and e["val_images"] == 40 for e in epochs)
 
