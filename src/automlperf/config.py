@@ -271,23 +271,22 @@ class Config(_Section):
 
 FIXED = rules.CURRENT.fixed
 
+# The two built-in tasks share one CPU-sized recipe; only their resolution differs.
+_BUILTIN_RECIPE: dict[str, Any] = {
+    "run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
+    "model": {"seed_model": "resnet_small"},
+    "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0, "lr_per_256": 0.4,
+              "patience_base": 3, "patience_per_round": 1, "patience_max": 5},
+    "monitor": {"interval_s": 5.0},
+}
+
 # Customisable (and dataset-implied) settings per dataset; everything else keeps its default.
 PRESETS: dict[str, dict[str, Any]] = {
     "imagenet": {},
     "cifar10": {"data": {"image_size": 32}, "model": {"seed_model": "resnet_small"},
                 "train": {"batch_size": 128, "max_epochs": 30}},
-    "builtin": {"run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
-                "data": {"image_size": 12}, "model": {"seed_model": "resnet_small"},
-                "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0,
-                          "lr_per_256": 0.4, "patience_base": 3, "patience_per_round": 1,
-                          "patience_max": 5},
-                "monitor": {"interval_s": 5.0}},
-    "digits": {"run": {"duration_s": 180.0, "lease_timeout_s": 30.0},
-               "data": {"image_size": 8}, "model": {"seed_model": "resnet_small"},
-               "train": {"batch_size": 64, "max_epochs": 8, "warmup_epochs": 1.0,
-                         "lr_per_256": 0.4, "patience_base": 3, "patience_per_round": 1,
-                         "patience_max": 5},
-               "monitor": {"interval_s": 5.0}},
+    "builtin": {**_BUILTIN_RECIPE, "data": {"image_size": 12}},
+    "digits": {**_BUILTIN_RECIPE, "data": {"image_size": 8}},
     "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
                   "train": {"max_epochs": 4}},
 }
