@@ -32,8 +32,9 @@ def make_tree(root, per_class=(2, 1), flat_val=False, classes=WNIDS, counts=None
 
     def link(dst):
         # ext4 allows 65,000 links to one file: start a new source file well before that.
+        # Paths are plain strings: a million Path objects would double the tree's making.
         if not sources or sources[-1][1] >= 60_000:
-            sources.append([tiny_jpeg(root.parent / f"{root.name}-src{len(sources)}.JPEG"), 0])
+            sources.append([str(tiny_jpeg(root.parent / f"{root.name}-src{len(sources)}.JPEG")), 0])
         os.link(sources[-1][0], dst)
         sources[-1][1] += 1
 
@@ -44,18 +45,19 @@ def make_tree(root, per_class=(2, 1), flat_val=False, classes=WNIDS, counts=None
         (root / "train" / c).mkdir()
         if not flat_val:
             (root / "val" / c).mkdir()
+    train, val = f"{root}/train", f"{root}/val"
     for i in range(n_train):
         c = classes[i % len(classes)]
-        link(root / "train" / c / f"{c}_{i}.JPEG")
+        link(f"{train}/{c}/{c}_{i}.JPEG")
     rows = ["ImageId,PredictionString"]
     for i in range(n_val):
         c = classes[i % len(classes)]
         name = f"ILSVRC2012_val_{i + 1:08d}"
         if flat_val:
-            link(root / "val" / f"{name}.JPEG")
+            link(f"{val}/{name}.JPEG")
             rows.append(f"{name},{c} 1 2 3 4 {c} 5 6 7 8")
         else:
-            link(root / "val" / c / f"{name}.JPEG")
+            link(f"{val}/{c}/{name}.JPEG")
     if flat_val:
         (root / KAGGLE_LABELS).write_text("\n".join(rows) + "\n")
     return root
@@ -143,8 +145,9 @@ def test_a_file_resized_changes_the_fingerprint(tree):
 
 @pytest.mark.slow
 def test_the_official_counts(tmp_path):
-    """1,281,167 + 50,000 hard links to one JPEG: the official ruleset passes them, one
-    missing image fails it. Reports how long making and scanning them took."""
+    """1,281,167 + 50,000 hard links to one JPEG: the official ruleset passes them. Reports
+    how long making and scanning them took. (Near-misses are the small trees' tests: the same
+    logic, a thousandth of the files.)"""
     t0 = time.perf_counter()
     root = make_tree(tmp_path / "imagenet", counts=(1_281_167, 50_000))
     made = time.perf_counter() - t0
@@ -153,6 +156,3 @@ def test_the_official_counts(tmp_path):
     scanned = time.perf_counter() - t0
     print(f"made 1,331,167 links in {made:.1f} s, scanned in {scanned:.1f} s")
     assert found["problems"] == [] and found["files"] == 1_331_167
-    next((root / "val" / WNIDS[9]).iterdir()).unlink()
-    assert identify(root, rules.IMAGENET_1K)["problems"] == [
-        "val: 49,999 images instead of 50,000 (1 missing)"]

@@ -173,8 +173,7 @@ def test_kill_the_primary_and_resume(tmp_path, photos):
     root, _ = photos
     run_dir = tmp_path / "run"
     env, mark = marked_env()
-    config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, max_rounds=4,
-                                                  max_epochs=8))
+    config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, max_rounds=3))
     primary = start(tmp_path, config, run_dir, env)
     wait_for(has_epoch(run_dir), 600, "an epoch")
     store = open_store(run_dir=run_dir)
