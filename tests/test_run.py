@@ -173,9 +173,11 @@ def test_kill_the_primary_and_resume(tmp_path, photos):
     root, _ = photos
     run_dir = tmp_path / "run"
     env, mark = marked_env()
-    config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, max_rounds=3))
+    # Four rounds of 1 to 4 epochs, three of them searched for: work left after the first
+    # epoch for seconds on any machine, against a tenth of a second between polls.
+    config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, max_rounds=4))
     primary = start(tmp_path, config, run_dir, env)
-    wait_for(has_epoch(run_dir), 600, "an epoch")
+    wait_for(has_epoch(run_dir), 600, "an epoch", every=0.1)
     store = open_store(run_dir=run_dir)
     (replica,) = store.replicas(1)
     os.killpg(replica.pid, signal.SIGSTOP)  # the replica, its ranks and their workers
