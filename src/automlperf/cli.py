@@ -157,7 +157,7 @@ def train(
 
     from automlperf.train.data import DataError
     from automlperf.train.pool import (DataArgs, DevicePool, PoolError, choose_devices,
-                                       accelerator_memory_gib, cores_available, run_trial)
+                                       accelerator_memory_gib, cores_available, train_trial)
     from automlperf.train.trainer import TrialSpec
 
     tree: dict[str, Any] = {}
@@ -229,7 +229,7 @@ def train(
 
     with progress:
         try:
-            outcome = run_trial(pool, spec, on_message)
+            outcome = train_trial(pool, spec, on_message)
         except KeyboardInterrupt:
             pool.kill()  # the ranks are mid-epoch: they would not read a polite stop
             err.print("interrupted", highlight=False)

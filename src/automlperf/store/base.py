@@ -6,13 +6,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from automlperf.events import EpochEvent
+from automlperf.events import EpochEvent, TrialStatus
 
 # 2: replicas record why they stopped (a run that cannot train says so).
 SCHEMA_VERSION = 2
 
-RUNNING, COMPLETED, FAILED, STOPPED = "running", "completed", "failed", "stopped"
-FINAL = (COMPLETED, FAILED, STOPPED)
+RUNNING, COMPLETED, FAILED, STOPPED = (TrialStatus.RUNNING, TrialStatus.COMPLETED,
+                                       TrialStatus.FAILED, TrialStatus.STOPPED)
+FINAL = TrialStatus.final()
 
 
 class StoreError(RuntimeError):

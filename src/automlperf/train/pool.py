@@ -23,36 +23,15 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from automlperf.events import EpochEvent, EventSink, TrialOutcome
 from automlperf.procutil import die_with_parent
-from automlperf.events import TrialOutcome
-from automlperf.train.trainer import TrialSpec
+from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
 
 
-class PoolError(RuntimeError):
+class PoolError(TrainerError):
     """The training processes could not start."""
-
-
-@dataclass
-class DataArgs:
-    dataset: str
-    data_dir: str | None = None
-    image_size: int | None = None
-    workers: int = 0
-    gpu_decode: bool = False
-    synthetic_images: int = 4096
-    synthetic_classes: int = 1000
-
-    @classmethod
-    def from_config(cls, data: Any, threads: int) -> DataArgs:
-        """The dataset of a ``DataConfig``; unless set, decoding workers take the spare
-        cores beside each rank's ``threads`` (image files only: in-memory data needs none)."""
-        workers = data.workers
-        if workers is None:
-            workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
-        return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
-                   workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes)
 
 
 def visible_accelerators() -> list[str]:
@@ -138,7 +117,7 @@ def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
         import torch.distributed as dist
 
         from automlperf.train import data as datasets
-        from automlperf.train.trainer import RankContext, run_trial
+        from automlperf.train.trainer import RankContext, train_on_rank
 
         torch.set_num_threads(max(1, threads))
         device = torch.device(device_name)
@@ -166,7 +145,7 @@ def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
         if msg["kind"] == "stop":
             break
         spec = TrialSpec.from_dict(msg["spec"])
-        outcome = run_trial(spec, ctx, emit=lambda kind, payload: _send(conn, kind, payload))
+        outcome = train_on_rank(spec, ctx, emit=lambda kind, payload: _send(conn, kind, payload))
         _send(conn, "done", {"rank": rank, "outcome": outcome.to_dict()})
     if world > 1:
         dist.destroy_process_group()
@@ -381,8 +360,8 @@ class DevicePool:
         self.close()
 
 
-def run_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = None,
-              should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
+def train_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = None,
+                should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
     """Run a trial; if it runs out of memory before finishing an epoch, retry it once at half
     the batch size (recorded in the outcome)."""
     pool.ensure_running()
@@ -395,3 +374,48 @@ def run_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = 
         outcome = pool.run(spec, on_message, should_stop)
         outcome.extra["oom_retry"] = {"first_batch_size": spec.batch_size * 2, "reason": first}
     return outcome
+
+
+class PoolTrainer:
+    """The :class:`~automlperf.train.spec.Trainer` of real runs: a :class:`DevicePool` on
+    ``devices``, started by :meth:`start`."""
+
+    def __init__(self, devices: list[str], data: DataArgs, threads_per_rank: int = 1) -> None:
+        self.devices = list(devices)
+        self.data = data
+        self.threads_per_rank = threads_per_rank
+        self.pool: DevicePool | None = None
+
+    @property
+    def world(self) -> int:
+        return len(self.devices)
+
+    def start(self) -> dict[str, Any]:
+        self.pool = DevicePool(self.devices, self.data, threads_per_rank=self.threads_per_rank)
+        return self.pool.description
+
+    def _started(self) -> DevicePool:
+        if self.pool is None:
+            raise PoolError("the trainer has not been started")
+        return self.pool
+
+    def train(self, spec: TrialSpec, sink: EventSink,
+              should_stop: Callable[[], bool] | None = None,
+              on_progress: Callable[[dict[str, Any]], None] | None = None) -> TrialOutcome:
+        """Train one trial (see :func:`train_trial`); ``on_progress`` gets rank 0's progress
+        messages within an epoch."""
+        def on_message(kind: str, msg: dict[str, Any]) -> None:
+            if kind == "epoch":
+                sink.epoch(EpochEvent(**msg))
+            elif kind == "progress" and on_progress is not None:
+                on_progress(msg)
+
+        return train_trial(self._started(), spec, on_message, should_stop)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def kill(self) -> None:
+        if self.pool is not None:
+            self.pool.kill()
