@@ -9,9 +9,12 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
+
+from automlperf.errors import UserError
 
 SCHEMA_VERSION = 1
 INPUT = "input"
@@ -33,7 +36,7 @@ _PARAMS = ("out_channels", "kernel", "stride", "padding")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
-class GraphError(ValueError):
+class GraphError(UserError, ValueError):
     """An invalid graph; the message names the offending layer."""
 
 
@@ -180,6 +183,19 @@ class Graph:
         except json.JSONDecodeError as exc:
             raise GraphError(f"graph file is not valid JSON: {exc}") from None
         return cls.from_dict(data)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> Graph:
+        """A graph JSON file; every problem is a :class:`GraphError` naming the file."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise GraphError(f"cannot read graph file {path}: {exc.strerror}") from None
+        try:
+            return cls.from_json(text)
+        except GraphError as exc:
+            raise GraphError(f"{path}: {exc}") from None
 
     # --- identity -----------------------------------------------------------------------
     def content_hash(self) -> str:

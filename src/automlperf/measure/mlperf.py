@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.measure.score import counted_epochs
+from automlperf.errors import UserError
 
 MLLOG_FILE = "mllog.txt"
 SYSTEM_DESC_FILE = "system_desc.json"
 BENCHMARK = "automlperf"
 
 
-class MlperfMissing(RuntimeError):
+class MlperfMissing(UserError, RuntimeError):
     """mlperf-logging is not installed."""
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from automlperf.store.urls import STORE_ENV
+from automlperf.errors import UserError
 
 
 class Launcher(Protocol):
@@ -67,7 +68,7 @@ def worker_command(run_dir: Path, index: int | None, threads: int | None,
     return cmd
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError, ValueError):
     """The replicas asked for do not fit this machine."""
 
 

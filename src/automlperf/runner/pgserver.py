@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 from automlperf.store.urls import redact
+from automlperf.errors import UserError
 
 USER = "automlperf"
 DATABASE = "automlperf"
 
 
-class PostgresError(RuntimeError):
+class PostgresError(UserError, RuntimeError):
     """The private server could not be set up; the message says what to do."""
 
 

@@ -13,11 +13,12 @@ from typing import Any
 
 from automlperf.store.base import SCHEMA_VERSION
 from automlperf.store.urls import resolve_store_url, strip_password
+from automlperf.errors import UserError
 
 RUN_FILE = "run.json"
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """Not a usable run directory; the message says what to do."""
 
 

@@ -24,9 +24,10 @@ from automlperf.runner.launch import terminate, worker_command
 from automlperf.runner.pgserver import find_binaries
 from automlperf.runner.rundir import write_atomic
 from automlperf.store.urls import redact, split_password
+from automlperf.errors import UserError
 
 
-class SlurmError(RuntimeError):
+class SlurmError(UserError, RuntimeError):
     """SLURM is missing or refused the job; the message says what to do."""
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automlperf.events import EpochEvent, TrialStatus
+from automlperf.errors import UserError
 
 # 2: replicas record why they stopped (a run that cannot train says so).
 SCHEMA_VERSION = 2
@@ -16,7 +17,7 @@ RUNNING, COMPLETED, FAILED, STOPPED = (TrialStatus.RUNNING, TrialStatus.COMPLETE
 FINAL = TrialStatus.final()
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """The store cannot do what was asked; the message says why."""
 
 

@@ -31,12 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from automlperf.errors import UserError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".bmp", ".webp"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset that is missing or malformed; the message says what to fix."""
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from automlperf.config import DataConfig, ModelConfig, TrainConfig
 from automlperf.events import EventSink, TrialOutcome
+from automlperf.errors import UserError
 
 # The configuration models are the one source of the training and data defaults.
 _TRAIN = TrainConfig()
@@ -87,7 +88,7 @@ class DataArgs:
                    workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes)
 
 
-class TrainerError(RuntimeError):
+class TrainerError(UserError, RuntimeError):
     """A trainer could not start; the message says why."""
 
 
