@@ -59,7 +59,7 @@ def ops(
     summary: Annotated[bool, typer.Option(help="Also print every layer.")] = False,
 ) -> None:
     """Operations per image (forward, backward, total) of a model, by layer kind."""
-    from automlperf.ops import count
+    from automlperf.ops import count, layer_table
 
     if graph is not None:
         g = Graph.read(graph)
@@ -77,7 +77,7 @@ def ops(
         print(json.dumps(c.to_dict()))
         return
     if summary:
-        out.print(g.summary(), highlight=False, soft_wrap=True)
+        out.print(layer_table(g), highlight=False, soft_wrap=True)
     table = Table(title=f"Operations per image: {label} (batch size {batch_size})")
     for col in ("layer kind", "FP", "BP", "BP/FP", "total"):
         table.add_column(col, justify="left" if col == "layer kind" else "right")

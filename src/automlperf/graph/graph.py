@@ -214,27 +214,6 @@ class Graph:
             object.__setattr__(self, "_hash", cached)  # frozen dataclass: cache explicitly
         return cached
 
-    def summary(self) -> str:
-        """A readable table of the layers with their output shapes and parameter counts."""
-        from automlperf.ops import count  # local import: ops depends on graph
-
-        ops = count(self)
-        per_layer = ops.params_by_layer
-        rows = [f"{'layer':<24}{'kind':<15}{'config':<18}{'output':<16}{'params':>12}"]
-        for layer in self.layers:
-            cfg = ""
-            if layer.kind in ("conv2d", "maxpool"):
-                cfg = f"{layer.kernel}x{layer.kernel}/{layer.stride}"
-            elif layer.kind == "add":
-                cfg = "+".join(layer.inputs)[:17]
-            shape = "x".join(map(str, self.shapes[layer.name]))
-            rows.append(f"{layer.name:<24}{layer.kind:<15}{cfg:<18}{shape:<16}"
-                        f"{per_layer.get(layer.name, 0):>12,}")
-        rows.append(f"{len(self.layers)} layers, {self.count('conv2d')} convolutions, "
-                    f"{ops.params:,} parameters, {ops.forward / 1e9:.3f} G forward ops/image, "
-                    f"hash {self.content_hash()}")
-        return "\n".join(rows)
-
 
 def _layer_from_dict(i: int, item: Any) -> Layer:
     if not isinstance(item, dict):

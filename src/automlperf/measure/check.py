@@ -26,12 +26,12 @@ from typing import Any
 from automlperf import rules
 from automlperf.config import Config
 from automlperf.measure.breakdown import PARTS
-from automlperf.measure.identity import DatasetIdentityError, scan
+from automlperf.dataset_identity import DatasetIdentityError, scan
 from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
 from automlperf.measure.result import build_result
 from automlperf.ops import count, epoch_ops
-from automlperf.runner.rundir import RunDir, run_store
+from automlperf.store.rundir import RunDir, run_store
 from automlperf.store import Store
 from automlperf.events import read_jsonl
 

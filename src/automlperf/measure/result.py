@@ -157,7 +157,7 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
-    from automlperf.runner.rundir import write_atomic
+    from automlperf.store.rundir import write_atomic
 
     write_atomic(path, json.dumps(result, indent=1) + "\n")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.measure.result import read_result
-from automlperf.runner.rundir import RunDir, RunDirError
+from automlperf.store.rundir import RunDir, RunDirError
 
 
 def row(run_dir: Path) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from automlperf.graph import Graph
 from automlperf.measure.result import build_result, read_result
 from automlperf.measure.units import format_energy, format_ops
 from automlperf.measure.score import counted_epochs, timeline
-from automlperf.ops import count
+from automlperf.ops import count, layer_table
 from automlperf.report import charts
-from automlperf.runner.rundir import RunDir, run_store, write_atomic
+from automlperf.store.rundir import RunDir, run_store, write_atomic
 from automlperf.store import Store, redact
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
@@ -155,7 +155,7 @@ def render(data: dict[str, Any]) -> str:
         error_svg=charts.error_chart(data["curve"]),
         trials_svg=charts.trials_chart(data["series"], [t["id"] for t in data["lineage"]]),
         resource_svg=resource_svg, resource_note=resource_note,
-        best_summary=best_graph.summary() if best_graph else None, best_ops=best_ops,
+        best_summary=layer_table(best_graph) if best_graph else None, best_ops=best_ops,
         kinds=best_ops.by_kind if best_ops else {})
 
 

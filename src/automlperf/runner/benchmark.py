@@ -16,7 +16,7 @@ from rich.console import Console
 from automlperf.config import Config, load_config, parse_duration, set_option
 from automlperf.errors import UserError
 from automlperf.runner import primary
-from automlperf.runner.rundir import RunDir
+from automlperf.store.rundir import RunDir
 from automlperf.store.urls import resolve_store_url
 
 LAUNCHERS = ("local", "slurm", "external")
@@ -91,7 +91,7 @@ def _config(req: RunRequest) -> Config | None:
 def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> tuple[Any, int]:
     """The launcher asked for and the replicas it starts."""
     from automlperf.runner.launch import ExternalLauncher, LocalLauncher
-    from automlperf.train.pool import cores_available
+    from automlperf.hardware import cores_available
 
     if req.launcher == "slurm":
         from automlperf.runner.slurm import SlurmLauncher

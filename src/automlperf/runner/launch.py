@@ -81,7 +81,7 @@ def visibility_variable() -> str:
     """The variable that limits a process to some of this node's accelerators."""
     import torch
 
-    from automlperf.measure.system import accelerator_type
+    from automlperf.hardware import accelerator_type
 
     kind = accelerator_type(torch) or "cuda"
     if kind == "cuda" and getattr(torch.version, "hip", None) and \
@@ -95,7 +95,7 @@ def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
     machine's accelerators (none without any)."""
     import torch
 
-    from automlperf.measure.system import accelerator_type, device_count
+    from automlperf.hardware import accelerator_type, device_count
 
     kind = accelerator_type(torch)
     if kind is None or kind not in VISIBILITY:
@@ -167,7 +167,7 @@ class ExternalLauncher:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> None:
-        from automlperf.runner.rundir import RunDir
+        from automlperf.store.rundir import RunDir
         from automlperf.store import open_store
 
         rd = RunDir(self.run_dir)

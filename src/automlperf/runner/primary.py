@@ -19,13 +19,13 @@ from rich.text import Text
 from automlperf import rules
 from automlperf.config import Config, ConfigError
 from automlperf.measure import provenance
-from automlperf.measure.identity import DatasetIdentityError, identify
+from automlperf.dataset_identity import DatasetIdentityError, identify
 from automlperf.measure.result import build_result, write_result
 from automlperf.measure.score import counted_epochs
 from automlperf.measure.units import format_ops
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.search.hpo import prepare_storage
-from automlperf.runner.rundir import RunDir, RunDirError, write_atomic
+from automlperf.store.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store import FAILED, RUNNING, Store, open_store, redact
 from automlperf.store.urls import strip_password
 

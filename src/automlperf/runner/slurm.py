@@ -21,8 +21,8 @@ from pathlib import Path
 import jinja2
 
 from automlperf.runner.launch import terminate, worker_command
-from automlperf.runner.pgserver import find_binaries
-from automlperf.runner.rundir import write_atomic
+from automlperf.store.pgserver import find_binaries
+from automlperf.store.rundir import write_atomic
 from automlperf.store.urls import redact, split_password
 from automlperf.errors import UserError
 

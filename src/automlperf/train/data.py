@@ -324,8 +324,8 @@ def scan_image_folder(root: Path) -> tuple[list[str], dict[str, list[tuple[str, 
 
 
 def _flat_val(root: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """A flat val/ folder labelled by a ground-truth file (see measure/identity.py)."""
-    from automlperf.measure.identity import DatasetIdentityError, flat_val_labels
+    """A flat val/ folder labelled by a ground-truth file (see dataset_identity.py)."""
+    from automlperf.dataset_identity import DatasetIdentityError, flat_val_labels
 
     try:
         labels = flat_val_labels(root)

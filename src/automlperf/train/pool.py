@@ -34,44 +34,6 @@ class PoolError(TrainerError):
     """The training processes could not start."""
 
 
-def visible_accelerators() -> list[str]:
-    """Every accelerator torch can use here, as device strings (``cuda:0`` on NVIDIA and
-    ROCm, ``xpu:0`` on Intel, ``npu:0`` with Ascend's plugin)."""
-    import torch
-
-    from automlperf.measure.system import accelerator_type, device_count
-
-    kind = accelerator_type(torch)
-    if kind is None:
-        return []
-    return [f"{kind}:{i}" for i in range(device_count(torch, kind))]
-
-
-def choose_devices(count: int | None) -> list[str]:
-    """The first ``count`` visible accelerators (default all); without any, ``count`` CPU
-    ranks (default 1), which share the host's cores."""
-    gpus = visible_accelerators()
-    if gpus:
-        if count is not None and count > len(gpus):
-            raise PoolError(f"{count} devices requested but only {len(gpus)} accelerators "
-                            "are visible")
-        return gpus[: count or len(gpus)]
-    return ["cpu"] * (count or 1)
-
-
-def accelerator_memory_gib() -> float | None:
-    """Memory of the smallest visible accelerator, GiB; None without any."""
-    import torch
-
-    devices = visible_accelerators()
-    if not devices:
-        return None
-    if devices[0].startswith("cuda"):
-        return min(torch.cuda.get_device_properties(i).total_memory
-                   for i in range(len(devices))) / 2**30
-    return min(torch.accelerator.get_memory_info(i)[1] for i in range(len(devices))) / 2**30
-
-
 def process_group_backend(device_type: str) -> str:
     """The collective library of a device type: NCCL (or RCCL on ROCm) for ``cuda``, XCCL,
     HCCL for the plugins that register one, Gloo on the CPU."""
@@ -88,17 +50,6 @@ def process_group_backend(device_type: str) -> str:
         except (RuntimeError, ValueError):
             pass
     return "gloo"
-
-
-def cores_available() -> int:
-    """CPU cores this process may use (SLURM's allocation or the affinity mask)."""
-    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        if os.environ.get(var, "").isdigit():
-            return max(1, int(os.environ[var]))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:

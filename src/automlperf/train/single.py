@@ -66,7 +66,7 @@ class TrainResult:
 def plan_training(req: TrainRequest) -> TrainPlan:
     """Choose the devices, probe the data (failing fast, in one line) and build the spec."""
     from automlperf.train import data as datasets
-    from automlperf.train.pool import accelerator_memory_gib, choose_devices, cores_available
+    from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
 
     if req.graph is not None and req.model is not None:
         raise UserError("give --graph or --model, not both")

@@ -107,7 +107,7 @@ def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
             # the file only the run's owner can read.
             url = resolve_store_url(url, password_file=private / "pg.password")
         else:
-            from automlperf.runner.pgserver import PostgresServer
+            from automlperf.store.pgserver import PostgresServer
 
             server = PostgresServer(private)
             url = server.start()
