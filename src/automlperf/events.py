@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 class TrialStatus(StrEnum):
     """Where a trial stands: ``running`` until it ends ``completed``, ``failed`` or
-    ``stopped`` (cut short by the deadline or a stop), once. Members are strings, stored as
-    such."""
+    ``stopped`` (cut short by the deadline or a stop), once. A replica's record uses the same
+    words. Members are strings, stored as such."""
 
     RUNNING = "running"
     COMPLETED = "completed"

@@ -188,7 +188,7 @@ class ExternalLauncher:
         """``waiting`` (not registered yet), ``up``, ``lost`` (silent past the lease
         timeout: killed without a chance to say so) or ``exited``, for each expected index
         and any unexpected one that registered."""
-        from automlperf.store import RUNNING
+        from automlperf.store import TrialStatus
 
         mine = self._mine()
         now = time.time()
@@ -198,7 +198,7 @@ class ExternalLauncher:
             rep = mine.get(i)
             if rep is None:
                 states.append("waiting")
-            elif rep.status != RUNNING:
+            elif rep.status != TrialStatus.RUNNING:
                 states.append("exited")
             elif now - rep.last_heartbeat > self.lease_timeout_s:
                 states.append("lost")

@@ -495,7 +495,7 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
 
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
-               threads: int | None, monitor: bool = True, wait_s: float = 0.0) -> int:
+               threads: int | None, sample: bool = True, wait_s: float = 0.0) -> int:
     """Entry point of ``automlperf worker``; identity from the launcher's environment when
     not given."""
     from automlperf.runner.identity import local_rank, replica_identity
@@ -504,15 +504,15 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
     if index is None:
         index, source = replica_identity()
         # One resource sampler per node: the first replica a launcher put there.
-        monitor = monitor and local_rank() == 0
+        sample = sample and local_rank() == 0
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
     log.info("replica %d (from %s) on %s%s", index, source, socket.gethostname(),
-             ", sampling the node's resources" if monitor else "")
+             ", sampling the node's resources" if sample else "")
     if wait_s > 0 and not wait_for_session(run_dir, store_url, wait_s):
         log.error("no open session of a run in %s after %.0f s: start `automlperf run "
                   "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
         return 1
-    replica = open_replica(run_dir, store_url, index, devices, threads, monitor)
+    replica = open_replica(run_dir, store_url, index, devices, threads, sample)
     signal.signal(signal.SIGTERM, lambda *_: replica.stop.set())
     return replica.run()

@@ -6,15 +6,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from automlperf.events import EpochEvent, TrialStatus
+from automlperf.events import EpochEvent
 from automlperf.errors import UserError
 
 # 2: replicas record why they stopped (a run that cannot train says so).
 SCHEMA_VERSION = 2
 
-RUNNING, COMPLETED, FAILED, STOPPED = (TrialStatus.RUNNING, TrialStatus.COMPLETED,
-                                       TrialStatus.FAILED, TrialStatus.STOPPED)
-FINAL = TrialStatus.final()
 
 
 class StoreError(UserError, RuntimeError):

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from automlperf.config import DataConfig
 from automlperf.errors import UserError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -518,9 +519,13 @@ class DaliImageFolderDataset(ImageFolderDataset):
             yield out[0]["x"], out[0]["y"].view(-1).long()
 
 
+_DATA = DataConfig()  # the one source of the data defaults
+
+
 def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
-         workers: int = 4, gpu_decode: bool = False, synthetic_images: int = 4096,
-         synthetic_classes: int = 1000) -> Dataset:
+         workers: int = 4, gpu_decode: bool = _DATA.gpu_decode,
+         synthetic_images: int = _DATA.synthetic_images,
+         synthetic_classes: int = _DATA.synthetic_classes) -> Dataset:
     """A dataset by name; raises DataError naming what is missing."""
     if dataset == "builtin":
         return builtin(image_size or 12)

@@ -23,7 +23,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from automlperf.events import EpochEvent, EventSink, TrialOutcome
+from automlperf.events import EpochEvent, EventSink, TrialOutcome, TrialStatus
 from automlperf.procutil import die_with_parent
 from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
@@ -219,7 +219,7 @@ class DevicePool:
         while True:
             if should_stop is not None and should_stop():
                 self._restart(kill_only=True)
-                return TrialOutcome(spec.trial_id, "stopped", "deadline reached",
+                return TrialOutcome(spec.trial_id, TrialStatus.STOPPED, "deadline reached",
                                     batch_size=spec.batch_size)
             waitables = [r.conn for r in self._ranks if r.done is None]
             waitables += [r.process.sentinel for r in self._ranks if r.done is None]
@@ -237,20 +237,21 @@ class DevicePool:
                             rank.process.join(timeout=30)
                             code = rank.process.exitcode
                             self._restart()
-                            return TrialOutcome(spec.trial_id, "failed",
+                            return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
                                                 f"crash: training process {idx} exited with "
                                                 f"code {code}", batch_size=spec.batch_size,
                                                 extra={"failure": "crash"})
             outcomes = [r.done for r in self._ranks]
             finished = [o for o in outcomes if o is not None]
             if len(finished) == len(outcomes):
-                first_bad = next((o for o in finished if o["status"] != "completed"), None)
+                first_bad = next((o for o in finished if o["status"] != TrialStatus.COMPLETED), None)
                 return TrialOutcome(**(first_bad or finished[0]))
-            if any(o["status"] != "completed" for o in finished):
+            if any(o["status"] != TrialStatus.COMPLETED for o in finished):
                 # One rank failed; the others may wait forever in a collective.
                 failed_at = failed_at or time.monotonic()
                 if time.monotonic() - failed_at > self.failure_grace_s:
-                    bad = next(o for o in outcomes if o is not None and o["status"] != "completed")
+                    bad = next(o for o in outcomes
+                               if o is not None and o["status"] != TrialStatus.COMPLETED)
                     self._restart()
                     return TrialOutcome(**bad)
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from automlperf import rules
-from automlperf.events import EpochEvent, TrialOutcome
+from automlperf.events import EpochEvent, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
@@ -114,15 +114,15 @@ def train_on_rank(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -
     """Train ``spec`` on this rank; returns how the trial ended. Failures are classified,
     not raised, so the rank stays ready for the next trial."""
     emit = emit if (emit is not None and ctx.rank == 0) else (lambda kind, payload: None)
-    outcome = TrialOutcome(spec.trial_id, "failed", batch_size=spec.batch_size)
+    outcome = TrialOutcome(spec.trial_id, TrialStatus.FAILED, batch_size=spec.batch_size)
     try:
         _train(spec, ctx, emit, outcome)
     except TrialFailure as exc:
-        outcome.status, outcome.reason = "failed", f"{exc.kind}: {exc}"
+        outcome.status, outcome.reason = TrialStatus.FAILED, f"{exc.kind}: {exc}"
         outcome.extra["failure"] = exc.kind
     except Exception as exc:  # noqa: BLE001 - any error ends this trial, not the rank
         kind = "oom" if is_oom(exc) else "error"
-        outcome.status = "failed"
+        outcome.status = TrialStatus.FAILED
         outcome.reason = f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         outcome.extra["failure"] = kind
     finally:
@@ -300,4 +300,4 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         if stale >= spec.patience:
             outcome.early_stopped = True
             break
-    outcome.status = "completed"
+    outcome.status = TrialStatus.COMPLETED
