@@ -28,13 +28,13 @@ from typing import Any, Protocol
 from automlperf.config import Config
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome
 from automlperf.graph import Graph, seeds
-from automlperf.store.rundir import RUN_FILE, RunDir, write_atomic
+from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus, open_store
+from automlperf.store.rundir import RUN_FILE, RunDir, write_atomic
 from automlperf.store.urls import STORE_ENV
-from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.spec import DataArgs, Trainer, TrainerError, TrialSpec
 
