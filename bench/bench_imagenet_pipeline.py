@@ -31,7 +31,7 @@ import torch
 
 from automlperf.graph import seeds
 from automlperf.train.data import ImageFolderDataset, random_resized_crop_box
-from automlperf.train.pool import cores_available
+from automlperf.hardware import cores_available
 from automlperf.train.trainer import RankContext, TrialSpec, _Run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -33,7 +33,7 @@ from automlperf.ops import count
 from automlperf.store import open_store
 from automlperf.train.builder import build_module
 from automlperf.train.data import builtin
-from automlperf.train.pool import cores_available
+from automlperf.hardware import cores_available
 
 
 def pure_ops_per_s(graph: Graph, batch: int, data, steps: int = 12) -> float:

@@ -10,7 +10,7 @@ MNIST sample, 16x16, small ResNet seed), each with several seeds:
 * ``seed``: no search, the seed retrained from scratch for the full epoch budget with a new
   initialisation each time.
 
-Trials run on the real training processes (``DevicePool``/``run_trial``), with the run's
+Trials run on the real training processes (``DevicePool``/``train_trial``), with the run's
 epoch schedule per round (warm-up rounds short, ranked by the predicted accuracy, as a
 replica does). Batch size and kernel size stay at the preset's default (no TPE), so the
 methods differ only in which architecture they train. Each (method, seed) runs in its own
@@ -44,7 +44,7 @@ def one_run(method: str, seed: int, budget: float, threads: int) -> dict[str, An
     from automlperf.graph import seeds
     from automlperf.search import Candidate, Model, MorphError, Searcher, morph
     from automlperf.search.curve import predict_final
-    from automlperf.train.pool import DataArgs, DevicePool, run_trial
+    from automlperf.train.pool import DataArgs, DevicePool, train_trial
     from automlperf.train.trainer import TrialSpec
 
     config = Config.for_dataset("builtin")
@@ -116,7 +116,7 @@ def one_run(method: str, seed: int, budget: float, threads: int) -> dict[str, An
                     best = msg["val_accuracy"]
                     curve.append((time.monotonic() - start, best))
 
-            outcome = run_trial(pool, spec, on_message,
+            outcome = train_trial(pool, spec, on_message,
                                 should_stop=lambda: time.monotonic() >= deadline)
             ranked = None
             if accs:

@@ -15,7 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from automlperf.runner.pgserver import PostgresServer
+from automlperf.store.pgserver import PostgresServer
 from automlperf.store import open_store
 
 WRITER = textwrap.dedent("""

@@ -23,7 +23,7 @@ from torch import nn
 from automlperf.graph import seeds
 from automlperf.train.builder import build_module
 from automlperf.train.data import load
-from automlperf.train.pool import cores_available
+from automlperf.hardware import cores_available
 from automlperf.train.trainer import RankContext, TrialSpec, _Run
 
 

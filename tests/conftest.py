@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items):
 def pg_server(tmp_path_factory):
     """A private PostgreSQL server for the whole session (installed by
     scripts/setup-system.sh; its absence is a failure, not a skip)."""
-    from automlperf.runner.pgserver import PostgresError, PostgresServer
+    from automlperf.store.pgserver import PostgresError, PostgresServer
 
     try:
         server = PostgresServer(tmp_path_factory.mktemp("postgres"))
@@ -89,7 +89,7 @@ def slurm_cluster(tmp_path_factory):
     import subprocess
     import time
 
-    from automlperf.runner.pgserver import free_port
+    from automlperf.store.pgserver import free_port
 
     for tool in ("slurmctld", "slurmd", "sbatch", "munge"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):

@@ -10,6 +10,7 @@ import torch
 
 from automlperf.measure import system
 from automlperf.runner.launch import gpu_slices, visibility_variable
+from automlperf import hardware
 from automlperf.train import pool
 
 GiB = 2**30
@@ -36,12 +37,12 @@ def test_intel_xpus_are_found_named_and_given_their_peak(monkeypatch):
     assert found[0]["peak_ops"] == 419.4e12 and found[0]["peak_precision"] == "bf16"
     assert system.describe()["peak_ops_per_node"] == pytest.approx(2 * 419.4e12)
 
-    assert pool.visible_accelerators() == ["xpu:0", "xpu:1"]
-    assert pool.choose_devices(None) == ["xpu:0", "xpu:1"]
-    assert pool.choose_devices(1) == ["xpu:0"]
-    with pytest.raises(pool.PoolError, match="3 devices requested but only 2 accelerators"):
-        pool.choose_devices(3)
-    assert pool.accelerator_memory_gib() == 64.0
+    assert hardware.visible_accelerators() == ["xpu:0", "xpu:1"]
+    assert hardware.choose_devices(None) == ["xpu:0", "xpu:1"]
+    assert hardware.choose_devices(1) == ["xpu:0"]
+    with pytest.raises(hardware.DeviceError, match="3 devices requested but only 2 accelerators"):
+        hardware.choose_devices(3)
+    assert hardware.accelerator_memory_gib() == 64.0
     assert pool.process_group_backend("xpu") == "xccl"
 
     monkeypatch.delenv("ZE_AFFINITY_MASK", raising=False)
@@ -80,14 +81,14 @@ def test_rocm_gpus_keep_the_cuda_path_with_amdsmi_details(monkeypatch):
     assert (gpu["type"], gpu["vendor"], gpu["name"]) == ("cuda", "AMD", "AMD Instinct MI300X")
     assert gpu["peak_ops"] == 1307.4e12
     assert gpu["driver"] == "6.10.5" and gpu["power_limit_w"] == 750.0
-    assert pool.visible_accelerators() == ["cuda:0"]
+    assert hardware.visible_accelerators() == ["cuda:0"]
 
 
 def test_without_any_accelerator_training_runs_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
-    assert system.accelerators() == [] and pool.choose_devices(None) == ["cpu"]
-    assert pool.accelerator_memory_gib() is None and gpu_slices(2, None) == []
+    assert system.accelerators() == [] and hardware.choose_devices(None) == ["cpu"]
+    assert hardware.accelerator_memory_gib() is None and gpu_slices(2, None) == []
 
 
 @pytest.mark.parametrize("name,peak", [

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from automlperf.graph import seeds
-from automlperf.train.pool import DataArgs, DevicePool, run_trial
+from automlperf.train.pool import DataArgs, DevicePool, train_trial
 from automlperf.train.trainer import TrialSpec
 from helpers import cli, cli_args, default_sigint, marked_env, wait_no_strays
 from imagefolder import make_image_folder
@@ -82,13 +82,13 @@ def test_a_killed_rank_takes_its_data_loading_workers_with_it(photos):
                 workers.extend(rank.children(recursive=True))
                 rank.kill()
 
-        out = run_trial(pool, spec, kill_mid_epoch)
+        out = train_trial(pool, spec, kill_mid_epoch)
         assert out.status == "failed" and out.reason.startswith("crash:")
         assert len(workers) == 2  # both were decoding when their rank died
         gone, alive = psutil.wait_procs(workers, timeout=60)
         assert not alive
         again = TrialSpec("after", graph.to_dict(), epochs=1, batch_size=4, patience=5)
-        assert run_trial(pool, again).status == "completed"
+        assert train_trial(pool, again).status == "completed"
 
 
 def test_ctrl_c_stops_train_and_every_process_it_started(tmp_path, photos):

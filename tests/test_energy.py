@@ -10,7 +10,7 @@ from automlperf.graph import seeds
 from automlperf.measure.energy import RaplReader, counter_delta, energy_summary
 from automlperf.measure.monitor import GPUSampler, sample
 from automlperf.measure.result import build_result
-from automlperf.store import COMPLETED, EpochRecord, open_store
+from automlperf.store import EpochRecord, TrialStatus, open_store
 
 
 def powercap(root, domains):
@@ -115,7 +115,7 @@ def test_samples_difference_into_joules_and_ops_per_watt(tmp_path, monkeypatch):
         val_images=100, steps=8, ops=10**15, train_loss=1.0, val_accuracy=0.9,
         precision="bf16", batch_size=128, world_size=2, data_share=0.1, images_per_s=20.0,
         run_id=run_id))
-    store.finish_trial(trial, COMPLETED, t0 + 50, best_accuracy=0.9)
+    store.finish_trial(trial, TrialStatus.COMPLETED, t0 + 50, best_accuracy=0.9)
     store.end_segment(run_id, segment, t0 + 100)
 
     summary = energy_summary(store.samples(run_id), store.segments(run_id))

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from automlperf import rules
-from automlperf.measure.identity import (KAGGLE_LABELS, DatasetIdentityError, identify,
+from automlperf.dataset_identity import (KAGGLE_LABELS, DatasetIdentityError, identify,
                                          problems, scan)
 
 WNIDS = rules.IMAGENET_1K.classes

@@ -9,7 +9,7 @@ from automlperf.config import Config
 from automlperf.graph import seeds
 from automlperf.measure.mlperf import rules_path, system_desc, write_mllog
 from automlperf.measure.result import build_result
-from automlperf.store import COMPLETED, EpochRecord, open_store
+from automlperf.store import EpochRecord, TrialStatus, open_store
 
 SYSTEM = {"host": "node1", "os": "Linux 6.1", "memory_gib": 24.0, "nodes": 1,
           "cpu": {"model": "AMD EPYC 9654", "physical_cores": 96, "logical_cores": 192},
@@ -42,7 +42,7 @@ def run(tmp_path):
         for n in range(3):
             store.record_epoch(epoch(run_id, trial, n, t0 + 2 + 5 * index + 10 * n,
                                      0.5 + 0.1 * n))
-        store.finish_trial(trial, COMPLETED, t0 + 40, best_accuracy=0.7)
+        store.finish_trial(trial, TrialStatus.COMPLETED, t0 + 40, best_accuracy=0.7)
     store.touch_segment(run_id, segment, t0 + 101)
     store.end_segment(run_id, segment, t0 + 101)
     return store, run_id, build_result(store, run_id, config, SYSTEM)

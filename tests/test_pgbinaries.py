@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-import automlperf.runner.pgserver as pg
+import automlperf.store.pgserver as pg
 
 
 def no_system_postgres(monkeypatch):

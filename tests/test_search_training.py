@@ -11,7 +11,7 @@ from automlperf.search import Model, Searcher
 from automlperf.train import build_module
 from automlperf.train.data import digits
 from automlperf.train.inherit import inherit
-from automlperf.train.pool import DataArgs, DevicePool, run_trial
+from automlperf.train.pool import DataArgs, DevicePool, train_trial
 from automlperf.train.trainer import TrialSpec
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def test_children_start_from_their_parents_accuracy(tmp_path):
     searcher = Searcher()
     with DevicePool(["cpu"], DataArgs("digits", image_size=8), threads_per_rank=2) as pool:
         weights = str(tmp_path / "seed.safetensors")
-        out = run_trial(pool, TrialSpec("seed", SEED.to_dict(), epochs=4, batch_size=64,
+        out = train_trial(pool, TrialSpec("seed", SEED.to_dict(), epochs=4, batch_size=64,
                                         patience=10, lr_per_256=0.4, warmup_epochs=1,
                                         weights_out=weights))
         assert out.status == "completed" and out.best_accuracy > 0.6
@@ -53,7 +53,7 @@ def test_children_start_from_their_parents_accuracy(tmp_path):
             assert accuracy(child, data) == pytest.approx(parent_acc)
             # After an epoch of training it is still near its parent ...
             events = []
-            grown = run_trial(pool, TrialSpec(
+            grown = train_trial(pool, TrialSpec(
                 f"child{r}", cand.graph.to_dict(), epochs=1, batch_size=64, patience=10,
                 lr_per_256=0.4, warmup_epochs=1, parent_graph=SEED.to_dict(),
                 parent_weights=weights),
@@ -62,7 +62,7 @@ def test_children_start_from_their_parents_accuracy(tmp_path):
             assert events[0]["val_accuracy"] >= parent_acc - 0.15
             # ... while the same architecture from scratch is far behind after that epoch.
             scratch = []
-            run_trial(pool, TrialSpec(f"scratch{r}", cand.graph.to_dict(), epochs=1,
+            train_trial(pool, TrialSpec(f"scratch{r}", cand.graph.to_dict(), epochs=1,
                                       batch_size=64, patience=10, lr_per_256=0.4,
                                       warmup_epochs=1),
                       lambda kind, msg, scratch=scratch: scratch.append(msg) if kind == "epoch" else None)

@@ -44,7 +44,7 @@ def submit(tmp_path, env, run_dir, *extra, rounds=2):
 
 def stored(run_dir):
     """Trials and epochs of a finished job's run (its private server is started to read)."""
-    from automlperf.runner.rundir import run_store
+    from automlperf.store.rundir import run_store
 
     with run_store(run_dir) as store:
         return store.trials(1), store.epochs(1)
@@ -149,7 +149,7 @@ def test_missing_sbatch_is_a_clear_error(tmp_path):
 
 
 def test_missing_postgres_binaries_is_a_clear_error(tmp_path, monkeypatch):
-    import automlperf.runner.pgserver as pg
+    import automlperf.store.pgserver as pg
 
     monkeypatch.setattr(pg.shutil, "which", lambda *a, **k: None)
     monkeypatch.setattr(pg.glob, "glob", lambda *a, **k: [])

@@ -13,7 +13,7 @@ from automlperf.graph import INPUT, Graph, seeds
 from automlperf.graph.graph import conv, dense, simple
 from automlperf.ops import count, epoch_ops
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome, read_jsonl
-from automlperf.train.pool import DataArgs, DevicePool, run_trial
+from automlperf.train.pool import DataArgs, DevicePool, train_trial
 from automlperf.train.trainer import TrialSpec, lr_factor
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def pool():
 
 def test_short_training_beats_chance_and_keeps_best_weights(pool, tmp_path):
     rec = Recorder()
-    out = run_trial(pool, spec("learn", epochs=4, weights_out=str(tmp_path / "w.safetensors")), rec)
+    out = train_trial(pool, spec("learn", epochs=4, weights_out=str(tmp_path / "w.safetensors")), rec)
     assert out.status == "completed" and out.epochs == 4 and out.precision == "fp32"
     assert out.best_accuracy > 0.6  # chance is 0.1
     assert [e["epoch"] for e in rec.epochs] == [0, 1, 2, 3]
@@ -58,7 +58,7 @@ def test_short_training_beats_chance_and_keeps_best_weights(pool, tmp_path):
 
 def test_epoch_events_carry_exact_operation_sums(pool, tmp_path):
     rec = Recorder()
-    run_trial(pool, spec("ops", epochs=2, batch_size=50), rec)
+    train_trial(pool, spec("ops", epochs=2, batch_size=50), rec)
     ops = count(SMALL, batch_size=50)
     for e in rec.epochs:
         assert e["steps"] == 29  # ceil(1437 / 50)
@@ -78,7 +78,7 @@ def test_epoch_events_carry_exact_operation_sums(pool, tmp_path):
 
 def test_early_stopping(pool):
     rec = Recorder()
-    out = run_trial(pool, spec("stop", epochs=12, patience=1, lr_per_256=1e-7), rec)
+    out = train_trial(pool, spec("stop", epochs=12, patience=1, lr_per_256=1e-7), rec)
     assert out.status == "completed" and out.early_stopped and out.epochs < 12
     best = max(e["val_accuracy"] for e in rec.epochs)
     assert out.best_accuracy == best
@@ -87,10 +87,10 @@ def test_early_stopping(pool):
 
 def test_non_finite_loss_fails_the_trial_not_the_replica(pool):
     rec = Recorder()
-    out = run_trial(pool, spec("nan", epochs=2, lr_per_256=1e9), rec)
+    out = train_trial(pool, spec("nan", epochs=2, lr_per_256=1e9), rec)
     assert out.status == "failed" and out.reason.startswith("nan:")
     assert rec.epochs == []  # a diverged epoch is not a completed one
-    again = run_trial(pool, spec("after-nan", epochs=1))
+    again = train_trial(pool, spec("after-nan", epochs=1))
     assert again.status == "completed"
 
 
@@ -99,21 +99,21 @@ def test_a_killed_rank_is_a_recorded_crash_and_the_pool_recovers(pool):
         if kind == "progress":
             os.kill(pool._ranks[0].process.pid, signal.SIGKILL)
 
-    out = run_trial(pool, spec("crash", epochs=3), kill_on_progress)
+    out = train_trial(pool, spec("crash", epochs=3), kill_on_progress)
     assert out.status == "failed" and out.reason.startswith("crash:") and "-9" in out.reason
     assert pool.restarts >= 1
-    assert run_trial(pool, spec("after-crash", epochs=1)).status == "completed"
+    assert train_trial(pool, spec("after-crash", epochs=1)).status == "completed"
 
 
 def test_deadline_keeps_completed_epochs(pool):
     rec = Recorder()
-    out = run_trial(pool, spec("deadline", epochs=6), rec, should_stop=lambda: len(rec.epochs) >= 1)
+    out = train_trial(pool, spec("deadline", epochs=6), rec, should_stop=lambda: len(rec.epochs) >= 1)
     assert out.status == "stopped" and len(rec.epochs) == 1
-    assert run_trial(pool, spec("after-deadline", epochs=1)).status == "completed"
+    assert train_trial(pool, spec("after-deadline", epochs=1)).status == "completed"
 
 
 def test_graph_must_fit_the_data(pool):
-    out = run_trial(pool, spec("mismatch", graph=seeds.resnet_small(10, 16, 1)))
+    out = train_trial(pool, spec("mismatch", graph=seeds.resnet_small(10, 16, 1)))
     assert out.status == "failed" and "does not match" in out.reason
 
 
@@ -122,7 +122,7 @@ def test_two_gloo_ranks_process_the_same_images_as_one():
     for world in (1, 2):
         rec = Recorder()
         with DevicePool(["cpu"] * world, DataArgs("digits", image_size=8)) as p:
-            out = run_trial(p, spec(f"dp{world}", epochs=2, batch_size=64), rec)
+            out = train_trial(p, spec(f"dp{world}", epochs=2, batch_size=64), rec)
         assert out.status == "completed"
         counts[world] = [(e["train_images"], e["val_images"], e["steps"]) for e in rec.epochs]
         assert all(e["world_size"] == world for e in rec.epochs)
@@ -144,11 +144,11 @@ def test_out_of_memory_retries_at_half_batch_then_recovers():
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     with p:
-        out = run_trial(p, spec("oom", graph=wide, epochs=1, batch_size=2048))
+        out = train_trial(p, spec("oom", graph=wide, epochs=1, batch_size=2048))
         assert out.status == "failed" and out.extra["failure"] == "oom"
         assert out.extra["oom_retry"]["first_batch_size"] == 2048 and out.batch_size == 1024
         small = seeds.resnet_small(10, 16, 3)
-        assert run_trial(p, spec("fits", graph=small, epochs=1, batch_size=256)).status == "completed"
+        assert train_trial(p, spec("fits", graph=small, epochs=1, batch_size=256)).status == "completed"
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():
@@ -185,7 +185,7 @@ def test_mixed_precision_paths_train_on_cpu(precision):
     import torch
 
     from automlperf.train.data import SyntheticDataset
-    from automlperf.train.trainer import RankContext, run_trial as train_here
+    from automlperf.train.trainer import RankContext, train_on_rank as train_here
 
     data = SyntheticDataset(image_size=8, num_classes=10, train_images=48)
     graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)

@@ -13,11 +13,11 @@ PYTHON=${PYTHON:-python3}
 NNODES=$(flux resource list -no {nnodes})
 mkdir -p "$RUN_DIR/logs"
 
-"$PYTHON" -m automlperf.runner.pgserver start --dir "$RUN_DIR/postgres" --listen-all \
+"$PYTHON" -m automlperf.store.pgserver start --dir "$RUN_DIR/postgres" --listen-all \
     --host "$(hostname -f)" > "$RUN_DIR/postgres/url" || exit 1
 export AUTOMLPERF_STORE_URL="$(cat "$RUN_DIR/postgres/url")"
 export AUTOMLPERF_STORE_PASSWORD_FILE="$RUN_DIR/postgres/pg.password"
-trap '"$PYTHON" -m automlperf.runner.pgserver stop --dir "$RUN_DIR/postgres"' EXIT
+trap '"$PYTHON" -m automlperf.store.pgserver stop --dir "$RUN_DIR/postgres"' EXIT
 
 if [ -f "$RUN_DIR/run.json" ]; then set -- --resume; else set -- --duration "$DURATION"; fi
 "$PYTHON" -m automlperf.cli run --launcher external --replicas "$NNODES" \

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -15,11 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from automlperf.config import ConfigError
+from automlperf.errors import UserError
+from automlperf.events import EpochEvent, TrialStatus
 from automlperf.graph import Graph, GraphError, seeds
-from automlperf.runner.launch import LaunchError
-from automlperf.runner.rundir import RunDirError
-from automlperf.store.base import StoreError
 
 app = typer.Typer(
     name="automlperf",
@@ -32,18 +28,14 @@ out = Console()
 err = Console(stderr=True)
 
 
-class UsageError(Exception):
-    """A problem with the user's input: printed as one line, exit status 2."""
-
-
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the library's input errors into one clear line and exit status 2."""
+    """Turn a problem the user can fix into one clear line and exit status 2."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (UsageError, ConfigError, GraphError, RunDirError, StoreError, LaunchError) as exc:
+        except UserError as exc:
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
@@ -52,17 +44,6 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def fmt_ops(value: float) -> str:
     return f"{value:.3e}" if value else "0"
-
-
-def load_graph(path: Path) -> Graph:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read graph file {path}: {exc.strerror}") from None
-    try:
-        return Graph.from_json(text)
-    except GraphError as exc:
-        raise UsageError(f"{path}: {exc}") from None
 
 
 @app.command()
@@ -78,25 +59,25 @@ def ops(
     summary: Annotated[bool, typer.Option(help="Also print every layer.")] = False,
 ) -> None:
     """Operations per image (forward, backward, total) of a model, by layer kind."""
-    from automlperf.ops import count
+    from automlperf.ops import count, layer_table
 
     if graph is not None:
-        g = load_graph(graph)
+        g = Graph.read(graph)
         label = str(graph)
     else:
         if model not in seeds.SEEDS:
-            raise UsageError(f"unknown model {model!r}; choose one of {', '.join(seeds.SEEDS)}")
+            raise UserError(f"unknown model {model!r}; choose one of {', '.join(seeds.SEEDS)}")
         try:
             g = seeds.seed(model, num_classes, image_size, in_channels)
         except GraphError as exc:
-            raise UsageError(f"{model} at {image_size}x{image_size}: {exc}") from None
+            raise UserError(f"{model} at {image_size}x{image_size}: {exc}") from None
         label = f"{model}, {in_channels}x{image_size}x{image_size}, {num_classes} classes"
     c = count(g, batch_size=batch_size)
     if as_json:
         print(json.dumps(c.to_dict()))
         return
     if summary:
-        out.print(g.summary(), highlight=False, soft_wrap=True)
+        out.print(layer_table(g), highlight=False, soft_wrap=True)
     table = Table(title=f"Operations per image: {label} (batch size {batch_size})")
     for col in ("layer kind", "FP", "BP", "BP/FP", "total"):
         table.add_column(col, justify="left" if col == "layer kind" else "right")
@@ -110,24 +91,6 @@ def ops(
     out.print(table)
     out.print(f"{c.params:,} parameters; {len(g)} layers; weights: MAC 2, add/compare 1, "
               "div 4, exp 8", highlight=False)
-
-
-def _load_config(config: Optional[Path], dataset: Optional[str],
-                 overrides: dict[str, Any]) -> Any:
-    from automlperf.config import Config
-
-    if config is not None:
-        if dataset is not None:
-            overrides.setdefault("data", {})["dataset"] = dataset
-        return Config.load(config, overrides)
-    return Config.for_dataset(dataset or "builtin", overrides, "command line")
-
-
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    if value is None:
-        return
-    section, key = dotted.split(".")
-    tree.setdefault(section, {})[key] = value
 
 
 @app.command()
@@ -155,96 +118,55 @@ def train(
     """Train one architecture by itself and print its per-epoch events (a machine check)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from automlperf.train.data import DataError
-    from automlperf.train.pool import (DataArgs, DevicePool, PoolError, choose_devices,
-                                       accelerator_memory_gib, cores_available, run_trial)
-    from automlperf.train.trainer import TrialSpec
+    from automlperf.config import load_config, set_option
+    from automlperf.train.single import TrainRequest, plan_training, train_planned
 
     tree: dict[str, Any] = {}
-    _set(tree, "data.data_dir", str(data_dir) if data_dir else None)
-    _set(tree, "data.image_size", image_size)
-    _set(tree, "train.precision", precision)
-    cfg = _load_config(config, dataset, tree)
-    if graph is not None and model is not None:
-        raise UsageError("give --graph or --model, not both")
-    try:
-        ranks = choose_devices(devices)
-    except PoolError as exc:
-        raise UsageError(str(exc)) from None
-    threads = max(1, cores_available() // len(ranks))
-    data = DataArgs.from_config(cfg.data, threads)
-    try:
-        from automlperf.train import data as datasets
-
-        probe = datasets.load(**{**data.__dict__, "workers": 0})  # fail fast, in one line
-    except DataError as exc:
-        raise UsageError(str(exc)) from None
-    if graph is not None:
-        g = load_graph(graph)
-    else:
-        g = seeds.seed(model or cfg.model.seed_model, probe.num_classes, probe.image_size,
-                       probe.channels)
-    if g.input_shape != probe.input_shape or g.num_classes != probe.num_classes:
-        raise UsageError(f"the graph takes {g.input_shape} with {g.num_classes} classes but "
-                         f"{probe.name} has {probe.input_shape} with {probe.num_classes}; "
-                         "pick a matching --image-size or graph")
-    global_batch = batch_size or cfg.train.per_device_batch(accelerator_memory_gib()) * len(ranks)
-    spec = TrialSpec.from_config(
-        cfg.train, cfg.model.initial_weights, trial_id="train", graph=g.to_dict(),
-        epochs=epochs, batch_size=global_batch, patience=patience or epochs + 1, seed=seed,
-        weights_out=str(weights_out) if weights_out else None)
-    err.print(f"training {g.count('conv2d')} convolutions, {len(g)} layers on "
-              f"{len(ranks)} x {ranks[0]} ({threads} threads each), {probe.name}: "
-              f"{probe.train_size} train / {probe.val_size} val images, batch {global_batch}",
-              highlight=False)
-    try:
-        pool = DevicePool(ranks, data, threads_per_rank=threads)
-    except PoolError as exc:
-        raise UsageError(str(exc)) from None
+    set_option(tree, "data.data_dir", str(data_dir) if data_dir else None)
+    set_option(tree, "data.image_size", image_size)
+    set_option(tree, "train.precision", precision)
+    plan = plan_training(TrainRequest(load_config(config, dataset, tree), graph, model, epochs,
+                                      batch_size, devices, weights_out, patience, seed))
+    err.print(plan.describe(), highlight=False)
     progress = Progress(TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
                         BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
                         TextColumn("{task.fields[ips]:>8.0f} img/s  loss {task.fields[loss]:.3f}"
                                    "  acc {task.fields[acc]}"), TimeElapsedColumn(),
                         console=err, transient=False)
     task = progress.add_task("train", total=1, epoch=1, epochs=epochs, ips=0.0, loss=0.0, acc="-")
-    events: list[dict[str, Any]] = []
 
-    def on_message(kind: str, msg: dict[str, Any]) -> None:
-        if kind == "progress":
-            progress.update(task, total=msg["steps"], completed=msg["step"],
-                            epoch=msg["epoch"] + 1, ips=msg["images_per_s"], loss=msg["loss"])
-        elif kind == "epoch":
-            events.append(msg)
-            progress.update(task, completed=progress.tasks[0].total, epoch=msg["epoch"] + 1,
-                            ips=msg["images_per_s"], loss=msg["train_loss"],
-                            acc=f"{msg['val_accuracy']:.3f}")
-            if as_json:
-                print(json.dumps(msg), flush=True)
-            else:
-                progress.console.print(
-                    f"epoch {msg['epoch'] + 1}: loss {msg['train_loss']:.4f}, val acc "
-                    f"{msg['val_accuracy']:.4f}, {msg['train_images']} + {msg['val_images']} "
-                    f"images, {msg['ops']:.3e} ops, {msg['images_per_s']:.0f} img/s, "
-                    f"data {100 * msg['data_share']:.1f} % of step time", highlight=False)
+    def on_progress(msg: dict[str, Any]) -> None:
+        progress.update(task, total=msg["steps"], completed=msg["step"], epoch=msg["epoch"] + 1,
+                        ips=msg["images_per_s"], loss=msg["loss"])
+
+    def on_epoch(event: EpochEvent) -> None:
+        progress.update(task, completed=progress.tasks[0].total, epoch=event.epoch + 1,
+                        ips=event.images_per_s, loss=event.train_loss,
+                        acc=f"{event.val_accuracy:.3f}")
+        if as_json:
+            print(json.dumps(event.to_dict()), flush=True)
+        else:
+            progress.console.print(
+                f"epoch {event.epoch + 1}: loss {event.train_loss:.4f}, val acc "
+                f"{event.val_accuracy:.4f}, {event.train_images} + {event.val_images} images, "
+                f"{event.ops:.3e} ops, {event.images_per_s:.0f} img/s, data "
+                f"{100 * event.data_share:.1f} % of step time", highlight=False)
 
     with progress:
         try:
-            outcome = run_trial(pool, spec, on_message)
+            result = train_planned(plan, on_progress, on_epoch)
         except KeyboardInterrupt:
-            pool.kill()  # the ranks are mid-epoch: they would not read a polite stop
             err.print("interrupted", highlight=False)
             raise typer.Exit(130) from None
-        finally:
-            pool.close()
-    if outcome.status != "completed":
+    outcome = result.outcome
+    if outcome.status != TrialStatus.COMPLETED:
         err.print(f"[bold red]trial failed:[/] {escape(outcome.reason)}", highlight=False,
                   soft_wrap=True)
         raise typer.Exit(1)
-    total_ops = sum(e["ops"] for e in events)
-    seconds = sum(e["ended_at"] - e["started_at"] for e in events)
     err.print(f"best val accuracy {outcome.best_accuracy:.4f} (epoch {(outcome.best_epoch or 0) + 1}); "
-              f"{total_ops:.3e} ops in {seconds:.1f} s = {total_ops / max(seconds, 1e-9):.3e} OPS"
-              f" ({outcome.precision})", highlight=False)
+              f"{result.ops:.3e} ops in {result.seconds:.1f} s = "
+              f"{result.ops / max(result.seconds, 1e-9):.3e} OPS ({outcome.precision})",
+              highlight=False)
 
 
 @app.command()
@@ -270,114 +192,24 @@ def run(
                                           "--replicas times.")] = "local",
 ) -> None:
     """Run the benchmark: launch replicas, stop at the deadline, score, write the report."""
-    import datetime
+    from automlperf.runner.benchmark import RunRequest, run_benchmark
+    from automlperf.runner.primary import summary
 
-    from automlperf.config import Config, parse_duration
-    from automlperf.measure.system import describe
-    from automlperf.runner import primary
-    from automlperf.runner.launch import LocalLauncher
-    from automlperf.runner.rundir import RunDir
-    from automlperf.store.urls import resolve_store_url
-    from automlperf.train.pool import cores_available
-
-    if resume:
-        if run_dir is None:
-            raise UsageError("--resume needs the --run-dir of the run to continue")
-        if config is not None or dataset is not None or duration is not None:
-            raise UsageError("a resumed run keeps its configuration: drop --config, --dataset "
-                             "and --duration")
-        cfg = None
-    else:
-        tree: dict[str, Any] = {}
-        if duration is not None:
-            try:
-                _set(tree, "run.duration_s", parse_duration(duration))
-            except ValueError as exc:
-                raise UsageError(f"--duration: {exc}") from None
-        _set(tree, "run.replicas", replicas)
-        _set(tree, "run.devices_per_replica", devices_per_replica)
-        _set(tree, "data.data_dir", str(data_dir) if data_dir else None)
-        cfg = _load_config(config, dataset, tree)
-        if cfg.data.dataset in ("imagenet", "cifar10") and cfg.data.data_dir is None:
-            raise UsageError(f"{cfg.data.dataset} needs --data-dir (or data.data_dir in the "
-                             "configuration)")
-    if run_dir is None:
-        run_dir = Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    url = resolve_store_url(store)
-    replica_url = RunDir(run_dir).store_url(url) if resume else url
-    cfg_for_launch = Config.load(RunDir(run_dir).config) if cfg is None else cfg
-    # The launcher first: a request that does not fit the machine is refused before anything
-    # is written.
-    if launcher == "slurm":
-        from automlperf.runner.slurm import SlurmLauncher
-
-        count = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
-        starter: Any = SlurmLauncher(run_dir, replica_url)
-    elif launcher == "local":
-        count = replicas or cfg_for_launch.run.replicas
-        starter = LocalLauncher(run_dir, count, replica_url,
-                                devices_per_replica or cfg_for_launch.run.devices_per_replica,
-                                cores=cores_available())
-    elif launcher == "external":
-        from automlperf.runner.launch import ExternalLauncher
-
-        count = replicas or cfg_for_launch.run.replicas
-        starter = ExternalLauncher(run_dir, count, replica_url,
-                                   lease_timeout_s=cfg_for_launch.run.lease_timeout_s)
-    else:
-        raise UsageError(f"--launcher must be local, slurm or external, not {launcher!r}")
-    # An external launcher may place several replicas on a node: result.json counts the
-    # nodes from the hosts that replicas report.
-    system = describe(nodes=count if launcher == "slurm" else 1)
-    session = primary.prepare(cfg, run_dir, url, resume, system)
-    cfg = session.config
-    if session.deadline_at <= session.started_at:
-        err.print("this run has used its whole duration; recomputing its result")
-    mode = "official" if not cfg.fixed_changes() else "unofficial"
-    err.print(f"automlperf {'resuming' if resume else 'starting'} {run_dir}: {cfg.data.dataset}, "
-              f"{cfg.model.seed_model} seed, {count} replica(s), "
-              f"{primary.fmt_duration(session.deadline_at - session.started_at)} to go "
-              f"({mode} settings), store {primary.redacted(url)}", highlight=False)
-    watch = primary.Watch("interrupted")
-    # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
-    # stopped and the result is written.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        if session.deadline_at > session.started_at:
-            starter.start()
-            if launcher == "external":
-                err.print(f"waiting for {count} replica(s): start `automlperf worker --run-dir "
-                          f"{run_dir.resolve()}` once per node with your launcher",
-                          highlight=False)
-            watch = primary.supervise(session, starter, err)
-        else:
-            watch = primary.Watch("completed")
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
-        result = primary.finish(session, starter, err, watch, system)
-    if launcher == "external" and starter.joined() < count:
-        err.print(f"only {starter.joined()} of {count} replica(s) joined this session: check "
-                  "the site launcher's job and its logs", highlight=False)
-    out.print(primary.summary(result, run_dir))
-    out.print(f"result: {session.dir.result}", highlight=False)
-    _write_mlperf(run_dir, url)
-    try:
-        from automlperf.report.html import write_report
-
-        out.print(f"report: {write_report(run_dir, url)}", highlight=False)
-    except Exception as exc:  # noqa: BLE001 - the result is written; the report can be redone
-        err.print(f"the report could not be written ({exc}); retry with `automlperf report "
-                  f"{run_dir}`", highlight=False)
-    if watch.state == "failed":
-        err.print(f"[bold red]error:[/] the run cannot train: {escape(watch.reason)}",
+    outcome = run_benchmark(RunRequest(config, duration, dataset, data_dir, replicas,
+                                       devices_per_replica, run_dir, store, resume, launcher), err)
+    out.print(summary(outcome.result, outcome.run_dir))
+    out.print(f"result: {outcome.result_path}", highlight=False)
+    for what, where in outcome.written.items():
+        out.print(f"{what}: {where}", highlight=False)
+    for problem in outcome.problems:
+        err.print(problem, highlight=False)
+    if outcome.state == "failed":
+        err.print(f"[bold red]error:[/] the run cannot train: {escape(outcome.reason)}",
                   highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
-    if watch.state == "interrupted":
-        err.print(f"interrupted: continue with `automlperf run --resume --run-dir {run_dir}`",
-                  highlight=False)
-        raise typer.Exit(130)
-    if launcher == "external" and starter.joined() == 0:
-        raise typer.Exit(1)  # a session no replica joined measured nothing
+    elif outcome.state == "interrupted":
+        err.print(f"interrupted: continue with `automlperf run --resume --run-dir "
+                  f"{outcome.run_dir}`", highlight=False)
+    raise typer.Exit(outcome.exit_code)
 
 
 @app.command()
@@ -400,30 +232,9 @@ def worker(
     """Run one replica: generate, train and record candidates until the deadline. Its index
     comes from --replica-index or the launcher's rank variable (PMIX_RANK,
     OMPI_COMM_WORLD_RANK, PMI_RANK, PALS_RANKID, FLUX_TASK_RANK, JOB_COMPLETION_INDEX, SLURM)."""
-    from automlperf.runner.identity import IdentityError
     from automlperf.runner.replica import run_worker
 
-    try:
-        code = run_worker(run_dir, store, replica_index, devices, threads, monitor, wait)
-    except IdentityError as exc:
-        raise UsageError(str(exc)) from None
-    raise typer.Exit(code)
-
-
-def _write_mlperf(run_dir: Path, url: Optional[str], org: str = "unspecified") -> None:
-    from automlperf.measure.mlperf import write_mlperf
-
-    try:
-        written = write_mlperf(run_dir, url, org)
-    except Exception as exc:  # noqa: BLE001 - the result is written; these can be redone
-        err.print(f"MLPerf-style logs not written ({exc}); retry with `automlperf mlperf "
-                  f"{run_dir}`", highlight=False)
-        return
-    for what, where in written.items():
-        if isinstance(where, Path):
-            out.print(f"{what}: {where}", highlight=False)
-        else:
-            err.print(f"{what} not written: {where}", highlight=False)
+    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor, wait))
 
 
 @app.command()
@@ -435,8 +246,14 @@ def mlperf(
 ) -> None:
     """Write mllog.txt (MLPerf :::MLLOG lines) and system_desc.json of a finished run."""
     if not (run_dir / "result.json").exists():
-        raise UsageError(f"{run_dir / 'result.json'} is missing: finish the run first")
-    _write_mlperf(run_dir, store, org)
+        raise UserError(f"{run_dir / 'result.json'} is missing: finish the run first")
+    from automlperf.runner.benchmark import mlperf_logs
+
+    written, problems = mlperf_logs(run_dir, store, org)
+    for what, where in written.items():
+        out.print(f"{what}: {where}", highlight=False)
+    for problem in problems:
+        err.print(problem, highlight=False)
 
 
 @app.command()
@@ -496,10 +313,7 @@ def compare(
     from automlperf.measure.units import format_energy, format_ops
     from automlperf.report.compare import ranking
 
-    try:
-        rows = ranking(run_dirs)
-    except (FileNotFoundError, ValueError, json.JSONDecodeError) as exc:
-        raise UsageError(str(exc)) from None
+    rows = ranking(run_dirs)
     if as_json:
         print(json.dumps(rows, indent=1))
         return
@@ -585,42 +399,33 @@ def slurm(
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
     from automlperf.config import Config, parse_duration
-    from automlperf.runner.pgserver import PostgresError
-    from automlperf.runner.slurm import (Container, ScriptOptions, SlurmError, submit as sbatch,
-                                         write_script)
+    from automlperf.runner.slurm import Container, ScriptOptions, submit as sbatch, write_script
     from automlperf.store.urls import resolve_store_url
 
-    try:
-        seconds = parse_duration(duration)
-        limit = parse_duration(time_limit) if time_limit else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    seconds = parse_duration(duration)
+    limit = parse_duration(time_limit) if time_limit else None
     if config is not None:
         Config.load(config)  # a broken file is refused here, not in the queue
     url = resolve_store_url(store)
-    try:
-        box = None
-        if container_image is not None:
-            box = Container(container_runtime, container_image, container_mount or [],
-                            container_option or [])
-        elif container_mount or container_option:
-            raise UsageError("--container-mount and --container-option need --container-image")
-        script = write_script(ScriptOptions(
-            run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
-            cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
-            time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [],
-            container=box))
-        out.print(f"batch script: {script}", highlight=False)
-        if test_only:
-            out.print(sbatch(script, test_only=True), highlight=False)
-        elif submit:
-            job = sbatch(script)
-            out.print(f"submitted job {job}; output: {run_dir.resolve()}/logs/slurm-{job}.out",
-                      highlight=False)
-        else:
-            out.print(f"submit it with: sbatch {script}", highlight=False)
-    except (SlurmError, PostgresError) as exc:
-        raise UsageError(str(exc)) from None
+    box = None
+    if container_image is not None:
+        box = Container(container_runtime, container_image, container_mount or [],
+                        container_option or [])
+    elif container_mount or container_option:
+        raise UserError("--container-mount and --container-option need --container-image")
+    script = write_script(ScriptOptions(
+        run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
+        time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [], container=box))
+    out.print(f"batch script: {script}", highlight=False)
+    if test_only:
+        out.print(sbatch(script, test_only=True), highlight=False)
+    elif submit:
+        job = sbatch(script)
+        out.print(f"submitted job {job}; output: {run_dir.resolve()}/logs/slurm-{job}.out",
+                  highlight=False)
+    else:
+        out.print(f"submit it with: sbatch {script}", highlight=False)
 
 
 def main() -> None:

@@ -17,20 +17,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from automlperf import rules
+from automlperf.errors import UserError
 
 Dataset = Literal["imagenet", "cifar10", "builtin", "digits", "synthetic"]
 # "auto" and the ruleset's allowed precisions (a test keeps the two in step).
 Precision = Literal["auto", "bf16", "fp16", "tf32", "fp32"]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem, described in one line."""
 
 
 def parse_duration(value: Any) -> float:
     """Seconds from a number or a string such as ``90``, ``"10m"``, ``"2h"``, ``"1h30m"``."""
     if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string like '10m' or '2h'")
+        raise ConfigError("a duration is a number of seconds or a string like '10m' or '2h'")
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
@@ -41,7 +42,7 @@ def parse_duration(value: Any) -> float:
         if parts and re.fullmatch(r"(\s*\d+(\.\d+)?\s*[hms])+\s*", text):
             scale = {"h": 3600.0, "m": 60.0, "s": 1.0}
             return sum(float(n) * scale[u] for n, u in parts)
-    raise ValueError(f"{value!r} is not a duration; write seconds or e.g. '10m', '2h', '1h30m'")
+    raise ConfigError(f"{value!r} is not a duration; write seconds or e.g. '10m', '2h', '1h30m'")
 
 
 class _Section(BaseModel):
@@ -328,3 +329,21 @@ def _keys(section: str) -> list[str]:
             return []
         model = annotation
     return list(model.model_fields)
+
+
+def set_option(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Put an option given on the command line into a configuration tree (None: not given)."""
+    if value is None:
+        return
+    section, key = dotted.split(".")
+    tree.setdefault(section, {})[key] = value
+
+
+def load_config(path: Path | None, dataset: str | None, overrides: dict[str, Any]) -> Config:
+    """The configuration file with ``overrides`` on top, or the dataset's preset (``builtin``
+    unless named)."""
+    if path is not None:
+        if dataset is not None:
+            overrides.setdefault("data", {})["dataset"] = dataset
+        return Config.load(path, overrides)
+    return Config.for_dataset(dataset or "builtin", overrides, "command line")

@@ -10,8 +10,30 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
+
+
+class TrialStatus(StrEnum):
+    """Where a trial stands: ``running`` until it ends ``completed``, ``failed`` or
+    ``stopped`` (cut short by the deadline or a stop), once. A replica's record uses the same
+    words. Members are strings, stored as such."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @classmethod
+    def final(cls) -> tuple[TrialStatus, ...]:
+        return (cls.COMPLETED, cls.FAILED, cls.STOPPED)
+
+    @classmethod
+    def of_outcome(cls, status: str) -> TrialStatus:
+        """How a trial whose training ended ``status`` is recorded: anything but completed
+        or stopped is a failure."""
+        return {"completed": cls.COMPLETED, "stopped": cls.STOPPED}.get(status, cls.FAILED)
 
 
 @dataclass
@@ -42,7 +64,7 @@ class EpochEvent:
 @dataclass
 class TrialOutcome:
     trial_id: Any
-    status: str  # completed | failed | stopped
+    status: str  # a final TrialStatus
     reason: str = ""
     epochs: int = 0
     best_accuracy: float | None = None

@@ -13,8 +13,10 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from automlperf.errors import UserError
 
-class UnknownRuleset(ValueError):
+
+class UnknownRuleset(UserError, ValueError):
     """A result names a ruleset this automlperf does not know."""
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
+
+from automlperf.errors import UserError
 
 SCHEMA_VERSION = 1
 INPUT = "input"
@@ -33,7 +36,7 @@ _PARAMS = ("out_channels", "kernel", "stride", "padding")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
-class GraphError(ValueError):
+class GraphError(UserError, ValueError):
     """An invalid graph; the message names the offending layer."""
 
 
@@ -181,6 +184,19 @@ class Graph:
             raise GraphError(f"graph file is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> Graph:
+        """A graph JSON file; every problem is a :class:`GraphError` naming the file."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise GraphError(f"cannot read graph file {path}: {exc.strerror}") from None
+        try:
+            return cls.from_json(text)
+        except GraphError as exc:
+            raise GraphError(f"{path}: {exc}") from None
+
     # --- identity -----------------------------------------------------------------------
     def content_hash(self) -> str:
         """Stable hash of the structure: independent of layer names and listing order."""
@@ -197,27 +213,6 @@ class Graph:
             cached = digests[self.output.name][:32]
             object.__setattr__(self, "_hash", cached)  # frozen dataclass: cache explicitly
         return cached
-
-    def summary(self) -> str:
-        """A readable table of the layers with their output shapes and parameter counts."""
-        from automlperf.ops import count  # local import: ops depends on graph
-
-        ops = count(self)
-        per_layer = ops.params_by_layer
-        rows = [f"{'layer':<24}{'kind':<15}{'config':<18}{'output':<16}{'params':>12}"]
-        for layer in self.layers:
-            cfg = ""
-            if layer.kind in ("conv2d", "maxpool"):
-                cfg = f"{layer.kernel}x{layer.kernel}/{layer.stride}"
-            elif layer.kind == "add":
-                cfg = "+".join(layer.inputs)[:17]
-            shape = "x".join(map(str, self.shapes[layer.name]))
-            rows.append(f"{layer.name:<24}{layer.kind:<15}{cfg:<18}{shape:<16}"
-                        f"{per_layer.get(layer.name, 0):>12,}")
-        rows.append(f"{len(self.layers)} layers, {self.count('conv2d')} convolutions, "
-                    f"{ops.params:,} parameters, {ops.forward / 1e9:.3f} G forward ops/image, "
-                    f"hash {self.content_hash()}")
-        return "\n".join(rows)
 
 
 def _layer_from_dict(i: int, item: Any) -> Layer:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,13 @@ from typing import Any
 from automlperf import rules
 from automlperf.config import Config
 from automlperf.measure.breakdown import PARTS
-from automlperf.measure.identity import DatasetIdentityError, scan
+from automlperf.dataset_identity import DatasetIdentityError, scan
 from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
 from automlperf.measure.result import build_result
 from automlperf.ops import count, epoch_ops
-from automlperf.runner.rundir import RunDir, run_store
-from automlperf.store import Store
+from automlperf.store.rundir import RunDir, run_store
+from automlperf.store import EpochRecord, Store, TrialRecord
 from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
@@ -74,17 +73,31 @@ def check_run(run_dir: Path, store_url: str | None = None) -> CheckReport:
 def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     report = CheckReport()
     bad = report.mismatches
-    config = Config.load(rd.config)
-    stored_config = store.run(run_id)["config"]
-    if config.model_dump(mode="json") != Config.parse(stored_config).model_dump(mode="json"):
-        bad.append(f"{rd.config} differs from the configuration the run was started with")
-    try:
-        tomllib.loads(rd.config.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        bad.append(f"{rd.config} is not valid TOML: {exc}")
-
-    graphs: dict[int, Graph] = {}
+    config = _check_config(rd, store.run(run_id)["config"], bad)
     trials = store.trials(run_id)
+    graphs = _check_graphs(rd, trials, bad)
+    epochs = store.epochs(run_id)
+    logged = _trial_logs(rd, trials)
+    _check_epochs(epochs, graphs, logged, bad)
+    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
+    system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+    report.result = build_result(store, run_id, config, system)
+    _check_result(rd, config, report.result, bad)
+    return report
+
+
+def _check_config(rd: RunDir, stored: dict[str, Any], bad: list[str]) -> Config:
+    """The configuration file is the one the run was started with."""
+    config = Config.load(rd.config)
+    if config.model_dump(mode="json") != Config.parse(stored).model_dump(mode="json"):
+        bad.append(f"{rd.config} differs from the configuration the run was started with")
+    return config
+
+
+def _check_graphs(rd: RunDir, trials: list[TrialRecord], bad: list[str]) -> dict[int, Graph]:
+    """Each stored graph is valid and hashes to its trial's hash, and the trial folder's
+    graph.json is the same architecture; the valid graphs by trial."""
+    graphs: dict[int, Graph] = {}
     for t in trials:
         try:
             g = Graph.from_json(t.graph_json)
@@ -105,7 +118,11 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
                 if on_disk != t.graph_hash:
                     bad.append(f"{file}: architecture {on_disk} differs from the stored one "
                                f"({t.graph_hash})")
-    epochs = store.epochs(run_id)
+    return graphs
+
+
+def _trial_logs(rd: RunDir, trials: list[TrialRecord]) -> dict[tuple[int, int], dict[str, Any]]:
+    """The epochs of every trial's own log, by (trial, epoch)."""
     logged: dict[tuple[int, int], dict[str, Any]] = {}
     for t in trials:
         log = rd.trial(t.id) / "log.jsonl"
@@ -113,6 +130,13 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
             for rec in read_jsonl(log):
                 if rec.get("type") == "epoch":
                     logged[(t.id, rec["epoch"])] = rec
+    return logged
+
+
+def _check_epochs(epochs: list[EpochRecord], graphs: dict[int, Graph],
+                  logged: dict[tuple[int, int], dict[str, Any]], bad: list[str]) -> None:
+    """Each epoch's operations equal the analytical count of its graph, its step count fits
+    its image count, and the store and the trial's log agree on it."""
     for e in epochs:
         where = f"trial {e.trial_id} epoch {e.epoch}"
         trained = graphs.get(e.trial_id)
@@ -134,19 +158,19 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
                 if not _same(getattr(e, name), line.get(name)):
                     bad.append(f"{where}: store has {name} = {getattr(e, name)!r} but the trial "
                                f"log has {line.get(name)!r}")
-    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
 
-    system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
-    fresh = build_result(store, run_id, config, system)
-    report.result = fresh
+
+def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[str]) -> None:
+    """result.json equals a fresh computation (score, totals, timeline, validity, violations)
+    under the ruleset it names, and what the run recorded (see :func:`_check_records`)."""
     if not rd.result.exists():
         bad.append(f"{rd.result} is missing")
-        return report
+        return
     try:
         recorded = json.loads(rd.result.read_text())
     except json.JSONDecodeError as exc:
         bad.append(f"{rd.result} is not valid JSON: {exc}")
-        return report
+        return
     if "ruleset" in recorded:  # results written before rulesets were named have none
         try:
             rules.get(recorded["ruleset"])
@@ -180,10 +204,11 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
                 if not _same(a.get(name), b.get(name)):
                     bad.append(f"result.json: timeline at {b['hours']} h: {name} is "
                                f"{a.get(name)!r}, recomputed {b.get(name)!r}")
-    return report
 
 
 def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:
+    """The dataset identity, provenance, node descriptions and time breakdown in
+    result.json equal what the run recorded in its store."""
     for name in RECORDS:
         mine, theirs = recorded.get(name), fresh.get(name)
         if digest(mine) == digest(theirs):

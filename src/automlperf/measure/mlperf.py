@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.measure.score import counted_epochs
+from automlperf.errors import UserError
 
 MLLOG_FILE = "mllog.txt"
 SYSTEM_DESC_FILE = "system_desc.json"
 BENCHMARK = "automlperf"
 
 
-class MlperfMissing(RuntimeError):
+class MlperfMissing(UserError, RuntimeError):
     """mlperf-logging is not installed."""
 
 
@@ -170,7 +171,7 @@ def write_mlperf(run_dir: Path, store_url: str | None = None,
     """Write system_desc.json and (with mlperf-logging installed) mllog.txt into the run
     directory; what was written, or why mllog.txt was not."""
     from automlperf.measure.result import read_result
-    from automlperf.runner.rundir import RunDir, run_store, write_atomic
+    from automlperf.store.rundir import RunDir, run_store, write_atomic
 
     rd = RunDir(Path(run_dir))
     result = read_result(rd.result)

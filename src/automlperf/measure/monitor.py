@@ -164,7 +164,7 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
                 powercap: Path = POWERCAP) -> None:
     """Sample until ``stop`` is set (or SIGTERM); each sample goes to the file at once and
     to the store (batched, so a slow store never delays sampling)."""
-    from automlperf.runner.rundir import RunDir
+    from automlperf.store.rundir import RunDir
     from automlperf.store import open_store
 
     rd = RunDir(run_dir)

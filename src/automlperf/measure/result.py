@@ -13,7 +13,7 @@ from automlperf.config import Config
 from automlperf.measure.breakdown import breakdown
 from automlperf.measure.energy import energy_summary
 from automlperf.measure.score import score_run
-from automlperf.store import Store
+from automlperf.store import Store, TrialStatus
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -85,7 +85,7 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
                                      "only, no accuracy-based score"})
     # A replica that gave up says why; such a run did not do its job.
     failures = [{"replica": rep.index, "host": rep.host, "reason": rep.reason}
-                for rep in replicas if rep.status == "failed" and rep.reason]
+                for rep in replicas if rep.status == TrialStatus.FAILED and rep.reason]
     for f in failures:
         scored["violations"].append({"rule": "run_failed",
                                      "detail": f"replica {f['replica']}: {f['reason']}"})
@@ -157,7 +157,7 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
-    from automlperf.runner.rundir import write_atomic
+    from automlperf.store.rundir import write_atomic
 
     write_atomic(path, json.dumps(result, indent=1) + "\n")
 

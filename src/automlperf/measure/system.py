@@ -12,6 +12,8 @@ import socket
 from importlib import metadata
 from typing import Any
 
+from automlperf.hardware import accelerator_type, device_count
+
 # Dense peak operations per second of one device as torch numbers them, by device name
 # fragment (first match wins), bf16 or, where the device has no bf16, fp16. Sources:
 # NVIDIA H200 product brief (2024), H100 data sheet (2023, SXM and PCIe), A100 data sheet
@@ -70,25 +72,6 @@ def _version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
-
-
-def accelerator_type(torch: Any) -> str | None:
-    """The kind of accelerator torch will use here (``cuda`` also on ROCm, ``xpu``, ``npu``
-    through its plugin, ...), or None for the CPU. CUDA is asked first, as before;
-    ``torch.accelerator`` (torch 2.6 and newer) knows every other backend."""
-    if torch.cuda.is_available():
-        return "cuda"
-    api = getattr(torch, "accelerator", None)
-    if api is None or not api.is_available():
-        return None
-    device = api.current_accelerator()
-    return None if device is None else str(device.type)
-
-
-def device_count(torch: Any, kind: str) -> int:
-    if kind == "cuda":
-        return int(torch.cuda.device_count())
-    return int(torch.accelerator.device_count())
 
 
 VENDORS = {"cuda": "NVIDIA", "xpu": "Intel", "npu": "Huawei", "mps": "Apple"}

@@ -138,3 +138,23 @@ def epoch_ops(ops: OpCount, train_images: int, steps: int, val_images: int) -> i
     optimiser step, and validation images (forward only)."""
     return (train_images * (ops.forward + ops.backward_grad) + steps * ops.update_per_step
             + val_images * ops.forward)
+
+
+def layer_table(graph: Graph) -> str:
+    """A readable table of a graph's layers with their output shapes and parameter counts."""
+    ops = count(graph)
+    per_layer = ops.params_by_layer
+    rows = [f"{'layer':<24}{'kind':<15}{'config':<18}{'output':<16}{'params':>12}"]
+    for layer in graph.layers:
+        cfg = ""
+        if layer.kind in ("conv2d", "maxpool"):
+            cfg = f"{layer.kernel}x{layer.kernel}/{layer.stride}"
+        elif layer.kind == "add":
+            cfg = "+".join(layer.inputs)[:17]
+        shape = "x".join(map(str, graph.shapes[layer.name]))
+        rows.append(f"{layer.name:<24}{layer.kind:<15}{cfg:<18}{shape:<16}"
+                    f"{per_layer.get(layer.name, 0):>12,}")
+    rows.append(f"{len(graph.layers)} layers, {graph.count('conv2d')} convolutions, "
+                f"{ops.params:,} parameters, {ops.forward / 1e9:.3f} G forward ops/image, "
+                f"hash {graph.content_hash()}")
+    return "\n".join(rows)

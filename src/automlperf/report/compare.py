@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.measure.result import read_result
-from automlperf.runner.rundir import RunDir
+from automlperf.store.rundir import RunDir, RunDirError
 
 
 def row(run_dir: Path) -> dict[str, Any]:
@@ -36,7 +36,10 @@ def row(run_dir: Path) -> dict[str, Any]:
 
 def ranking(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """Runs ordered by score; valid results first, as an official list would rank them."""
-    rows = [row(d) for d in run_dirs]
+    try:
+        rows = [row(d) for d in run_dirs]
+    except (OSError, ValueError) as exc:  # a missing or damaged result.json
+        raise RunDirError(str(exc)) from None
     rows.sort(key=lambda r: (not r["valid"], -r["score"]))
     for rank, r in enumerate(rows, start=1):
         r["rank"] = rank

@@ -14,11 +14,11 @@ from automlperf.config import FIXED, Config
 from automlperf.graph import Graph
 from automlperf.measure.result import build_result, read_result
 from automlperf.measure.units import format_energy, format_ops
-from automlperf.measure.score import counted_epochs, timeline
-from automlperf.ops import count
+from automlperf.measure.score import EpochLike, counted_epochs, timeline
+from automlperf.ops import count, layer_table
 from automlperf.report import charts
-from automlperf.runner.rundir import RunDir, run_store, write_atomic
-from automlperf.store import Store, redact
+from automlperf.store.rundir import RunDir, run_store, write_atomic
+from automlperf.store import EpochRecord, Store, TrialRecord, redact
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
                           autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
@@ -75,7 +75,14 @@ def _config_rows(config: Config) -> list[dict[str, Any]]:
 
 
 def gather(run_dir: Path, store_url: str | None = None) -> dict[str, Any]:
-    """Everything the report shows, as plain data."""
+    """Everything the report shows, as plain data:
+
+    * the score curve, with a mark at every counted epoch's end;
+    * each trial's validation accuracy over the run time;
+    * the trial table: architecture size, hyperparameters, outcome, training time;
+    * the best trial and its line of ancestors;
+    * the configuration, system, sessions, nodes, resource samples and time breakdown.
+    """
     rd = RunDir(Path(run_dir))
     with run_store(rd.path, store_url) as store:
         return _gather(rd, store, store_url)
@@ -91,17 +98,50 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     epochs = store.epochs(run_id)
     trials = store.trials(run_id)
     counted = counted_epochs(epochs, segments)
-    # The score's own timeline, with a mark at every epoch end.
-    ends = sorted({t for t, _ in counted})
-    curve = [{"t": t, **m.to_dict()} for t, m in zip(ends, timeline(
-        counted, ends[-1] if ends else 0.0, config.data.dataset != "synthetic", marks_at=ends))]
-    series: dict[int, dict[str, Any]] = {}
     trial_by_id = {t.id: t for t in trials}
+    rows, graphs = _trial_rows(trials, epochs)
+    best_id = result.get("best_trial")
+    best_trial = trial_by_id.get(best_id) if best_id is not None else None
+    row_by_id = {row["id"]: row for row in rows}
+    lineage = [row_by_id[i] for i in _ancestry(best_trial.id, trial_by_id)] if best_trial else []
+    replicas = store.replicas(run_id)
+    return {
+        "run_dir": str(rd.path), "result": result, "config": config,
+        "config_rows": _config_rows(config), "system": system,
+        "curve": _score_curve(counted, config), "series": _accuracy_series(counted, trial_by_id),
+        "rows": rows, "best_trial": best_trial, "lineage": lineage,
+        "best_graph": graphs[best_trial.id] if best_trial else None,
+        "samples": store.samples(run_id), "start": segments[0].started_at if segments else 0.0,
+        "nodes": sorted({(r.host, tuple(r.devices)) for r in replicas}),
+        "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
+        "breakdown": result.get("time_breakdown"), "breakdown_parts": BREAKDOWN_LABELS,
+        "ceiling_precisions": sorted({c["precision"] for n in result.get("node_descriptions") or []
+                                      for c in n.get("ceiling", [])}),
+    }
+
+
+def _score_curve(counted: list[tuple[float, EpochLike]], config: Config) -> list[dict[str, Any]]:
+    """The score's own timeline, with a mark at every epoch end."""
+    ends = sorted({t for t, _ in counted})
+    return [{"t": t, **m.to_dict()} for t, m in zip(ends, timeline(
+        counted, ends[-1] if ends else 0.0, config.data.dataset != "synthetic", marks_at=ends))]
+
+
+def _accuracy_series(counted: list[tuple[float, EpochLike]],
+                     trials: dict[int, TrialRecord]) -> list[dict[str, Any]]:
+    """Each trial's (run time, validation accuracy) points."""
+    series: dict[int, dict[str, Any]] = {}
     for t, e in counted:
-        rec = trial_by_id[e.trial_id]
+        rec = trials[e.trial_id]
         series.setdefault(e.trial_id, {"id": rec.id, "parent": rec.parent_id,
                                        "replica": rec.replica_index, "points": []}
                           )["points"].append((t, e.val_accuracy))
+    return list(series.values())
+
+
+def _trial_rows(trials: list[TrialRecord],
+                epochs: list[EpochRecord]) -> tuple[list[dict[str, Any]], dict[int, Graph]]:
+    """A row of the trial table per trial, and each trial's graph."""
     epoch_time: dict[int, float] = {}
     for e in epochs:
         epoch_time[e.trial_id] = epoch_time.get(e.trial_id, 0.0) + e.ended_at - e.started_at
@@ -120,26 +160,7 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
             "best": rec.best_accuracy, "predicted": rec.predicted_accuracy,
             "status": rec.status, "reason": rec.reason,
             "seconds": epoch_time.get(rec.id, 0.0)})
-    best_id = result.get("best_trial")
-    best_trial = trial_by_id.get(best_id) if best_id is not None else None
-    best_graph = graphs[best_trial.id] if best_trial else None
-    row_by_id = {row["id"]: row for row in rows}
-    lineage = [row_by_id[i] for i in _ancestry(best_trial.id, trial_by_id)] if best_trial else []
-    start = segments[0].started_at if segments else 0.0
-    samples = store.samples(run_id)
-    replicas = store.replicas(run_id)
-    nodes = sorted({(r.host, tuple(r.devices)) for r in replicas})
-    return {
-        "run_dir": str(rd.path), "result": result, "config": config,
-        "config_rows": _config_rows(config), "system": system, "curve": curve,
-        "series": list(series.values()), "rows": rows, "best_trial": best_trial,
-        "lineage": lineage,
-        "best_graph": best_graph, "samples": samples, "start": start, "nodes": nodes,
-        "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
-        "breakdown": result.get("time_breakdown"), "breakdown_parts": BREAKDOWN_LABELS,
-        "ceiling_precisions": sorted({c["precision"] for n in result.get("node_descriptions") or []
-                                      for c in n.get("ceiling", [])}),
-    }
+    return rows, graphs
 
 
 def render(data: dict[str, Any]) -> str:
@@ -155,7 +176,7 @@ def render(data: dict[str, Any]) -> str:
         error_svg=charts.error_chart(data["curve"]),
         trials_svg=charts.trials_chart(data["series"], [t["id"] for t in data["lineage"]]),
         resource_svg=resource_svg, resource_note=resource_note,
-        best_summary=best_graph.summary() if best_graph else None, best_ops=best_ops,
+        best_summary=layer_table(best_graph) if best_graph else None, best_ops=best_ops,
         kinds=best_ops.by_kind if best_ops else {})
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from automlperf.errors import UserError
+
 # (variable, launcher) in the order they are trusted.
 RANK_VARIABLES: list[tuple[str, str]] = [
     ("PMIX_RANK", "PMIx (Open MPI 5, srun --mpi=pmix, PBS Pro)"),
@@ -21,7 +23,7 @@ RANK_VARIABLES: list[tuple[str, str]] = [
 ]
 
 
-class IdentityError(ValueError):
+class IdentityError(UserError, ValueError):
     """A rank variable holds something other than a non-negative integer."""
 
 

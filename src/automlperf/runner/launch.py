@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from automlperf.store.urls import STORE_ENV
+from automlperf.errors import UserError
 
 
 class Launcher(Protocol):
@@ -67,7 +68,7 @@ def worker_command(run_dir: Path, index: int | None, threads: int | None,
     return cmd
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError, ValueError):
     """The replicas asked for do not fit this machine."""
 
 
@@ -80,7 +81,7 @@ def visibility_variable() -> str:
     """The variable that limits a process to some of this node's accelerators."""
     import torch
 
-    from automlperf.measure.system import accelerator_type
+    from automlperf.hardware import accelerator_type
 
     kind = accelerator_type(torch) or "cuda"
     if kind == "cuda" and getattr(torch.version, "hip", None) and \
@@ -94,7 +95,7 @@ def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
     machine's accelerators (none without any)."""
     import torch
 
-    from automlperf.measure.system import accelerator_type, device_count
+    from automlperf.hardware import accelerator_type, device_count
 
     kind = accelerator_type(torch)
     if kind is None or kind not in VISIBILITY:
@@ -166,7 +167,7 @@ class ExternalLauncher:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> None:
-        from automlperf.runner.rundir import RunDir
+        from automlperf.store.rundir import RunDir
         from automlperf.store import open_store
 
         rd = RunDir(self.run_dir)
@@ -187,7 +188,7 @@ class ExternalLauncher:
         """``waiting`` (not registered yet), ``up``, ``lost`` (silent past the lease
         timeout: killed without a chance to say so) or ``exited``, for each expected index
         and any unexpected one that registered."""
-        from automlperf.store import RUNNING
+        from automlperf.store import TrialStatus
 
         mine = self._mine()
         now = time.time()
@@ -197,7 +198,7 @@ class ExternalLauncher:
             rep = mine.get(i)
             if rep is None:
                 states.append("waiting")
-            elif rep.status != RUNNING:
+            elif rep.status != TrialStatus.RUNNING:
                 states.append("exited")
             elif now - rep.last_heartbeat > self.lease_timeout_s:
                 states.append("lost")

@@ -19,14 +19,14 @@ from rich.text import Text
 from automlperf import rules
 from automlperf.config import Config, ConfigError
 from automlperf.measure import provenance
-from automlperf.measure.identity import DatasetIdentityError, identify
+from automlperf.dataset_identity import DatasetIdentityError, identify
 from automlperf.measure.result import build_result, write_result
 from automlperf.measure.score import counted_epochs
 from automlperf.measure.units import format_ops
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.search.hpo import prepare_storage
-from automlperf.runner.rundir import RunDir, RunDirError, write_atomic
-from automlperf.store import FAILED, RUNNING, Store, open_store, redact
+from automlperf.store.rundir import RunDir, RunDirError, write_atomic
+from automlperf.store import Store, TrialStatus, open_store, redact
 from automlperf.store.urls import strip_password
 
 
@@ -116,8 +116,8 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dic
             "dataset_identity": identity}
 
 
-class Monitor:
-    """What the live view shows, read from the store."""
+class LiveView:
+    """What the primary's live view of the run shows, read from the store."""
 
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -139,8 +139,8 @@ class Monitor:
             fmt_duration(remaining), ("  best accuracy ", "dim"),
             f"{best:.4f}" if best is not None else "-", ("  OPS ", "dim"),
             format_ops(ops / last if last else None), ("  trials ", "dim"),
-            f"{sum(t.status == 'completed' for t in trials)} done, "
-            f"{sum(t.status == RUNNING for t in trials)} running")
+            f"{sum(t.status == TrialStatus.COMPLETED for t in trials)} done, "
+            f"{sum(t.status == TrialStatus.RUNNING for t in trials)} running")
         done_epochs: dict[int, int] = {}
         best_of: dict[int, float] = {}
         for e in epochs:
@@ -151,11 +151,11 @@ class Monitor:
             table.add_column(col)
         for index, state in enumerate(states):
             mine = [t for t in trials if t.replica_index == index]
-            running = [t for t in mine if t.status == RUNNING]
+            running = [t for t in mine if t.status == TrialStatus.RUNNING]
             accs = [best_of[t.id] for t in mine if t.id in best_of]
             table.add_row(str(index), state,
-                          str(sum(t.status == "completed" for t in mine)),
-                          str(sum(t.status == "failed" for t in mine)),
+                          str(sum(t.status == TrialStatus.COMPLETED for t in mine)),
+                          str(sum(t.status == TrialStatus.FAILED for t in mine)),
                           str(running[-1].id) if running else "-",
                           str(done_epochs.get(running[-1].id, 0)) if running else "-",
                           f"{max(accs):.4f}" if accs else "-")
@@ -197,7 +197,7 @@ def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None
     """Why the run cannot go on, if it cannot: a replica gave up and recorded why, or every
     replica exited with an error without saying why (it could not even start)."""
     for rep in store.replicas(run_id):
-        if rep.segment == segment and rep.status == FAILED and rep.reason:
+        if rep.segment == segment and rep.status == TrialStatus.FAILED and rep.reason:
             return f"replica {rep.index} ({rep.host}): {rep.reason}"
     if exit_codes and all(code is not None and code != 0 for code in exit_codes):
         codes = ", ".join(f"replica {i}: {code}" for i, code in enumerate(exit_codes))
@@ -210,7 +210,7 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
     """Watch the replicas until the deadline, until every replica is done, or until the run
     turns out unable to train."""
     s = session
-    monitor = Monitor(s)
+    view = LiveView(s)
     tick = 1.0
     last_line = 0.0
     live = Live(console=console, refresh_per_second=2, transient=False,
@@ -224,9 +224,9 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
             s.store.expire_leases(s.run_id, now)
             states = replica_states(launcher)
             if live:
-                live.update(monitor.view(now, states), refresh=True)
+                live.update(view.view(now, states), refresh=True)
             elif now - last_line > 30:
-                console.print(monitor.line(now, states), highlight=False)
+                console.print(view.line(now, states), highlight=False)
                 last_line = now
             broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
                              s.dir.logs)

@@ -19,23 +19,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from automlperf.config import Config
-from automlperf.graph import seeds
-from automlperf.runner.rundir import RUN_FILE, RunDir, write_atomic
+from automlperf.events import EpochEvent, JsonlSink, TrialOutcome
+from automlperf.graph import Graph, seeds
+from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
-from automlperf.store import COMPLETED, FAILED, STOPPED, EpochRecord, open_store
+from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus, open_store
+from automlperf.store.rundir import RUN_FILE, RunDir, write_atomic
 from automlperf.store.urls import STORE_ENV
-from automlperf.train.pool import (DataArgs, DevicePool, PoolError, accelerator_memory_gib,
-                                   choose_devices, cores_available, run_trial)
-from automlperf.events import EpochEvent, JsonlSink
-from automlperf.train.trainer import TrialSpec
+from automlperf.train.pool import PoolTrainer
+from automlperf.train.spec import DataArgs, Trainer, TrainerError, TrialSpec
 
 log = logging.getLogger("automlperf.replica")
 
@@ -48,6 +49,14 @@ FIXES = {
     "crash": "a training process died: look for the system killing it (host memory, "
              "the job's limits) in {log}",
 }
+
+
+class Sampler(Protocol):
+    """A node's resource sampler, running beside the replica (a process)."""
+
+    def terminate(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> Any: ...
 
 
 class CannotTrain(RuntimeError):
@@ -77,56 +86,107 @@ class Job:
     waited_s: float = 0.0  # how long training waited for this candidate
 
 
+class TrialRecorder:
+    """The :class:`~automlperf.events.EventSink` a trial's events go to: the trial's
+    ``log.jsonl`` and the run's store; it keeps the validation accuracies for the replica."""
+
+    def __init__(self, store: Store, run_id: int, trial_id: int, folder: Path) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.trial_id = trial_id
+        self.log = JsonlSink(folder / "log.jsonl")
+        self.accuracies: list[float] = []
+
+    def epoch(self, event: EpochEvent) -> None:
+        self.log.epoch(event)
+        self.store.record_epoch(EpochRecord(**{**event.to_dict(), "trial_id": self.trial_id},
+                                            run_id=self.run_id))
+        self.accuracies.append(event.val_accuracy)
+        log.info("trial %d epoch %d: val acc %.4f, %.3e ops, %.0f img/s", self.trial_id,
+                 event.epoch, event.val_accuracy, event.ops, event.images_per_s)
+
+    def trial(self, outcome: TrialOutcome) -> None:
+        self.log.trial(outcome)
+        self.log.close()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a replica works: its run, its number, the session it joins and its node's
+    resources."""
+
+    dir: RunDir
+    run_id: int
+    config: Config
+    index: int
+    segment: SegmentRecord
+    devices: list[str]
+    threads: int  # per device
+
+
 class Replica:
-    def __init__(self, run_dir: Path, store_url: str | None, index: int,
-                 devices: int | None = None, threads: int | None = None,
-                 monitor: bool = True) -> None:
-        self.dir = RunDir(Path(run_dir))
-        meta = self.dir.meta()
-        self.run_id = int(meta["run_id"])
-        self.url = self.dir.store_url(store_url)
-        self.store = open_store(self.url, run_dir=self.dir.path)
-        self.config = Config.load(self.dir.config)
-        self.index = index
-        self.monitor = monitor
-        self.segment = self.store.segments(self.run_id)[-1]
+    """The loop of one replica, given its collaborators: the run's ``store``, a ``trainer``,
+    the architecture ``searcher`` and the ``hpo`` study. ``default_batch`` is the global batch
+    size of the rounds before HPO; ``clock`` tells the time that records and the deadline
+    use; ``probe_node`` describes the node (and measures its ceiling) before training starts;
+    ``start_sampler`` starts the node's resource sampler once the trainer is up."""
+
+    def __init__(self, place: Placement, store: Store, trainer: Trainer, searcher: Searcher,
+                 hpo: HyperSearch, default_batch: int, *,
+                 clock: Callable[[], float] = time.time,
+                 probe_node: Callable[[], dict[str, Any]] | None = None,
+                 start_sampler: Callable[[dict[str, Any]], Sampler | None] | None = None) -> None:
+        self.place = place
+        self.dir = place.dir
+        self.run_id = place.run_id
+        self.config = place.config
+        self.index = place.index
+        self.segment = place.segment
+        self.store = store
+        self.trainer = trainer
+        self.searcher = searcher
+        self.hpo = hpo
+        self.default_batch = default_batch
+        self.clock = clock
+        self.probe_node = probe_node
+        self.start_sampler = start_sampler
         self.stop = threading.Event()
-        self.devices = choose_devices(devices or self.config.run.devices_per_replica)
-        self.threads = max(1, (threads or cores_available()) // len(self.devices))
-        self.rng = random.Random(self.config.run.seed * 7919 + index)
-        self.searcher = Searcher(self.config.search)
+        self.rng = random.Random(self.config.run.seed * 7919 + place.index)
         self.models: dict[int, Model] = {}
         self.last_trial_id = 0
         self.failures: list[str] = []  # reasons of the trials failed in a row
+        self.replica_id: int | None = None
+        self.seed_graph: Graph | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
     def run(self) -> int:
+        """Train until the deadline, the round limit or :attr:`stop`; 1 when the replica
+        cannot train (recorded in the store, for the primary), 0 otherwise."""
         if self.segment.ended_at is not None:
             log.info("the run's current session has ended; nothing to do")
             return 0
-        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
-        data = DataArgs.from_config(self.config.data, self.threads)
-        self.replica_id = self.store.register_replica(
+        replica_id = self.replica_id = self.store.register_replica(
             self.run_id, self.index, self.segment.index, socket.gethostname(), os.getpid(),
-            self.devices, time.time())
-        beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+            self.place.devices, self.clock())
+        beat = threading.Thread(target=self._heartbeat, args=(replica_id,), name="heartbeat",
+                                daemon=True)
         beat.start()
-        status, reason = FAILED, ""
+        status, reason = TrialStatus.FAILED, ""
         try:
             self._record_node()
             try:
-                self.pool = DevicePool(self.devices, data, threads_per_rank=self.threads)
-            except PoolError as exc:
+                description = self.trainer.start()
+            except TrainerError as exc:
                 raise CannotTrain(str(exc)) from None
-            log.info("replica %d: %d x %s, %d threads each, %s", self.index, len(self.devices),
-                     self.pool.description["devices"][0], self.threads,
-                     self.pool.description["dataset"])
-            sampler = self._start_sampler() if self.monitor else None
+            log.info("replica %d: %d x %s, %d threads each, %s", self.index,
+                     len(self.place.devices), description["devices"][0], self.place.threads,
+                     description["dataset"])
+            sampler = self.start_sampler(description) if self.start_sampler else None
             try:
-                self._loop()
-                status = STOPPED
+                self._loop(description["dataset"])
+                status = TrialStatus.STOPPED
             finally:
-                self.pool.close()
+                self.trainer.close()
                 if sampler is not None:
                     sampler.terminate()
                     sampler.wait(timeout=30)
@@ -141,45 +201,31 @@ class Replica:
             raise
         finally:
             self.stop.set()
-            self.store.end_replica(self.replica_id, status, time.time(), reason)
+            self.store.end_replica(replica_id, status, self.clock(), reason)
             beat.join(timeout=5)
         return 0
 
     def _record_node(self) -> None:
-        """Describe this node and measure its devices' matmul rate before training starts,
-        so the measurement has the devices to itself."""
-        from automlperf.measure.ceiling import run_measurement
-
-        found = run_measurement(self.devices, self.config.train.precision,
-                                self.threads * len(self.devices), self.config.monitor.ceiling_s)
+        """Describe this node before training starts, so a measurement has the devices to
+        itself."""
+        if self.probe_node is None:
+            return
+        found = self.probe_node()
         ceiling = found.get("ceiling_ops")
         log.info("replica %d: measured ceiling %s", self.index,
                  f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
         self.store.record_node(self.run_id, self.index, self.segment.index,
-                               socket.gethostname(), found, time.time())
+                               socket.gethostname(), found, self.clock())
 
     def _log_name(self) -> str:
         return str(self.dir.logs / f"replica-{self.index}.log")
 
-    def _start_sampler(self) -> subprocess.Popen[bytes]:
-        """This node's resource monitor, in a process of its own."""
-        env = dict(os.environ)
-        if self.url:
-            env[STORE_ENV] = self.url
-        uuids = ",".join(self.pool.description.get("uuids", []))
-        self.dir.logs.mkdir(exist_ok=True)
-        with open(self.dir.logs / f"monitor-{socket.gethostname()}.log", "ab") as log_file:
-            return subprocess.Popen(
-                [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
-                 str(self.dir.path), "--interval", str(self.config.monitor.interval_s),
-                 "--uuids", uuids], env=env, stdout=log_file, stderr=subprocess.STDOUT)
-
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, replica_id: int) -> None:
         period = self.config.run.heartbeat_s
         while not self.stop.wait(period):
-            now = time.time()
+            now = self.clock()
             try:
-                self.store.heartbeat(self.replica_id, now, self.config.run.lease_timeout_s)
+                self.store.heartbeat(replica_id, now, self.config.run.lease_timeout_s)
                 seg = next(s for s in self.store.segments(self.run_id)
                            if s.index == self.segment.index)
             except Exception:  # noqa: BLE001 - a store hiccup is retried next beat
@@ -194,58 +240,49 @@ class Replica:
                 self.stop.set()
 
     def _should_stop(self) -> bool:
-        return self.stop.is_set() or time.time() >= self.segment.deadline_at
+        return self.stop.is_set() or self.clock() >= self.segment.deadline_at
 
     def _rounds_left(self, round_index: int) -> bool:
         limit = self.config.run.max_rounds
         return limit is None or round_index < limit
 
     # --- the loop -----------------------------------------------------------------------
-    def _loop(self) -> None:
-        desc = self.pool.description["dataset"]
-        self.seed_graph = seeds.seed(self.config.model.seed_model, desc["classes"],
-                                     desc["image_size"], desc["channels"])
-        self.world = self.pool.world
-        self.default_batch = self.config.train.per_device_batch(accelerator_memory_gib()) * self.world
-        self.hpo = HyperSearch(
-            self.store.url,
-            f"run-{self.run_id}-replica-{self.index}",
-            batch_range(self.default_batch, self.config.search.batch_size_factors, self.world),
-            self.config.search.kernel_sizes, multiple=self.world,
-            seed=self.config.run.seed + self.index,
-            startup_trials=self.config.search.tpe_startup_trials)
+    def _loop(self, dataset: dict[str, Any]) -> None:
+        self.seed_graph = seeds.seed(self.config.model.seed_model, dataset["classes"],
+                                     dataset["image_size"], dataset["channels"])
         done = sum(1 for t in self.store.summaries(self.run_id) if t.replica_index == self.index)
         round_index = done  # a resumed replica goes on counting its rounds
         if not self._rounds_left(round_index):
             log.info("replica %d has trained its %d rounds", self.index, round_index)
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search") as search:
-            upcoming: Future[Job] = search.submit(self._prepare, round_index)
+            upcoming: Future[Job] = search.submit(self._next_job, round_index)
             try:
                 while not self._should_stop() and self._rounds_left(round_index):
-                    asked = time.time()
+                    asked = time.monotonic()
                     try:
                         job = upcoming.result()
-                        job.waited_s = time.time() - asked
+                        job.waited_s = time.monotonic() - asked
                     except NoCandidate as exc:
                         log.warning("no candidate: %s; waiting for other replicas", exc)
                         if self.stop.wait(10):
                             break
-                        upcoming = search.submit(self._prepare, round_index)
+                        upcoming = search.submit(self._next_job, round_index)
                         continue
                     trial_id = self._claim(job)
                     if trial_id is None:  # another replica took this architecture meanwhile
-                        upcoming = search.submit(self._prepare, round_index)
+                        upcoming = search.submit(self._next_job, round_index)
                         continue
                     # Generate the next candidate while this one trains, once anything has
                     # been trained: before that, the search could only morph the seed into a
                     # child trained from fresh weights, a trial wasted on a short run.
-                    overlap = any(t.status == COMPLETED for t in self.store.summaries(self.run_id))
+                    overlap = any(t.status == TrialStatus.COMPLETED
+                                  for t in self.store.summaries(self.run_id))
                     if overlap:
-                        upcoming = search.submit(self._prepare, round_index + 1)
-                    self._train(trial_id, job, upcoming)
+                        upcoming = search.submit(self._next_job, round_index + 1)
+                    self._trial(trial_id, job, upcoming)
                     if not overlap:
-                        upcoming = search.submit(self._prepare, round_index + 1)
+                        upcoming = search.submit(self._next_job, round_index + 1)
                     round_index += 1
             finally:
                 upcoming.cancel()
@@ -267,11 +304,14 @@ class Replica:
             if model is None:
                 continue  # arrived after the read above
             model.status = summary.status
-            model.accuracy = summary.search_accuracy if summary.status == COMPLETED else None
+            model.accuracy = (summary.search_accuracy if summary.status == TrialStatus.COMPLETED
+                              else None)
             history.append(model)
         return history
 
-    def _prepare(self, round_index: int) -> Job:
+    def _next_job(self, round_index: int) -> Job:
+        """The candidate of a round and its hyperparameters (in the search thread)."""
+        assert self.seed_graph is not None
         search = self.config.search
         if round_index >= search.hpo_start_round:
             s = self.hpo.ask()
@@ -291,23 +331,36 @@ class Replica:
         return Job(cand, round_index, batch, kernel, number)
 
     def _claim(self, job: Job) -> int | None:
+        assert self.replica_id is not None
         graph = job.candidate.graph
         hparams = {"batch_size": job.batch_size, "kernel_size": job.kernel_size,
                    "epochs": self.config.train.round_epochs(job.round),
                    "patience": self.config.train.patience(job.round),
-                   "tpe_trial": job.hpo_number, "world_size": self.world,
+                   "tpe_trial": job.hpo_number, "world_size": self.trainer.world,
                    "acquisition": job.candidate.acquisition,
                    "generation_s": job.candidate.stats.get("seconds"),
                    "candidate_wait_s": round(job.waited_s, 6)}
         trial_id = self.store.claim_trial(
             self.run_id, self.replica_id, self.index, graph.content_hash(), graph.to_json(None),
-            job.candidate.parent_id, job.candidate.morphs, job.round, hparams, time.time(),
+            job.candidate.parent_id, job.candidate.morphs, job.round, hparams, self.clock(),
             self.config.run.lease_timeout_s)
         if trial_id is None and job.hpo_number is not None:
             self.hpo.tell(job.hpo_number, None)
         return trial_id
 
-    def _train(self, trial_id: int, job: Job, upcoming: Future[Job]) -> None:
+    def _trial(self, trial_id: int, job: Job, upcoming: Future[Job]) -> None:
+        """One claimed trial: prepare it, train it, conclude it."""
+        spec = self._prepare_trial(trial_id, job)
+        recorder = TrialRecorder(self.store, self.run_id, trial_id, self.dir.trial(trial_id))
+        log.info("trial %d: training %d epochs at batch %d (round %d)", trial_id, spec.epochs,
+                 job.batch_size, job.round)
+        outcome = self.trainer.train(spec, recorder, should_stop=self._should_stop)
+        recorder.trial(outcome)
+        self._conclude_trial(spec, job, outcome, recorder.accuracies, upcoming)
+
+    def _prepare_trial(self, trial_id: int, job: Job) -> TrialSpec:
+        """The trial's folder with its graph, and the spec it trains by (inheriting its
+        parent's weights)."""
         folder = self.dir.trial(trial_id)
         folder.mkdir(parents=True, exist_ok=True)
         graph = job.candidate.graph
@@ -318,36 +371,24 @@ class Replica:
             parent_graph = json.loads(parent.graph_json)
             parent_weights = parent.weights_path
         cfg = self.config
-        epochs = cfg.train.round_epochs(job.round)
-        spec = TrialSpec.from_config(
+        return TrialSpec.from_config(
             cfg.train, cfg.model.initial_weights, trial_id=trial_id, graph=graph.to_dict(),
-            epochs=epochs, batch_size=job.batch_size, patience=cfg.train.patience(job.round),
+            epochs=cfg.train.round_epochs(job.round), batch_size=job.batch_size,
+            patience=cfg.train.patience(job.round),
             seed=cfg.run.seed * 1_000_003 + trial_id, parent_graph=parent_graph,
             parent_weights=parent_weights, weights_out=str(folder / "weights.safetensors"),
             round=job.round, horizon_epochs=cfg.train.max_epochs)
-        sink = JsonlSink(folder / "log.jsonl")
-        accuracies: list[float] = []
 
-        def on_message(kind: str, msg: dict[str, Any]) -> None:
-            if kind != "epoch":
-                return
-            event = EpochEvent(**msg)
-            sink.epoch(event)
-            self.store.record_epoch(EpochRecord(**{**msg, "trial_id": trial_id},
-                                                run_id=self.run_id))
-            accuracies.append(event.val_accuracy)
-            log.info("trial %d epoch %d: val acc %.4f, %.3e ops, %.0f img/s", trial_id,
-                     event.epoch, event.val_accuracy, event.ops, event.images_per_s)
-
-        log.info("trial %d: training %d epochs at batch %d (round %d)", trial_id, epochs,
-                 job.batch_size, job.round)
-        outcome = run_trial(self.pool, spec, on_message, should_stop=self._should_stop)
-        sink.trial(outcome)
-        sink.close()
+    def _conclude_trial(self, spec: TrialSpec, job: Job, outcome: TrialOutcome,
+                        accuracies: list[float], upcoming: Future[Job]) -> None:
+        """Record how the trial ended, tell the HPO study, and give up on a failure that
+        repeats."""
+        cfg = self.config
+        trial_id = int(spec.trial_id)
         predicted = None
         if job.round < cfg.search.hpo_start_round and accuracies:
             predicted = predict_final(accuracies, cfg.train.max_epochs)
-        status = {"completed": COMPLETED, "stopped": STOPPED}.get(outcome.status, FAILED)
+        status = TrialStatus.of_outcome(outcome.status)
         # A trial cut short (deadline, crash) still has the epochs it reported, and the
         # weights saved at the best of them.
         best = max(accuracies) if accuracies else None
@@ -357,7 +398,7 @@ class Replica:
                  "batch_size": outcome.batch_size,
                  "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,
                  **outcome.extra}
-        self.store.finish_trial(trial_id, status, time.time(), reason=outcome.reason,
+        self.store.finish_trial(trial_id, status, self.clock(), reason=outcome.reason,
                                 best_accuracy=best, predicted_accuracy=predicted,
                                 weights_path=weights, extra=extra)
         log.info("trial %d %s: best %s%s", trial_id, status,
@@ -367,15 +408,15 @@ class Replica:
             # The TPE objective is the measured accuracy; wait for an overlapping ask first.
             if not upcoming.done():
                 upcoming.exception()
-            self.hpo.tell(job.hpo_number, best if status == COMPLETED else None)
+            self.hpo.tell(job.hpo_number, best if status == TrialStatus.COMPLETED else None)
         self._note_failure(status, outcome.reason, outcome.extra.get("failure"))
 
     def _note_failure(self, status: str, reason: str, kind: str | None) -> None:
         """One failing architecture is the search's business; the same failure again and
         again means this replica cannot train at all, and it says so."""
-        if status == COMPLETED:
+        if status == TrialStatus.COMPLETED:
             self.failures.clear()
-        if status != FAILED:
+        if status != TrialStatus.FAILED:
             return
         self.failures.append(reason or "failed")
         limit = self.config.run.max_repeated_failures
@@ -383,6 +424,50 @@ class Replica:
         if repeated is not None:
             fix = FIXES.get(kind or "", "see {log} for the traceback").format(log=self._log_name())
             raise CannotTrain(f"{limit} trials in a row failed with \"{repeated}\"; {fix}")
+
+
+def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int | None = None,
+                 threads: int | None = None, sample: bool = True) -> Replica:
+    """The replica of a run directory with the collaborators of a real run: the run's store,
+    a pool of training processes on this node's accelerators, the search and its TPE study."""
+    from automlperf.measure.ceiling import run_measurement
+
+    rd = RunDir(Path(run_dir))
+    run_id = int(rd.meta()["run_id"])
+    url = rd.store_url(store_url)
+    store = open_store(url, run_dir=rd.path)
+    config = Config.load(rd.config)
+    chosen = choose_devices(devices or config.run.devices_per_replica)
+    per_device = max(1, (threads or cores_available()) // len(chosen))
+    place = Placement(rd, run_id, config, index, store.segments(run_id)[-1], chosen, per_device)
+    world = len(chosen)
+    trainer = PoolTrainer(chosen, DataArgs.from_config(config.data, per_device), per_device)
+    default_batch = config.train.per_device_batch(accelerator_memory_gib()) * world
+    search = config.search
+    hpo = HyperSearch(store.url, f"run-{run_id}-replica-{index}",
+                      batch_range(default_batch, search.batch_size_factors, world),
+                      search.kernel_sizes, multiple=world, seed=config.run.seed + index,
+                      startup_trials=search.tpe_startup_trials)
+
+    def probe() -> dict[str, Any]:
+        return run_measurement(chosen, config.train.precision, per_device * world,
+                               config.monitor.ceiling_s)
+
+    def sampler(description: dict[str, Any]) -> subprocess.Popen[bytes]:
+        """This node's resource sampler, in a process of its own."""
+        env = dict(os.environ)
+        if url:
+            env[STORE_ENV] = url
+        rd.logs.mkdir(exist_ok=True)
+        with open(rd.logs / f"monitor-{socket.gethostname()}.log", "ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
+                 str(rd.path), "--interval", str(config.monitor.interval_s),
+                 "--uuids", ",".join(description.get("uuids", []))],
+                env=env, stdout=log_file, stderr=subprocess.STDOUT)
+
+    return Replica(place, store, trainer, Searcher(search), hpo, default_batch,
+                   probe_node=probe, start_sampler=sampler if sample else None)
 
 
 def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
@@ -410,7 +495,7 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
 
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
-               threads: int | None, monitor: bool = True, wait_s: float = 0.0) -> int:
+               threads: int | None, sample: bool = True, wait_s: float = 0.0) -> int:
     """Entry point of ``automlperf worker``; identity from the launcher's environment when
     not given."""
     from automlperf.runner.identity import local_rank, replica_identity
@@ -419,13 +504,15 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
     if index is None:
         index, source = replica_identity()
         # One resource sampler per node: the first replica a launcher put there.
-        monitor = monitor and local_rank() == 0
+        sample = sample and local_rank() == 0
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
     log.info("replica %d (from %s) on %s%s", index, source, socket.gethostname(),
-             ", sampling the node's resources" if monitor else "")
+             ", sampling the node's resources" if sample else "")
     if wait_s > 0 and not wait_for_session(run_dir, store_url, wait_s):
         log.error("no open session of a run in %s after %.0f s: start `automlperf run "
                   "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
         return 1
-    return Replica(run_dir, store_url, index, devices, threads, monitor).run()
+    replica = open_replica(run_dir, store_url, index, devices, threads, sample)
+    signal.signal(signal.SIGTERM, lambda *_: replica.stop.set())
+    return replica.run()

@@ -21,12 +21,13 @@ from pathlib import Path
 import jinja2
 
 from automlperf.runner.launch import terminate, worker_command
-from automlperf.runner.pgserver import find_binaries
-from automlperf.runner.rundir import write_atomic
+from automlperf.store.pgserver import find_binaries
+from automlperf.store.rundir import write_atomic
 from automlperf.store.urls import redact, split_password
+from automlperf.errors import UserError
 
 
-class SlurmError(RuntimeError):
+class SlurmError(UserError, RuntimeError):
     """SLURM is missing or refused the job; the message says what to do."""
 
 

@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 
 from automlperf.config import SearchConfig
+from automlperf.events import TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.search.distance import Descriptor, describe, distances, pack
 from automlperf.search.gp import DistanceGP, ucb
 from automlperf.search.morph import Limits, MorphError, morph
 
-TRAINED = "completed"
+TRAINED = TrialStatus.COMPLETED
 log = logging.getLogger("automlperf.search")
 
 

@@ -18,7 +18,6 @@ serves every other descriptor at once.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,29 +80,6 @@ def describe(graph: Graph) -> Descriptor:
                       tuple(sorted(skips)))
 
 
-def _skip_costs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise costs between skip arrays of shape (p, 3) and (q, 3)."""
-    fa, la, ta = (a[:, None, k] for k in range(3))
-    fb, lb, tb = (b[None, :, k] for k in range(3))
-    denom = np.maximum(fa, fb) + np.maximum(la, lb)
-    raw = (np.abs(fa - fb) + np.abs(la - lb)) / np.maximum(denom, 1)
-    return np.where(ta == tb, raw, 1.0)
-
-
-def skip_distance(a: tuple[tuple[int, int, int], ...], b: tuple[tuple[int, int, int], ...]) -> float:
-    """Minimum-cost matching of two skip sets; identical skips match first (optimal for a
-    metric cost), so the Hungarian step only sees what differs."""
-    if a == b:
-        return 0.0
-    ca, cb = Counter(a), Counter(b)
-    ra, rb = list((ca - cb).elements()), list((cb - ca).elements())
-    if not ra or not rb:
-        return float(len(ra) + len(rb))
-    cost = _skip_costs(np.array(ra, dtype=np.float64), np.array(rb, dtype=np.float64))
-    rows, cols = linear_sum_assignment(cost)
-    return float(cost[rows, cols].sum()) + abs(len(ra) - len(rb))
-
-
 def _prefix_min(x: np.ndarray, spare: np.ndarray) -> np.ndarray:
     """Running minimum down axis 0 in log2(n) vectorised steps (Hillis-Steele); NumPy's
     ``minimum.accumulate`` runs element by element and is several times slower here."""
@@ -140,64 +116,6 @@ def _edit_rows(types: np.ndarray, widths: np.ndarray, t_many: np.ndarray, w_many
             e, spare = spare, e
         np.add(e, cols, out=prev)
     return prev[lengths, np.arange(m)]
-
-
-def _banded(ta: list[int], wa: list[float], tb: list[int], wb: list[float], band: int) -> float:
-    """Edit distance restricted to offsets j - i within ``band`` of the diagonals between
-    0 and len(b) - len(a)."""
-    n, m = len(ta), len(tb)
-    lo, hi = min(0, m - n) - band, max(0, m - n) + band
-    inf = float("inf")
-    prev = [float(j) if j <= hi else inf for j in range(m + 1)]
-    for i in range(1, n + 1):
-        cur = [inf] * (m + 1)
-        j0, j1 = max(0, i + lo), min(m, i + hi)
-        if j0 == 0:
-            cur[0] = float(i)
-            j0 = 1
-        t, w = ta[i - 1], wa[i - 1]
-        left = cur[j0 - 1]
-        for j in range(j0, j1 + 1):
-            u = tb[j - 1]
-            if u == t:
-                v = wb[j - 1]
-                c = (v - w) / v if v > w else (w - v) / w
-            else:
-                c = 1.0
-            best = prev[j - 1] + c
-            if prev[j] + 1.0 < best:
-                best = prev[j] + 1.0
-            if left + 1.0 < best:
-                best = left + 1.0
-            cur[j] = left = best
-        prev = cur
-    return prev[m]
-
-
-def chain_distance(a: Descriptor, b: Descriptor) -> float:
-    """Edit distance between two main chains. Equal layers at both ends are matched first
-    (exact for metric costs); the middle is solved in a band around the diagonal that widens
-    until no path outside it could be cheaper (Ukkonen's cut-off: a path that leaves band x
-    needs at least 2x + 2 + |len(a) - len(b)| insertions and deletions)."""
-    ta, wa, tb, wb = a.types, a.widths, b.types, b.widths
-    n = min(len(ta), len(tb))
-    eq = (ta[:n] == tb[:n]) & (wa[:n] == wb[:n])
-    head = n if eq.all() else int(np.argmin(eq))
-    m = n - head
-    eq = (ta[len(ta) - m:][::-1] == tb[len(tb) - m:][::-1]) & \
-         (wa[len(wa) - m:][::-1] == wb[len(wb) - m:][::-1])
-    tail = m if eq.all() else int(np.argmin(eq))
-    xa, ya = ta[head: len(ta) - tail].tolist(), wa[head: len(wa) - tail].tolist()
-    xb, yb = tb[head: len(tb) - tail].tolist(), wb[head: len(wb) - tail].tolist()
-    if not xa or not xb:
-        return float(len(xa) + len(xb))
-    gap = abs(len(xa) - len(xb))
-    band = 2
-    while True:
-        result = _banded(xa, ya, xb, yb, band)
-        if result < 2 * band + 2 + gap or band >= max(len(xa), len(xb)):
-            return result
-        band *= 2
 
 
 @dataclass(frozen=True)
@@ -272,8 +190,3 @@ def distances(a: Descriptor, many: Packed) -> np.ndarray:
     if not len(many.lengths):
         return np.zeros(0)
     return layer_distances(a, many) + skip_distances(a, many)
-
-
-def distance(a: Descriptor, b: Descriptor) -> float:
-    """Edit distance between two descriptors."""
-    return chain_distance(a, b) + skip_distance(a.skips, b.skips)

@@ -20,7 +20,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from automlperf.config import SearchConfig
 from automlperf.graph.graph import INPUT, Graph, GraphError, Layer, conv, simple
+
+_SEARCH = SearchConfig()  # the one source of the default limits
 
 OPS = ("deepen", "widen", "skip")
 WIDEN_FACTORS = (1.5, 2.0)
@@ -35,8 +38,8 @@ class MorphError(ValueError):
 class Limits:
     """Bounds on children; morphs that exceed them are refused."""
 
-    max_layers: int = 2000
-    max_params: int = 500_000_000
+    max_layers: int = _SEARCH.max_layers
+    max_params: int = _SEARCH.max_params
 
 
 @dataclass(frozen=True)

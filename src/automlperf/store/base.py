@@ -7,15 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automlperf.events import EpochEvent
+from automlperf.errors import UserError
 
 # 2: replicas record why they stopped (a run that cannot train says so).
 SCHEMA_VERSION = 2
 
-RUNNING, COMPLETED, FAILED, STOPPED = "running", "completed", "failed", "stopped"
-FINAL = (COMPLETED, FAILED, STOPPED)
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """The store cannot do what was asked; the message says why."""
 
 

@@ -13,10 +13,13 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from automlperf.store.base import (COMPLETED, FINAL, RUNNING, SCHEMA_VERSION, EpochRecord,
-                                   ReplicaRecord, SchemaMismatch, SegmentRecord, Store,
-                                   StoreError, TrialRecord, TrialSummary)
+from automlperf.events import TrialStatus
+from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
+                                   SegmentRecord, Store, StoreError, TrialRecord, TrialSummary)
 from automlperf.store.urls import normalise_url, redact
+
+# Bound as plain strings: the value the database stores.
+RUNNING = TrialStatus.RUNNING.value
 
 # Prefixed names: Optuna keeps its HPO studies in the same database, with tables of its own.
 meta = sa.MetaData()
@@ -261,7 +264,7 @@ class SQLStore(Store):
         with self.engine.begin() as conn:
             conn.execute(T_REPLICAS.update().where(
                 (T_REPLICAS.c.id == replica_id) & (T_REPLICAS.c.status == RUNNING))
-                .values(status=status, ended_at=now, reason=reason))
+                .values(status=str(status), ended_at=now, reason=reason))
 
     @retrying
     def replicas(self, run_id: int) -> list[ReplicaRecord]:
@@ -295,12 +298,13 @@ class SQLStore(Store):
                      best_accuracy: float | None = None,
                      predicted_accuracy: float | None = None, weights_path: str | None = None,
                      extra: dict[str, Any] | None = None) -> bool:
-        if status not in FINAL:
-            raise ValueError(f"a trial ends as one of {FINAL}, not {status!r}")
+        if status not in TrialStatus.final():
+            raise ValueError(f"a trial ends as one of {', '.join(TrialStatus.final())}, not "
+                             f"{status!r}")
         with self.engine.begin() as conn:
             result = conn.execute(T_TRIALS.update().where(
                 (T_TRIALS.c.id == trial_id) & (T_TRIALS.c.status == RUNNING)).values(
-                status=status, reason=reason, finished_at=now, lease_until=None,
+                status=str(status), reason=reason, finished_at=now, lease_until=None,
                 best_accuracy=best_accuracy, predicted_accuracy=predicted_accuracy,
                 weights_path=weights_path, extra=json.dumps(extra or {})))
             return result.rowcount == 1
@@ -316,7 +320,7 @@ class SQLStore(Store):
                 result = conn.execute(T_TRIALS.update().where(
                     (T_TRIALS.c.id == trial_id) & (T_TRIALS.c.status == RUNNING)
                     & (T_TRIALS.c.lease_until < now)).values(
-                    status="failed", finished_at=now, lease_until=None,
+                    status=TrialStatus.FAILED.value, finished_at=now, lease_until=None,
                     reason="replica stopped heart-beating; completed epochs are kept"))
                 if result.rowcount:
                     expired.append(trial_id)
@@ -452,4 +456,4 @@ def open_store(url: str | None = None, run_dir: Path | str | None = None,
         raise
 
 
-__all__ = ["SQLStore", "open_store", "COMPLETED"]
+__all__ = ["SQLStore", "open_store"]

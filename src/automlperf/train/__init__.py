@@ -1,6 +1,11 @@
-"""The torch side: building modules from graphs, weight inheritance, data and training."""
+"""The torch side: building modules from graphs, weight inheritance, data and training.
+
+``train.spec`` (the trial spec and the Trainer protocol) needs no torch, so importing this
+package does not load it: ``build_module`` and ``GraphModule`` load it on first use.
+"""
 
 import os
+from typing import Any
 
 # Idle OpenMP threads sleep rather than spin. Set before torch loads its OpenMP runtime here
 # and inherited by the training processes. On a machine whose cores other work shares,
@@ -8,7 +13,12 @@ import os
 # img/s spinning, 400-450 sleeping, 450-570 with 1 thread). A value set by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from automlperf.train.builder import GraphModule, build_module  # noqa: E402
-from automlperf.train.inherit import inherit  # noqa: E402
+__all__ = ["GraphModule", "build_module"]
 
-__all__ = ["GraphModule", "build_module", "inherit"]
+
+def __getattr__(name: str) -> Any:
+    if name in ("GraphModule", "build_module"):
+        from automlperf.train import builder
+
+        return getattr(builder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,7 @@ class GraphModule(nn.Module):
     """Runs the graph's layers in topological order.
 
     The module returns logits: the graph's final softmax is applied by the cross-entropy loss in
-    training and by :meth:`predict` otherwise, so it is computed once, not twice. Parameter
+    training (and wherever probabilities are wanted), so it is computed once, not twice. Parameter
     names are ``<layer name>.<weight|bias|...>`` so that weights can be matched across graphs.
     """
 
@@ -64,11 +64,6 @@ class GraphModule(nn.Module):
                 values[s] = None
         result: torch.Tensor = values[self._out]
         return result
-
-    @torch.no_grad()
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Class probabilities: the graph's output including its softmax."""
-        return torch.softmax(self(x), dim=1)
 
 
 def _module_for(graph: Graph, name: str) -> nn.Module | None:

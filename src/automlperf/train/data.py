@@ -31,12 +31,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from automlperf.config import DataConfig
+from automlperf.errors import UserError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".bmp", ".webp"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset that is missing or malformed; the message says what to fix."""
 
 
@@ -322,8 +325,8 @@ def scan_image_folder(root: Path) -> tuple[list[str], dict[str, list[tuple[str, 
 
 
 def _flat_val(root: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """A flat val/ folder labelled by a ground-truth file (see measure/identity.py)."""
-    from automlperf.measure.identity import DatasetIdentityError, flat_val_labels
+    """A flat val/ folder labelled by a ground-truth file (see dataset_identity.py)."""
+    from automlperf.dataset_identity import DatasetIdentityError, flat_val_labels
 
     try:
         labels = flat_val_labels(root)
@@ -516,9 +519,13 @@ class DaliImageFolderDataset(ImageFolderDataset):
             yield out[0]["x"], out[0]["y"].view(-1).long()
 
 
+_DATA = DataConfig()  # the one source of the data defaults
+
+
 def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
-         workers: int = 4, gpu_decode: bool = False, synthetic_images: int = 4096,
-         synthetic_classes: int = 1000) -> Dataset:
+         workers: int = 4, gpu_decode: bool = _DATA.gpu_decode,
+         synthetic_images: int = _DATA.synthetic_images,
+         synthetic_classes: int = _DATA.synthetic_classes) -> Dataset:
     """A dataset by name; raises DataError naming what is missing."""
     if dataset == "builtin":
         return builtin(image_size or 12)

@@ -23,74 +23,15 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from automlperf.events import EpochEvent, EventSink, TrialOutcome, TrialStatus
 from automlperf.procutil import die_with_parent
-from automlperf.events import TrialOutcome
-from automlperf.train.trainer import TrialSpec
+from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
 
 
-class PoolError(RuntimeError):
+class PoolError(TrainerError):
     """The training processes could not start."""
-
-
-@dataclass
-class DataArgs:
-    dataset: str
-    data_dir: str | None = None
-    image_size: int | None = None
-    workers: int = 0
-    gpu_decode: bool = False
-    synthetic_images: int = 4096
-    synthetic_classes: int = 1000
-
-    @classmethod
-    def from_config(cls, data: Any, threads: int) -> DataArgs:
-        """The dataset of a ``DataConfig``; unless set, decoding workers take the spare
-        cores beside each rank's ``threads`` (image files only: in-memory data needs none)."""
-        workers = data.workers
-        if workers is None:
-            workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
-        return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
-                   workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes)
-
-
-def visible_accelerators() -> list[str]:
-    """Every accelerator torch can use here, as device strings (``cuda:0`` on NVIDIA and
-    ROCm, ``xpu:0`` on Intel, ``npu:0`` with Ascend's plugin)."""
-    import torch
-
-    from automlperf.measure.system import accelerator_type, device_count
-
-    kind = accelerator_type(torch)
-    if kind is None:
-        return []
-    return [f"{kind}:{i}" for i in range(device_count(torch, kind))]
-
-
-def choose_devices(count: int | None) -> list[str]:
-    """The first ``count`` visible accelerators (default all); without any, ``count`` CPU
-    ranks (default 1), which share the host's cores."""
-    gpus = visible_accelerators()
-    if gpus:
-        if count is not None and count > len(gpus):
-            raise PoolError(f"{count} devices requested but only {len(gpus)} accelerators "
-                            "are visible")
-        return gpus[: count or len(gpus)]
-    return ["cpu"] * (count or 1)
-
-
-def accelerator_memory_gib() -> float | None:
-    """Memory of the smallest visible accelerator, GiB; None without any."""
-    import torch
-
-    devices = visible_accelerators()
-    if not devices:
-        return None
-    if devices[0].startswith("cuda"):
-        return min(torch.cuda.get_device_properties(i).total_memory
-                   for i in range(len(devices))) / 2**30
-    return min(torch.accelerator.get_memory_info(i)[1] for i in range(len(devices))) / 2**30
 
 
 def process_group_backend(device_type: str) -> str:
@@ -111,17 +52,6 @@ def process_group_backend(device_type: str) -> str:
     return "gloo"
 
 
-def cores_available() -> int:
-    """CPU cores this process may use (SLURM's allocation or the affinity mask)."""
-    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        if os.environ.get(var, "").isdigit():
-            return max(1, int(os.environ[var]))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
-
-
 def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps({"kind": kind, **payload}).encode())
 
@@ -138,7 +68,7 @@ def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
         import torch.distributed as dist
 
         from automlperf.train import data as datasets
-        from automlperf.train.trainer import RankContext, run_trial
+        from automlperf.train.trainer import RankContext, train_on_rank
 
         torch.set_num_threads(max(1, threads))
         device = torch.device(device_name)
@@ -166,7 +96,7 @@ def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
         if msg["kind"] == "stop":
             break
         spec = TrialSpec.from_dict(msg["spec"])
-        outcome = run_trial(spec, ctx, emit=lambda kind, payload: _send(conn, kind, payload))
+        outcome = train_on_rank(spec, ctx, emit=lambda kind, payload: _send(conn, kind, payload))
         _send(conn, "done", {"rank": rank, "outcome": outcome.to_dict()})
     if world > 1:
         dist.destroy_process_group()
@@ -289,7 +219,7 @@ class DevicePool:
         while True:
             if should_stop is not None and should_stop():
                 self._restart(kill_only=True)
-                return TrialOutcome(spec.trial_id, "stopped", "deadline reached",
+                return TrialOutcome(spec.trial_id, TrialStatus.STOPPED, "deadline reached",
                                     batch_size=spec.batch_size)
             waitables = [r.conn for r in self._ranks if r.done is None]
             waitables += [r.process.sentinel for r in self._ranks if r.done is None]
@@ -307,20 +237,21 @@ class DevicePool:
                             rank.process.join(timeout=30)
                             code = rank.process.exitcode
                             self._restart()
-                            return TrialOutcome(spec.trial_id, "failed",
+                            return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
                                                 f"crash: training process {idx} exited with "
                                                 f"code {code}", batch_size=spec.batch_size,
                                                 extra={"failure": "crash"})
             outcomes = [r.done for r in self._ranks]
             finished = [o for o in outcomes if o is not None]
             if len(finished) == len(outcomes):
-                first_bad = next((o for o in finished if o["status"] != "completed"), None)
+                first_bad = next((o for o in finished if o["status"] != TrialStatus.COMPLETED), None)
                 return TrialOutcome(**(first_bad or finished[0]))
-            if any(o["status"] != "completed" for o in finished):
+            if any(o["status"] != TrialStatus.COMPLETED for o in finished):
                 # One rank failed; the others may wait forever in a collective.
                 failed_at = failed_at or time.monotonic()
                 if time.monotonic() - failed_at > self.failure_grace_s:
-                    bad = next(o for o in outcomes if o is not None and o["status"] != "completed")
+                    bad = next(o for o in outcomes
+                               if o is not None and o["status"] != TrialStatus.COMPLETED)
                     self._restart()
                     return TrialOutcome(**bad)
 
@@ -381,8 +312,8 @@ class DevicePool:
         self.close()
 
 
-def run_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = None,
-              should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
+def train_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = None,
+                should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
     """Run a trial; if it runs out of memory before finishing an epoch, retry it once at half
     the batch size (recorded in the outcome)."""
     pool.ensure_running()
@@ -395,3 +326,48 @@ def run_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = 
         outcome = pool.run(spec, on_message, should_stop)
         outcome.extra["oom_retry"] = {"first_batch_size": spec.batch_size * 2, "reason": first}
     return outcome
+
+
+class PoolTrainer:
+    """The :class:`~automlperf.train.spec.Trainer` of real runs: a :class:`DevicePool` on
+    ``devices``, started by :meth:`start`."""
+
+    def __init__(self, devices: list[str], data: DataArgs, threads_per_rank: int = 1) -> None:
+        self.devices = list(devices)
+        self.data = data
+        self.threads_per_rank = threads_per_rank
+        self.pool: DevicePool | None = None
+
+    @property
+    def world(self) -> int:
+        return len(self.devices)
+
+    def start(self) -> dict[str, Any]:
+        self.pool = DevicePool(self.devices, self.data, threads_per_rank=self.threads_per_rank)
+        return self.pool.description
+
+    def _started(self) -> DevicePool:
+        if self.pool is None:
+            raise PoolError("the trainer has not been started")
+        return self.pool
+
+    def train(self, spec: TrialSpec, sink: EventSink,
+              should_stop: Callable[[], bool] | None = None,
+              on_progress: Callable[[dict[str, Any]], None] | None = None) -> TrialOutcome:
+        """Train one trial (see :func:`train_trial`); ``on_progress`` gets rank 0's progress
+        messages within an epoch."""
+        def on_message(kind: str, msg: dict[str, Any]) -> None:
+            if kind == "epoch":
+                sink.epoch(EpochEvent(**msg))
+            elif kind == "progress" and on_progress is not None:
+                on_progress(msg)
+
+        return train_trial(self._started(), spec, on_message, should_stop)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def kill(self) -> None:
+        if self.pool is not None:
+            self.pool.kill()

@@ -1,6 +1,6 @@
 """Training one trial on one data-parallel rank.
 
-Every rank runs :func:`run_trial` with the same spec; gradients are all-reduced by
+Every rank runs :func:`train_on_rank` with the same spec; gradients are all-reduced by
 DistributedDataParallel. Rank 0 reports an :class:`EpochEvent` after each epoch, with image
 counts summed over all ranks and the operations they cost, and keeps the best weights.
 """
@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,59 +21,16 @@ import torch.distributed as dist
 from torch import nn
 
 from automlperf import rules
-from automlperf.events import EpochEvent, TrialOutcome
+from automlperf.events import EpochEvent, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
 from automlperf.train.data import Dataset
 from automlperf.train.inherit import inherit
+from automlperf.train.spec import TrialSpec
 
 ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
 Emit = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass
-class TrialSpec:
-    """Everything a rank needs to train one trial; plain JSON data."""
-
-    trial_id: Any
-    graph: dict[str, Any]
-    epochs: int
-    batch_size: int  # global: images per optimiser step over all ranks
-    patience: int
-    lr_per_256: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-5
-    warmup_epochs: float = 2.0
-    label_smoothing: float = 0.1
-    precision: str = "auto"
-    channels_last: bool | None = None
-    compile: bool = False
-    init: str = "kaiming_normal"
-    seed: int = 0
-    parent_graph: dict[str, Any] | None = None
-    parent_weights: str | None = None
-    weights_out: str | None = None
-    round: int = 0
-    # Epochs the learning rate decays to 0 over (a warm-up round trains fewer); default epochs.
-    horizon_epochs: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
-        return cls(**data)
-
-    @classmethod
-    def from_config(cls, train: Any, seed_init: str, **fields: Any) -> TrialSpec:
-        """A spec with the training settings of a ``TrainConfig``; ``fields`` fill the rest."""
-        return cls(lr_per_256=train.lr_per_256, momentum=train.momentum,
-                   nesterov=train.nesterov, weight_decay=train.weight_decay,
-                   warmup_epochs=train.warmup_epochs, label_smoothing=train.label_smoothing,
-                   precision=train.precision, channels_last=train.channels_last,
-                   compile=train.compile, init=seed_init, **fields)
 
 
 class TrialFailure(RuntimeError):
@@ -153,19 +110,19 @@ def save_weights(module: nn.Module, path: str) -> None:
     os.replace(tmp, path)
 
 
-def run_trial(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -> TrialOutcome:
+def train_on_rank(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -> TrialOutcome:
     """Train ``spec`` on this rank; returns how the trial ended. Failures are classified,
     not raised, so the rank stays ready for the next trial."""
     emit = emit if (emit is not None and ctx.rank == 0) else (lambda kind, payload: None)
-    outcome = TrialOutcome(spec.trial_id, "failed", batch_size=spec.batch_size)
+    outcome = TrialOutcome(spec.trial_id, TrialStatus.FAILED, batch_size=spec.batch_size)
     try:
         _train(spec, ctx, emit, outcome)
     except TrialFailure as exc:
-        outcome.status, outcome.reason = "failed", f"{exc.kind}: {exc}"
+        outcome.status, outcome.reason = TrialStatus.FAILED, f"{exc.kind}: {exc}"
         outcome.extra["failure"] = exc.kind
     except Exception as exc:  # noqa: BLE001 - any error ends this trial, not the rank
         kind = "oom" if is_oom(exc) else "error"
-        outcome.status = "failed"
+        outcome.status = TrialStatus.FAILED
         outcome.reason = f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         outcome.extra["failure"] = kind
     finally:
@@ -343,4 +300,4 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         if stale >= spec.patience:
             outcome.early_stopped = True
             break
-    outcome.status = "completed"
+    outcome.status = TrialStatus.COMPLETED

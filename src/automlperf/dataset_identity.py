@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.rules import DatasetRules
+from automlperf.errors import UserError
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 KAGGLE_LABELS = "LOC_val_solution.csv"
 DEVKIT_LABELS = "ILSVRC2012_validation_ground_truth.txt"
 
 
-class DatasetIdentityError(ValueError):
+class DatasetIdentityError(UserError, ValueError):
     """The data folder has no layout automlperf can read; the message says what to change."""
 
 

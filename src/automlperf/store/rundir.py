@@ -13,11 +13,12 @@ from typing import Any
 
 from automlperf.store.base import SCHEMA_VERSION
 from automlperf.store.urls import resolve_store_url, strip_password
+from automlperf.errors import UserError
 
 RUN_FILE = "run.json"
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """Not a usable run directory; the message says what to do."""
 
 
@@ -106,7 +107,7 @@ def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
             # the file only the run's owner can read.
             url = resolve_store_url(url, password_file=private / "pg.password")
         else:
-            from automlperf.runner.pgserver import PostgresServer
+            from automlperf.store.pgserver import PostgresServer
 
             server = PostgresServer(private)
             url = server.start()

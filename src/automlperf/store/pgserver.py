@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 from automlperf.store.urls import redact
+from automlperf.errors import UserError
 
 USER = "automlperf"
 DATABASE = "automlperf"
 
 
-class PostgresError(RuntimeError):
+class PostgresError(UserError, RuntimeError):
     """The private server could not be set up; the message says what to do."""
 
 
@@ -211,7 +212,7 @@ def main() -> None:
 
     from automlperf.store.urls import strip_password
 
-    ap = argparse.ArgumentParser(prog="python -m automlperf.runner.pgserver")
+    ap = argparse.ArgumentParser(prog="python -m automlperf.store.pgserver")
     ap.add_argument("action", choices=("start", "stop"))
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--host", default="127.0.0.1", help="the name other nodes reach it by")

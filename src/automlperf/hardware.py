@@ -1,0 +1,79 @@
+"""What this node has to compute with: its accelerators as torch sees them, and the CPU cores
+this process may use. torch is imported only by the functions that ask it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from automlperf.errors import UserError
+
+
+class DeviceError(UserError):
+    """More devices were asked for than are visible."""
+
+
+def accelerator_type(torch: Any) -> str | None:
+    """The kind of accelerator torch will use here (``cuda`` also on ROCm, ``xpu``, ``npu``
+    through its plugin, ...), or None for the CPU. CUDA is asked first, as before;
+    ``torch.accelerator`` (torch 2.6 and newer) knows every other backend."""
+    if torch.cuda.is_available():
+        return "cuda"
+    api = getattr(torch, "accelerator", None)
+    if api is None or not api.is_available():
+        return None
+    device = api.current_accelerator()
+    return None if device is None else str(device.type)
+
+
+def device_count(torch: Any, kind: str) -> int:
+    if kind == "cuda":
+        return int(torch.cuda.device_count())
+    return int(torch.accelerator.device_count())
+
+
+def visible_accelerators() -> list[str]:
+    """Every accelerator torch can use here, as device strings (``cuda:0`` on NVIDIA and
+    ROCm, ``xpu:0`` on Intel, ``npu:0`` with Ascend's plugin)."""
+    import torch
+
+    kind = accelerator_type(torch)
+    if kind is None:
+        return []
+    return [f"{kind}:{i}" for i in range(device_count(torch, kind))]
+
+
+def choose_devices(count: int | None) -> list[str]:
+    """The first ``count`` visible accelerators (default all); without any, ``count`` CPU
+    ranks (default 1), which share the host's cores."""
+    gpus = visible_accelerators()
+    if gpus:
+        if count is not None and count > len(gpus):
+            raise DeviceError(f"{count} devices requested but only {len(gpus)} accelerators "
+                              "are visible")
+        return gpus[: count or len(gpus)]
+    return ["cpu"] * (count or 1)
+
+
+def accelerator_memory_gib() -> float | None:
+    """Memory of the smallest visible accelerator, GiB; None without any."""
+    import torch
+
+    devices = visible_accelerators()
+    if not devices:
+        return None
+    if devices[0].startswith("cuda"):
+        return min(torch.cuda.get_device_properties(i).total_memory
+                   for i in range(len(devices))) / 2**30
+    return min(torch.accelerator.get_memory_info(i)[1] for i in range(len(devices))) / 2**30
+
+
+def cores_available() -> int:
+    """CPU cores this process may use (SLURM's allocation or the affinity mask)."""
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        if os.environ.get(var, "").isdigit():
+            return max(1, int(os.environ[var]))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)

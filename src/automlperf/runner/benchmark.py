@@ -1,0 +1,199 @@
+"""A whole benchmark run, as ``automlperf run`` starts it: choose the launcher, prepare the
+run directory, supervise the replicas to the deadline, write the result, the MLPerf-style logs
+and the report."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from automlperf.config import Config, load_config, parse_duration, set_option
+from automlperf.errors import UserError
+from automlperf.runner import primary
+from automlperf.store.rundir import RunDir
+from automlperf.store.urls import resolve_store_url
+
+LAUNCHERS = ("local", "slurm", "external")
+
+
+@dataclass
+class RunRequest:
+    """What ``automlperf run`` was asked; None leaves a setting to the configuration."""
+
+    config: Path | None = None
+    duration: str | None = None
+    dataset: str | None = None
+    data_dir: Path | None = None
+    replicas: int | None = None
+    devices_per_replica: int | None = None
+    run_dir: Path | None = None
+    store: str | None = None
+    resume: bool = False
+    launcher: str = "local"
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended and what it wrote."""
+
+    run_dir: Path
+    state: str  # completed | interrupted | failed (see primary.Watch)
+    reason: str
+    result: dict[str, Any]
+    result_path: Path
+    replicas: int
+    joined: int | None  # replicas that joined, for a site's own launcher
+    written: dict[str, Path] = field(default_factory=dict)  # mllog, system_desc, report
+    problems: list[str] = field(default_factory=list)  # what could not be written, and why
+
+    @property
+    def exit_code(self) -> int:
+        if self.state == "failed":
+            return 1
+        if self.state == "interrupted":
+            return 130
+        if self.joined == 0:
+            return 1  # a session no replica joined measured nothing
+        return 0
+
+
+def _config(req: RunRequest) -> Config | None:
+    """The configuration of a new run; None for a resumed one, which keeps its own."""
+    if req.resume:
+        if req.run_dir is None:
+            raise UserError("--resume needs the --run-dir of the run to continue")
+        if req.config is not None or req.dataset is not None or req.duration is not None:
+            raise UserError("a resumed run keeps its configuration: drop --config, --dataset "
+                            "and --duration")
+        return None
+    tree: dict[str, Any] = {}
+    if req.duration is not None:
+        try:
+            set_option(tree, "run.duration_s", parse_duration(req.duration))
+        except ValueError as exc:
+            raise UserError(f"--duration: {exc}") from None
+    set_option(tree, "run.replicas", req.replicas)
+    set_option(tree, "run.devices_per_replica", req.devices_per_replica)
+    set_option(tree, "data.data_dir", str(req.data_dir) if req.data_dir else None)
+    cfg = load_config(req.config, req.dataset, tree)
+    if cfg.data.dataset in ("imagenet", "cifar10") and cfg.data.data_dir is None:
+        raise UserError(f"{cfg.data.dataset} needs --data-dir (or data.data_dir in the "
+                        "configuration)")
+    return cfg
+
+
+def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> tuple[Any, int]:
+    """The launcher asked for and the replicas it starts."""
+    from automlperf.runner.launch import ExternalLauncher, LocalLauncher
+    from automlperf.hardware import cores_available
+
+    if req.launcher == "slurm":
+        from automlperf.runner.slurm import SlurmLauncher
+
+        return SlurmLauncher(run_dir, url), int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
+    count = req.replicas or cfg.run.replicas
+    if req.launcher == "local":
+        return LocalLauncher(run_dir, count, url,
+                             req.devices_per_replica or cfg.run.devices_per_replica,
+                             cores=cores_available()), count
+    if req.launcher == "external":
+        return ExternalLauncher(run_dir, count, url,
+                                lease_timeout_s=cfg.run.lease_timeout_s), count
+    raise UserError(f"--launcher must be {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}, "
+                    f"not {req.launcher!r}")
+
+
+def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
+    """Run (or resume) a benchmark to its deadline, Ctrl-C or SIGTERM, and write its result;
+    progress goes to ``console``."""
+    from automlperf.measure.system import describe
+
+    cfg = _config(req)
+    run_dir = req.run_dir
+    if run_dir is None:
+        run_dir = Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    url = resolve_store_url(req.store)
+    replica_url = RunDir(run_dir).store_url(url) if req.resume else url
+    # The launcher first: a request that does not fit the machine is refused before anything
+    # is written.
+    starter, count = _launcher(req, run_dir, replica_url,
+                               Config.load(RunDir(run_dir).config) if cfg is None else cfg)
+    # An external launcher may place several replicas on a node: result.json counts the
+    # nodes from the hosts that replicas report.
+    system = describe(nodes=count if req.launcher == "slurm" else 1)
+    session = primary.prepare(cfg, run_dir, url, req.resume, system)
+    cfg = session.config
+    if session.deadline_at <= session.started_at:
+        console.print("this run has used its whole duration; recomputing its result")
+    mode = "official" if not cfg.fixed_changes() else "unofficial"
+    console.print(f"automlperf {'resuming' if req.resume else 'starting'} {run_dir}: "
+                  f"{cfg.data.dataset}, {cfg.model.seed_model} seed, {count} replica(s), "
+                  f"{primary.fmt_duration(session.deadline_at - session.started_at)} to go "
+                  f"({mode} settings), store {primary.redacted(url)}", highlight=False)
+    watch = primary.Watch("interrupted")
+    # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
+    # stopped and the result is written.
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        if session.deadline_at > session.started_at:
+            starter.start()
+            if req.launcher == "external":
+                console.print(f"waiting for {count} replica(s): start `automlperf worker "
+                              f"--run-dir {run_dir.resolve()}` once per node with your "
+                              "launcher", highlight=False)
+            watch = primary.supervise(session, starter, console)
+        else:
+            watch = primary.Watch("completed")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
+        result = primary.finish(session, starter, console, watch, system)
+    joined = starter.joined() if req.launcher == "external" else None
+    if joined is not None and joined < count:
+        console.print(f"only {joined} of {count} replica(s) joined this session: check "
+                      "the site launcher's job and its logs", highlight=False)
+    outcome = RunOutcome(run_dir, watch.state, watch.reason, result, session.dir.result, count,
+                         joined)
+    write_records(outcome, url)
+    signal.signal(signal.SIGTERM, before)
+    return outcome
+
+
+def mlperf_logs(run_dir: Path, url: str | None,
+                org: str = "unspecified") -> tuple[dict[str, Path], list[str]]:
+    """Write the MLPerf-style logs of a run whose result is written: the files written, and
+    what could not be, with the command that redoes it."""
+    from automlperf.measure.mlperf import write_mlperf
+
+    written: dict[str, Path] = {}
+    problems: list[str] = []
+    try:
+        for what, where in write_mlperf(run_dir, url, org).items():
+            if isinstance(where, Path):
+                written[what] = where
+            else:
+                problems.append(f"{what} not written: {where}")
+    except Exception as exc:  # noqa: BLE001 - the result is written; these can be redone
+        problems.append(f"MLPerf-style logs not written ({exc}); retry with "
+                        f"`automlperf mlperf {run_dir}`")
+    return written, problems
+
+
+def write_records(outcome: RunOutcome, url: str | None) -> None:
+    """The MLPerf-style logs and the report of a finished run; what cannot be written is
+    noted in ``outcome.problems``."""
+    from automlperf.report.html import write_report
+
+    written, problems = mlperf_logs(outcome.run_dir, url)
+    outcome.written.update(written)
+    outcome.problems += problems
+    try:
+        outcome.written["report"] = write_report(outcome.run_dir, url)
+    except Exception as exc:  # noqa: BLE001 - the result is written; the report can be redone
+        outcome.problems.append(f"the report could not be written ({exc}); retry with "
+                                f"`automlperf report {outcome.run_dir}`")

@@ -1,0 +1,125 @@
+"""What the rest of the package asks of training, without torch: the trial spec, the dataset
+a replica's ranks load, and the :class:`Trainer` protocol a replica trains through.
+
+:class:`automlperf.train.pool.PoolTrainer` is the trainer of real runs (one process per
+accelerator); anything else that keeps the protocol can stand in for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from automlperf.config import DataConfig, ModelConfig, TrainConfig
+from automlperf.events import EventSink, TrialOutcome
+from automlperf.errors import UserError
+
+# The configuration models are the one source of the training and data defaults.
+_TRAIN = TrainConfig()
+_DATA = DataConfig()
+_MODEL = ModelConfig()
+
+
+@dataclass
+class TrialSpec:
+    """Everything a rank needs to train one trial; plain JSON data."""
+
+    trial_id: Any
+    graph: dict[str, Any]
+    epochs: int
+    batch_size: int  # global: images per optimiser step over all ranks
+    patience: int
+    lr_per_256: float = _TRAIN.lr_per_256
+    momentum: float = _TRAIN.momentum
+    nesterov: bool = _TRAIN.nesterov
+    weight_decay: float = _TRAIN.weight_decay
+    warmup_epochs: float = _TRAIN.warmup_epochs
+    label_smoothing: float = _TRAIN.label_smoothing
+    precision: str = _TRAIN.precision
+    channels_last: bool | None = _TRAIN.channels_last
+    compile: bool = _TRAIN.compile
+    init: str = _MODEL.initial_weights
+    seed: int = 0
+    parent_graph: dict[str, Any] | None = None
+    parent_weights: str | None = None
+    weights_out: str | None = None
+    round: int = 0
+    # Epochs the learning rate decays to 0 over (a warm-up round trains fewer); default epochs.
+    horizon_epochs: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+        return cls(**data)
+
+    @classmethod
+    def from_config(cls, train: TrainConfig, seed_init: str, **fields: Any) -> TrialSpec:
+        """A spec with the training settings of a ``TrainConfig``; ``fields`` fill the rest."""
+        return cls(lr_per_256=train.lr_per_256, momentum=train.momentum,
+                   nesterov=train.nesterov, weight_decay=train.weight_decay,
+                   warmup_epochs=train.warmup_epochs, label_smoothing=train.label_smoothing,
+                   precision=train.precision, channels_last=train.channels_last,
+                   compile=train.compile, init=seed_init, **fields)
+
+
+@dataclass
+class DataArgs:
+    """The arguments of :func:`automlperf.train.data.load` that every rank of a pool uses."""
+
+    dataset: str
+    data_dir: str | None = None
+    image_size: int | None = None
+    workers: int = 0
+    gpu_decode: bool = _DATA.gpu_decode
+    synthetic_images: int = _DATA.synthetic_images
+    synthetic_classes: int = _DATA.synthetic_classes
+
+    @classmethod
+    def from_config(cls, data: DataConfig, threads: int) -> DataArgs:
+        """The dataset of a ``DataConfig``; unless set, decoding workers take the spare
+        cores beside each rank's ``threads`` (image files only: in-memory data needs none)."""
+        workers = data.workers
+        if workers is None:
+            workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
+        return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
+                   workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes)
+
+
+class TrainerError(UserError, RuntimeError):
+    """A trainer could not start; the message says why."""
+
+
+class Trainer(Protocol):
+    """What a replica asks of the accelerators it trains on.
+
+    ``start`` comes first and returns the description of what was started: ``dataset``
+    (the dataset's ``describe()``: ``classes``, ``image_size``, ``channels``, ...),
+    ``devices`` (a name per rank) and ``uuids``. ``train`` may then run any number of trials,
+    one at a time; ``close`` ends the trainer politely, ``kill`` at once.
+    """
+
+    @property
+    def world(self) -> int:
+        """Data-parallel ranks: a trial's global batch size is a multiple of it."""
+        ...
+
+    def start(self) -> dict[str, Any]:
+        """Start; raises :class:`TrainerError` when the accelerators cannot train."""
+        ...
+
+    def train(self, spec: TrialSpec, sink: EventSink,
+              should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
+        """Train one trial, calling ``sink.epoch`` after each completed epoch. When
+        ``should_stop`` turns true the trial ends as ``stopped``; the epochs already given to
+        the sink stay given. A failing trial returns ``failed`` with its reason (and
+        ``extra["failure"]``: oom, nan, data, crash or error); it does not raise."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+    def kill(self) -> None:
+        ...

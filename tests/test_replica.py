@@ -1,0 +1,163 @@
+"""A replica's loop in-process: the real store (SQLite), search and TPE study, with a trainer
+that stands in for the accelerators (it reports epochs without training anything)."""
+
+import json
+from pathlib import Path
+
+from automlperf.config import Config
+from automlperf.events import EpochEvent, TrialOutcome, TrialStatus, read_jsonl
+from automlperf.runner import primary
+from automlperf.runner.replica import Placement, Replica
+from automlperf.search import Searcher
+from automlperf.search.hpo import HyperSearch
+from automlperf.store import open_store
+
+DIGITS = {"name": "digits", "classes": 10, "image_size": 8, "channels": 1}
+
+
+class FakeTrainer:
+    """Keeps the Trainer protocol; its accuracy grows with the epochs and the graph's size."""
+
+    world = 1
+
+    def __init__(self, fail: str | None = None, on_epoch=None):
+        self.fail = fail
+        self.on_epoch = on_epoch or (lambda spec, epoch: None)
+        self.specs = []
+        self.started = self.closed = False
+
+    def start(self):
+        self.started = True
+        return {"dataset": DIGITS, "devices": ["fake"], "uuids": []}
+
+    def train(self, spec, sink, should_stop=None):
+        self.specs.append(spec)
+        outcome = TrialOutcome(spec.trial_id, "failed", batch_size=spec.batch_size,
+                               precision="fp32")
+        if self.fail is not None:
+            outcome.reason = f"{self.fail}: out of memory allocating 123 MiB"
+            outcome.extra["failure"] = self.fail
+            return outcome
+        layers = len(spec.graph["layers"])
+        for epoch in range(spec.epochs):
+            if should_stop is not None and should_stop():
+                outcome.status, outcome.reason = "stopped", "deadline reached"
+                return outcome
+            accuracy = min(0.99, 0.3 + 0.1 * epoch + 0.001 * layers)
+            sink.epoch(EpochEvent(
+                trial_id=spec.trial_id, epoch=epoch, started_at=1.0 + epoch, ended_at=2.0 + epoch,
+                train_images=1000, val_images=200, steps=8, ops=10**9, train_loss=1.0,
+                val_accuracy=accuracy, precision="fp32", batch_size=spec.batch_size,
+                world_size=1, data_share=0.1, images_per_s=1000.0))
+            outcome.epochs = epoch + 1
+            if outcome.best_accuracy is None or accuracy > outcome.best_accuracy:
+                outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+                Path(spec.weights_out).write_bytes(b"weights of the best epoch")
+            self.on_epoch(spec, epoch)
+        outcome.status = "completed"
+        return outcome
+
+    def close(self):
+        self.closed = True
+
+    def kill(self):
+        self.closed = True
+
+
+def new_run(tmp_path, **run):
+    settings = {"heartbeat_s": 1, "lease_timeout_s": 600, "max_rounds": 5, **run}
+    text = "[run]\n" + "".join(f"{k} = {v!r}\n" for k, v in settings.items()) + """
+[data]
+dataset = "digits"
+image_size = 8
+[train]
+max_epochs = 2
+batch_size = 64
+[search]
+tpe_startup_trials = 1
+candidates_per_generation = 16
+"""
+    (tmp_path / "config.toml").write_text(text)
+    config = Config.load(tmp_path / "config.toml")
+    session = primary.prepare(config, tmp_path / "run", None, False, {})
+    session.store.close()
+    return session
+
+
+def make_replica(session, trainer, clock=None):
+    store = open_store(None, run_dir=session.dir.path)
+    segment = store.segments(session.run_id)[-1]
+    place = Placement(session.dir, session.run_id, session.config, 0, segment, ["fake"], 1)
+    cfg = session.config.search
+    hpo = HyperSearch(store.url, "run-1-replica-0", (32, 128), cfg.kernel_sizes,
+                      startup_trials=cfg.tpe_startup_trials)
+    extra = {"clock": clock} if clock else {}
+    return Replica(place, store, trainer, Searcher(cfg), hpo, 64, **extra), store
+
+
+def test_the_loop_searches_records_and_tunes(tmp_path):
+    session = new_run(tmp_path)
+    trainer = FakeTrainer()
+    replica, store = make_replica(session, trainer)
+    assert replica.run() == 0
+    assert trainer.started and trainer.closed
+    trials = store.trials(session.run_id)
+    assert [t.round for t in trials] == [0, 1, 2, 3, 4]
+    assert all(t.status == TrialStatus.COMPLETED for t in trials)
+    config = session.config
+    for t, spec in zip(trials, trainer.specs):
+        assert spec.trial_id == t.id and spec.epochs == config.train.round_epochs(t.round)
+        assert t.hparams["epochs"] == spec.epochs and t.hparams["batch_size"] == spec.batch_size
+        # The warm-up rounds are ranked by their predicted accuracy, tuned rounds by TPE.
+        assert (t.predicted_accuracy is not None) == (t.round < config.search.hpo_start_round)
+        assert (t.hparams["tpe_trial"] is not None) == (t.round >= config.search.hpo_start_round)
+        assert t.weights_path == spec.weights_out
+        epochs = read_jsonl(session.dir.trial(t.id) / "log.jsonl")
+        assert [e["type"] for e in epochs] == ["epoch"] * spec.epochs + ["trial"]
+        assert json.loads((session.dir.trial(t.id) / "graph.json").read_text())["layers"]
+    # Every child after the first inherits from a trained parent.
+    assert trials[0].parent_id is None
+    for t, spec in zip(trials[1:], trainer.specs[1:]):
+        assert t.parent_id is not None
+        assert spec.parent_weights == store.trial(t.parent_id).weights_path
+    recorded = store.epochs(session.run_id)
+    assert len(recorded) == sum(s.epochs for s in trainer.specs)
+    assert {e.trial_id for e in recorded} == {t.id for t in trials}
+    (rep,) = store.replicas(session.run_id)
+    assert rep.status == TrialStatus.STOPPED and rep.reason == ""
+    # The suggestion asked for a sixth round that never came is not left pending.
+    told = [(t.state.name, t.value) for t in replica.hpo.study.trials]
+    assert told == [("COMPLETE", trials[3].best_accuracy), ("COMPLETE", trials[4].best_accuracy),
+                    ("FAIL", None)]
+    store.close()
+
+
+def test_a_failure_that_repeats_ends_the_replica_with_the_fix(tmp_path):
+    session = new_run(tmp_path, max_repeated_failures=2)
+    replica, store = make_replica(session, FakeTrainer(fail="oom"))
+    assert replica.run() == 1
+    trials = store.trials(session.run_id)
+    assert [t.status for t in trials] == [TrialStatus.FAILED] * 2
+    (rep,) = store.replicas(session.run_id)
+    assert rep.status == TrialStatus.FAILED
+    assert "2 trials in a row failed" in rep.reason and "lower train.batch_size" in rep.reason
+    store.close()
+
+
+def test_the_deadline_stops_a_trial_that_keeps_its_epochs(tmp_path):
+    session = new_run(tmp_path)
+    now = [session.started_at]
+
+    def pass_the_deadline(spec, epoch):
+        if spec.round == 2 and epoch == 0:
+            now[0] = session.deadline_at + 1
+
+    trainer = FakeTrainer(on_epoch=pass_the_deadline)
+    replica, store = make_replica(session, trainer, clock=lambda: now[0])
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.status for t in trials] == [TrialStatus.COMPLETED] * 2 + [TrialStatus.STOPPED]
+    cut = trials[-1]
+    assert cut.epochs_done == 1 and cut.best_accuracy is not None
+    assert cut.finished_at == session.deadline_at + 1  # recorded by the replica's clock
+    store.close()
