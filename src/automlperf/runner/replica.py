@@ -174,10 +174,7 @@ class Replica:
         status, reason = TrialStatus.FAILED, ""
         try:
             self._record_node()
-            try:
-                description = self.trainer.start()
-            except TrainerError as exc:
-                raise CannotTrain(str(exc)) from None
+            description = self.trainer.start()
             log.info("replica %d: %d x %s, %d threads each, %s", self.index,
                      len(self.place.devices), description["devices"][0], self.place.threads,
                      description["dataset"])
@@ -190,8 +187,10 @@ class Replica:
                 if sampler is not None:
                     sampler.terminate()
                     sampler.wait(timeout=30)
-        except CannotTrain as exc:
-            # Recorded for the primary, which ends the run and says why.
+        except (CannotTrain, TrainerError) as exc:
+            # A trainer that cannot start, or can no longer bring its accelerators back, and
+            # a failure that keeps repeating, are recorded for the primary, which ends the
+            # run and says why.
             reason = str(exc)
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
