@@ -457,12 +457,16 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         env = dict(os.environ)
         if url:
             env[STORE_ENV] = url
+        from automlperf.runner.identity import local_size
+
+        # The node's one sampler also covers the GPUs of the other replicas on the node.
+        every = ["--every-gpu"] if local_size() > 1 else []
         rd.logs.mkdir(exist_ok=True)
         with open(rd.logs / f"monitor-{socket.gethostname()}.log", "ab") as log_file:
             return subprocess.Popen(
                 [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
                  str(rd.path), "--interval", str(config.monitor.interval_s),
-                 "--uuids", ",".join(description.get("uuids", []))],
+                 "--uuids", ",".join(description.get("uuids", [])), *every],
                 env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
     return Replica(place, store, trainer, Searcher(search), hpo, default_batch,
