@@ -18,6 +18,7 @@ Unreadable images are skipped and counted, never fatal.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gzip
 import importlib.resources
@@ -27,6 +28,7 @@ import math
 import os
 import pickle
 import random
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -605,6 +607,17 @@ class _ChunkSampler(torch.utils.data.Sampler[Any]):
         return len(self.keys)
 
 
+_open_loaders: weakref.WeakSet[_FolderLoader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    """A process that exits without releasing its loaders (a script, a test) ends their
+    workers first; registered after multiprocessing's own exit handler, so it runs before."""
+    for loader in list(_open_loaders):
+        loader.close()
+
+
 class _FolderLoader:
     """One rank's loader for one trial: the decoding workers start once and serve every
     training and validation pass; batches are assembled from small chunks, in pinned
@@ -630,6 +643,7 @@ class _FolderLoader:
         self._buffers: list[torch.Tensor] = []
         self._copied: list[Any] = []
         self._slot = 0
+        _open_loaders.add(self)
 
     def key(self) -> tuple[Any, ...]:
         return (self.rank, self.world, self.per_rank, self.seed, self.device)
@@ -683,9 +697,17 @@ class _FolderLoader:
 
     def close(self) -> None:
         iterator = getattr(self.loader, "_iterator", None)
+        workers = list(getattr(iterator, "_workers", None) or [])
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        # Workers ignore SIGTERM, so DataLoader's terminate() cannot end one that did not
+        # stop when asked, and multiprocessing would wait for it forever at exit.
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=10)
+        _open_loaders.discard(self)
         self.loader = None  # type: ignore[assignment]
         self._buffers, self._copied = [], []
 

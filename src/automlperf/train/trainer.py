@@ -31,8 +31,8 @@ from automlperf.train.inherit import inherit
 from automlperf.train.spec import TrialSpec
 
 ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
-# The peak learning rate whatever the global batch: linear scaling (lr_per_256 x batch / 256)
-# goes past where SGD on ResNets stays stable (Goyal et al. scale to 8k images at 3.2).
+# Where linear scaling of the learning rate with the global batch stops: beyond it SGD on
+# ResNets is no longer stable (Goyal et al. scale to 8k images at 3.2).
 MAX_LR = 3.2
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -171,7 +171,8 @@ class _Run:
         self.steps_per_epoch = plan_steps(self.data.train_size, ctx.world, self.per_rank)
         total = max(1, max(spec.epochs, spec.horizon_epochs or 0) * self.steps_per_epoch)
         warmup = min(int(spec.warmup_epochs * self.steps_per_epoch), total // 2)
-        self.lr = min(MAX_LR, spec.lr_per_256 * self.batch / 256)
+        # Scaling with the batch stops at MAX_LR (a rate set above it per 256 images stays).
+        self.lr = min(spec.lr_per_256 * self.batch / 256, max(MAX_LR, spec.lr_per_256))
         self.optimizer = _optimizer(self.module, spec, self.lr)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total, warmup))
