@@ -1,18 +1,25 @@
-"""The ImageNet-folder input pipeline at 224x224 on this machine, and what it costs a step.
+"""The ImageNet-folder input pipeline at 224x224: the old loader and the current one side by
+side in one run.
 
-1. Images per second decoded and augmented (random-resized crop to 224, flip; uint8 CHW
-   batches, normalised as the trainer receives them) by automlperf's image-folder dataset,
-   beside a plain hand-written PIL + DataLoader loop doing the same work with the same
-   number of workers. Passes alternate A B B A so machine noise hits both alike; the first
-   pair warms the page cache. Figure: the median ratio automlperf / plain, per worker count.
-2. The trainer's data-loading share of step time for ResNet-50 at 224 on those files: the
-   time the training loop waits for the next batch over the epoch's time (the share every
-   epoch event records).
+1. Images per second per decoding core (random-resized crop to 224, flip, normalised as the
+   trainer receives them) over whole training passes, with 1 and 2 worker processes. "old"
+   is the loader before the persistent, chunked pipeline (bench/legacy_loader.py, kept
+   verbatim); "new" is automlperf's ImageFolderDataset. Passes alternate A B B A so machine
+   noise hits both alike; the first pair warms the page cache (and starts the new loader's
+   persistent workers, which every later epoch of a trial reuses).
+2. First-batch latency of an epoch: seconds from asking for an epoch's batches to holding
+   the first one, at ``--batch`` images per rank, for epochs after the first.
+3. Shared and pinned memory: the peak /dev/shm use measured during the passes (decoded
+   images in flight between workers and the rank), and the bound each loader's settings
+   allow one rank at a configured batch (``--memory-batch`` images per rank, 224 px,
+   ``--memory-workers`` workers, pinned as on a GPU).
+4. ResNet-50 at 224 through the trainer on a slice of the files: its data-loading share of
+   step time (the share every epoch event records).
 
-The files are JPEGs of ImageNet's typical size (about 500x375, quality 90) cut from the
-photo matplotlib ships, written once into a temporary folder.
+The files are JPEGs of ImageNet's typical size (500x375, quality 90) cut from the photo
+matplotlib ships, written once into a temporary folder.
 
-Run: python bench/bench_imagenet_pipeline.py [--images 256] [--passes 6] [--train-images 48]
+Run: python bench/bench_imagenet_pipeline.py [--images 384] [--passes 6] [--batch 128]
 """
 
 from __future__ import annotations
@@ -20,24 +27,29 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from automlperf.graph import seeds
-from automlperf.train.data import ImageFolderDataset, random_resized_crop_box
 from automlperf.hardware import cores_available
+from automlperf.train.data import ImageFolderDataset, plan_loader
 from automlperf.train.trainer import RankContext, TrialSpec, _Run
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from imagefolder import photo  # noqa: E402
+from legacy_loader import legacy_batches, legacy_memory_bound  # noqa: E402
 
 CPU = torch.device("cpu")
+SHM = "/dev/shm"
 
 
 def write_folder(root: Path, images: int, classes: int = 8) -> None:
@@ -53,101 +65,131 @@ def write_folder(root: Path, images: int, classes: int = 8) -> None:
             img.save(folder / f"{split}_{i}.JPEG", quality=90)
 
 
-class PlainFolder(torch.utils.data.Dataset):
-    """The textbook loader: open, convert, crop, resize, flip, to a uint8 tensor."""
+class ShmPeak:
+    """The peak of /dev/shm's used bytes above its level at the start, sampled every 5 ms
+    (the workers' shared tensors live there, unlinked but counted)."""
 
-    def __init__(self, files: list[tuple[str, int]], size: int) -> None:
-        self.files, self.size = files, size
+    def __init__(self) -> None:
+        self.base = shutil.disk_usage(SHM).used
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
 
-    def __len__(self) -> int:
-        return len(self.files)
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, shutil.disk_usage(SHM).used - self.base)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
-
-        path, label = self.files[i]
-        rng = random.Random(i)
-        with Image.open(path) as f:
-            img = f.convert("RGB")
-        box = random_resized_crop_box(img.width, img.height, rng)
-        img = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=box)
-        if rng.random() < 0.5:
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1), label
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
 
 
-def ours(ds: ImageFolderDataset, batch: int, epoch: int) -> tuple[int, float]:
+def timed_pass(batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, float, float, int]:
+    """(images, seconds, first-batch seconds, peak shared bytes) of one pass."""
+    shm = ShmPeak()
     t0 = time.perf_counter()
+    first = None
     n = 0
-    for _, y in ds.batches("train", 0, 1, batch, epoch, 0, CPU):
+    for _, y in batches:
+        if first is None:
+            first = time.perf_counter() - t0
         n += len(y)
-    return n, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    return n, seconds, first or seconds, shm.stop()
 
 
-def plain(files: list[tuple[str, int]], workers: int, batch: int) -> tuple[int, float]:
-    mean = torch.tensor((0.485, 0.456, 0.406)).view(1, 3, 1, 1) * 255
-    std = torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1) * 255
-    loader = torch.utils.data.DataLoader(PlainFolder(files, 224), batch_size=batch, shuffle=True,
-                                         num_workers=workers)
-    t0 = time.perf_counter()
-    n = 0
-    for x, y in loader:
-        _ = (x.float() - mean) / std
-        n += len(y)
-    return n, time.perf_counter() - t0
+def resnet50_share(root: Path, train_images: int, out: dict[str, object]) -> None:
+    """ResNet-50 at 224 through the trainer on a small slice of the same files."""
+    sub = root / "slice"
+    for split in ("train", "val"):
+        for f in sorted((root / split).rglob("*.JPEG"))[: train_images if split == "train" else 8]:
+            dst = sub / split / f.parent.name / f.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.symlink_to(f)
+    torch.set_num_threads(max(1, cores_available() - 1))
+    ds = ImageFolderDataset(sub, 224, workers=1)
+    graph = seeds.resnet50(num_classes=ds.num_classes, image_size=224)
+    spec = TrialSpec("bench", graph.to_dict(), epochs=1, batch_size=16, patience=2)
+    run = _Run(spec, RankContext(0, 1, CPU, ds), graph)
+    _, images, steps, wait, seconds = run.train_epoch(0, lambda kind, msg: None)
+    ds.release()
+    out.update(resnet50_images_per_s=round(images / seconds, 3),
+               resnet50_data_share=round(wait / seconds, 4), resnet50_steps=steps)
+    print(f"ResNet-50 at 224, batch 16, {images} images: {images / seconds:.2f} img/s, data "
+          f"loading {100 * wait / seconds:.1f} % of step time ({steps} steps)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--images", type=int, default=256)
+    ap.add_argument("--images", type=int, default=384)
     ap.add_argument("--passes", type=int, default=6)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=128, help="images per rank and step")
+    ap.add_argument("--memory-batch", type=int, default=1112)
+    ap.add_argument("--memory-workers", type=int, default=8)
     ap.add_argument("--train-images", type=int, default=48, help="ResNet-50 epoch size")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    out: dict[str, object] = {"bench": "imagenet_pipeline", "cores": cores_available(),
+                              "batch": args.batch, "images": args.images}
     rows = []
-    out: dict[str, object] = {"bench": "imagenet_pipeline", "cores": cores_available()}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_folder(root, args.images)
         for workers in (1, 2):
-            ds = ImageFolderDataset(root, 224, workers)
-            files = ds._items["train"]
-            rates: dict[str, list[float]] = {"ours": [], "plain": []}
+            new = ImageFolderDataset(root, 224, workers)
+            items = new.index.items("train")
+            runs: dict[str, Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]] = {
+                "old": lambda epoch, w=workers, it=items: legacy_batches(it, "train", 0, 1, args.batch,
+                                                               epoch, 0, 224, w, CPU),
+                "new": lambda epoch, ds=new: ds.batches("train", 0, 1, args.batch, epoch, 0, CPU)}
+            rates: dict[str, list[float]] = {"old": [], "new": []}
+            firsts: dict[str, list[float]] = {"old": [], "new": []}
+            shm: dict[str, int] = {"old": 0, "new": 0}
             for p in range(args.passes):
-                order = ("ours", "plain") if p % 2 == 0 else ("plain", "ours")
-                for name in order:
-                    n, s = ours(ds, args.batch, p) if name == "ours" else plain(files, workers, args.batch)
-                    if p >= 2:  # the first pair warms the page cache
-                        rates[name].append(n / s)
-            ratio = statistics.median(a / b for a, b in zip(rates["ours"], rates["plain"]))
-            rows.append((workers, statistics.median(rates["ours"]), statistics.median(rates["plain"]), ratio))
-            out[f"images_per_s_{workers}w"] = statistics.median(rates["ours"])
-            out[f"plain_images_per_s_{workers}w"] = statistics.median(rates["plain"])
-            out[f"ratio_{workers}w"] = ratio
+                for name in (("old", "new") if p % 2 == 0 else ("new", "old")):
+                    n, s, first, peak = timed_pass(runs[name](p))
+                    if p >= 2:  # the first pair warms the page cache and starts workers
+                        rates[name].append(n / s / workers)
+                        firsts[name].append(first)
+                        shm[name] = max(shm[name], peak)
+            new.release()
+            ratio = statistics.median(a / b for a, b in zip(rates["new"], rates["old"]))
+            row = {"workers": workers,
+                   "old_img_s_per_core": statistics.median(rates["old"]),
+                   "new_img_s_per_core": statistics.median(rates["new"]), "ratio": ratio,
+                   "old_first_batch_s": statistics.median(firsts["old"]),
+                   "new_first_batch_s": statistics.median(firsts["new"]),
+                   "old_peak_shm_mib": shm["old"] / 2**20, "new_peak_shm_mib": shm["new"] / 2**20}
+            rows.append(row)
+            out[f"{workers}w"] = {k: round(v, 3) for k, v in row.items()}
 
-        # ResNet-50 at 224 through the trainer on a small slice of the same files.
-        sub = root / "slice"
-        for split in ("train", "val"):
-            for f in sorted((root / split).rglob("*.JPEG"))[: args.train_images if split == "train" else 8]:
-                dst = sub / split / f.parent.name / f.name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.symlink_to(f)
-        torch.set_num_threads(max(1, cores_available() - 1))
-        ds = ImageFolderDataset(sub, 224, workers=1)
-        graph = seeds.resnet50(num_classes=ds.num_classes, image_size=224)
-        spec = TrialSpec("bench", graph.to_dict(), epochs=1, batch_size=16, patience=2)
-        run = _Run(spec, RankContext(0, 1, CPU, ds), graph)
-        _, images, steps, wait, seconds = run.train_epoch(0, lambda kind, msg: None)
-        share = wait / seconds
-        out.update(resnet50_images_per_s=images / seconds, resnet50_data_share=share,
-                   resnet50_steps=steps)
+        image_bytes = 224 * 224 * 3
+        old_bound = legacy_memory_bound(args.memory_batch, args.memory_workers, 224)
+        new_plan = plan_loader(args.memory_batch, args.memory_workers, image_bytes, pinned=True)
+        out["memory_bound"] = {
+            "batch": args.memory_batch, "workers": args.memory_workers,
+            "old_shared_gib": round(old_bound["shared_bytes"] / 2**30, 3),
+            "old_pinned_gib": round(old_bound["pinned_bytes"] / 2**30, 3),
+            "new_shared_gib": round(new_plan.shared_bytes / 2**30, 3),
+            "new_pinned_gib": round(new_plan.pinned_bytes / 2**30, 3),
+            "new_chunk": new_plan.chunk, "new_prefetch": new_plan.prefetch}
 
-    print(f"{'workers':>8} {'automlperf img/s':>17} {'plain img/s':>12} {'ratio':>6}")
-    for w, a, b, r in rows:
-        print(f"{w:>8} {a:>17.1f} {b:>12.1f} {r:>6.2f}")
-    print(f"ResNet-50 at 224, batch 16, {images} images: {images / seconds:.2f} img/s, data "
-          f"loading {100 * share:.1f} % of step time ({steps} steps)")
+        if args.train_images:
+            resnet50_share(root, args.train_images, out)
+
+    print(f"{'workers':>7} {'old img/s/core':>15} {'new img/s/core':>15} {'ratio':>6} "
+          f"{'old 1st batch s':>16} {'new 1st batch s':>16} {'old shm MiB':>12} {'new shm MiB':>12}")
+    for r in rows:
+        print(f"{r['workers']:>7} {r['old_img_s_per_core']:>15.1f} {r['new_img_s_per_core']:>15.1f} "
+              f"{r['ratio']:>6.2f} {r['old_first_batch_s']:>16.3f} {r['new_first_batch_s']:>16.3f} "
+              f"{r['old_peak_shm_mib']:>12.1f} {r['new_peak_shm_mib']:>12.1f}")
+    mb = out["memory_bound"]
+    assert isinstance(mb, dict)
+    print(f"bound at batch {mb['batch']} x 224 px, {mb['workers']} workers: shared old "
+          f"{mb['old_shared_gib']} GiB / new {mb['new_shared_gib']} GiB; pinned old "
+          f"{mb['old_pinned_gib']} GiB / new {mb['new_pinned_gib']} GiB")
     print(json.dumps(out))
 
 

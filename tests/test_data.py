@@ -136,6 +136,7 @@ def test_imagenet_folders_skip_and_count_corrupt_images(tmp_path, workers):
     assert len(y) + ds.skipped == 12 and ds.skipped == 2
     xv, yv = collect(ds, "val", world=2, batch=3)
     assert len(yv) == 10 and sorted(yv.tolist()) == [0] * 5 + [1] * 5
+    ds.release()  # a trial's end: its decoding workers go
 
 
 def test_imagenet_folder_errors(tmp_path):

@@ -11,6 +11,7 @@ from automlperf.runner.replica import Placement, Replica
 from automlperf.search import Searcher
 from automlperf.search.hpo import HyperSearch
 from automlperf.store import open_store
+from automlperf.train.spec import TrainerError
 
 DIGITS = {"name": "digits", "classes": 10, "image_size": 8, "channels": 1}
 
@@ -20,8 +21,9 @@ class FakeTrainer:
 
     world = 1
 
-    def __init__(self, fail: str | None = None, on_epoch=None):
+    def __init__(self, fail: str | None = None, on_epoch=None, lost_after: int | None = None):
         self.fail = fail
+        self.lost_after = lost_after  # trials after which the accelerators cannot come back
         self.on_epoch = on_epoch or (lambda spec, epoch: None)
         self.specs = []
         self.started = self.closed = False
@@ -31,6 +33,9 @@ class FakeTrainer:
         return {"dataset": DIGITS, "devices": ["fake"], "uuids": []}
 
     def train(self, spec, sink, should_stop=None):
+        if self.lost_after is not None and len(self.specs) >= self.lost_after:
+            raise TrainerError("the training processes failed to start 3 times in a row; "
+                               "the last time: device busy")
         self.specs.append(spec)
         outcome = TrialOutcome(spec.trial_id, "failed", batch_size=spec.batch_size,
                                precision="fp32")
@@ -160,4 +165,16 @@ def test_the_deadline_stops_a_trial_that_keeps_its_epochs(tmp_path):
     cut = trials[-1]
     assert cut.epochs_done == 1 and cut.best_accuracy is not None
     assert cut.finished_at == session.deadline_at + 1  # recorded by the replica's clock
+    store.close()
+
+
+def test_a_trainer_that_cannot_go_on_ends_the_replica_with_its_reason(tmp_path):
+    session = new_run(tmp_path)
+    trainer = FakeTrainer(lost_after=1)
+    replica, store = make_replica(session, trainer)
+    assert replica.run() == 1
+    assert trainer.closed and len(trainer.specs) == 1
+    (rep,) = store.replicas(session.run_id)
+    assert rep.status == TrialStatus.FAILED
+    assert rep.reason.startswith("the training processes failed to start 3 times in a row")
     store.close()

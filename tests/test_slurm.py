@@ -165,3 +165,47 @@ def test_a_short_time_limit_is_refused(tmp_path):
                                       "--time-limit", "1h", "--run-dir", str(tmp_path / "r"),
                                       "--store", "postgresql://u@db/x"])
     assert result.exit_code == 2 and "leaves no room" in result.output
+
+
+PROBE = """
+import subprocess, sys
+from pathlib import Path
+from automlperf.runner.slurm import SlurmLauncher, cpus_per_node
+
+run_dir = Path(sys.argv[1])
+(run_dir / "logs").mkdir(parents=True, exist_ok=True)
+for cmd in SlurmLauncher(run_dir, None).commands(2, None, cpus_per_node()):
+    # The replica's own srun options, with a probe in place of the replica.
+    srun = cmd[:cmd.index(sys.executable)]
+    print(" ".join(srun), flush=True)
+    probe = "import os; print(os.environ['SLURM_CPUS_PER_TASK'], os.environ['SLURMD_NODENAME'])"
+    subprocess.run(srun + [sys.executable, "-c", probe], check=True)
+"""
+
+
+def test_replica_steps_ask_for_their_nodes_cpus_and_memory(slurm_cluster, tmp_path):
+    """Real job steps, started with the launcher's srun options inside a whole-node job."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    run_dir = tmp_path / "run"
+    done = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--exclusive", "--mem=0",
+                           f"--output={tmp_path}/job.out",
+                           f"--wrap={sys.executable} {tmp_path}/probe.py {run_dir}"],
+                          env=slurm_cluster, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split(";")[0]
+    assert wait_job(job, slurm_cluster, timeout=600) == "COMPLETED", (tmp_path / "job.out").read_text()
+    out = (tmp_path / "job.out").read_text()
+    assert out.count("--cpus-per-task=1") == 2 and out.count("--mem=0") == 2
+    logs = sorted((run_dir / "logs").glob("replica-*.log"))
+    assert [p.read_text().split() for p in logs] == [["1", "n1"], ["1", "n2"]]
+
+
+def test_the_script_asks_for_whole_nodes(tmp_path):
+    from automlperf.runner.slurm import ScriptOptions, write_script
+
+    text = write_script(ScriptOptions(tmp_path / "r", nodes=2, duration_s=3600,
+                                      store_url="postgresql://u@db/x")).read_text()
+    assert "#SBATCH --exclusive" in text and "#SBATCH --mem=0" in text
+    shared = write_script(ScriptOptions(tmp_path / "s", nodes=2, duration_s=3600,
+                                        store_url="postgresql://u@db/x", exclusive=False))
+    assert "--exclusive" not in shared.read_text()

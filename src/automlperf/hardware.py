@@ -3,7 +3,9 @@ this process may use. torch is imported only by the functions that ask it."""
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
 from typing import Any
 
 from automlperf.errors import UserError
@@ -69,11 +71,30 @@ def accelerator_memory_gib() -> float | None:
 
 
 def cores_available() -> int:
-    """CPU cores this process may use (SLURM's allocation or the affinity mask)."""
-    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        if os.environ.get(var, "").isdigit():
-            return max(1, int(os.environ[var]))
+    """CPU cores this process may use: its affinity mask, capped by its cgroup's CPU quota.
+    SLURM's variables describe the job, not necessarily this step (since Slurm 22.05 a step
+    does not inherit --cpus-per-task), so the kernel's view is the one to trust."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.floor(quota)))
+    return max(1, cores)
+
+
+def cgroup_cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup"),
+                     self_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """CPUs' worth of time this process's cgroup (v2) may use, or None without a limit."""
+    try:
+        line = next(ln for ln in self_cgroup.read_text().splitlines() if ln.startswith("0::"))
+        quota, period = (cgroup_root / line[3:].lstrip("/") / "cpu.max").read_text().split()[:2]
+    except (OSError, StopIteration, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None

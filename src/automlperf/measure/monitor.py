@@ -28,11 +28,15 @@ from automlperf.measure.energy import POWERCAP, RaplReader
 
 
 class GPUSampler:
-    """NVML handles for the given UUIDs (torch order); empty if NVML is unavailable."""
+    """NVML handles for the given UUIDs (torch order), then with ``every_gpu`` every other
+    GPU of the node that NVML can open (several replicas share the node); empty if NVML is
+    unavailable. A device NVML refuses (NO_PERMISSION on a shared node) is left out and
+    noted, never fatal."""
 
-    def __init__(self, uuids: list[str] | None = None) -> None:
+    def __init__(self, uuids: list[str] | None = None, every_gpu: bool = False) -> None:
         self.handles: list[tuple[int, str, Any]] = []
         self.error: str | None = None
+        self.refused: list[str] = []
         try:
             import pynvml
         except ImportError:
@@ -45,13 +49,25 @@ class GPUSampler:
             self.error = f"NVML unavailable: {exc}"
             return
         by_uuid = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            by_uuid[_text(pynvml.nvmlDeviceGetUUID(handle))] = handle
-        order = uuids if uuids else sorted(by_uuid)
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self.error = f"NVML cannot count the GPUs: {exc}"
+            return
+        for i in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                by_uuid[_text(pynvml.nvmlDeviceGetUUID(handle))] = handle
+            except pynvml.NVMLError as exc:
+                self.refused.append(f"NVML device {i}: {exc}")
+        order = list(uuids or [])
+        if every_gpu or not order:
+            order += sorted(u for u in by_uuid if u not in order)
         for index, uuid in enumerate(order):
             if uuid in by_uuid:
                 self.handles.append((index, uuid, by_uuid[uuid]))
+        if self.refused and not self.error:
+            self.error = "; ".join(self.refused)
 
     def sample(self) -> list[dict[str, Any]]:
         out = []
@@ -127,9 +143,9 @@ class AmdSampler:
         return out
 
 
-def open_gpu_sampler(uuids: list[str]) -> GPUSampler | AmdSampler:
+def open_gpu_sampler(uuids: list[str], every_gpu: bool = False) -> GPUSampler | AmdSampler:
     """NVML's sampler where it finds GPUs, else amdsmi's, else NVML's (which says why)."""
-    nvidia = GPUSampler(uuids)
+    nvidia = GPUSampler(uuids, every_gpu)
     if nvidia.handles:
         return nvidia
     amd = AmdSampler(uuids)
@@ -161,7 +177,7 @@ def sample(gpus: GPUSampler | AmdSampler, rapl: RaplReader | None = None) -> dic
 
 def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: list[str],
                 node: str, stop: threading.Event | None = None,
-                powercap: Path = POWERCAP) -> None:
+                powercap: Path = POWERCAP, every_gpu: bool = False) -> None:
     """Sample until ``stop`` is set (or SIGTERM); each sample goes to the file at once and
     to the store (batched, so a slow store never delays sampling)."""
     from automlperf.store.rundir import RunDir
@@ -173,7 +189,7 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
     stop = stop or threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     rd.monitor.mkdir(exist_ok=True)
-    gpus = open_gpu_sampler(uuids)
+    gpus = open_gpu_sampler(uuids, every_gpu)
     rapl = RaplReader(powercap)
     import psutil
 
@@ -213,12 +229,14 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=30.0)
     ap.add_argument("--uuids", default="")
     ap.add_argument("--node", default=socket.gethostname())
+    ap.add_argument("--every-gpu", action="store_true",
+                    help="also sample the node's other GPUs (other replicas' on this node)")
     args = ap.parse_args()
     from automlperf.procutil import die_with_parent
 
     die_with_parent()
     run_sampler(args.run_dir, args.store, args.interval,
-                [u for u in args.uuids.split(",") if u], args.node)
+                [u for u in args.uuids.split(",") if u], args.node, every_gpu=args.every_gpu)
 
 
 if __name__ == "__main__":

@@ -165,11 +165,17 @@ def _nvml_by_uuid() -> dict[str, dict[str, Any]]:
     except pynvml.NVMLError:
         return {}
     try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        except pynvml.NVMLError:
+            driver = None
         out = {}
         for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+            except pynvml.NVMLError:
+                continue  # a device this process may not query (another job's, on a shared node)
             try:
                 power = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
             except pynvml.NVMLError:

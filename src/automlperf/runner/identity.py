@@ -54,6 +54,21 @@ LOCAL_RANK_VARIABLES = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_L
                         "FLUX_TASK_LOCAL_ID", "SLURM_LOCALID"]
 
 
+# How many processes its launcher started on the same node.
+LOCAL_SIZE_VARIABLES = ["AUTOMLPERF_LOCAL_REPLICAS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE"]
+
+
+def local_size(env: Mapping[str, str] | None = None) -> int:
+    """Replicas on this node as far as the launcher says (1 when none does)."""
+    env = os.environ if env is None else env
+    for name in LOCAL_SIZE_VARIABLES:
+        first = env.get(name, "").split("(")[0].split(",")[0].strip()
+        if first.isdigit():
+            return max(1, int(first))
+    return 1
+
+
 def local_rank(env: Mapping[str, str] | None = None) -> int:
     """0 for the first process on its node (or when no launcher says), else its position."""
     env = os.environ if env is None else env

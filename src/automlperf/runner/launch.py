@@ -134,7 +134,8 @@ class LocalLauncher:
         threads = max(1, self.cores // self.replicas)
         slices = self.slices
         for index in range(self.replicas):
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                       AUTOMLPERF_LOCAL_REPLICAS=str(self.replicas))
             if slices:
                 env[self.visibility] = slices[index]
             if self.store_url:

@@ -174,10 +174,7 @@ class Replica:
         status, reason = TrialStatus.FAILED, ""
         try:
             self._record_node()
-            try:
-                description = self.trainer.start()
-            except TrainerError as exc:
-                raise CannotTrain(str(exc)) from None
+            description = self.trainer.start()
             log.info("replica %d: %d x %s, %d threads each, %s", self.index,
                      len(self.place.devices), description["devices"][0], self.place.threads,
                      description["dataset"])
@@ -190,8 +187,10 @@ class Replica:
                 if sampler is not None:
                     sampler.terminate()
                     sampler.wait(timeout=30)
-        except CannotTrain as exc:
-            # Recorded for the primary, which ends the run and says why.
+        except (CannotTrain, TrainerError) as exc:
+            # A trainer that cannot start, or can no longer bring its accelerators back, and
+            # a failure that keeps repeating, are recorded for the primary, which ends the
+            # run and says why.
             reason = str(exc)
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
@@ -458,12 +457,16 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         env = dict(os.environ)
         if url:
             env[STORE_ENV] = url
+        from automlperf.runner.identity import local_size
+
+        # The node's one sampler also covers the GPUs of the other replicas on the node.
+        every = ["--every-gpu"] if local_size() > 1 else []
         rd.logs.mkdir(exist_ok=True)
         with open(rd.logs / f"monitor-{socket.gethostname()}.log", "ab") as log_file:
             return subprocess.Popen(
                 [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
                  str(rd.path), "--interval", str(config.monitor.interval_s),
-                 "--uuids", ",".join(description.get("uuids", []))],
+                 "--uuids", ",".join(description.get("uuids", [])), *every],
                 env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
     return Replica(place, store, trainer, Searcher(search), hpo, default_batch,

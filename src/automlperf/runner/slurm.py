@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -47,6 +48,19 @@ def node_names(env: Mapping[str, str] | None = None) -> list[str]:
     done = subprocess.run([require("scontrol"), "show", "hostnames", nodelist],
                           capture_output=True, text=True, check=True)
     return done.stdout.split()
+
+
+def cpus_per_node(env: Mapping[str, str] | None = None) -> list[int]:
+    """CPUs the job holds on each of its nodes, in node-list order, from
+    SLURM_JOB_CPUS_PER_NODE (``72(x2),36``); empty when it is absent or unreadable."""
+    text = (os.environ if env is None else env).get("SLURM_JOB_CPUS_PER_NODE", "")
+    counts: list[int] = []
+    for part in text.split(","):
+        found = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if found is None:
+            return []
+        counts += [int(found[1])] * int(found[2] or 1)
+    return counts
 
 
 def replica_index(env: Mapping[str, str] | None = None) -> int:
@@ -122,15 +136,21 @@ class SlurmLauncher:
     store_url: str | None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def commands(self, nodes: int, gpus: str | None) -> list[list[str]]:
-        """The srun command of each node's replica."""
+    def commands(self, nodes: int, gpus: str | None,
+                 cpus: list[int] | None = None) -> list[list[str]]:
+        """The srun command of each node's replica: its node's CPUs (``cpus``, per node; a
+        step inherits no --cpus-per-task from sbatch since Slurm 22.05, and would get one
+        CPU) and all the job's memory there."""
         srun = require("srun")
         logs = self.run_dir / "logs"
         container = Container.load(self.run_dir)
         out = []
         for i in range(nodes):
             cmd = [srun, "--nodes=1", "--ntasks=1", f"--relative={i}", "--kill-on-bad-exit=0",
-                   f"--job-name=automlperf-replica-{i}", f"--output={logs}/replica-{i}.log"]
+                   f"--job-name=automlperf-replica-{i}", f"--output={logs}/replica-{i}.log",
+                   "--mem=0"]
+            if cpus and i < len(cpus):
+                cmd.append(f"--cpus-per-task={cpus[i]}")
             if gpus:
                 cmd.append(f"--gpus-per-node={gpus}")
             # The index on the command line: a site whose srun defaults to PMIx would
@@ -147,7 +167,7 @@ class SlurmLauncher:
         env = dict(os.environ)
         if self.store_url:
             env["AUTOMLPERF_STORE_URL"] = self.store_url
-        for cmd in self.commands(nodes, os.environ.get("SLURM_GPUS_PER_NODE")):
+        for cmd in self.commands(nodes, os.environ.get("SLURM_GPUS_PER_NODE"), cpus_per_node()):
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL))
 
@@ -189,6 +209,8 @@ class ScriptOptions:
     job_name: str = "automlperf"
     sbatch_extra: list[str] = field(default_factory=list)
     container: Container | None = None
+    # The whole node for each replica: a benchmark shares no node's CPUs, memory or GPUs.
+    exclusive: bool = True
 
 
 def write_script(opts: ScriptOptions) -> Path:
@@ -240,7 +262,7 @@ def write_script(opts: ScriptOptions) -> Path:
         partition=opts.partition, account=opts.account, job_name=opts.job_name,
         sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
         store_shown=redact(store_url) if store_url else None, password_file=password_file,
-        run_args=" ".join(run_args), container=opts.container)
+        run_args=" ".join(run_args), container=opts.container, exclusive=opts.exclusive)
     write_atomic(script, text)
     script.chmod(0o750)
     return script

@@ -1,5 +1,6 @@
 """Datasets behind one interface: each yields normalised (images, labels) batches on a device,
-sharded across data-parallel ranks, and counts the images it actually delivered.
+sharded across data-parallel ranks (the same number of batches on every rank), and counts
+the images it actually delivered.
 
 * ``builtin``: the MNIST sample shipped with the package (5,000 images, 10 classes).
 * ``digits``: the small handwritten digits shipped with the package (1,797 images of 8x8).
@@ -7,7 +8,9 @@ sharded across data-parallel ranks, and counts the images it actually delivered.
   python batches go through an unpickler that only admits NumPy arrays).
 * ``imagenet``: ``train/<class>/*.JPEG`` and ``val/<class>/*.JPEG``, decoded by worker
   processes (or on the GPU with NVIDIA DALI), random-resized-crop + flip for training,
-  resize + centre crop for validation.
+  resize + centre crop for validation. The file index is scanned once and shared as arrays;
+  one loader per trial keeps its workers for every pass, decodes in small chunks within a
+  byte budget, and hands over NHWC uint8 (channels-last on the device at no cost).
 * ``synthetic``: random tensors made on the device, for throughput only.
 
 Unreadable images are skipped and counted, never fatal.
@@ -15,16 +18,20 @@ Unreadable images are skipped and counted, never fatal.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gzip
 import importlib.resources
 import io
+import json
 import math
 import os
 import pickle
 import random
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +71,11 @@ class Dataset(ABC):
     @abstractmethod
     def batches(self, split: str, rank: int, world: int, batch_size: int, epoch: int,
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Batches of this rank's shard (see :func:`shard`)."""
+        """This rank's batches, the same number on every rank (see :func:`step_plan`)."""
+
+    def release(self) -> None:
+        """Free what one trial's passes hold (worker processes, pinned buffers)."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "classes": self.num_classes, "image_size": self.image_size,
@@ -79,6 +90,32 @@ def shard(n: int, rank: int, world: int, split: str, epoch: int, seed: int) -> t
         gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         return torch.randperm(n, generator=gen)[rank::world]
     return torch.arange(rank, n, world)
+
+
+def plan_steps(n: int, world: int, per_rank: int) -> int:
+    """Optimiser steps per epoch, the same on every rank: a remainder too small to give
+    each rank two images (BatchNorm needs two) joins the step before it."""
+    batch = per_rank * world
+    steps = max(1, math.ceil(n / batch))
+    if steps > 1 and n - (steps - 1) * batch < 2 * world:
+        steps -= 1
+    return steps
+
+
+def step_plan(n: int, rank: int, world: int, per_rank: int, split: str, epoch: int,
+              seed: int) -> list[torch.Tensor]:
+    """This rank's images, step by step. Every rank takes the same number of steps (so no
+    rank waits in an all-reduce that another never starts) and every image is used once per
+    epoch over all ranks; a rank's share of a step differs from another's by at most one."""
+    if split == "train":
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=gen)
+    else:
+        order = torch.arange(n)
+    batch = per_rank * world
+    steps = plan_steps(n, world, per_rank)
+    return [order[s * batch:n if s == steps - 1 else (s + 1) * batch][rank::world]
+            for s in range(steps)]
 
 
 # --- in-memory datasets -------------------------------------------------------------------
@@ -111,10 +148,9 @@ class TensorDataset(Dataset):
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         tx, ty, vx, vy, mean, std = self._device_copy(device)
         x_all, y_all = (tx, ty) if split == "train" else (vx, vy)
-        idx = shard(len(y_all), rank, world, split, epoch, seed).to(device)
         gen = torch.Generator(device=device).manual_seed(seed * 7919 + epoch * 31 + rank)
-        for start in range(0, len(idx), batch_size):
-            sel = idx[start:start + batch_size]
+        for rows in step_plan(len(y_all), rank, world, batch_size, split, epoch, seed):
+            sel = rows.to(device)
             x = x_all.index_select(0, sel).float()
             if split == "train":
                 x = self._augment(x, gen)
@@ -278,13 +314,13 @@ class SyntheticDataset(Dataset):
 
     def batches(self, split: str, rank: int, world: int, batch_size: int, epoch: int,
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        n = len(shard(self.train_size if split == "train" else self.val_size, rank, world,
-                      split, epoch, seed))
+        sizes = [len(rows) for rows in step_plan(
+            self.train_size if split == "train" else self.val_size, rank, world, batch_size,
+            split, epoch, seed)]
         gen = torch.Generator(device=device).manual_seed(seed + epoch * 31 + rank)
-        shape = (min(batch_size, n), *self.input_shape)
+        shape = (max(sizes), *self.input_shape)
         x = torch.randn(shape, generator=gen, device=device)
-        for start in range(0, n, batch_size):
-            size = min(batch_size, n - start)
+        for size in sizes:
             y = torch.randint(0, self.num_classes, (size,), generator=gen, device=device)
             yield x[:size], y
 
@@ -368,114 +404,389 @@ def random_resized_crop_box(width: int, height: int, rng: random.Random,
     return left, top, left + w, top + h
 
 
-class _FolderItems(torch.utils.data.Dataset):
-    """Decodes one image in a worker process; returns None for an unreadable file."""
+class FileIndex:
+    """Every image of a folder dataset as flat arrays: the paths as one UTF-8 buffer with
+    offsets, and the labels; training images first, then validation images.
 
-    def __init__(self, items: list[tuple[str, int]], train: bool, size: int, seed: int) -> None:
-        self.items, self.train, self.size, self.seed = items, train, size, seed
-        self.epoch = 0
+    A list of 1.3 M (path, label) tuples is 1.3 M Python objects whose reference counts a
+    forked worker writes to, copying the pages they live on; a few arrays are three objects.
+    Saved to a folder, the arrays are memory-mapped by every rank, so the page cache holds
+    one copy per node and the folders are scanned once per run, not at every rank start."""
+
+    FILES = ("blob.npy", "offsets.npy", "labels.npy")
+
+    def __init__(self, root: str, classes: list[str], blob: np.ndarray, offsets: np.ndarray,
+                 labels: np.ndarray, train_size: int) -> None:
+        self.root, self.classes = root, classes
+        self.blob, self.offsets, self.labels = blob, offsets, labels
+        self.train_size = train_size
+        self.val_size = len(labels) - train_size
+
+    @classmethod
+    def scan(cls, root: Path | str) -> FileIndex:
+        classes, splits = scan_image_folder(Path(root))
+        items = splits["train"] + splits["val"]
+        encoded = [path.encode() for path, _ in items]
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        labels = np.array([label for _, label in items], dtype=np.int32)
+        return cls(str(root), classes, blob, offsets, labels, len(splits["train"]))
+
+    def save(self, folder: Path | str) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, array in zip(self.FILES, (self.blob, self.offsets, self.labels)):
+            np.save(folder / name, array)
+        meta = {"root": self.root, "classes": self.classes, "train_size": self.train_size}
+        (folder / "index.json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, folder: Path | str) -> FileIndex:
+        folder = Path(folder)
+        try:
+            meta = json.loads((folder / "index.json").read_text())
+            arrays = [np.load(folder / name, mmap_mode="r") for name in cls.FILES]
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{folder}: the image index cannot be read ({exc}); it is written "
+                            "when the training processes start, so start them again") from None
+        blob, offsets, labels = arrays
+        return cls(meta["root"], meta["classes"], blob, offsets, labels, meta["train_size"])
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.labels)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
+    def path(self, row: int) -> str:
+        return bytes(self.blob[self.offsets[row]:self.offsets[row + 1]]).decode()
+
+    def rows(self, split: str) -> range:
+        return range(0, self.train_size) if split == "train" else range(self.train_size, len(self))
+
+    def items(self, split: str) -> list[tuple[str, int]]:
+        return [(self.path(r), int(self.labels[r])) for r in self.rows(split)]
+
+
+def prepare_index(data_dir: Path | str | None, folder: Path | str) -> FileIndex:
+    """Scan an image-folder dataset once and save its index for the training processes."""
+    if data_dir is None:
+        raise DataError("imagenet needs --data-dir: a folder with train/<class>/*.JPEG and "
+                        "val/<class>/*.JPEG")
+    index = FileIndex.scan(data_dir)
+    index.save(folder)
+    return index
+
+
+# Decoded images in flight per rank, in shared memory between the decoding workers and the
+# rank: whole per-rank batches at 224 px are ~170 MB each, and a few per worker exhaust
+# /dev/shm on nodes and in containers.
+SHARED_BUDGET = 512 * 2**20
+# Images a worker decodes per task: small, so that every worker helps with every batch and
+# the first batch of an epoch comes after one chunk's time, not one batch's.
+CHUNK_IMAGES = 32
+MAX_PREFETCH = 4
+PINNED_BATCHES = 2  # the batch being copied to the device and the one being assembled
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """How a rank's decoding is split, and the memory that may be in flight."""
+
+    chunk: int
+    prefetch: int
+    shared_bytes: int
+    pinned_bytes: int
+
+
+def plan_loader(per_rank: int, workers: int, image_bytes: int, pinned: bool,
+                budget: int = SHARED_BUDGET, chunk: int = CHUNK_IMAGES) -> LoaderPlan:
+    """Chunk size and prefetch depth that keep the decoded images in flight within
+    ``budget``; pinned memory holds ``PINNED_BATCHES`` batches, allocated once per trial."""
+    slots = max(1, workers)
+    chunk = max(1, min(chunk, per_rank + 2, budget // (slots * image_bytes)))
+    prefetch = max(1, min(MAX_PREFETCH, budget // (slots * chunk * image_bytes)))
+    shared = workers * prefetch * chunk * image_bytes
+    pinned_bytes = PINNED_BATCHES * (per_rank + 2) * image_bytes if pinned else 0
+    return LoaderPlan(chunk, prefetch, shared, pinned_bytes)
+
+
+def _seeded(seed: int, epoch: int, row: int) -> random.Random:
+    return random.Random((seed * 1_000_003 + epoch) * 10_000_019 + row)
+
+
+class _FolderChunks(torch.utils.data.Dataset):
+    """Decodes a chunk of images in a worker process into one NHWC uint8 tensor in shared
+    memory; unreadable files are left out and counted."""
+
+    def __init__(self, index: FileIndex, size: int, seed: int) -> None:
+        self.index, self.size, self.seed = index, size, seed
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, key: tuple[bool, int, tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        train, epoch, rows = key
+        s = self.size
+        images = torch.empty((len(rows), s, s, 3), dtype=torch.uint8)
+        if torch.utils.data.get_worker_info() is not None:
+            images.share_memory_()  # written in place, sent to the rank without a copy
+        labels = torch.empty(len(rows), dtype=torch.long)
+        pixels = images.numpy()
+        n = 0
+        for row in rows:
+            if self._decode(row, train, epoch, pixels[n]):
+                labels[n] = int(self.index.labels[row])
+                n += 1
+        return images[:n], labels[:n], len(rows) - n
+
+    def _decode(self, row: int, train: bool, epoch: int, out: np.ndarray) -> bool:
         from PIL import Image, UnidentifiedImageError
 
-        path, label = self.items[i]
+        size = self.size
         bilinear = Image.Resampling.BILINEAR
         try:
-            with Image.open(path) as file:
-                img = file.convert("RGB")
-                if self.train:
-                    rng = random.Random(hash((self.seed, self.epoch, i)))
-                    box = random_resized_crop_box(img.width, img.height, rng)
-                    img = img.resize((self.size, self.size), bilinear, box=box)
-                    if rng.random() < 0.5:
+            with Image.open(self.index.path(row)) as file:
+                width, height = file.size
+                if train:
+                    rng = _seeded(self.seed, epoch, row)
+                    left, top, right, bottom = random_resized_crop_box(width, height, rng)
+                    flip = rng.random() < 0.5
+                    # JPEG decodes at 1/2, 1/4 or 1/8 scale when the crop stays at least
+                    # `size` pixels wide and high: most of the decoding cost saved.
+                    file.draft("RGB", (math.ceil(width * size / (right - left)),
+                                       math.ceil(height * size / (bottom - top))))
+                    sx, sy = file.width / width, file.height / height
+                    img = file.convert("RGB").resize(
+                        (size, size), bilinear, box=(left * sx, top * sy, right * sx, bottom * sy))
+                    if flip:
                         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
                 else:
-                    short = round(self.size / 0.875)  # 256 for 224
+                    short = round(size / 0.875)  # 256 for 224
+                    scale = short / min(width, height)
+                    file.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+                    img = file.convert("RGB")
                     scale = short / min(img.width, img.height)
                     img = img.resize((max(short, round(img.width * scale)),
                                       max(short, round(img.height * scale))), bilinear)
-                    left = (img.width - self.size) // 2
-                    top = (img.height - self.size) // 2
-                    img = img.crop((left, top, left + self.size, top + self.size))
-                array = np.asarray(img, dtype=np.uint8)
+                    left = (img.width - size) // 2
+                    top = (img.height - size) // 2
+                    img = img.crop((left, top, left + size, top + size))
+                out[...] = np.asarray(img, dtype=np.uint8)
         except (OSError, UnidentifiedImageError, ValueError, SyntaxError):
-            return None
-        return torch.from_numpy(array.copy()).permute(2, 0, 1), label
+            return False
+        return True
 
 
-def _collate(batch: list[Any]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    good = [b for b in batch if b is not None]
-    if not good:
-        return torch.empty(0, 3, 1, 1, dtype=torch.uint8), torch.empty(0, dtype=torch.long), len(batch)
-    # default_collate stacks straight into shared memory inside a worker, which saves a copy
-    # of every batch on its way to the rank.
-    x, y = torch.utils.data.default_collate(good)
-    return x, y, len(batch) - len(good)
+def _no_collate(chunk: Any) -> Any:
+    return chunk
 
 
 def _worker_init(rank_pid: int, _worker_id: int) -> None:
-    """A data-loading worker dies with its rank, even when the rank is killed outright."""
+    """A data-loading worker dies with its rank, even when the rank is killed outright, and
+    ignores SIGTERM, as its rank does: a batch system signals every process of a step, and
+    PyTorch's worker handler would die of it and fail the trial under a shutdown that the
+    replica runs in order."""
+    import signal
+
     from automlperf.procutil import die_with_parent
 
     die_with_parent(rank_pid)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-class _ShardSampler(torch.utils.data.Sampler[int]):
-    def __init__(self, indices: torch.Tensor) -> None:
-        self.indices = indices
+class _ChunkSampler(torch.utils.data.Sampler[Any]):
+    """The chunks of one pass, set before each pass: the loader's workers persist across
+    epochs, so the epoch travels with every chunk rather than living in the workers."""
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices.tolist())
+    def __init__(self) -> None:
+        self.keys: list[tuple[bool, int, tuple[int, ...]]] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys)
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.keys)
+
+
+_open_loaders: weakref.WeakSet[_FolderLoader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    """A process that exits without releasing its loaders (a script, a test) ends their
+    workers first; registered after multiprocessing's own exit handler, so it runs before."""
+    for loader in list(_open_loaders):
+        loader.close()
+
+
+class _FolderLoader:
+    """One rank's loader for one trial: the decoding workers start once and serve every
+    training and validation pass; batches are assembled from small chunks, in pinned
+    buffers on GPUs (allocated once, reused), and copied to the device as NHWC uint8."""
+
+    def __init__(self, ds: ImageFolderDataset, rank: int, world: int, per_rank: int, seed: int,
+                 device: torch.device) -> None:
+        self.ds, self.rank, self.world, self.per_rank = ds, rank, world, per_rank
+        self.seed, self.device = seed, device
+        self.pinned = device.type == "cuda"
+        size = ds.image_size
+        self.plan = plan_loader(per_rank, ds.workers, size * size * 3, self.pinned,
+                                ds.shared_budget, ds.chunk_images)
+        self.sampler = _ChunkSampler()
+        workers = ds.workers
+        self.loader = torch.utils.data.DataLoader(
+            _FolderChunks(ds.index, size, seed), batch_size=None, sampler=self.sampler,
+            collate_fn=_no_collate, num_workers=workers,
+            prefetch_factor=self.plan.prefetch if workers else None,
+            persistent_workers=workers > 0,
+            multiprocessing_context="fork" if workers else None,
+            worker_init_fn=functools.partial(_worker_init, os.getpid()) if workers else None)
+        self._buffers: list[torch.Tensor] = []
+        self._copied: list[Any] = []
+        self._slot = 0
+        _open_loaders.add(self)
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.rank, self.world, self.per_rank, self.seed, self.device)
+
+    def passes(self, split: str, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        """(NHWC uint8 images on the device, labels, unreadable count) for every step."""
+        train = split == "train"
+        base = 0 if train else self.ds.index.train_size
+        steps = step_plan(len(self.ds.index.rows(split)), self.rank, self.world, self.per_rank,
+                          split, epoch, self.seed)
+        chunk = self.plan.chunk
+        counts = []
+        keys = []
+        for rows in steps:
+            rows_list = (rows + base).tolist()
+            parts = [tuple(rows_list[i:i + chunk]) for i in range(0, len(rows_list), chunk)]
+            counts.append(len(parts))
+            keys += [(train, epoch, p) for p in parts]
+        self.sampler.keys = keys
+        chunks = iter(self.loader)
+        for n in counts:
+            parts = [next(chunks) for _ in range(n)]
+            bad = sum(p[2] for p in parts)
+            labels = torch.cat([p[1] for p in parts]) if parts else torch.empty(0, dtype=torch.long)
+            images = self._assemble([p[0] for p in parts], len(labels))
+            yield images, labels.to(self.device, non_blocking=True), bad
+
+    def _assemble(self, parts: list[torch.Tensor], n: int) -> torch.Tensor:
+        s = self.ds.image_size
+        if not self.pinned:
+            if len(parts) == 1:
+                return parts[0]
+            return torch.cat(parts) if parts else torch.empty((0, s, s, 3), dtype=torch.uint8)
+        if not self._buffers:
+            capacity = self.plan.pinned_bytes // PINNED_BATCHES // (s * s * 3)
+            self._buffers = [torch.empty((capacity, s, s, 3), dtype=torch.uint8, pin_memory=True)
+                             for _ in range(PINNED_BATCHES)]
+            self._copied = [None] * PINNED_BATCHES
+        slot = self._slot
+        self._slot = (slot + 1) % PINNED_BATCHES
+        if self._copied[slot] is not None:
+            self._copied[slot].synchronize()  # its last copy to the device has finished
+        buf = self._buffers[slot][:n]
+        if parts:
+            torch.cat(parts, out=buf)
+        on_device = buf.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._copied[slot] = event
+        return on_device
+
+    def close(self) -> None:
+        iterator = getattr(self.loader, "_iterator", None)
+        workers = list(getattr(iterator, "_workers", None) or [])
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        # Workers ignore SIGTERM, so DataLoader's terminate() cannot end one that did not
+        # stop when asked, and multiprocessing would wait for it forever at exit.
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=10)
+        _open_loaders.discard(self)
+        self.loader = None  # type: ignore[assignment]
+        self._buffers, self._copied = [], []
 
 
 class ImageFolderDataset(Dataset):
-    """ImageNet-style folders decoded by DataLoader worker processes."""
+    """ImageNet-style folders decoded by DataLoader worker processes, one loader per trial."""
 
     def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
-                 name: str = "imagenet") -> None:
+                 name: str = "imagenet", index_dir: Path | str | None = None,
+                 shared_budget: int = SHARED_BUDGET, chunk_images: int = CHUNK_IMAGES) -> None:
         super().__init__()
         if root is None:
             raise DataError("imagenet needs --data-dir: a folder with train/<class>/*.JPEG and "
                             "val/<class>/*.JPEG")
         self.root = Path(root)
-        self.classes, self._items = scan_image_folder(self.root)
+        self.index = FileIndex.load(index_dir) if index_dir else FileIndex.scan(self.root)
+        self.classes = self.index.classes
         self.name, self.num_classes, self.channels = name, len(self.classes), 3
         self.image_size, self.workers = image_size, workers
-        self.train_size, self.val_size = len(self._items["train"]), len(self._items["val"])
+        self.shared_budget, self.chunk_images = shared_budget, chunk_images
+        self.train_size, self.val_size = self.index.train_size, self.index.val_size
         self.official = name == "imagenet" and len(self.classes) == 1000
         self._mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
+        self._loader: _FolderLoader | None = None
+
+    def loader(self, rank: int, world: int, per_rank: int, seed: int,
+               device: torch.device) -> _FolderLoader:
+        """This trial's loader (a new one when the trial's shape changes)."""
+        if self._loader is None or self._loader.key() != (rank, world, per_rank, seed, device):
+            self.release()
+            self._loader = _FolderLoader(self, rank, world, per_rank, seed, device)
+        return self._loader
 
     def batches(self, split: str, rank: int, world: int, batch_size: int, epoch: int,
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        items = _FolderItems(self._items[split], split == "train", self.image_size, seed)
-        items.epoch = epoch
-        loader = torch.utils.data.DataLoader(
-            items, batch_size=batch_size,
-            sampler=_ShardSampler(shard(len(items), rank, world, split, epoch, seed)),
-            num_workers=self.workers, collate_fn=_collate, pin_memory=device.type == "cuda",
-            prefetch_factor=4 if self.workers else None,
-            persistent_workers=False, multiprocessing_context="fork" if self.workers else None,
-            worker_init_fn=functools.partial(_worker_init, os.getpid()) if self.workers else None)
+        loader = self.loader(rank, world, batch_size, seed, device)
         mean, std = self._mean.to(device), self._std.to(device)
-        for x, y, bad in loader:
+        for x, y, bad in loader.passes(split, epoch):
             self.skipped += bad
-            if len(y):
-                x = x.to(device, non_blocking=True).float()
-                yield (x - mean) / std, y.to(device, non_blocking=True)
+            # NHWC seen as NCHW is channels-last: the network's preferred layout on GPUs.
+            x = x.permute(0, 3, 1, 2).float()
+            yield (x - mean) / std, y
+
+    def release(self) -> None:
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+
+
+def regroup(stream: Iterator[tuple[torch.Tensor, torch.Tensor]],
+            sizes: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of exactly ``sizes`` images (fewer only where the stream runs short) from a
+    stream of fixed-size batches, so that every rank takes the same number of steps."""
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    held = 0
+    for size in sizes:
+        while held < size:
+            got = next(stream, None)
+            if got is None:
+                break
+            xs.append(got[0])
+            ys.append(got[1])
+            held += len(got[1])
+        if not xs:
+            return
+        x, y = torch.cat(xs), torch.cat(ys)
+        yield x[:size], y[:size]
+        xs, ys = [x[size:]], [y[size:]]
+        held = len(ys[0])
 
 
 class DaliImageFolderDataset(ImageFolderDataset):
     """The same folders decoded on the GPU by NVIDIA DALI (``gpu_decode = true``)."""
 
-    def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4) -> None:
-        super().__init__(root, image_size, workers)
+    def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
+                 index_dir: Path | str | None = None) -> None:
+        super().__init__(root, image_size, workers, "imagenet", index_dir)
         try:
             import nvidia.dali  # noqa: F401
         except ImportError:
@@ -487,9 +798,11 @@ class DaliImageFolderDataset(ImageFolderDataset):
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        idx = shard(len(self._items[split]), rank, world, split, epoch, seed).tolist()
-        files = [self._items[split][i][0] for i in idx]
-        labels = [self._items[split][i][1] for i in idx]
+        steps = step_plan(len(self.index.rows(split)), rank, world, batch_size, split, epoch, seed)
+        base = 0 if split == "train" else self.train_size
+        idx = (torch.cat(steps) + base).tolist() if steps else []
+        files = [self.index.path(i) for i in idx]
+        labels = [int(self.index.labels[i]) for i in idx]
         train, size = split == "train", self.image_size
 
         @pipeline_def(batch_size=batch_size, num_threads=max(1, self.workers),
@@ -514,9 +827,9 @@ class DaliImageFolderDataset(ImageFolderDataset):
 
         p = pipe()
         p.build()
-        for out in DALIGenericIterator([p], ["x", "y"], reader_name="reader",
-                                       last_batch_policy=LastBatchPolicy.PARTIAL):
-            yield out[0]["x"], out[0]["y"].view(-1).long()
+        stream = ((out[0]["x"], out[0]["y"].view(-1).long()) for out in DALIGenericIterator(
+            [p], ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL))
+        yield from regroup(stream, [len(s) for s in steps])
 
 
 _DATA = DataConfig()  # the one source of the data defaults
@@ -525,7 +838,7 @@ _DATA = DataConfig()  # the one source of the data defaults
 def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
          workers: int = 4, gpu_decode: bool = _DATA.gpu_decode,
          synthetic_images: int = _DATA.synthetic_images,
-         synthetic_classes: int = _DATA.synthetic_classes) -> Dataset:
+         synthetic_classes: int = _DATA.synthetic_classes, index_dir: str | None = None) -> Dataset:
     """A dataset by name; raises DataError naming what is missing."""
     if dataset == "builtin":
         return builtin(image_size or 12)
@@ -535,7 +848,7 @@ def load(dataset: str, data_dir: Path | str | None = None, image_size: int | Non
         return cifar10(data_dir, image_size or 32)
     if dataset == "imagenet":
         cls = DaliImageFolderDataset if gpu_decode else ImageFolderDataset
-        return cls(data_dir, image_size or 224, workers)
+        return cls(data_dir, image_size or 224, workers, index_dir=index_dir)
     if dataset == "synthetic":
         return SyntheticDataset(image_size or 224, synthetic_classes, synthetic_images)
     raise DataError(f"unknown dataset {dataset!r}; choose imagenet, cifar10, builtin, digits "

@@ -2,23 +2,29 @@
 
 Each rank process initialises its device, the process group and the dataset once, then
 waits for trial specs. Messages are JSON over pipes (no pickled objects cross a process
-boundary). The parent watches every rank: a rank that dies, or a failure that leaves the
-others stuck in a collective, ends that trial with a recorded reason and the pool restarts,
-so the replica is ready for the next trial.
+boundary). The parent watches every rank: a rank that dies, a failure that leaves the
+others stuck in a collective, or one that may leave device or collective state broken ends
+that trial with a recorded reason and the pool restarts, so the replica is ready for the
+next trial. An image-folder dataset is scanned once, by the parent, for every start.
+
+Ranks ignore SIGTERM (a batch system sends it to every process of a job step at once): the
+parent alone decides when they stop, so a shutdown is a stop, never a crash to recover from.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
-import socket
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -28,6 +34,7 @@ from automlperf.procutil import die_with_parent
 from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
+log = logging.getLogger("automlperf.pool")
 
 
 class PoolError(TrainerError):
@@ -56,13 +63,18 @@ def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps({"kind": kind, **payload}).encode())
 
 
-def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
+def _rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
                data: dict[str, Any], conn: Connection, parent_pid: int) -> None:
     die_with_parent(parent_pid)
-    # Ranks stop when the parent says so or kills them; Ctrl-C goes to the parent. Their
-    # data-loading workers inherit this, so a Ctrl-C in a terminal does not tear the
-    # pipeline down under a trial the parent is about to stop in order.
+    # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
+    # (a batch system signals every process of the step). Their data-loading workers inherit
+    # this, so a signal does not tear the pipeline down under a trial the parent is about to
+    # stop in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Blocks that grow instead of new fixed-size segments: trials of different shapes in one
+    # long-lived rank fragment the cache less (read at the first device allocation).
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     try:
         import torch
         import torch.distributed as dist
@@ -78,7 +90,7 @@ def _rank_main(rank: int, world: int, port: int, device_name: str, threads: int,
             torch.accelerator.set_device_index(device.index)
         if world > 1:
             dist.init_process_group(process_group_backend(device.type),
-                                    init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    init_method=rendezvous, rank=rank,
                                     world_size=world, timeout=timedelta(seconds=600))
         dataset = datasets.load(**data)
         ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
@@ -122,10 +134,20 @@ def _device_uuid(device: Any) -> str | None:
     return uuid if uuid.startswith("GPU-") or not uuid else f"GPU-{uuid}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def leaves_state_broken(outcome: dict[str, Any], device_type: str, world: int) -> bool:
+    """Whether a failed trial may have left the ranks unfit for the next one: with several
+    ranks, a failure can stop them at different collectives (an out-of-memory error on one
+    rank mid-step); on an accelerator, an error may be sticky (a CUDA error poisons the
+    context). A non-finite loss is seen by all ranks alike after an all-reduce, and a data
+    mismatch is found before any collective."""
+    if outcome.get("status") == TrialStatus.COMPLETED:
+        return False
+    kind = outcome.get("extra", {}).get("failure")
+    if kind in ("nan", "data"):
+        return False
+    if kind == "oom":
+        return world > 1
+    return world > 1 or device_type != "cpu"
 
 
 @dataclass
@@ -144,25 +166,54 @@ class DevicePool:
     threads_per_rank: int = 1
     start_timeout_s: float = 300.0
     failure_grace_s: float = 10.0
+    start_attempts: int = 3  # failed starts in a row before the pool gives up
+    restart_backoff_s: float = 5.0
     description: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
+    start_error: str | None = None  # why the last start failed, while the pool is down
     _ranks: list[_Rank] = field(default_factory=list)
+    _scratch: str = ""
+    _starts: int = 0
 
     def __post_init__(self) -> None:
         if not self.devices:
             raise PoolError("no devices to train on")
+        # Rendezvous files and the dataset's index, for the pool's lifetime.
+        self._scratch = tempfile.mkdtemp(prefix="automlperf-pool-")
         # Ranks are not daemonic, so at exit multiprocessing would wait for them: a pool that
         # an error or Ctrl-C left open must kill them first (handlers run last-in, first-out).
         atexit.register(self.kill)
-        self._start()
+        try:
+            self._prepare_data()
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare_data(self) -> None:
+        """Scan an image-folder dataset here, once: every rank start (and restart) maps the
+        saved index instead of walking a million files on a shared file system."""
+        if self.data.dataset != "imagenet" or self.data.index_dir:
+            return
+        from automlperf.train.data import DataError, prepare_index
+
+        folder = os.path.join(self._scratch, "index")
+        try:
+            prepare_index(self.data.data_dir, folder)
+        except DataError as exc:
+            raise PoolError(str(exc)) from None
+        self.data = replace(self.data, index_dir=folder)
 
     @property
     def world(self) -> int:
         return len(self.devices)
 
-    def _start(self) -> None:
+    def _start(self, should_stop: Callable[[], bool] | None = None) -> None:
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        # A fresh file per start: no port chosen here and bound later by rank 0, which
+        # another process could take in between.
+        rendezvous = f"file://{self._scratch}/rendezvous-{self._starts}"
+        self._starts += 1
         self._ranks = []
         for index, device in enumerate(self.devices):
             parent, child = ctx.Pipe()
@@ -171,7 +222,7 @@ class DevicePool:
             # asks the kernel to kill it when this process dies (die_with_parent), and
             # close() and kill() end them otherwise.
             proc = ctx.Process(target=_rank_main, name=f"automlperf-rank{index}", daemon=False,
-                               args=(index, self.world, port, device, self.threads_per_rank,
+                               args=(index, self.world, rendezvous, device, self.threads_per_rank,
                                      self.data.__dict__, child, os.getpid()))
             proc.start()
             child.close()
@@ -188,39 +239,56 @@ class DevicePool:
                     except EOFError:
                         msg = {"kind": "fatal", "error": "exited during start-up"}
                     if msg["kind"] == "fatal":
-                        self.close()
+                        self._abort_start()
                         raise PoolError(f"training process {r} ({self.devices[r]}) failed to "
                                         f"start: {msg['error']}")
                     rank.done = msg
                     ready += 1
                 elif not rank.process.is_alive():
-                    self.close()
+                    self._abort_start()
                     raise PoolError(f"training process {r} ({self.devices[r]}) exited with "
                                     f"code {rank.process.exitcode} during start-up")
             if time.monotonic() > deadline:
-                self.close()
+                self._abort_start()
                 raise PoolError(f"training processes did not start in {self.start_timeout_s:.0f} s")
+            if should_stop is not None and should_stop():
+                self._abort_start()
+                return
         hello = [r.done or {} for r in self._ranks]
         self.description = {"dataset": hello[0]["dataset"],
                             "devices": [h["device"] for h in hello],
                             "uuids": [h["uuid"] for h in hello if h["uuid"]]}
         for rank in self._ranks:
             rank.done = None
+        self.start_error = None
+
+    def _abort_start(self) -> None:
+        self._kill()
+        self._ranks = []
 
     def run(self, spec: TrialSpec, on_message: OnMessage | None = None,
             should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
         """Train one trial on every rank; rank 0's progress and epoch messages go to
         ``on_message``. ``should_stop`` is polled: when it turns true the ranks are killed
-        (epochs already reported stay reported) and the trial ends as ``stopped``."""
+        (epochs already reported stay reported) and the trial ends as ``stopped``; a rank
+        that dies then is part of the stop, not a crash, and nothing restarts."""
+
+        def stopped() -> TrialOutcome:
+            self._restart(kill_only=True)
+            return TrialOutcome(spec.trial_id, TrialStatus.STOPPED, "deadline reached",
+                                batch_size=spec.batch_size)
+
+        if not self._ranks:
+            if should_stop is not None and should_stop():
+                return stopped()
+            raise PoolError(f"the training processes are not running: {self.start_error}")
         for rank in self._ranks:
             rank.done = None
             _send(rank.conn, "trial", {"spec": spec.to_dict()})
         failed_at: float | None = None
         while True:
             if should_stop is not None and should_stop():
-                self._restart(kill_only=True)
-                return TrialOutcome(spec.trial_id, TrialStatus.STOPPED, "deadline reached",
-                                    batch_size=spec.batch_size)
+                return stopped()
             waitables = [r.conn for r in self._ranks if r.done is None]
             waitables += [r.process.sentinel for r in self._ranks if r.done is None]
             for ready in wait(waitables, timeout=0.2):
@@ -236,7 +304,9 @@ class DevicePool:
                             # its exit status can be collected.
                             rank.process.join(timeout=30)
                             code = rank.process.exitcode
-                            self._restart()
+                            if should_stop is not None and should_stop():
+                                return stopped()
+                            self._restart(should_stop=should_stop)
                             return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
                                                 f"crash: training process {idx} exited with "
                                                 f"code {code}", batch_size=spec.batch_size,
@@ -245,6 +315,10 @@ class DevicePool:
             finished = [o for o in outcomes if o is not None]
             if len(finished) == len(outcomes):
                 first_bad = next((o for o in finished if o["status"] != TrialStatus.COMPLETED), None)
+                device_type = self.devices[0].split(":")[0]
+                if first_bad is not None and leaves_state_broken(first_bad, device_type,
+                                                                 self.world):
+                    self._restart(should_stop=should_stop)
                 return TrialOutcome(**(first_bad or finished[0]))
             if any(o["status"] != TrialStatus.COMPLETED for o in finished):
                 # One rank failed; the others may wait forever in a collective.
@@ -252,7 +326,7 @@ class DevicePool:
                 if time.monotonic() - failed_at > self.failure_grace_s:
                     bad = next(o for o in outcomes
                                if o is not None and o["status"] != TrialStatus.COMPLETED)
-                    self._restart()
+                    self._restart(should_stop=should_stop)
                     return TrialOutcome(**bad)
 
     def _receive(self, idx: int, rank: _Rank, on_message: OnMessage | None) -> bool:
@@ -268,13 +342,21 @@ class DevicePool:
             on_message(kind, msg)
         return True
 
-    def _restart(self, kill_only: bool = False) -> None:
+    def _restart(self, kill_only: bool = False,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        """Kill the ranks and start new ones. A start that fails leaves the pool down, to
+        be tried again before the next trial (``ensure_running``): one bad start (a device
+        still busy, a slow file system) must not end the replica."""
         self._kill()
-        if not kill_only:
-            self.restarts += 1
-            self._start()
-        else:
-            self._ranks = []
+        self._ranks = []
+        if kill_only or (should_stop is not None and should_stop()):
+            return
+        self.restarts += 1
+        try:
+            self._start(should_stop)
+        except PoolError as exc:
+            self.start_error = str(exc)
+            log.warning("restarting the training processes failed: %s", exc)
 
     def _kill(self) -> None:
         for rank in self._ranks:
@@ -284,14 +366,29 @@ class DevicePool:
             rank.process.join(timeout=10)
             rank.conn.close()
 
-    def ensure_running(self) -> None:
-        if not self._ranks:
-            self._start()
+    def ensure_running(self, should_stop: Callable[[], bool] | None = None) -> None:
+        """Start the ranks if they are down, trying ``start_attempts`` times in a row."""
+        attempt = 0
+        while not self._ranks:
+            if should_stop is not None and should_stop():
+                return
+            if attempt >= self.start_attempts:
+                raise PoolError(f"the training processes failed to start {attempt} times in a "
+                                f"row; the last time: {self.start_error}")
+            if attempt:
+                time.sleep(self.restart_backoff_s * attempt)
+            attempt += 1
+            try:
+                self._start(should_stop)
+            except PoolError as exc:
+                self.start_error = str(exc)
 
     def kill(self) -> None:
         """End every rank now (Ctrl-C): what they reported stays reported."""
         self._kill()
         self._ranks = []
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def close(self) -> None:
         for rank in self._ranks:
@@ -303,6 +400,8 @@ class DevicePool:
             rank.process.join(timeout=15)
         self._kill()
         self._ranks = []
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         atexit.unregister(self.kill)
 
     def __enter__(self) -> DevicePool:
@@ -316,13 +415,13 @@ def train_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None 
                 should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
     """Run a trial; if it runs out of memory before finishing an epoch, retry it once at half
     the batch size (recorded in the outcome)."""
-    pool.ensure_running()
+    pool.ensure_running(should_stop)
     outcome = pool.run(spec, on_message, should_stop)
     if (outcome.extra.get("failure") == "oom" and outcome.epochs == 0
             and spec.batch_size // 2 >= pool.world):
         first = outcome.reason
         spec = TrialSpec.from_dict({**spec.to_dict(), "batch_size": spec.batch_size // 2})
-        pool.ensure_running()
+        pool.ensure_running(should_stop)
         outcome = pool.run(spec, on_message, should_stop)
         outcome.extra["oom_retry"] = {"first_batch_size": spec.batch_size * 2, "reason": first}
     return outcome

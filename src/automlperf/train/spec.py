@@ -76,6 +76,7 @@ class DataArgs:
     gpu_decode: bool = _DATA.gpu_decode
     synthetic_images: int = _DATA.synthetic_images
     synthetic_classes: int = _DATA.synthetic_classes
+    index_dir: str | None = None  # a scanned image-folder index (data.FileIndex)
 
     @classmethod
     def from_config(cls, data: DataConfig, threads: int) -> DataArgs:
@@ -115,7 +116,9 @@ class Trainer(Protocol):
         """Train one trial, calling ``sink.epoch`` after each completed epoch. When
         ``should_stop`` turns true the trial ends as ``stopped``; the epochs already given to
         the sink stay given. A failing trial returns ``failed`` with its reason (and
-        ``extra["failure"]``: oom, nan, data, crash or error); it does not raise."""
+        ``extra["failure"]``: oom, nan, data, crash or error); it does not raise.
+        :class:`TrainerError` means the trainer itself cannot go on (its accelerators could
+        not be brought back after a failure): no further trial can train."""
         ...
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ counts summed over all ranks and the operations they cost, and keeps the best we
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import time
@@ -25,11 +26,14 @@ from automlperf.events import EpochEvent, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
-from automlperf.train.data import Dataset
+from automlperf.train.data import Dataset, plan_steps
 from automlperf.train.inherit import inherit
 from automlperf.train.spec import TrialSpec
 
 ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
+# Where linear scaling of the learning rate with the global batch stops: beyond it SGD on
+# ResNets is no longer stable (Goyal et al. scale to 8k images at 3.2).
+MAX_LR = 3.2
 Emit = Callable[[str, dict[str, Any]], None]
 
 
@@ -126,9 +130,21 @@ def train_on_rank(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -
         outcome.reason = f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         outcome.extra["failure"] = kind
     finally:
-        if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_trial(ctx)
     return outcome
+
+
+def release_trial(ctx: RankContext) -> None:
+    """Give back what a trial held before the next one starts in this long-lived rank: its
+    loader's workers and pinned buffers, then the tensors only reference cycles still hold
+    (the cached device blocks are freed only once they are garbage)."""
+    ctx.dataset.release()
+    gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+        host_empty = getattr(torch._C, "_host_emptyCache", None)
+        if host_empty is not None:
+            host_empty()
 
 
 class _Run:
@@ -152,18 +168,22 @@ class _Run:
         self.per_rank = spec.batch_size // ctx.world
         self.batch = self.per_rank * ctx.world
         self.ops = count(graph, batch_size=self.batch)
-        self.steps_per_epoch = math.ceil(math.ceil(self.data.train_size / ctx.world) / self.per_rank)
+        self.steps_per_epoch = plan_steps(self.data.train_size, ctx.world, self.per_rank)
         total = max(1, max(spec.epochs, spec.horizon_epochs or 0) * self.steps_per_epoch)
         warmup = min(int(spec.warmup_epochs * self.steps_per_epoch), total // 2)
-        self.optimizer = _optimizer(self.module, spec, spec.lr_per_256 * self.batch / 256)
+        # Scaling with the batch stops at MAX_LR (a rate set above it per 256 images stays).
+        self.lr = min(spec.lr_per_256 * self.batch / 256, max(MAX_LR, spec.lr_per_256))
+        self.optimizer = _optimizer(self.module, spec, self.lr)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total, warmup))
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
-        runner: Any = torch.compile(self.module) if spec.compile else self.module
+        runner: Any = _compiled(self.module, self.device) if spec.compile else self.module
         if ctx.distributed:
+            # Buffers (BatchNorm statistics) are averaged once before validation, not
+            # broadcast from rank 0 at every forward pass.
             runner = nn.parallel.DistributedDataParallel(
                 runner, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                gradient_as_bucket_view=True)
+                gradient_as_bucket_view=True, broadcast_buffers=False)
         self.runner = runner
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
 
@@ -177,38 +197,46 @@ class _Run:
         started = last_report = time.perf_counter()
         batches = self.data.batches("train", self.ctx.rank, self.ctx.world, self.per_rank,
                                     epoch, self.spec.seed, self.device)
-        # Shards may differ by one image: join() lets a rank that runs out first shadow the
-        # others' all-reduces, then syncs the final weights, so no image is dropped.
-        with self.runner.join() if self.ctx.distributed else contextlib.nullcontext():
-            while True:
-                t0 = time.perf_counter()
-                item = next(batches, None)
-                data_wait += time.perf_counter() - t0
-                if item is None:
-                    break
-                x, y = item
-                if len(y) < 2:
-                    continue  # BatchNorm cannot train on one image; it is not counted
-                loss = self._step(x, y)
-                loss_sum += loss * len(y)
-                images += len(y)
-                steps += 1
-                now = time.perf_counter()
-                # The first step reports at once (a progress bar moves from the start), then
-                # at most twice a second.
-                if steps == 1 or now - last_report > 0.5:
-                    last_report = now
-                    emit("progress", {"trial_id": self.spec.trial_id, "epoch": epoch,
-                                      "step": steps, "steps": self.steps_per_epoch,
-                                      "loss": float(loss),
-                                      "images_per_s": images * self.ctx.world / (now - started)})
+        # Every rank gets the same number of batches (data.step_plan), so each takes every
+        # step's all-reduce with no join(), which would cost collectives and a host sync per
+        # step. A batch that unreadable files left with fewer than two images (BatchNorm
+        # needs two) still takes its step, with no weight in the gradient.
+        while True:
+            t0 = time.perf_counter()
+            item = next(batches, None)
+            data_wait += time.perf_counter() - t0
+            if item is None:
+                break
+            x, y = item
+            if len(y) < 2:
+                self._step(*self._placeholder(), weight=0.0)
+                continue
+            loss = self._step(x, y)
+            loss_sum += loss * len(y)
+            images += len(y)
+            steps += 1
+            now = time.perf_counter()
+            # The first step reports at once (a progress bar moves from the start), then
+            # at most twice a second; only rank 0 reports, so only it reads the loss.
+            if self.ctx.rank == 0 and (steps == 1 or now - last_report > 0.5):
+                last_report = now
+                emit("progress", {"trial_id": self.spec.trial_id, "epoch": epoch,
+                                  "step": steps, "steps": self.steps_per_epoch,
+                                  "loss": float(loss),
+                                  "images_per_s": images * self.ctx.world / (now - started)})
+        synchronize(self.device)  # the epoch ends when the device has done its work
         return float(loss_sum), images, steps, data_wait, time.perf_counter() - started
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+    def _placeholder(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros((2, *self.data.input_shape), device=self.device),
+                torch.zeros(2, dtype=torch.long, device=self.device))
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
+        x = x.contiguous(memory_format=self.memory_format)  # free when the loader's matches
         with self.autocast:
             loss = self.loss_fn(self.runner(x), y)
+            if weight != 1.0:
+                loss = loss * weight
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -228,6 +256,7 @@ class _Run:
     @torch.no_grad()
     def validate(self) -> tuple[int, int]:
         """(correct, images) of this rank's validation shard."""
+        self.average_buffers()
         self.module.eval()
         correct = torch.zeros((), dtype=torch.long, device=self.device)
         seen = 0
@@ -238,6 +267,44 @@ class _Run:
             correct += (logits.argmax(1) == y).sum()
             seen += len(y)
         return int(correct), seen
+
+
+    def average_buffers(self) -> None:
+        """Every rank validates (and rank 0 saves) with the BatchNorm statistics averaged
+        over all ranks, not with those of its own shard."""
+        if not self.ctx.distributed:
+            return
+        buffers = [b for b in self.module.buffers() if b.is_floating_point()]
+        if not buffers:
+            return
+        flat = torch.cat([b.reshape(-1).double() for b in buffers])
+        dist.all_reduce(flat)
+        flat /= self.ctx.world
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a clock read after it includes that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type != "cpu":
+        torch.accelerator.synchronize(device.index)
+
+
+def _compiled(module: nn.Module, device: torch.device) -> Any:
+    """``torch.compile`` for one trial. Every architecture runs the same forward code, so
+    trials in one rank would pile guards on one code object until Dynamo's recompile limit,
+    then silently run eagerly: each trial starts from a clean cache. Compile workers share
+    the rank's cores with its decoding workers instead of starting one per core."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    torch._inductor.config.compile_threads = max(1, torch.get_num_threads())
+    return torch.compile(module)
 
 
 def _reduce(values: list[float], ctx: RankContext, op: Any = None) -> list[float]:

@@ -1,0 +1,265 @@
+"""The training engine under what real nodes do to it: uneven shards without join(),
+failures that may poison device or collective state, SIGTERM to every process of a step,
+a restart that fails, the dataset scanned once, and the cores a process really has."""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from automlperf.graph import INPUT, Graph, seeds
+from automlperf.graph.graph import conv, dense, simple
+from automlperf.train.data import FileIndex
+from automlperf.hardware import cgroup_cpu_quota
+from automlperf.train.pool import DevicePool, PoolError, leaves_state_broken, train_trial
+from automlperf.train.spec import DataArgs, TrialSpec
+from imagefolder import make_image_folder
+
+SMALL8 = seeds.resnet_small(num_classes=10, image_size=8, in_channels=1)
+
+
+def spec(trial_id, graph=SMALL8, **kw):
+    base = dict(epochs=1, batch_size=64, patience=10, lr_per_256=0.4, warmup_epochs=1.0)
+    base.update(kw)
+    return TrialSpec(trial_id, graph.to_dict(), **base)
+
+
+class Recorder:
+    def __init__(self):
+        self.epochs, self.progress = [], []
+
+    def __call__(self, kind, msg):
+        (self.epochs if kind == "epoch" else self.progress).append(msg)
+
+
+def test_which_failures_restart_the_pool():
+    def failed(kind):
+        return {"status": "failed", "extra": {"failure": kind}}
+
+    # Ranks may have stopped at different collectives, or the device may be poisoned.
+    assert leaves_state_broken(failed("oom"), "cpu", 2)
+    assert leaves_state_broken(failed("error"), "cuda", 1)
+    assert leaves_state_broken(failed("error"), "cpu", 2)
+    # Seen alike by every rank, or found before any collective; or a CPU on its own.
+    assert not leaves_state_broken(failed("nan"), "cuda", 8)
+    assert not leaves_state_broken(failed("data"), "cuda", 8)
+    assert not leaves_state_broken(failed("oom"), "cuda", 1)
+    assert not leaves_state_broken(failed("error"), "cpu", 1)
+    assert not leaves_state_broken({"status": "completed", "extra": {}}, "cuda", 8)
+
+
+@pytest.mark.slow
+def test_uneven_shards_train_on_two_gloo_ranks_without_join(tmp_path):
+    # 1437 images, 359 per rank: the shards (719 and 718 images) would take 3 and 2 steps.
+    rec = Recorder()
+    with DevicePool(["cpu"] * 2, DataArgs("digits", image_size=8)) as pool:
+        out = train_trial(pool, spec("uneven", epochs=2, batch_size=718, lr_per_256=0.1,
+                                   weights_out=str(tmp_path / "w.safetensors")), rec)
+    assert out.status == "completed", out.reason
+    assert [(e["train_images"], e["steps"]) for e in rec.epochs] == [(1437, 2)] * 2
+    from safetensors.torch import load_file
+
+    weights = load_file(out.weights)
+    assert any(k.endswith("running_mean") for k in weights)
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_failure_on_several_ranks_restarts_the_pool():
+    wide = Graph.build((3, 16, 16), [
+        conv("c", INPUT, 4096, 3, 1), simple("b", "batchnorm", "c"), simple("r", "relu", "b"),
+        simple("p", "global_avgpool", "r"), dense("fc", "p", 10), simple("s", "softmax", "fc")])
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    # The ranks inherit a 4 GiB address-space limit: a real allocation failure.
+    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, hard))
+    try:
+        pool = DevicePool(["cpu"] * 2, DataArgs("synthetic", image_size=16, synthetic_images=2048,
+                                                synthetic_classes=10))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    with pool:
+        before = [r.process.pid for r in pool._ranks]
+        out = pool.run(spec("oom", graph=wide, batch_size=2048))
+        assert out.status == "failed" and out.extra["failure"] == "oom"
+        assert pool.restarts == 1 and not set(before) & {r.process.pid for r in pool._ranks}
+        # The new ranks met through a fresh rendezvous file (a FileStore file cannot be
+        # reused), with no port chosen here for rank 0 to bind later.
+        assert pool._starts == 2
+        small = seeds.resnet_small(10, 16, 3)
+        assert pool.run(spec("fits", graph=small, batch_size=256)).status == "completed"
+
+
+def tree(pool):
+    """Every process of the pool below this one: ranks and their data-loading workers."""
+    procs = []
+    for rank in pool._ranks:
+        p = psutil.Process(rank.process.pid)
+        procs += [p, *p.children(recursive=True)]
+    return procs
+
+
+@pytest.fixture
+def folder_pool(tmp_path):
+    make_image_folder(tmp_path / "data", classes=4, train_per_class=8, val_per_class=2, corrupt=0)
+    data = DataArgs("imagenet", str(tmp_path / "data"), image_size=16, workers=1)
+    with DevicePool(["cpu"], data, restart_backoff_s=0) as pool:
+        yield pool, tmp_path / "data"
+
+
+SMALL16 = seeds.resnet_small(num_classes=4, image_size=16, in_channels=3)
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_process_of_a_step_is_a_stop_not_a_crash(folder_pool):
+    pool, _ = folder_pool
+    signalled = []
+
+    def terminate_all(kind, msg):
+        if kind == "progress" and not signalled:
+            procs = tree(pool)
+            assert len(procs) >= 2  # a rank and its decoding worker
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            signalled.extend(p.pid for p in procs)
+
+    # What a batch system does at a time limit: SIGTERM to every process of the step. The
+    # ranks and workers carry on; the replica decides.
+    out = train_trial(pool, spec("term", graph=SMALL16, epochs=2, batch_size=8), terminate_all)
+    assert out.status == "completed", out.reason
+    assert pool.restarts == 0 and all(psutil.pid_exists(p) for p in signalled[:1])
+    # The trial's loader went with the trial: no decoding workers wait in the rank.
+    assert all(not psutil.Process(r.process.pid).children() for r in pool._ranks)
+    # With the replica's stop flag set by the same signal: stopped, nothing restarted.
+    stop = []
+
+    def terminate_and_stop(kind, msg):
+        if kind == "progress" and not stop:
+            for p in tree(pool):
+                p.send_signal(signal.SIGTERM)
+            stop.append(True)
+
+    out = train_trial(pool, spec("stop", graph=SMALL16, epochs=3, batch_size=8), terminate_and_stop,
+                    should_stop=lambda: bool(stop))
+    assert out.status == "stopped" and pool.restarts == 0 and not pool._ranks
+
+
+@pytest.mark.slow
+def test_the_folder_is_scanned_once_and_a_failed_restart_does_not_end_the_pool(folder_pool):
+    pool, data_dir = folder_pool
+    train_images = pool.description["dataset"]["train_images"]
+    index_dir = pool.data.index_dir
+    # Files added after the start are not picked up by a restart: nothing rescans.
+    extra = data_dir / "train" / "n00000000" / "late.JPEG"
+    extra.write_bytes(next((data_dir / "train" / "n00000000").glob("*.JPEG")).read_bytes())
+
+    def kill_rank(kind, msg):
+        if kind == "progress" and pool._ranks:
+            os.kill(pool._ranks[0].process.pid, signal.SIGKILL)
+
+    out = train_trial(pool, spec("crash", graph=SMALL16, epochs=2, batch_size=8), kill_rank)
+    assert out.reason.startswith("crash:") and pool.restarts == 1
+    assert pool.description["dataset"]["train_images"] == train_images
+    # A restart that fails (its index gone) leaves the pool down, not the caller dead ...
+    saved = FileIndex.load(index_dir)
+    saved = FileIndex(saved.root, saved.classes, saved.blob.copy(), saved.offsets.copy(),
+                      saved.labels.copy(), saved.train_size)
+    for name in os.listdir(index_dir):
+        os.remove(os.path.join(index_dir, name))
+    out = train_trial(pool, spec("crash-again", graph=SMALL16, epochs=2, batch_size=8), kill_rank)
+    assert out.reason.startswith("crash:") and not pool._ranks
+    assert "image index cannot be read" in pool.start_error
+    # ... and the next trial starts it again.
+    saved.save(index_dir)
+    assert train_trial(pool, spec("after", graph=SMALL16, batch_size=8)).status == "completed"
+    # Starts that keep failing are an error the replica reports.
+    for name in os.listdir(index_dir):
+        os.remove(os.path.join(index_dir, name))
+    pool.kill()
+    pool._scratch = os.path.dirname(index_dir)  # kill() removed it; keep starting from there
+    os.makedirs(index_dir, exist_ok=True)
+    with pytest.raises(PoolError, match="failed to start 3 times in a row"):
+        train_trial(pool, spec("never", graph=SMALL16, batch_size=8))
+
+
+CORES = """
+import os, sys
+os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})
+from automlperf.hardware import cores_available
+print(cores_available())
+"""
+
+
+@pytest.mark.parametrize("env,cpus,expected", [
+    ({"SLURM_CPUS_PER_TASK": "64"}, "0", 1),        # the job's figure, not this step's
+    ({"SLURM_CPUS_ON_NODE": "1"}, "0,1", 2),        # the step sees both cores
+])
+def test_cores_come_from_the_real_affinity_not_slurm_variables(env, cpus, expected):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    done = subprocess.run([sys.executable, "-c", CORES, cpus], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == expected
+
+
+def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path):
+    (tmp_path / "proc").write_text("0::/job_1/step_0\n")
+    step = tmp_path / "cg" / "job_1" / "step_0"
+    step.mkdir(parents=True)
+    (step / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(tmp_path / "cg", tmp_path / "proc") == 1.5
+    (step / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(tmp_path / "cg", tmp_path / "proc") is None
+    assert cgroup_cpu_quota(tmp_path / "cg", tmp_path / "absent") is None
+
+
+def test_default_batch_and_learning_rate_stay_where_training_is_stable():
+    import torch
+
+    from automlperf.config import Config
+    from automlperf.train.data import SyntheticDataset
+    from automlperf.train.trainer import MAX_LR, RankContext, _Run
+
+    train = Config.for_dataset("imagenet").train
+    assert train.per_device_batch(80.0) == 256 and train.per_device_batch(16.0) == 224
+    assert train.per_device_batch(None) == 64
+    # 8 GPUs at TPE's top (512 each): linear scaling would give a learning rate of 1.6 x 4.
+    graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
+    data = SyntheticDataset(image_size=8, num_classes=10, train_images=64)
+    run = _Run(spec("lr", graph=graph, batch_size=16384, lr_per_256=0.4),
+               RankContext(0, 1, torch.device("cpu"), data), graph)
+    assert run.lr == MAX_LR and run.optimizer.param_groups[0]["initial_lr"] == MAX_LR
+
+
+BN_RANK = """
+import sys, torch, torch.distributed as dist
+from automlperf.graph import seeds
+from automlperf.train.data import SyntheticDataset
+from automlperf.train.trainer import RankContext, TrialSpec, _Run
+
+rank, init = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
+spec = TrialSpec("bn", graph.to_dict(), epochs=1, batch_size=16, patience=1)
+data = SyntheticDataset(image_size=8, num_classes=10, train_images=32)
+run = _Run(spec, RankContext(rank, 2, torch.device("cpu"), data, distributed=True), graph)
+bn = next(m for m in run.module.modules() if isinstance(m, torch.nn.BatchNorm2d))
+bn.running_mean.fill_(float(rank))   # each rank's own statistics differ
+bn.running_var.fill_(1.0 + 2 * rank)
+run.validate()
+print(float(bn.running_mean[0]), float(bn.running_var[0]))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_validation_uses_batchnorm_statistics_averaged_over_ranks(tmp_path):
+    init = f"file://{tmp_path}/rendezvous"
+    procs = [subprocess.Popen([sys.executable, "-c", BN_RANK, str(r), init], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert [o[0].split() for o in outs] == [["0.5", "2.0"]] * 2
