@@ -6,6 +6,9 @@ import sys
 import time
 import uuid
 
+from automlperf.graph import seeds
+from automlperf.train.spec import TrialSpec
+
 MARK = "AUTOMLPERF_TEST_MARK"
 
 
@@ -114,3 +117,24 @@ def wait_no_strays(mark, timeout=120):
             raise AssertionError("processes outlived the run: " + "; ".join(
                 f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left))
         time.sleep(0.5)
+
+
+# The small seed on the 8x8 digits: the fastest real training the pool and trainer tests use.
+SMALL8 = seeds.resnet_small(num_classes=10, image_size=8, in_channels=1)
+
+
+def trial_spec(trial_id="t", graph=SMALL8, epochs=1, **kw) -> TrialSpec:
+    base = dict(epochs=epochs, batch_size=64, patience=10, lr_per_256=0.4, warmup_epochs=1.0)
+    base.update(kw)
+    return TrialSpec(trial_id, graph.to_dict(), **base)
+
+
+class Recorder:
+    """A pool's message callback that keeps epoch and progress messages apart."""
+
+    def __init__(self):
+        self.epochs, self.progress = [], []
+
+    def __call__(self, kind, msg):
+        (self.epochs if kind == "epoch" else self.progress).append(msg)
+

@@ -16,24 +16,11 @@ from automlperf.graph.graph import conv, dense, simple
 from automlperf.train.data import FileIndex
 from automlperf.hardware import cgroup_cpu_quota
 from automlperf.train.pool import DevicePool, PoolError, leaves_state_broken, train_trial
-from automlperf.train.spec import DataArgs, TrialSpec
+from automlperf.train.spec import DataArgs
+from helpers import Recorder, trial_spec
 from imagefolder import make_image_folder
 
-SMALL8 = seeds.resnet_small(num_classes=10, image_size=8, in_channels=1)
-
-
-def spec(trial_id, graph=SMALL8, **kw):
-    base = dict(epochs=1, batch_size=64, patience=10, lr_per_256=0.4, warmup_epochs=1.0)
-    base.update(kw)
-    return TrialSpec(trial_id, graph.to_dict(), **base)
-
-
-class Recorder:
-    def __init__(self):
-        self.epochs, self.progress = [], []
-
-    def __call__(self, kind, msg):
-        (self.epochs if kind == "epoch" else self.progress).append(msg)
+spec = trial_spec
 
 
 def test_which_failures_restart_the_pool():

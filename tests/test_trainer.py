@@ -1,5 +1,6 @@
 """The training engine with real processes, real data and real PyTorch training."""
 
+import functools
 import json
 import os
 import resource
@@ -14,25 +15,13 @@ from automlperf.graph.graph import conv, dense, simple
 from automlperf.ops import count, epoch_ops
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome, read_jsonl
 from automlperf.train.pool import DataArgs, DevicePool, train_trial
-from automlperf.train.trainer import TrialSpec, lr_factor
+from automlperf.train.trainer import lr_factor
+from helpers import SMALL8, Recorder, trial_spec
 
 pytestmark = pytest.mark.slow
 
-SMALL = seeds.resnet_small(num_classes=10, image_size=8, in_channels=1)
-
-
-def spec(trial_id="t", graph=SMALL, **kw):
-    base = dict(epochs=3, batch_size=64, patience=10, lr_per_256=0.4, warmup_epochs=1.0)
-    base.update(kw)
-    return TrialSpec(trial_id, graph.to_dict(), **base)
-
-
-class Recorder:
-    def __init__(self):
-        self.epochs, self.progress = [], []
-
-    def __call__(self, kind, msg):
-        (self.epochs if kind == "epoch" else self.progress).append(msg)
+# The trainer's tests train three epochs unless they say otherwise.
+spec = functools.partial(trial_spec, epochs=3)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +48,7 @@ def test_short_training_beats_chance_and_keeps_best_weights(pool, tmp_path):
 def test_epoch_events_carry_exact_operation_sums(pool, tmp_path):
     rec = Recorder()
     train_trial(pool, spec("ops", epochs=2, batch_size=50), rec)
-    ops = count(SMALL, batch_size=50)
+    ops = count(SMALL8, batch_size=50)
     for e in rec.epochs:
         assert e["steps"] == 29  # ceil(1437 / 50)
         assert e["ops"] == epoch_ops(ops, e["train_images"], e["steps"], e["val_images"])
@@ -160,7 +149,7 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
 
 def test_train_command_json_and_errors(tmp_path):
     graph = tmp_path / "g.json"
-    graph.write_text(SMALL.to_json())
+    graph.write_text(SMALL8.to_json())
     exe = [sys.executable, "-m", "automlperf.cli"]
     done = subprocess.run(exe + ["train", "--graph", str(graph), "--dataset", "digits",
                                  "--image-size", "8", "--epochs", "2", "--batch-size", "128",
