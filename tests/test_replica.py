@@ -177,4 +177,9 @@ def test_a_trainer_that_cannot_go_on_ends_the_replica_with_its_reason(tmp_path):
     (rep,) = store.replicas(session.run_id)
     assert rep.status == TrialStatus.FAILED
     assert rep.reason.startswith("the training processes failed to start 3 times in a row")
+    # The trial it held when it gave up is failed with that reason, not left running.
+    trials = store.trials(session.run_id)
+    assert len(trials) == 2 and not any(t.status == TrialStatus.RUNNING for t in trials)
+    last = max(trials, key=lambda t: t.id)
+    assert last.status == TrialStatus.FAILED and last.reason == rep.reason
     store.close()

@@ -353,7 +353,14 @@ class Replica:
         recorder = TrialRecorder(self.store, self.run_id, trial_id, self.dir.trial(trial_id))
         log.info("trial %d: training %d epochs at batch %d (round %d)", trial_id, spec.epochs,
                  job.batch_size, job.round)
-        outcome = self.trainer.train(spec, recorder, should_stop=self._should_stop)
+        try:
+            outcome = self.trainer.train(spec, recorder, should_stop=self._should_stop)
+        except TrainerError as exc:
+            # The replica gives up; the trial it held ends with it, not left running.
+            self.store.finish_trial(trial_id, TrialStatus.FAILED, self.clock(), reason=str(exc))
+            if job.hpo_number is not None:
+                self.hpo.tell(job.hpo_number, None)
+            raise
         recorder.trial(outcome)
         self._conclude_trial(spec, job, outcome, recorder.accuracies, upcoming)
 
