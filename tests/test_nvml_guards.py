@@ -58,6 +58,21 @@ def test_a_refused_device_is_left_out_not_fatal(monkeypatch):
     assert set(details) == {b"GPU-a", b"GPU-b"} and details[b"GPU-a"]["driver"] is None
 
 
+class UncountableNVML(SharedNodeNVML):
+    """NVML that initialises but refuses to count the devices (a container without the
+    device files, a node whose driver is being reloaded)."""
+
+    def nvmlDeviceGetCount(self):
+        raise self.NVMLError_NoPermission("Insufficient Permissions")
+
+
+def test_nvml_that_cannot_count_its_devices_is_not_fatal(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", UncountableNVML())
+    assert system._nvml_by_uuid() == {}
+    sampler = GPUSampler(["GPU-a"])
+    assert sampler.handles == [] and "cannot count the GPUs" in sampler.error
+
+
 def test_the_node_sampler_knows_when_replicas_share_the_node():
     assert local_size({}) == 1
     assert local_size({"AUTOMLPERF_LOCAL_REPLICAS": "4"}) == 4

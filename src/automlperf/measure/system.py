@@ -169,8 +169,12 @@ def _nvml_by_uuid() -> dict[str, dict[str, Any]]:
             driver = pynvml.nvmlSystemGetDriverVersion()
         except pynvml.NVMLError:
             driver = None
-        out = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError:
+            return out  # NVML that cannot even count its devices describes none
+        for i in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 uuid = pynvml.nvmlDeviceGetUUID(handle)
