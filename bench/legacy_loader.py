@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from automlperf.train.data import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_box, shard
+from automlperf.train.data import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_box
+
+
+def shard(n: int, rank: int, world: int, split: str, epoch: int, seed: int) -> torch.Tensor:
+    """This rank's images: every image once per epoch over all ranks (shard sizes differ by
+    at most one), training order reshuffled each epoch."""
+    if split == "train":
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        return torch.randperm(n, generator=gen)[rank::world]
+    return torch.arange(rank, n, world)
 
 
 class _Items(torch.utils.data.Dataset):

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from automlperf.train import data as datasets
-from automlperf.train.data import DataError, random_resized_crop_box, shard
+from automlperf.train.data import DataError, random_resized_crop_box, step_plan
 
 CPU = torch.device("cpu")
 
@@ -48,12 +48,15 @@ def test_digits_ship_with_the_package():
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_shards_cover_every_image_once(world):
+def test_step_plans_cover_every_image_once(world):
     for split in ("train", "val"):
-        parts = [shard(101, r, world, split, epoch=4, seed=1) for r in range(world)]
-        assert sorted(torch.cat(parts).tolist()) == list(range(101))
-        assert max(map(len, parts)) - min(map(len, parts)) <= 1
-    assert not torch.equal(shard(101, 0, 1, "train", 0, 1), shard(101, 0, 1, "train", 1, 1))
+        plans = [step_plan(101, r, world, 8, split, epoch=4, seed=1) for r in range(world)]
+        assert len({len(p) for p in plans}) == 1  # the same number of steps on every rank
+        assert sorted(torch.cat([s for p in plans for s in p]).tolist()) == list(range(101))
+        for step in zip(*plans):
+            assert max(map(len, step)) - min(map(len, step)) <= 1
+    first, second = (torch.cat(step_plan(101, 0, 1, 8, "train", e, 1)) for e in (0, 1))
+    assert not torch.equal(first, second)
 
 
 def write_cifar(folder, binary, per_batch=20):

@@ -83,15 +83,6 @@ class Dataset(ABC):
                 "val_images": self.val_size, "official": self.official}
 
 
-def shard(n: int, rank: int, world: int, split: str, epoch: int, seed: int) -> torch.Tensor:
-    """This rank's images: every image once per epoch over all ranks (shard sizes differ by
-    at most one), training order reshuffled each epoch."""
-    if split == "train":
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        return torch.randperm(n, generator=gen)[rank::world]
-    return torch.arange(rank, n, world)
-
-
 def plan_steps(n: int, world: int, per_rank: int) -> int:
     """Optimiser steps per epoch, the same on every rank: a remainder too small to give
     each rank two images (BatchNorm needs two) joins the step before it."""
