@@ -200,7 +200,7 @@ class _Run:
         # Every rank gets the same number of batches (data.step_plan), so each takes every
         # step's all-reduce with no join(), which would cost collectives and a host sync per
         # step. A batch that unreadable files left with fewer than two images (BatchNorm
-        # needs two) still takes its step, with no weight in the gradient.
+        # needs two) still takes its part in the step (see _placeholder_step).
         while True:
             t0 = time.perf_counter()
             item = next(batches, None)
@@ -209,7 +209,7 @@ class _Run:
                 break
             x, y = item
             if len(y) < 2:
-                self._step(*self._placeholder(), weight=0.0)
+                self._placeholder_step()
                 continue
             loss = self._step(x, y)
             loss_sum += loss * len(y)
@@ -231,7 +231,35 @@ class _Run:
         return (torch.zeros((2, *self.data.input_shape), device=self.device),
                 torch.zeros(2, dtype=torch.long, device=self.device))
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
+    def _placeholder_step(self) -> None:
+        """This rank's part in a step for which it has no images. Alone, it takes no step.
+        With other ranks it joins their gradient all-reduce with a zero-weight loss on
+        placeholder images, and its BatchNorm statistics are restored after that forward
+        pass; it then applies the averaged gradient exactly as every other rank does (one
+        that skipped it would drift from the others), unless that gradient is zero, which
+        means every rank's share was empty: then no rank updates anything (no momentum, no
+        weight decay, no schedule step)."""
+        if not self.ctx.distributed:
+            return
+        buffers = list(self.module.buffers())
+        saved = [b.clone() for b in buffers]
+        self._backward(*self._placeholder(), weight=0.0)
+        with torch.no_grad():
+            for b, kept in zip(buffers, saved):
+                b.copy_(kept)
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        # A host sync, on the rare placeholder step only.
+        if not grads or int(sum(g.count_nonzero() for g in grads)) == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        self._update()
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self._backward(x, y)
+        self._update()
+        return loss
+
+    def _backward(self, x: torch.Tensor, y: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
         x = x.contiguous(memory_format=self.memory_format)  # free when the loader's matches
         with self.autocast:
             loss = self.loss_fn(self.runner(x), y)
@@ -240,6 +268,12 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        return loss.detach()
+
+    def _update(self) -> None:
+        if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             # The scaler skips the optimiser step when gradients overflow; the schedule then
@@ -248,10 +282,8 @@ class _Run:
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
                 self.schedule.step()
         else:
-            loss.backward()
             self.optimizer.step()
             self.schedule.step()
-        return loss.detach()
 
     @torch.no_grad()
     def validate(self) -> tuple[int, int]:
