@@ -39,11 +39,17 @@ def test_which_failures_restart_the_pool():
     assert not leaves_state_broken({"status": "completed", "extra": {}}, "cuda", 8)
 
 
+def rendezvous_files(pool):
+    return [f for f in os.listdir(pool._scratch) if f.startswith("rendezvous")]
+
+
 @pytest.mark.slow
 def test_uneven_shards_train_on_two_gloo_ranks_without_join(tmp_path):
     # 1437 images, 359 per rank: the shards (719 and 718 images) would take 3 and 2 steps.
     rec = Recorder()
     with DevicePool(["cpu"] * 2, DataArgs("digits", image_size=8)) as pool:
+        # The ranks train with their rendezvous file gone (removed once they have joined).
+        assert rendezvous_files(pool) == []
         out = train_trial(pool, spec("uneven", epochs=2, batch_size=718, lr_per_256=0.1,
                                    weights_out=str(tmp_path / "w.safetensors")), rec)
     assert out.status == "completed", out.reason
@@ -74,7 +80,7 @@ def test_an_out_of_memory_failure_on_several_ranks_restarts_the_pool():
         assert pool.restarts == 1 and not set(before) & {r.process.pid for r in pool._ranks}
         # The new ranks met through a fresh rendezvous file (a FileStore file cannot be
         # reused), with no port chosen here for rank 0 to bind later.
-        assert pool._starts == 2
+        assert pool._starts == 2 and rendezvous_files(pool) == []
         small = seeds.resnet_small(10, 16, 3)
         assert pool.run(spec("fits", graph=small, batch_size=256)).status == "completed"
 
@@ -250,3 +256,147 @@ def test_validation_uses_batchnorm_statistics_averaged_over_ranks(tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     assert [o[0].split() for o in outs] == [["0.5", "2.0"]] * 2
+
+
+def _state(run):
+    """Everything a step may change on a rank: parameters, buffers, optimiser state and the
+    schedule's position, as bytes (the same in PLACEHOLDER_RANK)."""
+    import torch
+
+    tensors = [*run.module.parameters(), *run.module.buffers()]
+    for state in run.optimizer.state.values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return [t.detach().cpu().numpy().tobytes() for t in tensors] + [run.schedule.last_epoch]
+
+
+PLACEHOLDER_RANK = """
+import hashlib, json, sys, torch, torch.distributed as dist
+from automlperf.graph import seeds
+from automlperf.train.data import SyntheticDataset
+from automlperf.train.trainer import RankContext, TrialSpec, _Run
+
+def _state(run):
+    tensors = [*run.module.parameters(), *run.module.buffers()]
+    for state in run.optimizer.state.values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return [t.detach().cpu().numpy().tobytes() for t in tensors] + [run.schedule.last_epoch]
+
+rank, init = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
+spec = TrialSpec("ph", graph.to_dict(), epochs=1, batch_size=16, patience=1)
+data = SyntheticDataset(image_size=8, num_classes=10, train_images=32)
+run = _Run(spec, RankContext(rank, 2, torch.device("cpu"), data, distributed=True), graph)
+torch.manual_seed(rank)
+def real_step():
+    run._step(torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+real_step()  # momentum buffers exist from here on
+before = _state(run)
+run._placeholder_step()  # every rank's share of this step is empty
+all_empty_kept = _state(run) == before
+buffers = [b.clone() for b in run.module.buffers()]
+if rank == 0:
+    real_step()
+else:
+    run._placeholder_step()
+buffers_kept = all(torch.equal(a, b) for a, b in zip(buffers, run.module.buffers()))
+shared = _state(run)[:len(list(run.module.parameters()))] + _state(run)[-1:]
+opt = [v.numpy().tobytes() for s in run.optimizer.state.values() for v in s.values()
+       if isinstance(v, torch.Tensor)]
+digest = hashlib.sha256(b"".join(x if isinstance(x, bytes) else str(x).encode()
+                                 for x in shared + opt)).hexdigest()
+print(json.dumps({"all_empty_kept": all_empty_kept, "buffers_kept": buffers_kept,
+                  "digest": digest}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_placeholder_step_changes_nothing_but_what_every_rank_shares(tmp_path):
+    """2 Gloo ranks. When every rank's share of a step is empty, no rank changes anything.
+    When only rank 1's is, it joins rank 0's all-reduce, keeps its own BatchNorm statistics,
+    and applies the averaged gradient as rank 0 does: both end with the same parameters and
+    optimiser state."""
+    import json
+
+    init = f"file://{tmp_path}/rendezvous"
+    procs = [subprocess.Popen([sys.executable, "-c", PLACEHOLDER_RANK, str(r), init], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    got = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    assert all(g["all_empty_kept"] for g in got)
+    assert got[1]["buffers_kept"] and not got[0]["buffers_kept"]
+    assert got[0]["digest"] == got[1]["digest"]
+
+
+def test_a_placeholder_step_on_a_lone_rank_changes_nothing():
+    import torch
+
+    from automlperf.train.data import SyntheticDataset
+    from automlperf.train.trainer import RankContext, _Run
+
+    graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
+    data = SyntheticDataset(image_size=8, num_classes=10, train_images=32)
+    run = _Run(spec("ph", graph=graph, batch_size=8, weight_decay=5e-4),
+               RankContext(0, 1, torch.device("cpu"), data), graph)
+    run._step(torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    before = _state(run)
+    assert any(run.optimizer.state.values())  # momentum that a step would apply again
+    run._placeholder_step()
+    assert _state(run) == before
+
+
+@pytest.mark.slow
+def test_close_waits_for_all_ranks_together_and_leaves_nothing():
+    """Two ranks that cannot answer (stopped): close() gives them stop_wait_s together,
+    then kills them; one by one it would have waited twice as long."""
+    import time
+
+    pool = DevicePool(["cpu"] * 2, DataArgs("digits", image_size=8), stop_wait_s=10)
+    scratch, ranks = pool._scratch, [r.process for r in pool._ranks]
+    for proc in ranks:
+        os.kill(proc.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    pool.close()
+    # Waiting for each in turn could not take less than 2 x 10 s.
+    assert time.monotonic() - started < 20
+    assert not any(p.is_alive() for p in ranks) and not os.path.exists(scratch)
+
+
+KILLED_POOL = """
+import sys, time
+from automlperf.train.pool import DevicePool
+from automlperf.train.spec import DataArgs
+
+pool = DevicePool(["cpu"], DataArgs("digits", image_size=8))
+print(pool._scratch, flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_the_folder_of_a_killed_pool_is_removed_by_the_next(tmp_path, monkeypatch):
+    import tempfile
+
+    from automlperf.train.pool import new_scratch, remove_stale_scratch
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_POOL], text=True,
+                            stdout=subprocess.PIPE, env=dict(os.environ, TMPDIR=str(tmp)))
+    killed = proc.stdout.readline().strip()
+    assert killed.startswith(str(tmp)) and os.path.isdir(killed)
+    proc.kill()  # SIGKILL: no atexit, no close()
+    proc.wait(timeout=60)
+    assert os.path.isdir(killed)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    live, fd = new_scratch()  # a pool still running
+    unlocked = tmp / "automlperf-pool-earlier"  # no lock file: not known to be stale
+    unlocked.mkdir()
+    try:
+        assert not os.path.exists(killed)  # the new pool's start removed it
+        assert remove_stale_scratch() == [] and os.path.isdir(live) and unlocked.is_dir()
+    finally:
+        os.close(fd)
+    assert remove_stale_scratch() == [live]

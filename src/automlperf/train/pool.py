@@ -14,6 +14,8 @@ parent alone decides when they stop, so a shutdown is a stop, never a crash to r
 from __future__ import annotations
 
 import atexit
+import fcntl
+import glob
 import json
 import logging
 import multiprocessing as mp
@@ -92,6 +94,9 @@ def _rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads
             dist.init_process_group(process_group_backend(device.type),
                                     init_method=rendezvous, rank=rank,
                                     world_size=world, timeout=timedelta(seconds=600))
+            # A first collective, so that backends which connect lazily (NCCL) use the
+            # rendezvous file now: the parent removes it once every rank is ready.
+            dist.all_reduce(torch.zeros(1, device=device))
         dataset = datasets.load(**data)
         ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
         _send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
@@ -157,6 +162,53 @@ class _Rank:
     done: dict[str, Any] | None = None
 
 
+SCRATCH_PREFIX = "automlperf-pool-"
+OWNER_LOCK = "owner.lock"
+
+
+def new_scratch() -> tuple[str, int]:
+    """A private folder for a pool (its rendezvous files and dataset index) and the file
+    descriptor of the lock that marks it in use. The kernel drops the lock when its owner
+    dies, however it dies, so the next pool can tell a folder left by a killed one."""
+    remove_stale_scratch()
+    folder = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    # Locked before it takes its name: a folder with a lock file is never seen unlocked
+    # while its owner lives.
+    hidden = os.path.join(folder, f".{OWNER_LOCK}")
+    fd = os.open(hidden, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass  # a file system without locks: the folder is never taken for stale
+    os.rename(hidden, os.path.join(folder, OWNER_LOCK))
+    return folder, fd
+
+
+def remove_stale_scratch(root: str | None = None) -> list[str]:
+    """Remove the pool folders under ``root`` (the temporary directory) whose owner is gone
+    (a replica killed with SIGKILL cleans nothing); the folders removed. Folders of live
+    pools, of other users, and without a lock file are left alone."""
+    removed = []
+    for folder in glob.glob(os.path.join(root or tempfile.gettempdir(), SCRATCH_PREFIX + "*")):
+        try:
+            if os.stat(folder).st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(folder, OWNER_LOCK), os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # its owner is alive
+            continue
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed
+
+
 @dataclass
 class DevicePool:
     """Training processes for ``devices`` (e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu"]``)."""
@@ -168,18 +220,20 @@ class DevicePool:
     failure_grace_s: float = 10.0
     start_attempts: int = 3  # failed starts in a row before the pool gives up
     restart_backoff_s: float = 5.0
+    stop_wait_s: float = 15.0  # how long close() waits for the ranks to stop, all together
     description: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     start_error: str | None = None  # why the last start failed, while the pool is down
     _ranks: list[_Rank] = field(default_factory=list)
     _scratch: str = ""
+    _scratch_lock: int = -1
     _starts: int = 0
 
     def __post_init__(self) -> None:
         if not self.devices:
             raise PoolError("no devices to train on")
         # Rendezvous files and the dataset's index, for the pool's lifetime.
-        self._scratch = tempfile.mkdtemp(prefix="automlperf-pool-")
+        self._scratch, self._scratch_lock = new_scratch()
         # Ranks are not daemonic, so at exit multiprocessing would wait for them: a pool that
         # an error or Ctrl-C left open must kill them first (handlers run last-in, first-out).
         atexit.register(self.kill)
@@ -211,8 +265,11 @@ class DevicePool:
     def _start(self, should_stop: Callable[[], bool] | None = None) -> None:
         ctx = mp.get_context("spawn")
         # A fresh file per start: no port chosen here and bound later by rank 0, which
-        # another process could take in between.
-        rendezvous = f"file://{self._scratch}/rendezvous-{self._starts}"
+        # another process could take in between. Removed once every rank has joined.
+        for stale in glob.glob(os.path.join(self._scratch, "rendezvous-*")):
+            os.remove(stale)  # of a start that failed
+        rendezvous_file = os.path.join(self._scratch, f"rendezvous-{self._starts}")
+        rendezvous = f"file://{rendezvous_file}"
         self._starts += 1
         self._ranks = []
         for index, device in enumerate(self.devices):
@@ -254,6 +311,8 @@ class DevicePool:
             if should_stop is not None and should_stop():
                 self._abort_start()
                 return
+        if os.path.exists(rendezvous_file):
+            os.remove(rendezvous_file)
         hello = [r.done or {} for r in self._ranks]
         self.description = {"dataset": hello[0]["dataset"],
                             "devices": [h["device"] for h in hello],
@@ -362,9 +421,15 @@ class DevicePool:
         for rank in self._ranks:
             if rank.process.is_alive():
                 os.kill(rank.process.pid, signal.SIGKILL)
+        self._join_all(10.0)
         for rank in self._ranks:
-            rank.process.join(timeout=10)
             rank.conn.close()
+
+    def _join_all(self, wait_s: float) -> None:
+        """Wait for every rank against one deadline, not ``wait_s`` for each in turn."""
+        deadline = time.monotonic() + wait_s
+        for rank in self._ranks:
+            rank.process.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def ensure_running(self, should_stop: Callable[[], bool] | None = None) -> None:
         """Start the ranks if they are down, trying ``start_attempts`` times in a row."""
@@ -385,23 +450,28 @@ class DevicePool:
 
     def kill(self) -> None:
         """End every rank now (Ctrl-C): what they reported stays reported."""
-        self._kill()
-        self._ranks = []
-        if self._scratch:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+        self._shutdown(graceful=False)
 
     def close(self) -> None:
-        for rank in self._ranks:
-            try:
-                _send(rank.conn, "stop", {})
-            except (OSError, ValueError):
-                pass
-        for rank in self._ranks:
-            rank.process.join(timeout=15)
+        """Ask every rank to stop, give them ``stop_wait_s`` together, then kill the rest."""
+        self._shutdown(graceful=True)
+
+    def _shutdown(self, graceful: bool) -> None:
+        if graceful:
+            for rank in self._ranks:
+                try:
+                    _send(rank.conn, "stop", {})
+                except (OSError, ValueError):
+                    pass
+            self._join_all(self.stop_wait_s)
         self._kill()
         self._ranks = []
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = ""
+        if self._scratch_lock >= 0:
+            os.close(self._scratch_lock)
+            self._scratch_lock = -1
         atexit.unregister(self.kill)
 
     def __enter__(self) -> DevicePool:
