@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from automlperf.errors import UserError
+from automlperf.errors import RunFailure, UserError
 from automlperf.events import EpochEvent, TrialStatus
 from automlperf.graph import Graph, GraphError, seeds
 
@@ -29,7 +29,8 @@ err = Console(stderr=True)
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a problem the user can fix into one clear line and exit status 2."""
+    """Turn a problem the user can fix into one clear line and exit status 2, and a run
+    that failed after it started into one line and exit status 1."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -38,6 +39,9 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except RunFailure as exc:
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -373,7 +377,11 @@ def slurm(
     run_dir: Annotated[Path, typer.Option(help="Run directory on the shared filesystem.")],
     gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per node (0: CPU nodes).")] = 0,
     cpus_per_task: Annotated[Optional[int], typer.Option(min=1, help="CPU cores per replica "
-                                                         "(default: SLURM's).")] = None,
+                                                         "(default: every core the job holds on its node).")] = None,
+    exclusive: Annotated[bool, typer.Option(
+        "--exclusive/--shared-nodes", help="Whole nodes, with all their memory (default), or "
+        "share them as the site allows (then set --cpus-per-task and memory with --sbatch, "
+        "e.g. --sbatch=--mem-per-cpu=4G).")] = True,
     store: Annotated[Optional[str], typer.Option(help="PostgreSQL URL; default: a private "
                                                  "server in the run directory.")] = None,
     partition: Annotated[Optional[str], typer.Option()] = None,
@@ -416,7 +424,8 @@ def slurm(
     script = write_script(ScriptOptions(
         run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
         cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
-        time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [], container=box))
+        time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [], container=box,
+        exclusive=exclusive))
     out.print(f"batch script: {script}", highlight=False)
     if test_only:
         out.print(sbatch(script, test_only=True), highlight=False)

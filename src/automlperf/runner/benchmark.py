@@ -14,8 +14,9 @@ from typing import Any
 from rich.console import Console
 
 from automlperf.config import Config, load_config, parse_duration, set_option
-from automlperf.errors import UserError
+from automlperf.errors import RunFailure, UserError
 from automlperf.runner import primary
+from automlperf.store.base import StoreError
 from automlperf.store.rundir import RunDir
 from automlperf.store.urls import resolve_store_url
 
@@ -136,23 +137,42 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
                   f"{cfg.data.dataset}, {cfg.model.seed_model} seed, {count} replica(s), "
                   f"{primary.fmt_duration(session.deadline_at - session.started_at)} to go "
                   f"({mode} settings), store {primary.redacted(url)}", highlight=False)
-    watch = primary.Watch("interrupted")
     # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
     # stopped and the result is written.
     before = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        if session.deadline_at > session.started_at:
-            starter.start()
-            if req.launcher == "external":
-                console.print(f"waiting for {count} replica(s): start `automlperf worker "
-                              f"--run-dir {run_dir.resolve()}` once per node with your "
-                              "launcher", highlight=False)
-            watch = primary.supervise(session, starter, console)
-        else:
-            watch = primary.Watch("completed")
+        return _supervise_and_finish(req, session, starter, console, system, run_dir, url, count)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
-        result = primary.finish(session, starter, console, watch, system)
+        # Whatever happened, the caller gets its own handler back.
+        signal.signal(signal.SIGTERM, before)
+
+
+def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: Any,
+                          console: Console, system: dict[str, Any], run_dir: Path,
+                          url: str | None, count: int) -> RunOutcome:
+    watch = primary.Watch("interrupted")
+    try:
+        try:
+            if session.deadline_at > session.started_at:
+                starter.start()
+                if req.launcher == "external":
+                    console.print(f"waiting for {count} replica(s): start `automlperf worker "
+                                  f"--run-dir {run_dir.resolve()}` once per node with your "
+                                  "launcher", highlight=False)
+                watch = primary.supervise(session, starter, console)
+            else:
+                watch = primary.Watch("completed")
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
+            result = primary.finish(session, starter, console, watch, system)
+    except StoreError as exc:
+        # The store was reached at the start; losing it now is the run's failure, not the
+        # user's input. Replicas are stopped (finish may have failed before it could) and
+        # everything written so far stays for --resume.
+        starter.stop(session.config.run.stop_grace_s)
+        raise RunFailure(f"the store failed during the run: {exc}; everything recorded so far "
+                         f"is kept in {run_dir}: continue with `automlperf run --resume "
+                         f"--run-dir {run_dir}` once it is back") from None
     joined = starter.joined() if req.launcher == "external" else None
     if joined is not None and joined < count:
         console.print(f"only {joined} of {count} replica(s) joined this session: check "
@@ -160,7 +180,6 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     outcome = RunOutcome(run_dir, watch.state, watch.reason, result, session.dir.result, count,
                          joined)
     write_records(outcome, url)
-    signal.signal(signal.SIGTERM, before)
     return outcome
 
 

@@ -118,6 +118,10 @@ T_NODES = sa.Table(
 R = TypeVar("R")
 
 
+# How long a store rides out a server restart or a network hiccup before giving up.
+RETRY_S = 120.0
+
+
 def _transient(exc: BaseException) -> bool:
     if isinstance(exc, IntegrityError):
         return False
@@ -149,9 +153,9 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
 
 
 class SQLStore(Store):
-    def __init__(self, url: str, create: bool = False, retry_s: float = 120.0) -> None:
+    def __init__(self, url: str, create: bool = False, retry_s: float | None = None) -> None:
         self.url = normalise_url(url)
-        self.retry_s = retry_s
+        self.retry_s = RETRY_S if retry_s is None else retry_s
         if self.url.startswith("sqlite"):
             # The sqlite3 module commits DDL on its own, so a reader could see the schema
             # half made; with its transaction handling off and BEGIN issued here, creating
