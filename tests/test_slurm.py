@@ -183,11 +183,14 @@ for cmd in SlurmLauncher(run_dir, None).commands(2, None, cpus_per_node()):
 """
 
 
-def test_replica_steps_ask_for_their_nodes_cpus_and_memory(slurm_cluster, tmp_path):
-    """Real job steps, started with the launcher's srun options inside a whole-node job."""
+@pytest.mark.parametrize("memory", [["--mem=0"], ["--mem-per-cpu=100", "--cpus-per-task=1"]],
+                         ids=["whole-nodes", "users-memory-per-cpu"])
+def test_replica_steps_ask_for_their_nodes_cpus_and_memory(slurm_cluster, tmp_path, memory):
+    """Real job steps, started with the launcher's srun options inside a whole-node job;
+    with the user's memory per CPU they ask for no --mem, which srun would refuse."""
     (tmp_path / "probe.py").write_text(PROBE)
     run_dir = tmp_path / "run"
-    done = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--exclusive", "--mem=0",
+    done = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--exclusive", *memory,
                            f"--output={tmp_path}/job.out",
                            f"--wrap={sys.executable} {tmp_path}/probe.py {run_dir}"],
                           env=slurm_cluster, capture_output=True, text=True)
@@ -195,17 +198,56 @@ def test_replica_steps_ask_for_their_nodes_cpus_and_memory(slurm_cluster, tmp_pa
     job = done.stdout.strip().split(";")[0]
     assert wait_job(job, slurm_cluster, timeout=600) == "COMPLETED", (tmp_path / "job.out").read_text()
     out = (tmp_path / "job.out").read_text()
-    assert out.count("--cpus-per-task=1") == 2 and out.count("--mem=0") == 2
+    assert out.count("--cpus-per-task=1") == 2
+    assert out.count("--mem=0") == (2 if memory == ["--mem=0"] else 0)
     logs = sorted((run_dir / "logs").glob("replica-*.log"))
     assert [p.read_text().split() for p in logs] == [["1", "n1"], ["1", "n2"]]
+
+
+def test_a_script_with_the_users_memory_is_valid_for_sbatch(slurm_cluster, tmp_path):
+    for name, args in (("m", ["--sbatch=--mem-per-cpu=100"]), ("s", ["--shared-nodes"])):
+        done = cli("slurm", "--nodes", 2, "--duration", "1h", "--run-dir", tmp_path / name,
+                   "--test-only", *args, env=slurm_cluster)
+        assert done.returncode == 0, done.stderr
+        assert "to start at" in done.stdout
 
 
 def test_the_script_asks_for_whole_nodes(tmp_path):
     from automlperf.runner.slurm import ScriptOptions, write_script
 
-    text = write_script(ScriptOptions(tmp_path / "r", nodes=2, duration_s=3600,
-                                      store_url="postgresql://u@db/x")).read_text()
+    def script(name, *args):
+        done = cli("slurm", "--nodes", 2, "--duration", "1h", "--run-dir", tmp_path / name,
+                   "--store", "postgresql://u@db/x", *args)
+        assert done.returncode == 0, done.stderr
+        return (tmp_path / name / "automlperf.sbatch").read_text()
+
+    text = script("r")
     assert "#SBATCH --exclusive" in text and "#SBATCH --mem=0" in text
-    shared = write_script(ScriptOptions(tmp_path / "s", nodes=2, duration_s=3600,
-                                        store_url="postgresql://u@db/x", exclusive=False))
-    assert "--exclusive" not in shared.read_text()
+    shared = script("s", "--shared-nodes", "--cpus-per-task", 4)
+    assert "--exclusive" not in shared and "--mem=0" not in shared
+    assert "#SBATCH --cpus-per-task=4" in shared
+    # Memory the user sets replaces --mem=0, which sbatch refuses beside it.
+    for extra in ("--mem-per-cpu=2G", "--mem-per-gpu=40G", "--mem 100G"):
+        text = script(f"m{len(extra)}", f"--sbatch={extra}")
+        assert "#SBATCH --exclusive" in text and f"#SBATCH {extra}" in text
+        assert "--mem=0" not in text
+    assert write_script(ScriptOptions(tmp_path / "q", nodes=1, duration_s=3600,
+                                      store_url="postgresql://u@db/x",
+                                      sbatch_extra=["--qos=high"])).read_text().count("--mem=0") == 1
+
+
+def test_replica_steps_keep_the_users_cpus_and_memory(tmp_path):
+    from automlperf.runner.slurm import SlurmLauncher
+
+    launcher = SlurmLauncher(tmp_path, None)
+    whole = launcher.commands(2, None, [72, 36], env={})
+    assert [c.count("--mem=0") for c in whole] == [1, 1]
+    assert [next(a for a in c if a.startswith("--cpus")) for c in whole] == [
+        "--cpus-per-task=72", "--cpus-per-task=36"]
+    mine = launcher.commands(2, "8", [72, 36], env={"SLURM_CPUS_PER_TASK": "16",
+                                                   "SLURM_MEM_PER_CPU": "2048"})
+    for cmd in mine:
+        assert "--cpus-per-task=16" in cmd and not any(a.startswith("--mem") for a in cmd)
+        assert "--gpus-per-node=8" in cmd
+    per_gpu = launcher.commands(1, "8", [72], env={"SLURM_MEM_PER_GPU": "40960"})
+    assert not any(a.startswith("--mem") for a in per_gpu[0])

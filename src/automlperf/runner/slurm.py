@@ -127,6 +127,11 @@ class Container:
                              "`automlperf slurm --container-image ...`") from None
 
 
+# Set by sbatch when the job counts memory per CPU or per GPU; srun reads them as options,
+# and refuses --mem beside them.
+MEMORY_PER_UNIT = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU")
+
+
 @dataclass
 class SlurmLauncher:
     """One replica per node of the job, each in its own job step, so that a node that dies
@@ -136,20 +141,27 @@ class SlurmLauncher:
     store_url: str | None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def commands(self, nodes: int, gpus: str | None,
-                 cpus: list[int] | None = None) -> list[list[str]]:
-        """The srun command of each node's replica: its node's CPUs (``cpus``, per node; a
-        step inherits no --cpus-per-task from sbatch since Slurm 22.05, and would get one
-        CPU) and all the job's memory there."""
+    def commands(self, nodes: int, gpus: str | None, cpus: list[int] | None = None,
+                 env: Mapping[str, str] | None = None) -> list[list[str]]:
+        """The srun command of each node's replica. A step inherits no --cpus-per-task from
+        sbatch since Slurm 22.05, and would get one CPU: it asks for the job's own
+        --cpus-per-task when the user gave one, else its node's CPUs (``cpus``, per node).
+        It asks for all the job's memory there (``--mem=0``) unless the job counts memory
+        per CPU or per GPU, which srun refuses beside --mem."""
+        env = os.environ if env is None else env
         srun = require("srun")
         logs = self.run_dir / "logs"
         container = Container.load(self.run_dir)
+        per_task = env.get("SLURM_CPUS_PER_TASK")
+        memory = [] if any(env.get(k) for k in MEMORY_PER_UNIT) else ["--mem=0"]
         out = []
         for i in range(nodes):
             cmd = [srun, "--nodes=1", "--ntasks=1", f"--relative={i}", "--kill-on-bad-exit=0",
                    f"--job-name=automlperf-replica-{i}", f"--output={logs}/replica-{i}.log",
-                   "--mem=0"]
-            if cpus and i < len(cpus):
+                   *memory]
+            if per_task:
+                cmd.append(f"--cpus-per-task={per_task}")
+            elif cpus and i < len(cpus):
                 cmd.append(f"--cpus-per-task={cpus[i]}")
             if gpus:
                 cmd.append(f"--gpus-per-node={gpus}")
@@ -209,8 +221,15 @@ class ScriptOptions:
     job_name: str = "automlperf"
     sbatch_extra: list[str] = field(default_factory=list)
     container: Container | None = None
-    # The whole node for each replica: a benchmark shares no node's CPUs, memory or GPUs.
+    # The whole node for each replica (a benchmark shares no node's CPUs, memory or GPUs);
+    # False leaves the node's sharing to the site and to --cpus-per-task and --sbatch.
     exclusive: bool = True
+
+    def all_memory(self) -> bool:
+        """Ask for all of each node's memory (``--mem=0``): on whole nodes, unless the user
+        sets the job's memory (sbatch refuses --mem beside --mem-per-cpu/--mem-per-gpu)."""
+        return self.exclusive and not any(re.match(r"--mem(-per-(cpu|gpu))?(=|\s|$)", extra.strip())
+                                          for extra in self.sbatch_extra)
 
 
 def write_script(opts: ScriptOptions) -> Path:
@@ -262,7 +281,8 @@ def write_script(opts: ScriptOptions) -> Path:
         partition=opts.partition, account=opts.account, job_name=opts.job_name,
         sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
         store_shown=redact(store_url) if store_url else None, password_file=password_file,
-        run_args=" ".join(run_args), container=opts.container, exclusive=opts.exclusive)
+        run_args=" ".join(run_args), container=opts.container, exclusive=opts.exclusive,
+        all_memory=opts.all_memory())
     write_atomic(script, text)
     script.chmod(0o750)
     return script
