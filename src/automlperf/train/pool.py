@@ -33,6 +33,7 @@ from typing import Any
 
 from automlperf.events import EpochEvent, EventSink, TrialOutcome, TrialStatus
 from automlperf.procutil import die_with_parent
+from automlperf.train.rankenv import set_rank_environment
 from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
@@ -74,9 +75,8 @@ def _rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads
     # stop in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Blocks that grow instead of new fixed-size segments: trials of different shapes in one
-    # long-lived rank fragment the cache less (read at the first device allocation).
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    # Before PyTorch reads them: the caching allocator's segments, Inductor's compile workers.
+    set_rank_environment(threads, int(data.get("workers") or 0))
     try:
         import torch
         import torch.distributed as dist

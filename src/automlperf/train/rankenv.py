@@ -1,0 +1,49 @@
+"""The settings a rank process puts into its environment before PyTorch reads them.
+
+Both are read once, when the CUDA allocator starts and when Inductor's configuration is first
+imported, so they must be in place before the rank touches its device or compiles; a value
+the user set is kept.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+# Where a user may have configured the caching allocator (the first is PyTorch 2.9's name; the
+# second, which the rank sets, is the one every supported PyTorch reads).
+ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+ALLOC_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+# Blocks that grow in place instead of new fixed-size segments: trials of different shapes in
+# one long-lived rank fragment the cache far less.
+ALLOC_DEFAULT = "expandable_segments:True"
+COMPILE_THREADS_VAR = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+def compile_threads(rank_threads: int, decode_workers: int) -> int:
+    """Inductor's compile workers for a rank: the cores its decoding workers leave over, at
+    least one (Inductor would otherwise start one per core of the node, beside every rank's
+    decoding workers)."""
+    return max(1, rank_threads - decode_workers)
+
+
+def set_rank_environment(rank_threads: int, decode_workers: int,
+                         env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Put the allocator and compile-thread defaults into ``env`` (``os.environ``) unless the
+    user chose them; returns what was set."""
+    env = os.environ if env is None else env
+    chosen: dict[str, str] = {}
+    if not any(env.get(name) for name in ALLOC_VARS):
+        chosen[ALLOC_VAR] = ALLOC_DEFAULT
+    if not env.get(COMPILE_THREADS_VAR):
+        chosen[COMPILE_THREADS_VAR] = str(compile_threads(rank_threads, decode_workers))
+    env.update(chosen)
+    return chosen
+
+
+def configured_compile_threads(default: int) -> int:
+    """The compile threads the environment asks for (a rank sets it at start), else ``default``."""
+    try:
+        return max(1, int(os.environ.get(COMPILE_THREADS_VAR, "")))
+    except ValueError:
+        return max(1, default)
