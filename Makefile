@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast lint setup system bench clean
+.PHONY: run test test-fast lint setup setup-dali system bench clean
 
 run: setup
 	$(BIN)/automlperf run
@@ -24,6 +24,11 @@ setup: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/setup-venv.sh
 	VENV=$(VENV) PYTHON=$(PYTHON) scripts/setup-venv.sh
 	touch $@
+
+# NVIDIA DALI (the `dali` extra, about 0.5 GB): GPU decoding, and the `dali` tests, which run
+# its CPU decoders on any machine.
+setup-dali: setup
+	$(BIN)/python -m pip --disable-pip-version-check -q install -e ".[test,dali]"
 
 system:
 	scripts/setup-system.sh

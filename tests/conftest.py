@@ -1,5 +1,6 @@
 """Shared fixtures: real servers started by the tests themselves."""
 
+import functools
 import itertools
 import os
 
@@ -19,6 +20,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.postgres)
         if "slurm_cluster" in names:
             item.add_marker(pytest.mark.slurm)
+        if item.get_closest_marker("dali") and not _dali_installed():
+            item.add_marker(pytest.mark.skip(reason="NVIDIA DALI is not installed (make setup-dali)"))
+
+
+@functools.cache
+def _dali_installed() -> bool:
+    from automlperf.train.data import dali_available
+
+    return dali_available()
 
 
 @pytest.fixture(scope="session")

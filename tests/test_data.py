@@ -1,5 +1,6 @@
 import pickle
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -154,10 +155,14 @@ def test_imagenet_folder_errors(tmp_path):
         datasets.load("imagenet", tmp_path)
 
 
-def test_gpu_decode_without_dali_says_how_to_get_it(tmp_path):
+def test_gpu_decode_without_dali_says_how_to_get_it(tmp_path, monkeypatch):
     make_image_folder(tmp_path, corrupt=False)
-    with pytest.raises(DataError, match="gpu_decode needs NVIDIA DALI"):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # as if not installed
+    with pytest.raises(DataError, match=r"gpu_decode needs NVIDIA DALI: pip install 'automlperf\[dali\]'"):
         datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True)
+    # Unset, it is the GPUs' default only where DALI is installed.
+    ds = datasets.load("imagenet", tmp_path, image_size=32, device_type="cuda")
+    assert type(ds) is datasets.ImageFolderDataset
 
 
 def test_random_resized_crop_box_stays_inside():

@@ -10,7 +10,7 @@ from PIL import JpegImagePlugin
 
 from automlperf.train import data as datasets
 from automlperf.train.data import (FileIndex, ImageFolderDataset, plan_loader, plan_steps,
-                                   prepare_index, regroup, step_plan)
+                                   prepare_index, step_plan)
 from imagefolder import make_image_folder, photo
 
 CPU = torch.device("cpu")
@@ -39,13 +39,6 @@ def test_uneven_shards_give_in_memory_datasets_equal_batch_counts():
     assert counts == [2, 2]
     seen = sum(len(y) for r in range(2) for _, y in ds.batches("train", r, 2, 359, 0, 0, CPU))
     assert seen == 1437
-
-
-def test_regroup_cuts_fixed_batches_to_the_plan():
-    stream = iter([(torch.arange(i, i + 4), torch.arange(i, i + 4)) for i in range(0, 10, 4)])
-    stream = ((x[: 10 - int(x[0])], y[: 10 - int(y[0])]) for x, y in stream)
-    out = list(regroup(stream, [3, 3, 4]))
-    assert [y.tolist() for _, y in out] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
 
 
 def test_memory_stays_within_the_byte_budget_at_an_h100_batch():

@@ -84,7 +84,9 @@ class DataConfig(_Section):
                             "training crop, pixels.")
     workers: int | None = Field(None, ge=0, description="Data-loading worker processes per "
                                 "accelerator; default: the spare CPU cores.")
-    gpu_decode: bool = Field(False, description="Decode JPEGs on the GPU (needs NVIDIA DALI).")
+    gpu_decode: bool | None = Field(None, description="Decode images with NVIDIA DALI, on the "
+                                    "GPU (the `dali` extra); default: when DALI is installed "
+                                    "and the ranks train on GPUs.")
     synthetic_images: int = Field(4096, ge=1, description="Training images per epoch of the "
                                   "synthetic dataset (validation gets a quarter).")
     synthetic_classes: int = Field(1000, ge=2, description="Classes of the synthetic dataset.")

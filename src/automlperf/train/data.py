@@ -7,7 +7,7 @@ the images it actually delivered.
 * ``cifar10``: the CIFAR-10 binary or python batches from a local folder (read as data; the
   python batches go through an unpickler that only admits NumPy arrays).
 * ``imagenet``: ``train/<class>/*.JPEG`` and ``val/<class>/*.JPEG``, decoded by worker
-  processes (or on the GPU with NVIDIA DALI), random-resized-crop + flip for training,
+  processes (or by NVIDIA DALI, on the GPU, when it is installed), random-resized-crop + flip for training,
   resize + centre crop for validation. The file index is scanned once and shared as arrays;
   one loader per trial keeps its workers for every pass, decodes in small chunks within a
   byte budget, and hands over NHWC uint8 (channels-last on the device at no cost).
@@ -723,15 +723,19 @@ class ImageFolderDataset(Dataset):
         self.official = name == "imagenet" and len(self.classes) == 1000
         self._mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
-        self._loader: _FolderLoader | None = None
+        self._loader: Any = None
 
     def loader(self, rank: int, world: int, per_rank: int, seed: int,
-               device: torch.device) -> _FolderLoader:
+               device: torch.device) -> Any:
         """This trial's loader (a new one when the trial's shape changes)."""
         if self._loader is None or self._loader.key() != (rank, world, per_rank, seed, device):
             self.release()
-            self._loader = _FolderLoader(self, rank, world, per_rank, seed, device)
+            self._loader = self._new_loader(rank, world, per_rank, seed, device)
         return self._loader
+
+    def _new_loader(self, rank: int, world: int, per_rank: int, seed: int,
+                    device: torch.device) -> Any:
+        return _FolderLoader(self, rank, world, per_rank, seed, device)
 
     def batches(self, split: str, rank: int, world: int, batch_size: int, epoch: int,
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -749,88 +753,162 @@ class ImageFolderDataset(Dataset):
             self._loader = None
 
 
-def regroup(stream: Iterator[tuple[torch.Tensor, torch.Tensor]],
-            sizes: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches of exactly ``sizes`` images (fewer only where the stream runs short) from a
-    stream of fixed-size batches, so that every rank takes the same number of steps."""
-    xs: list[torch.Tensor] = []
-    ys: list[torch.Tensor] = []
-    held = 0
-    for size in sizes:
-        while held < size:
-            got = next(stream, None)
-            if got is None:
-                break
-            xs.append(got[0])
-            ys.append(got[1])
-            held += len(got[1])
-        if not xs:
-            return
-        x, y = torch.cat(xs), torch.cat(ys)
-        yield x[:size], y[:size]
-        xs, ys = [x[size:]], [y[size:]]
-        held = len(ys[0])
+def dali_available() -> bool:
+    """Whether NVIDIA DALI can be imported (the ``dali`` extra)."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
-class DaliImageFolderDataset(ImageFolderDataset):
-    """The same folders decoded on the GPU by NVIDIA DALI (``gpu_decode = true``)."""
+class _DaliLoader:
+    """One rank's DALI pipelines for one trial, training and validation, each built once and
+    fed the step plan's files step by step, so every rank takes the same steps and every
+    image is used once per epoch, as with the worker loader. Rebuilding a pipeline per epoch
+    would leave DALI's device memory pool to grow. Images come out as NHWC uint8: no layout
+    copy for channels-last, a quarter of the bytes of float CHW.
 
-    def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
-                 index_dir: Path | str | None = None) -> None:
-        super().__init__(root, image_size, workers, "imagenet", index_dir)
-        try:
-            import nvidia.dali  # noqa: F401
-        except ImportError:
-            raise DataError("gpu_decode needs NVIDIA DALI: pip install nvidia-dali-cuda120 "
-                            "(or set data.gpu_decode = false)") from None
+    Files DALI cannot decode are counted, not fatal: a step whose batch fails is decoded
+    again without the files that fail on their own."""
 
-    def batches(self, split: str, rank: int, world: int, batch_size: int, epoch: int,
-                seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __init__(self, ds: ImageFolderDataset, rank: int, world: int, per_rank: int, seed: int,
+                 device: torch.device) -> None:
+        self.ds, self.rank, self.world, self.per_rank = ds, rank, world, per_rank
+        self.seed, self.device = seed, device
+        self.gpu = device.type == "cuda"
+        self._pipes: dict[bool, Any] = {}
+        self._probe: Any = None
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.rank, self.world, self.per_rank, self.seed, self.device)
+
+    def _build(self, train: bool, batch: int) -> Any:
         from nvidia.dali import fn, pipeline_def, types
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        steps = step_plan(len(self.index.rows(split)), rank, world, batch_size, split, epoch, seed)
-        base = 0 if split == "train" else self.train_size
-        idx = (torch.cat(steps) + base).tolist() if steps else []
-        files = [self.index.path(i) for i in idx]
-        labels = [int(self.index.labels[i]) for i in idx]
-        train, size = split == "train", self.image_size
+        size = self.ds.image_size
+        decoder = "mixed" if self.gpu else "cpu"
 
-        @pipeline_def(batch_size=batch_size, num_threads=max(1, self.workers),
-                      device_id=device.index or 0, seed=seed + epoch)
+        # One batch in flight: each step's files are given with the run that decodes them,
+        # so a decoding error belongs to that step.
+        # No device for a CPU-only pipeline.
+        device: dict[str, Any] = {"device_id": (self.device.index or 0) if self.gpu else None}
+
+        @pipeline_def(batch_size=batch, num_threads=max(1, self.ds.workers),
+                      seed=(self.seed * 2 + train) % 2**31, prefetch_queue_depth=1, **device)
         def pipe():
-            jpegs, lab = fn.readers.file(files=files, labels=labels, random_shuffle=False,
-                                         name="reader")
+            files = fn.external_source(name="files", dtype=types.UINT8, ndim=1)
             if train:
-                images = fn.decoders.image_random_crop(jpegs, device="mixed",
+                images = fn.decoders.image_random_crop(files, device=decoder,
                                                        output_type=types.RGB)
                 images = fn.resize(images, resize_x=size, resize_y=size)
                 mirror = fn.random.coin_flip(probability=0.5)
             else:
-                images = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)
+                images = fn.decoders.image(files, device=decoder, output_type=types.RGB)
                 images = fn.resize(images, resize_shorter=round(size / 0.875))
-                mirror = False
-            images = fn.crop_mirror_normalize(
-                images, crop=(size, size), mirror=mirror, dtype=types.FLOAT,
-                output_layout="CHW", mean=[m * 255 for m in IMAGENET_MEAN],
-                std=[s * 255 for s in IMAGENET_STD])
-            return images, lab.gpu()
+                mirror = 0
+            return fn.crop_mirror_normalize(images, crop=(size, size), mirror=mirror,
+                                            dtype=types.UINT8, output_layout="HWC")
 
-        p = pipe()
-        p.build()
-        stream = ((out[0]["x"], out[0]["y"].view(-1).long()) for out in DALIGenericIterator(
-            [p], ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL))
-        yield from regroup(stream, [len(s) for s in steps])
+        built = pipe()
+        built.build()
+        return built
+
+    def _pipeline(self, train: bool) -> Any:
+        if train not in self._pipes:
+            # The longest share of a step: the per-rank batch and a small remainder.
+            self._pipes[train] = self._build(train, self.per_rank + 2)
+        return self._pipes[train]
+
+    def _run(self, train: bool, files: list[np.ndarray]) -> torch.Tensor:
+        from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
+
+        (out,) = self._pipeline(train).run(files=files)
+        return to_torch_tensor(out.as_tensor(), copy=True)
+
+    def _decodable(self, data: np.ndarray) -> bool:
+        """Whether one file decodes on its own (in a one-image pipeline on the CPU)."""
+        if self._probe is None:
+            self._probe = self._build(False, 1)
+        try:
+            self._probe.run(files=[data])
+        except RuntimeError:
+            return False
+        return True
+
+    def _decode(self, train: bool, rows: list[int]) -> tuple[torch.Tensor, list[int]]:
+        files: list[np.ndarray] = []
+        kept: list[int] = []
+        for row in rows:
+            try:
+                data = np.fromfile(self.ds.index.path(row), dtype=np.uint8)
+            except OSError:
+                continue
+            if data.size:
+                files.append(data)
+                kept.append(row)
+        s = self.ds.image_size
+        if files:
+            try:
+                return self._run(train, files), kept
+            except RuntimeError:
+                good = [i for i, data in enumerate(files) if self._decodable(data)]
+                files, kept = [files[i] for i in good], [kept[i] for i in good]
+            if files:
+                try:
+                    return self._run(train, files), kept
+                except RuntimeError:
+                    # DALI pipelines outlive an operator's error; one that did not is built
+                    # again, once.
+                    self._pipes.pop(train, None)
+                    self._probe = None
+                    return self._run(train, files), kept
+        return torch.empty((0, s, s, 3), dtype=torch.uint8, device=self.device), kept
+
+    def passes(self, split: str, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        """(NHWC uint8 images on the device, labels, unreadable count) for every step."""
+        train = split == "train"
+        base = 0 if train else self.ds.index.train_size
+        for rows in step_plan(len(self.ds.index.rows(split)), self.rank, self.world,
+                              self.per_rank, split, epoch, self.seed):
+            wanted = (rows + base).tolist()
+            images, kept = self._decode(train, wanted)
+            labels = torch.from_numpy(self.ds.index.labels[kept].astype(np.int64))
+            yield (images.to(self.device, non_blocking=True),
+                   labels.to(self.device, non_blocking=True), len(wanted) - len(kept))
+
+    def close(self) -> None:
+        self._pipes.clear()
+        self._probe = None
+
+
+class DaliImageFolderDataset(ImageFolderDataset):
+    """The same folders decoded by NVIDIA DALI: on the GPU (nvJPEG) when the rank has one,
+    else with DALI's CPU decoders."""
+
+    def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
+                 index_dir: Path | str | None = None) -> None:
+        if not dali_available():
+            raise DataError("gpu_decode needs NVIDIA DALI: pip install 'automlperf[dali]' "
+                            "(or set data.gpu_decode = false)")
+        super().__init__(root, image_size, workers, "imagenet", index_dir)
+
+    def _new_loader(self, rank: int, world: int, per_rank: int, seed: int,
+                    device: torch.device) -> Any:
+        return _DaliLoader(self, rank, world, per_rank, seed, device)
 
 
 _DATA = DataConfig()  # the one source of the data defaults
 
 
 def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
-         workers: int = 4, gpu_decode: bool = _DATA.gpu_decode,
+         workers: int = 4, gpu_decode: bool | None = _DATA.gpu_decode,
          synthetic_images: int = _DATA.synthetic_images,
-         synthetic_classes: int = _DATA.synthetic_classes, index_dir: str | None = None) -> Dataset:
-    """A dataset by name; raises DataError naming what is missing."""
+         synthetic_classes: int = _DATA.synthetic_classes, index_dir: str | None = None,
+         device_type: str = "cpu") -> Dataset:
+    """A dataset by name; raises DataError naming what is missing. Image folders are decoded
+    by DALI when ``gpu_decode`` is set, or unset with DALI installed and a GPU
+    (``device_type``) to train on."""
     if dataset == "builtin":
         return builtin(image_size or 12)
     if dataset == "digits":
@@ -838,6 +916,8 @@ def load(dataset: str, data_dir: Path | str | None = None, image_size: int | Non
     if dataset == "cifar10":
         return cifar10(data_dir, image_size or 32)
     if dataset == "imagenet":
+        if gpu_decode is None:
+            gpu_decode = device_type == "cuda" and dali_available()
         cls = DaliImageFolderDataset if gpu_decode else ImageFolderDataset
         return cls(data_dir, image_size or 224, workers, index_dir=index_dir)
     if dataset == "synthetic":

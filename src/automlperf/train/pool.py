@@ -97,7 +97,7 @@ def _rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads
             # A first collective, so that backends which connect lazily (NCCL) use the
             # rendezvous file now: the parent removes it once every rank is ready.
             dist.all_reduce(torch.zeros(1, device=device))
-        dataset = datasets.load(**data)
+        dataset = datasets.load(**data, device_type=device.type)
         ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
         _send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
                               "device": _device_name(device), "uuid": _device_uuid(device)})

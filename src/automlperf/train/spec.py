@@ -73,7 +73,7 @@ class DataArgs:
     data_dir: str | None = None
     image_size: int | None = None
     workers: int = 0
-    gpu_decode: bool = _DATA.gpu_decode
+    gpu_decode: bool | None = _DATA.gpu_decode
     synthetic_images: int = _DATA.synthetic_images
     synthetic_classes: int = _DATA.synthetic_classes
     index_dir: str | None = None  # a scanned image-folder index (data.FileIndex)
