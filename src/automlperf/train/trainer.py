@@ -177,6 +177,7 @@ class _Run:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total, warmup))
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        self.graphs_before = compiled_graphs() if spec.compile else 0
         runner: Any = _compiled(self.module, self.device) if spec.compile else self.module
         if ctx.distributed:
             # Buffers (BatchNorm statistics) are averaged once before validation, not
@@ -330,13 +331,33 @@ def _compiled(module: nn.Module, device: torch.device) -> Any:
     """``torch.compile`` for one trial. Every architecture runs the same forward code, so
     trials in one rank would pile guards on one code object until Dynamo's recompile limit,
     then silently run eagerly: each trial starts from a clean cache. Compile workers share
-    the rank's cores with its decoding workers instead of starting one per core."""
+    the rank's cores with its decoding workers (the rank sets their number when it starts)
+    instead of starting one per core of the node."""
     import torch._dynamo
     import torch._inductor.config
 
+    from automlperf.train.rankenv import configured_compile_threads
+
     torch._dynamo.reset()
-    torch._inductor.config.compile_threads = max(1, torch.get_num_threads())
+    torch._inductor.config.compile_threads = configured_compile_threads(torch.get_num_threads())
     return torch.compile(module)
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far (a count that only grows)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _note_compilation(run: _Run, outcome: TrialOutcome) -> None:
+    """Record how many graphs the trial's first epoch compiled: none means Dynamo ran the
+    trial eagerly (a recompile limit, an unsupported construct), which would otherwise pass
+    unseen as a slow compiled trial."""
+    graphs = compiled_graphs() - run.graphs_before
+    outcome.extra["compiled_graphs"] = graphs
+    if graphs == 0:
+        outcome.extra["compile_fallback"] = "eager: torch.compile compiled no graph for this trial"
 
 
 def _reduce(values: list[float], ctx: RankContext, op: Any = None) -> list[float]:
@@ -387,6 +408,8 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             data_share=min(1.0, wait / ctx.world / max(seconds, 1e-9)),
             images_per_s=images / max(seconds, 1e-9), skipped_images=int(skipped))
         outcome.epochs = epoch + 1
+        if spec.compile and epoch == 0:
+            _note_compilation(run, outcome)
         if accuracy > best:
             best, stale = accuracy, 0
             outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
