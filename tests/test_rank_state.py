@@ -40,6 +40,7 @@ def _live(kind: type) -> int:
     return sum(issubclass(type(o), kind) for o in gc.get_objects())
 
 
+@pytest.mark.slow
 def test_a_trial_leaves_no_module_optimiser_or_loader_behind(tmp_path):
     """With the collector off, only the rank's own collection between trials frees what
     reference cycles hold (the optimiser and its schedule, a failed trial's traceback)."""
