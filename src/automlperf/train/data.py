@@ -789,9 +789,9 @@ class _DaliLoader:
         size = self.ds.image_size
         decoder = "mixed" if self.gpu else "cpu"
 
-        # One batch in flight: each step's files are given with the run that decodes them,
-        # so a decoding error belongs to that step.
-        # No device for a CPU-only pipeline.
+        # One batch in flight (prefetch depth 1): each step's files are given with the run
+        # that decodes them, so a decoding error belongs to that step. A CPU-only pipeline
+        # has no device.
         device: dict[str, Any] = {"device_id": (self.device.index or 0) if self.gpu else None}
 
         @pipeline_def(batch_size=batch, num_threads=max(1, self.ds.workers),
@@ -827,7 +827,7 @@ class _DaliLoader:
         return to_torch_tensor(out.as_tensor(), copy=True)
 
     def _decodable(self, data: np.ndarray) -> bool:
-        """Whether one file decodes on its own (in a one-image pipeline on the CPU)."""
+        """Whether one file decodes on its own, in a one-image pipeline with the same decoder."""
         if self._probe is None:
             self._probe = self._build(False, 1)
         try:
