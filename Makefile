@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 run: setup
 	$(BIN)/automlperf run
 
-test: setup system
+test: setup-dali system
 	$(BIN)/python -m pytest --durations=20
 
 # Day-to-day: no root, no services (PostgreSQL, SLURM, Chromium), no end-to-end runs.
@@ -26,7 +26,7 @@ $(VENV)/.ready: pyproject.toml scripts/setup-venv.sh
 	touch $@
 
 # NVIDIA DALI (the `dali` extra, about 0.5 GB): GPU decoding, and the `dali` tests, which run
-# its CPU decoders on any machine.
+# its CPU decoders on any machine; the whole suite installs it so those tests always run.
 setup-dali: setup
 	$(BIN)/python -m pip --disable-pip-version-check -q install -e ".[test,dali]"
 
