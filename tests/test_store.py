@@ -11,6 +11,8 @@ import sqlalchemy as sa
 
 from automlperf.store import (SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError, open_store, redact,
                               resolve_store_url)
+from automlperf.store.feed import EpochFeed
+from automlperf.store.sql import T_EPOCHS
 from automlperf.store.urls import normalise_url
 
 
@@ -104,6 +106,31 @@ class TestStoreContract:
         rec = store.trial(t)
         assert rec.epochs_done == 2 and rec.best_accuracy == pytest.approx(0.51)  # so far
 
+    def test_new_epochs_are_read_once_in_order(self, store, run):
+        run_id, seg, rep = run
+        other = store.register_replica(run_id, 1, seg, "node2", 43, [], 1000.0)
+        a = store.claim_trial(run_id, rep, 0, "a", "{}", None, [], 0, {}, 1000.0, 60.0)
+        b = store.claim_trial(run_id, other, 1, "b", "{}", None, [], 0, {}, 1000.0, 60.0)
+        elsewhere = store.create_run("r2", {}, {}, 60.0, 1000.0)
+        c = store.claim_trial(elsewhere, rep, 0, "a", "{}", None, [], 0, {}, 1000.0, 60.0)
+        feed = EpochFeed(store, run_id)
+        assert feed.read() == []
+        for n in range(3):  # another run's epochs in between
+            store.record_epoch(epoch(run_id, a, n))
+            store.record_epoch(epoch(elsewhere, c, n))
+        store.record_epoch(epoch(run_id, b, 0))
+        got = feed.read()
+        assert [(r, e.trial_id, e.epoch) for r, e in got] == [(0, a, 0), (0, a, 1), (0, a, 2),
+                                                             (1, b, 0)]
+        assert got[0][1] == epoch(run_id, a, 0) and isinstance(got[0][1].ops, int)
+        assert feed.read() == []
+        store.record_epoch(epoch(run_id, b, 1))
+        assert [(r, e.trial_id, e.epoch) for r, e in feed.read()] == [(1, b, 1)]
+        assert feed.read() == [] and feed.missing == {}
+        store.finish_trial(a, "completed", 1100.0)
+        assert {(t.replica_index, t.status): (t.count, t.last_id) for t in store.tally(run_id)} \
+            == {(0, "completed"): (1, a), (1, "running"): (1, b)}
+
     def test_leases_expire_when_heartbeats_stop(self, store, run):
         run_id, seg, rep = run
         silent = store.register_replica(run_id, 1, seg, "node2", 43, [], 1000.0)
@@ -187,6 +214,46 @@ def test_an_unreachable_postgres_server_is_retried(pg_server, pg_url):
     finally:
         pg_server.start()
     assert "***" in str(redact(pg_url)) and pg_server.password not in redact(pg_url)
+
+
+def test_an_epoch_committed_late_is_still_read(pg_url):
+    """An epoch whose transaction took its number first but commits after a later one's is
+    read when it commits, once."""
+    s = open_store(pg_url, create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    seg = s.start_segment(run_id, 1.0, 100.0)
+    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
+    t = s.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    feed = EpochFeed(s, run_id)
+    s.record_epoch(epoch(run_id, t, 0))
+    assert len(feed.read()) == 1
+    other = sa.create_engine(pg_url)
+    slow = other.connect()
+    pending = slow.begin()
+    slow.execute(T_EPOCHS.insert().values(**epoch(run_id, t, 1).__dict__))  # takes number 2
+    s.record_epoch(epoch(run_id, t, 2))  # number 3, committed first
+    assert [e.epoch for _, e in feed.read()] == [2]
+    pending.commit()
+    slow.close()
+    other.dispose()
+    assert [e.epoch for _, e in feed.read()] == [1]
+    assert feed.read() == [] and feed.missing == {}
+
+
+def test_a_postgres_store_from_before_epoch_numbers_gets_them(pg_url):
+    s = open_store(pg_url, create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    seg = s.start_segment(run_id, 1.0, 100.0)
+    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
+    t = s.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    with s.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN seq")
+    s.record_epoch(epoch(run_id, t, 0))
+    s.close()
+    s = open_store(pg_url)
+    s.record_epoch(epoch(run_id, t, 1))
+    assert [e.epoch for _, e in EpochFeed(s, run_id).read()] == [0, 1]
+    s.close()
 
 
 def test_a_locked_sqlite_database_is_waited_for(tmp_path):

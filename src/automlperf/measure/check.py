@@ -28,8 +28,10 @@ from automlperf.measure.breakdown import PARTS
 from automlperf.dataset_identity import DatasetIdentityError, scan
 from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
+from automlperf.hardware import cores_available
 from automlperf.measure.result import build_result
 from automlperf.ops import count, epoch_ops
+from automlperf.ops.count import OpCount
 from automlperf.store.rundir import RunDir, run_store
 from automlperf.store import EpochRecord, Store, TrialRecord
 from automlperf.events import read_jsonl
@@ -94,31 +96,76 @@ def _check_config(rd: RunDir, stored: dict[str, Any], bad: list[str]) -> Config:
     return config
 
 
-def _check_graphs(rd: RunDir, trials: list[TrialRecord], bad: list[str]) -> dict[int, Graph]:
+# Below this many trials the graphs are checked in this process; above, in one process per
+# core (parsing and counting ten thousand graphs is most of what `check` does).
+PARALLEL_FROM = 500
+
+
+def _check_graphs(rd: RunDir, trials: list[TrialRecord], bad: list[str]) -> dict[int, OpCount]:
     """Each stored graph is valid and hashes to its trial's hash, and the trial folder's
-    graph.json is the same architecture; the valid graphs by trial."""
-    graphs: dict[int, Graph] = {}
-    for t in trials:
+    graph.json is the same architecture; the operation count of each valid graph, by trial."""
+    items = [(t.id, t.graph_hash, t.graph_json, str(rd.trial(t.id) / "graph.json"))
+             for t in trials]
+    workers = min(cores_available(), math.ceil(len(items) / PARALLEL_FROM))
+    if workers <= 1:
+        checked = _verify_graphs(items)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        size = math.ceil(len(items) / (4 * workers))
+        chunks = [items[i:i + size] for i in range(0, len(items), size)]
+        with concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            checked = [row for part in pool.map(_verify_graphs, chunks) for row in part]
+    counts: dict[int, OpCount] = {}
+    for trial_id, problems, ops in checked:
+        bad.extend(problems)
+        if ops is not None:
+            counts[trial_id] = ops
+    return counts
+
+
+def _verify_graphs(items: list[tuple[int, str, str, str]]) -> list[tuple[int, list[str],
+                                                                          OpCount | None]]:
+    """(trial, problems, operation count) of each (trial, hash, stored graph, graph file)."""
+    out: list[tuple[int, list[str], OpCount | None]] = []
+    for trial_id, graph_hash, graph_json, path in items:
+        problems: list[str] = []
         try:
-            g = Graph.from_json(t.graph_json)
+            g = Graph.from_json(graph_json)
         except GraphError as exc:
-            bad.append(f"trial {t.id}: stored graph is invalid: {exc}")
+            out.append((trial_id, [f"trial {trial_id}: stored graph is invalid: {exc}"], None))
             continue
-        graphs[t.id] = g
-        if g.content_hash() != t.graph_hash:
-            bad.append(f"trial {t.id}: stored graph hashes to {g.content_hash()}, but the trial "
-                       f"was recorded with {t.graph_hash}")
-        file = rd.trial(t.id) / "graph.json"
+        if g.content_hash() != graph_hash:
+            problems.append(f"trial {trial_id}: stored graph hashes to {g.content_hash()}, but "
+                            f"the trial was recorded with {graph_hash}")
+        file = Path(path)
         if file.exists():
-            try:
-                on_disk = Graph.from_json(file.read_text()).content_hash()
-            except GraphError as exc:
-                bad.append(f"{file}: invalid graph: {exc}")
-            else:
-                if on_disk != t.graph_hash:
-                    bad.append(f"{file}: architecture {on_disk} differs from the stored one "
-                               f"({t.graph_hash})")
-    return graphs
+            text = file.read_text()
+            written = _json_or_none(text)
+            # A file that holds the stored graph itself needs no rebuilding.
+            if written is None or written != json.loads(graph_json):
+                try:
+                    on_disk = Graph.from_json(text).content_hash()
+                except GraphError as exc:
+                    problems.append(f"{file}: invalid graph: {exc}")
+                else:
+                    if on_disk != graph_hash:
+                        problems.append(f"{file}: architecture {on_disk} differs from the "
+                                        f"stored one ({graph_hash})")
+        # Per image and per step: the same for every batch size.
+        full = count(g)
+        out.append((trial_id, problems, OpCount(full.forward, full.backward_grad,
+                                                full.update_per_step, full.params, 1, {}, {})))
+    return out
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _trial_logs(rd: RunDir, trials: list[TrialRecord]) -> dict[tuple[int, int], dict[str, Any]]:
@@ -133,16 +180,15 @@ def _trial_logs(rd: RunDir, trials: list[TrialRecord]) -> dict[tuple[int, int], 
     return logged
 
 
-def _check_epochs(epochs: list[EpochRecord], graphs: dict[int, Graph],
+def _check_epochs(epochs: list[EpochRecord], counts: dict[int, OpCount],
                   logged: dict[tuple[int, int], dict[str, Any]], bad: list[str]) -> None:
     """Each epoch's operations equal the analytical count of its graph, its step count fits
     its image count, and the store and the trial's log agree on it."""
     for e in epochs:
         where = f"trial {e.trial_id} epoch {e.epoch}"
-        trained = graphs.get(e.trial_id)
-        if trained is not None:
-            expected = epoch_ops(count(trained, batch_size=e.batch_size), e.train_images, e.steps,
-                                 e.val_images)
+        ops = counts.get(e.trial_id)
+        if ops is not None:
+            expected = epoch_ops(ops, e.train_images, e.steps, e.val_images)
             if expected != e.ops:
                 bad.append(f"{where}: recorded {e.ops} ops, but {e.train_images} training and "
                            f"{e.val_images} validation images in {e.steps} steps of this "

@@ -11,6 +11,8 @@ without NVML) it records CPU and memory only.
 AMD GPUs are sampled through amdsmi instead where it is installed and NVML finds no GPU.
 
 Run as: python -m automlperf.measure.monitor --run-dir D --interval 30 [--uuids a,b]
+[--to-stdout]. A replica starts it with ``--to-stdout`` and stores what it prints
+(:class:`SampleCopier`), so the sampler holds no connection to the store of its own.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import argparse
 import json
 import signal
 import socket
+import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from automlperf.measure.energy import POWERCAP, RaplReader
 
@@ -175,17 +179,35 @@ def sample(gpus: GPUSampler | AmdSampler, rapl: RaplReader | None = None) -> dic
     return record
 
 
+class _Printer:
+    """Where a sampler started by a replica sends its samples: its standard output."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None:
+        for record in samples:
+            self.stream.write(json.dumps(record) + "\n")
+        self.stream.flush()
+
+
 def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: list[str],
                 node: str, stop: threading.Event | None = None,
-                powercap: Path = POWERCAP, every_gpu: bool = False) -> None:
+                powercap: Path = POWERCAP, every_gpu: bool = False,
+                to: IO[str] | None = None) -> None:
     """Sample until ``stop`` is set (or SIGTERM); each sample goes to the file at once and
-    to the store (batched, so a slow store never delays sampling)."""
+    to the store (batched, so a slow store never delays sampling), or with ``to`` to that
+    stream instead of the store."""
     from automlperf.store.rundir import RunDir
-    from automlperf.store import open_store
 
     rd = RunDir(run_dir)
     run_id = int(rd.meta()["run_id"])
-    store = open_store(rd.store_url(store_url), run_dir=run_dir)
+    if to is not None:
+        store: Any = _Printer(to)
+    else:
+        from automlperf.store import open_store
+
+        store = open_store(rd.store_url(store_url), run_dir=run_dir)
     stop = stop or threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     rd.monitor.mkdir(exist_ok=True)
@@ -222,6 +244,43 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
             pass
 
 
+class SampleCopier:
+    """Stores the samples a sampler started with ``--to-stdout`` prints, as they come (a
+    thread reads its output); what the store refuses is kept and sent with the next."""
+
+    def __init__(self, lines: Iterable[str], store: Any, run_id: int, node: str) -> None:
+        self.lines = lines
+        self.store = store
+        self.run_id = run_id
+        self.node = node
+        self.stored = 0
+        self.thread = threading.Thread(target=self._copy, name="samples", daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        pending: list[dict[str, Any]] = []
+        for line in self.lines:
+            try:
+                pending.append(json.loads(line))
+            except ValueError:
+                continue
+            try:
+                self.store.add_samples(self.run_id, self.node, pending)
+            except Exception:  # noqa: BLE001 - the file has them; retried with the next
+                continue
+            self.stored += len(pending)
+            pending = []
+        if pending:
+            try:
+                self.store.add_samples(self.run_id, self.node, pending)
+                self.stored += len(pending)
+            except Exception:  # noqa: BLE001 - the file has them
+                pass
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--run-dir", type=Path, required=True)
@@ -231,12 +290,16 @@ def main() -> None:
     ap.add_argument("--node", default=socket.gethostname())
     ap.add_argument("--every-gpu", action="store_true",
                     help="also sample the node's other GPUs (other replicas' on this node)")
+    ap.add_argument("--to-stdout", action="store_true",
+                    help="print each sample for the process that stores them, instead of "
+                         "opening the store")
     args = ap.parse_args()
     from automlperf.procutil import die_with_parent
 
     die_with_parent()
     run_sampler(args.run_dir, args.store, args.interval,
-                [u for u in args.uuids.split(",") if u], args.node, every_gpu=args.every_gpu)
+                [u for u in args.uuids.split(",") if u], args.node, every_gpu=args.every_gpu,
+                to=sys.stdout if args.to_stdout else None)
 
 
 if __name__ == "__main__":

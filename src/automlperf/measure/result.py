@@ -106,7 +106,8 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         peak = system.get("peak_ops_per_node")
         total_peak = peak * nodes if peak else None
         ceiling = None
-    energy = energy_summary(store.samples(run_id), segments) or {}
+    samples = store.samples(run_id)
+    energy = energy_summary(samples, segments) or {}
     power = energy.get("mean_power_w")
     status = Counter(t.status for t in trials)
     best = next((t for t in trials if t.id == scored["best_trial"]), None)
@@ -136,7 +137,7 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         "fraction_of_peak": scored["score"] / total_peak if total_peak else None,
         "ceiling_ops": ceiling,
         "fraction_of_ceiling": scored["score"] / ceiling if ceiling else None,
-        "time_breakdown": breakdown(epochs, trials, segments, store.samples(run_id)),
+        "time_breakdown": breakdown(epochs, trials, segments, samples),
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,

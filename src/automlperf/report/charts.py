@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.collections import LineCollection  # noqa: E402
 
 from automlperf.measure.units import ops_unit  # noqa: E402
 
@@ -77,6 +78,11 @@ def error_chart(curve: list[dict[str, float]]) -> str:
     return _svg(fig, "best error over time")
 
 
+# Beyond this many epochs the chart draws the trials as one raster layer (a picture inside
+# the SVG): as vectors, each point costs ~200 bytes, and a long run has half a million.
+MANY_POINTS = 2000
+
+
 def trials_chart(series: list[dict[str, Any]], best_lineage: list[Any] | None = None) -> str:
     """Every trial's validation accuracy at each epoch end, coloured by replica. A thin grey
     link joins each child's first epoch to its parent's last (lineage); the path from the
@@ -86,36 +92,76 @@ def trials_chart(series: list[dict[str, Any]], best_lineage: list[Any] | None = 
     tx = 3600.0 if long_run else 60.0
     by_id = {s["id"]: s for s in series if "id" in s and s["points"]}
     on_path = set(best_lineage or [])
+    many = sum(len(s["points"]) for s in series) > MANY_POINTS
+    links = []
     for s in series:
         parent = by_id.get(s.get("parent"))
         if parent is None or not s["points"]:
             continue
         (x0, y0), (x1, y1) = parent["points"][-1], s["points"][0]
-        bold = s["id"] in on_path and parent["id"] in on_path
-        ax.plot([x0 / tx, x1 / tx], [100 * y0, 100 * y1], ls="-" if bold else ":",
-                color="#222" if bold else "#999", lw=1.6 if bold else 0.8, zorder=1)
+        if s["id"] in on_path and parent["id"] in on_path:
+            ax.plot([x0 / tx, x1 / tx], [100 * y0, 100 * y1], "-", color="#222", lw=1.6, zorder=1)
+        else:
+            links.append([(x0 / tx, 100 * y0), (x1 / tx, 100 * y1)])
+    if links:
+        ax.add_collection(LineCollection(links, colors="#999", linewidths=0.8, linestyles=":",
+                                         zorder=1, rasterized=many))
+    replicas = {s["replica"] for s in series}
+    labelled = len(replicas) <= len(PALETTE)
     seen: set[int] = set()
+    faint: dict[str, list[list[tuple[float, float]]]] = {}
     for s in series:
         colour = PALETTE[s["replica"] % len(PALETTE)]
-        label = f"replica {s['replica']}" if s["replica"] not in seen else None
-        seen.add(s["replica"])
         xs = [p[0] / tx for p in s["points"]]
         ys = [100 * p[1] for p in s["points"]]
         bold = s.get("id") in on_path
+        if many and not bold:
+            faint.setdefault(colour, []).append(list(zip(xs, ys)))
+            continue
+        label = f"replica {s['replica']}" if labelled and s["replica"] not in seen else None
+        seen.add(s["replica"])
         ax.plot(xs, ys, "-o", color=colour, ms=3.5 if bold else 2.5, lw=2 if bold else 1,
                 alpha=1.0 if bold else 0.7, label=label, zorder=3 if bold else 2,
                 markeredgecolor="#222" if bold else colour, markeredgewidth=0.6)
+    for colour, lines in faint.items():
+        ax.add_collection(LineCollection(lines, colors=colour, linewidths=0.6, alpha=0.5,
+                                         zorder=2, rasterized=True))
+    if many and labelled:
+        for replica in sorted(replicas - seen):
+            ax.plot([], [], "-", color=PALETTE[replica % len(PALETTE)], label=f"replica {replica}")
+            seen.add(replica)
     if on_path:
         ax.plot([], [], "-", color="#222", lw=1.6, label="lineage of the best model")
         ax.plot([], [], ":", color="#999", lw=0.8, label="parent → child")
+    xs_all = [p[0] / tx for s in series for p in s["points"]]
+    if xs_all:
+        ax.set_xlim(min(xs_all), max(xs_all) * 1.01 or 1.0)
     ax.set_xlabel(_time_label(long_run))
     ax.set_ylabel("validation accuracy (%)")
     accs = [100 * p[1] for s in series for p in s["points"]]
     # From just below the lowest point: a run that climbs from 90 % to 99 % shows its climb.
     ax.set_ylim(max(0.0, min(accs) - 2) if accs else 0.0, 100)
-    if seen:
+    if seen or on_path:
         ax.legend(loc="lower right", frameon=False, ncol=min(3, len(seen) + 2), fontsize=7)
     return _svg(fig, "trial accuracy over time, with lineage")
+
+
+# Beyond this many devices (or hosts) the resource chart shows their mean and range.
+MANY_SERIES = 8
+BINS = 300
+
+
+def _binned(points: list[tuple[float, float]]) -> tuple[list[float], list[float], list[float],
+                                                       list[float]]:
+    """(time, mean, lowest, highest) of the values in each of ``BINS`` equal time bins."""
+    t0 = min(p[0] for p in points)
+    width = (max(p[0] for p in points) - t0) / BINS or 1.0
+    bins: dict[int, list[float]] = {}
+    for t, v in points:
+        bins.setdefault(min(BINS - 1, int((t - t0) / width)), []).append(v)
+    keys = sorted(bins)
+    return ([t0 + (k + 0.5) * width for k in keys], [sum(bins[k]) / len(bins[k]) for k in keys],
+            [min(bins[k]) for k in keys], [max(bins[k]) for k in keys])
 
 
 def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, str]:
@@ -136,10 +182,19 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
         else:
             by_key.setdefault(s.get("node", "host"), []).append(
                 (t, s["cpu_percent"], s["mem_used_gib"]))
-    for i, (key, pts) in enumerate(sorted(by_key.items())):
-        colour = PALETTE[i % len(PALETTE)]
-        a1.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, label=key)
-        a2.plot([p[0] for p in pts], [p[2] for p in pts], color=colour, lw=1, label=key)
+    if len(by_key) > MANY_SERIES:
+        # Thousands of devices: their mean, and the range they span, over time.
+        for ax, column in ((a1, 1), (a2, 2)):
+            t, mean, low, high = _binned([(p[0], p[column]) for pts in by_key.values()
+                                          for p in pts])
+            ax.fill_between(t, low, high, color=PALETTE[0], alpha=0.2, lw=0,
+                            label=f"range of {len(by_key)}")
+            ax.plot(t, mean, color=PALETTE[0], lw=1, label="mean")
+    else:
+        for i, (key, pts) in enumerate(sorted(by_key.items())):
+            colour = PALETTE[i % len(PALETTE)]
+            a1.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, label=key)
+            a2.plot([p[0] for p in pts], [p[2] for p in pts], color=colour, lw=1, label=key)
     if not by_key:
         for ax in (a1, a2):
             ax.text(0.5, 0.5, "no samples recorded", transform=ax.transAxes, ha="center",
@@ -151,7 +206,7 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
     a2.set_ylim(bottom=0)
     for ax in (a1, a2):
         ax.set_xlabel("wall time since start (min)")
-    if by_key and len(by_key) <= 8:
+    if by_key:
         a2.legend(loc="lower right", frameon=False, fontsize=7)
     fig.tight_layout()
     shows = ("utilisation and memory of every GPU (NVML)" if gpu else

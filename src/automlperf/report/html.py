@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import datetime
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,11 @@ _env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.2f} %"
 _env.filters["num"] = lambda v: "-" if v is None else f"{v:,}"
 _env.filters["when"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
+
+# A long run's report stays small (a few MB at 10,000 trials and 500,000 epochs): the table
+# lists this many trials, the score chart this many points.
+TABLE_ROWS = 1000
+CURVE_POINTS = 2000
 
 BREAKDOWN_LABELS = [("start_to_first_epoch_s", "start to first epoch"),
                     ("training_s", "training"), ("data_wait_s", "of which data wait"),
@@ -99,17 +106,20 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     trials = store.trials(run_id)
     counted = counted_epochs(epochs, segments)
     trial_by_id = {t.id: t for t in trials}
-    rows, graphs = _trial_rows(trials, epochs)
     best_id = result.get("best_trial")
     best_trial = trial_by_id.get(best_id) if best_id is not None else None
+    chain = _ancestry(best_trial.id, trial_by_id) if best_trial else []
+    shown = shown_trials(trials, chain)
+    rows, graphs = _trial_rows(shown, epochs)
     row_by_id = {row["id"]: row for row in rows}
-    lineage = [row_by_id[i] for i in _ancestry(best_trial.id, trial_by_id)] if best_trial else []
+    lineage = [row_by_id[i] for i in chain]
     replicas = store.replicas(run_id)
     return {
         "run_dir": str(rd.path), "result": result, "config": config,
         "config_rows": _config_rows(config), "system": system,
         "curve": _score_curve(counted, config), "series": _accuracy_series(counted, trial_by_id),
-        "rows": rows, "best_trial": best_trial, "lineage": lineage,
+        "rows": rows, "trial_count": len(trials), "best_trial": best_trial, "lineage": lineage,
+        "all_trials": trials if len(shown) < len(trials) else None,
         "best_graph": graphs[best_trial.id] if best_trial else None,
         "samples": store.samples(run_id), "start": segments[0].started_at if segments else 0.0,
         "nodes": sorted({(r.host, tuple(r.devices)) for r in replicas}),
@@ -120,9 +130,36 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     }
 
 
+def shown_trials(trials: list[TrialRecord], lineage: list[int],
+                 limit: int | None = None) -> list[TrialRecord]:
+    """The trials the table lists: all of them, or in a long run the ``TABLE_ROWS`` most
+    accurate ones with the best model's lineage and every trial still running or failed
+    (up to the limit), by id. The whole list goes to trials.csv beside the report."""
+    limit = TABLE_ROWS if limit is None else limit
+    if len(trials) <= limit:
+        return trials
+    keep = set(lineage)
+    ranked = sorted(trials, key=lambda t: -1.0 if t.best_accuracy is None else t.best_accuracy,
+                    reverse=True)
+    for t in ranked:
+        if len(keep) >= limit:
+            break
+        keep.add(t.id)
+    return [t for t in trials if t.id in keep]
+
+
+def _thin(values: list[float], limit: int) -> list[float]:
+    """At most ``limit`` of the sorted ``values``, evenly spread, always with the last."""
+    if len(values) <= limit:
+        return values
+    step = len(values) / (limit - 1)
+    return [values[int(i * step)] for i in range(limit - 1)] + [values[-1]]
+
+
 def _score_curve(counted: list[tuple[float, EpochLike]], config: Config) -> list[dict[str, Any]]:
-    """The score's own timeline, with a mark at every epoch end."""
-    ends = sorted({t for t, _ in counted})
+    """The score's own timeline, with a mark at every epoch end (in a long run, at
+    ``CURVE_POINTS`` of them, evenly spread: more than a chart's width shows)."""
+    ends = _thin(sorted({t for t, _ in counted}), CURVE_POINTS)
     return [{"t": t, **m.to_dict()} for t, m in zip(ends, timeline(
         counted, ends[-1] if ends else 0.0, config.data.dataset != "synthetic", marks_at=ends))]
 
@@ -180,8 +217,30 @@ def render(data: dict[str, Any]) -> str:
         kinds=best_ops.by_kind if best_ops else {})
 
 
+TRIALS_CSV = "trials.csv"
+CSV_COLUMNS = ("id", "parent", "replica", "round", "status", "epochs", "best_accuracy",
+               "predicted_accuracy", "batch_size", "kernel_size", "morphs", "graph_hash", "reason")
+
+
+def trials_csv(trials: list[TrialRecord]) -> str:
+    """Every trial, one line each, for a run whose report lists only some."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for t in trials:
+        writer.writerow([t.id, t.parent_id, t.replica_index, t.round, t.status, t.epochs_done,
+                         t.best_accuracy, t.predicted_accuracy,
+                         t.extra.get("batch_size") or t.hparams.get("batch_size"),
+                         t.hparams.get("kernel_size"), _morph_text(t.morphs), t.graph_hash,
+                         t.reason])
+    return out.getvalue()
+
+
 def write_report(run_dir: Path, store_url: str | None = None) -> Path:
+    """report.html, and trials.csv where the report lists only some of the trials."""
     rd = RunDir(Path(run_dir))
-    html = render(gather(run_dir, store_url))
-    write_atomic(rd.report, html)
+    data = gather(run_dir, store_url)
+    if data["all_trials"] is not None:
+        write_atomic(rd.path / TRIALS_CSV, trials_csv(data["all_trials"]))
+    write_atomic(rd.report, render(data))
     return rd.report

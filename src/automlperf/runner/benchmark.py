@@ -17,8 +17,9 @@ from automlperf.config import Config, load_config, parse_duration, set_option
 from automlperf.errors import RunFailure, UserError
 from automlperf.runner import primary
 from automlperf.store.base import StoreError
+from automlperf.store.connections import check_room
 from automlperf.store.rundir import RunDir
-from automlperf.store.urls import resolve_store_url
+from automlperf.store.urls import normalise_url, resolve_store_url
 
 LAUNCHERS = ("local", "slurm", "external")
 
@@ -125,6 +126,8 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     # is written.
     starter, count = _launcher(req, run_dir, replica_url,
                                Config.load(RunDir(run_dir).config) if cfg is None else cfg)
+    # A store that would refuse the replicas connections says so now, not mid-run.
+    check_room(normalise_url(replica_url) if replica_url else None, count)
     # An external launcher may place several replicas on a node: result.json counts the
     # nodes from the hosts that replicas report.
     system = describe(nodes=count if req.launcher == "slurm" else 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,13 @@ from automlperf.config import Config, ConfigError
 from automlperf.measure import provenance
 from automlperf.dataset_identity import DatasetIdentityError, identify
 from automlperf.measure.result import build_result, write_result
-from automlperf.measure.score import counted_epochs
+from automlperf.measure.score import run_time, segment_bounds
 from automlperf.measure.units import format_ops
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.search.hpo import prepare_storage
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
-from automlperf.store import Store, TrialStatus, open_store, redact
+from automlperf.store import Store, TrialStatus, TrialTally, open_store, redact
+from automlperf.store.feed import EpochFeed
 from automlperf.store.urls import strip_password
 
 
@@ -117,58 +118,78 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dic
 
 
 class LiveView:
-    """What the primary's live view of the run shows, read from the store."""
+    """What the primary's live view of the run shows, read from the store every second:
+    the epochs recorded since the last read (kept as running totals) and a few rows of
+    trial counts, so that a poll costs the same after ten hours as after ten seconds."""
 
     def __init__(self, session: Session) -> None:
         self.s = session
+        self.feed = EpochFeed(session.store, session.run_id)
+        # The current session is counted up to its deadline: it ends there at the latest.
+        self.bounds = segment_bounds([replace(seg, last_seen=seg.deadline_at)
+                                      if seg.ended_at is None else seg
+                                      for seg in session.store.segments(session.run_id)])
+        self.ops = 0
+        self.last = 0.0  # run time of the last counted epoch's end
+        self.best: float | None = None
+        self.epochs = 0
+        self.done_epochs: dict[int, int] = {}
+        self.best_of_replica: dict[int, float] = {}
+
+    def update(self) -> None:
+        """Take in the epochs recorded since the last call."""
+        for replica, e in self.feed.read():
+            self.epochs += 1
+            self.done_epochs[e.trial_id] = self.done_epochs.get(e.trial_id, 0) + 1
+            self.best_of_replica[replica] = max(self.best_of_replica.get(replica, 0.0),
+                                                e.val_accuracy)
+            t = run_time(e.ended_at, self.bounds)
+            if t is None:
+                continue
+            self.ops += e.ops
+            self.last = max(self.last, t)
+            self.best = e.val_accuracy if self.best is None else max(self.best, e.val_accuracy)
 
     def view(self, now: float, states: list[str]) -> Group:
-        # Read every second: light rows only (no graphs).
         s = self.s
-        trials = s.store.summaries(s.run_id)
-        epochs = s.store.epochs(s.run_id)
-        counted = counted_epochs(epochs, s.store.segments(s.run_id))
-        ops = sum(e.ops for _, e in counted)
-        last = counted[-1][0] if counted else 0.0
-        best = max((e.val_accuracy for _, e in counted), default=None)
+        self.update()
+        tally: dict[tuple[int, str], TrialTally] = {(t.replica_index, t.status): t
+                                                    for t in s.store.tally(s.run_id)}
+
+        def count(status: str, replica: int | None = None) -> int:
+            return sum(t.count for (r, st), t in tally.items()
+                       if st == status and replica in (None, r))
+
         elapsed = s.elapsed_before + now - s.started_at
         remaining = max(0.0, s.deadline_at - now)
         head = Text.assemble(
             ("automlperf ", "bold"), f"{s.dir.path}  ",
             ("elapsed ", "dim"), fmt_duration(elapsed), ("  remaining ", "dim"),
             fmt_duration(remaining), ("  best accuracy ", "dim"),
-            f"{best:.4f}" if best is not None else "-", ("  OPS ", "dim"),
-            format_ops(ops / last if last else None), ("  trials ", "dim"),
-            f"{sum(t.status == TrialStatus.COMPLETED for t in trials)} done, "
-            f"{sum(t.status == TrialStatus.RUNNING for t in trials)} running")
-        done_epochs: dict[int, int] = {}
-        best_of: dict[int, float] = {}
-        for e in epochs:
-            done_epochs[e.trial_id] = done_epochs.get(e.trial_id, 0) + 1
-            best_of[e.trial_id] = max(best_of.get(e.trial_id, 0.0), e.val_accuracy)
+            f"{self.best:.4f}" if self.best is not None else "-", ("  OPS ", "dim"),
+            format_ops(self.ops / self.last if self.last else None), ("  trials ", "dim"),
+            f"{count(TrialStatus.COMPLETED)} done, {count(TrialStatus.RUNNING)} running")
         table = Table(show_edge=False, pad_edge=False)
         for col in ("replica", "process", "done", "failed", "running trial", "epochs", "best"):
             table.add_column(col)
         for index, state in enumerate(states):
-            mine = [t for t in trials if t.replica_index == index]
-            running = [t for t in mine if t.status == TrialStatus.RUNNING]
-            accs = [best_of[t.id] for t in mine if t.id in best_of]
-            table.add_row(str(index), state,
-                          str(sum(t.status == TrialStatus.COMPLETED for t in mine)),
-                          str(sum(t.status == TrialStatus.FAILED for t in mine)),
-                          str(running[-1].id) if running else "-",
-                          str(done_epochs.get(running[-1].id, 0)) if running else "-",
-                          f"{max(accs):.4f}" if accs else "-")
+            running = tally.get((index, TrialStatus.RUNNING))
+            best = self.best_of_replica.get(index)
+            table.add_row(str(index), state, str(count(TrialStatus.COMPLETED, index)),
+                          str(count(TrialStatus.FAILED, index)),
+                          str(running.last_id) if running else "-",
+                          str(self.done_epochs.get(running.last_id, 0)) if running else "-",
+                          f"{best:.4f}" if best is not None else "-")
         return Group(head, table)
 
     def line(self, now: float, states: list[str]) -> str:
         s = self.s
-        epochs = s.store.epochs(s.run_id)
-        best = max((e.val_accuracy for e in epochs), default=None)
+        self.update()
+        best = max(self.best_of_replica.values(), default=None)
         counts = ", ".join(f"{states.count(k)} {k}" for k in dict.fromkeys(states))
         return (f"elapsed {fmt_duration(s.elapsed_before + now - s.started_at)}, remaining "
                 f"{fmt_duration(s.deadline_at - now)}, replicas {counts or 'none'}, "
-                f"{len(epochs)} epochs, best accuracy {best if best is None else round(best, 4)}")
+                f"{self.epochs} epochs, best accuracy {best if best is None else round(best, 4)}")
 
 
 def replica_states(launcher: Launcher) -> list[str]:

@@ -29,12 +29,12 @@ from automlperf.config import Config
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome
 from automlperf.graph import Graph, seeds
 from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
+from automlperf.measure.monitor import SampleCopier
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus, open_store
 from automlperf.store.rundir import RUN_FILE, RunDir, write_atomic
-from automlperf.store.urls import STORE_ENV
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.spec import DataArgs, Trainer, TrainerError, TrialSpec
 
@@ -57,6 +57,22 @@ class Sampler(Protocol):
     def terminate(self) -> None: ...
 
     def wait(self, timeout: float | None = None) -> Any: ...
+
+
+class NodeSampler:
+    """The node's sampler process, and the thread that stores what it samples."""
+
+    def __init__(self, proc: subprocess.Popen[str], copier: SampleCopier) -> None:
+        self.proc = proc
+        self.copier = copier
+
+    def terminate(self) -> None:
+        self.proc.terminate()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        code = self.proc.wait(timeout)
+        self.copier.join(timeout)  # its last sample, taken as it stopped
+        return code
 
 
 class CannotTrain(RuntimeError):
@@ -459,22 +475,24 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         return run_measurement(chosen, config.train.precision, per_device * world,
                                config.monitor.ceiling_s)
 
-    def sampler(description: dict[str, Any]) -> subprocess.Popen[bytes]:
-        """This node's resource sampler, in a process of its own."""
-        env = dict(os.environ)
-        if url:
-            env[STORE_ENV] = url
+    def sampler(description: dict[str, Any]) -> NodeSampler:
+        """This node's resource sampler, in a process of its own; its samples reach the
+        store through this replica's connection."""
         from automlperf.runner.identity import local_size
 
         # The node's one sampler also covers the GPUs of the other replicas on the node.
         every = ["--every-gpu"] if local_size() > 1 else []
+        node = socket.gethostname()
         rd.logs.mkdir(exist_ok=True)
-        with open(rd.logs / f"monitor-{socket.gethostname()}.log", "ab") as log_file:
-            return subprocess.Popen(
+        with open(rd.logs / f"monitor-{node}.log", "ab") as log_file:
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
                  str(rd.path), "--interval", str(config.monitor.interval_s),
-                 "--uuids", ",".join(description.get("uuids", [])), *every],
-                env=env, stdout=log_file, stderr=subprocess.STDOUT)
+                 "--uuids", ",".join(description.get("uuids", [])), "--node", node,
+                 "--to-stdout", *every],
+                stdout=subprocess.PIPE, stderr=log_file, text=True)
+        assert proc.stdout is not None
+        return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
 
     return Replica(place, store, trainer, Searcher(search), hpo, default_batch,
                    probe_node=probe, start_sampler=sampler if sample else None)

@@ -25,13 +25,24 @@ def batch_range(default: int, factors: tuple[float, float], multiple: int) -> tu
     return lo, hi
 
 
+def _engine_kwargs(storage_url: str) -> dict[str, object]:
+    """SQLite waits for its lock. On a server, the study connects only while it asks or
+    tells (once per trial), and holds no connection between: a run of many replicas then
+    needs one connection each for its studies at most, not one each all the time."""
+    if storage_url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}
+    from sqlalchemy.pool import NullPool
+
+    return {"poolclass": NullPool}
+
+
 def prepare_storage(storage_url: str) -> None:
     """Create Optuna's tables once, before replicas race to (PostgreSQL refuses two
     concurrent CREATE TYPE of the same name)."""
     import optuna
 
-    kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
-    optuna.storages.RDBStorage(storage_url, engine_kwargs=kwargs)
+    storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=_engine_kwargs(storage_url))
+    storage.engine.dispose()
 
 
 class HyperSearch:
@@ -46,8 +57,8 @@ class HyperSearch:
         # so that a replica's overlapping asks do not repeat themselves.
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials,
                                              multivariate=True, constant_liar=True)
-        kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
-        storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=kwargs)
+        storage = optuna.storages.RDBStorage(storage_url,
+                                             engine_kwargs=_engine_kwargs(storage_url))
         self.study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
                                          direction="maximize", load_if_exists=True)
         self.lo, self.hi = batch_bounds

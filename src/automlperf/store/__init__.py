@@ -2,10 +2,11 @@
 
 from automlperf.events import TrialStatus
 from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
-                                   SegmentRecord, Store, StoreError, TrialRecord, TrialSummary)
+                                   SegmentRecord, Store, StoreError, TrialRecord, TrialSummary,
+                                   TrialTally)
 from automlperf.store.sql import SQLStore, open_store
 from automlperf.store.urls import redact, resolve_store_url
 
 __all__ = ["SCHEMA_VERSION", "EpochRecord", "ReplicaRecord", "SQLStore", "SchemaMismatch",
-           "SegmentRecord", "Store", "StoreError", "TrialRecord", "TrialStatus", "TrialSummary",
+           "SegmentRecord", "Store", "StoreError", "TrialRecord", "TrialStatus", "TrialSummary", "TrialTally",
            "open_store", "redact", "resolve_store_url"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,16 @@ class TrialSummary:
     @property
     def search_accuracy(self) -> float | None:
         return self.predicted_accuracy if self.predicted_accuracy is not None else self.best_accuracy
+
+
+@dataclass
+class TrialTally:
+    """How many of a replica's trials stand at ``status``, and the newest of them."""
+
+    replica_index: int
+    status: str
+    count: int
+    last_id: int
 
 
 @dataclass
@@ -184,6 +195,10 @@ class Store(ABC):
     def trial(self, trial_id: int) -> TrialRecord: ...
 
     @abstractmethod
+    def tally(self, run_id: int) -> list[TrialTally]:
+        """Trials counted by replica and status: a few rows, however long the history."""
+
+    @abstractmethod
     def summaries(self, run_id: int) -> list[TrialSummary]:
         """Every trial's id, hash, status and accuracies, without its graph: cheap enough to
         read before each candidate generation, however long the history."""
@@ -194,6 +209,15 @@ class Store(ABC):
 
     @abstractmethod
     def epochs(self, run_id: int) -> list[EpochRecord]: ...
+
+    @abstractmethod
+    def epochs_after(self, run_id: int, after: int,
+                     also: Sequence[int] = ()) -> list[tuple[int, int, EpochRecord]]:
+        """(number, replica index, epoch) of the run's epochs the store numbered above
+        ``after``, and of the epochs of any run numbered in ``also``, by number. Numbers
+        follow the order the store received epochs in; one may show up later than a higher
+        one while the transaction that took it commits (:class:`~automlperf.store.feed.EpochFeed`
+        reads them all, each once)."""
 
     @abstractmethod
     def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None: ...

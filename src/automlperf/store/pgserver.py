@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from automlperf.store import connections
 from automlperf.store.urls import redact
 from automlperf.errors import UserError
 
@@ -68,16 +69,19 @@ def free_port() -> int:
 
 
 class PostgresServer:
-    """``start()`` initialises (once) and starts the server; ``url`` then reaches it."""
+    """``start()`` initialises (once) and starts the server; ``url`` then reaches it. It
+    accepts ``max_connections`` clients (:func:`connections.server_size` of a run's replicas)."""
 
     def __init__(self, directory: Path | str, port: int | None = None, host: str = "127.0.0.1",
-                 listen_all: bool = False) -> None:
+                 listen_all: bool = False,
+                 max_connections: int = connections.PRIVATE_MIN) -> None:
         self.directory = Path(directory).resolve()
         self.data = self.directory / "pgdata"
         self.password_file = self.directory / "pg.password"
         self.port = port or free_port()
         self.host = host
         self.listen_all = listen_all
+        self.max_connections = max_connections
         self.bin = find_binaries()
         # Unix socket paths are limited to ~100 characters: keep the socket short and private.
         self.socket_dir = Path(tempfile.mkdtemp(prefix="amp-pg-"))
@@ -156,7 +160,7 @@ class PostgresServer:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(log),
                   "-w", "-t", "60", "-o",
                   f"-p {self.port} -k {self.socket_dir} -c listen_addresses='{listen}' "
-                  "-c max_connections=200", "start")
+                  f"-c max_connections={self.max_connections}", "start")
         if fresh:
             self._create_database()
         return self.url
@@ -217,9 +221,12 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--host", default="127.0.0.1", help="the name other nodes reach it by")
     ap.add_argument("--listen-all", action="store_true", help="accept other nodes")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="size max_connections for a run of this many replicas")
     args = ap.parse_args()
     try:
-        server = PostgresServer(args.dir, host=args.host, listen_all=args.listen_all)
+        server = PostgresServer(args.dir, host=args.host, listen_all=args.listen_all,
+                                max_connections=connections.server_size(args.replicas))
         if args.action == "start":
             print(strip_password(server.start()))
         else:

@@ -1,0 +1,228 @@
+"""Scale of the control plane: connections a replica holds, a store too small refused before
+the run, the primary's live view reading only what is new, and check and the report on a
+run of thousands of trials."""
+
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from automlperf.config import Config
+from automlperf.store import EpochRecord, open_store
+from automlperf.store import connections
+from automlperf.store.rundir import RunDir
+from helpers import cli
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def epoch(run_id, trial_id, n, at, acc=0.5):
+    return EpochRecord(trial_id, n, at - 10.0, at, 1000, 200, 8, 10**12 + n, 1.0, acc, "fp32",
+                       128, 1, 0.01, 100.0, run_id=run_id)
+
+
+class Counting:
+    """A real store that counts the calls made to it and the rows each returned."""
+
+    def __init__(self, store):
+        self.store = store
+        self.calls = Counter()
+        self.rows = Counter()
+
+    def __getattr__(self, name):
+        attr = getattr(self.store, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            out = attr(*args, **kwargs)
+            self.calls[name] += 1
+            if isinstance(out, list):
+                self.rows[name] += len(out)
+            return out
+
+        return counted
+
+
+def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
+    from automlperf.runner.primary import LiveView, Session
+
+    store = open_store(store_url, create=True)
+    now = time.time()
+    run_id = store.create_run("r", {}, {}, 3600.0, now - 100)
+    seg = store.start_segment(run_id, now - 100, now + 3500)
+    reps = [store.register_replica(run_id, i, seg, f"n{i}", i, [], now - 100) for i in range(4)]
+    trials = [store.claim_trial(run_id, reps[i % 4], i % 4, f"h{i}", "{}", None, [], 0, {},
+                                now - 90, 600.0) for i in range(8)]
+    for n in range(40):  # 320 epochs
+        for i, t in enumerate(trials):
+            store.record_epoch(epoch(run_id, t, n, now - 80 + n, acc=0.1 + 0.01 * i + 0.001 * n))
+    for t in trials[:4]:
+        store.finish_trial(t, "completed", now - 30)
+    counting = Counting(store)
+    session = Session(RunDir(tmp_path), counting, run_id, Config(), seg, now - 100, now + 3500, 0.0)
+    view = LiveView(session)
+    view.view(now, ["up"] * 4)
+    assert counting.rows["epochs_after"] == 320
+    later = [store.claim_trial(run_id, reps[i], i, f"new{i}", "{}", None, [], 1, {}, now, 600.0)
+             for i in range(2)]
+    for t in later:
+        for n in range(3):
+            store.record_epoch(epoch(run_id, t, n, now + n, acc=0.9))
+    counting.calls.clear()
+    counting.rows.clear()
+    shown = view.view(now + 5, ["up"] * 4)
+    # What is new, and a few rows of counts: nothing that grows with the history.
+    assert set(counting.calls) == {"epochs_after", "tally"}
+    assert counting.rows["epochs_after"] == 6 and counting.rows["tally"] <= 4 * 2
+    epochs = store.epochs(run_id)
+    assert view.epochs == len(epochs) == 326  # all inside the session: every one counts
+    assert view.ops == sum(e.ops for e in epochs) and view.best == 0.9
+    assert view.done_epochs[later[1]] == 3
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(shown)
+    text = console.export_text()
+    assert "0.9000" in text and "4 done, 6 running" in text
+    assert "326 epochs" in view.line(now + 6, ["up"] * 4)
+    store.close()
+
+
+def test_a_replica_holds_one_connection(pg_url):
+    """A replica's threads share one pooled connection (a second only while two overlap);
+    its TPE study connects only while it asks or tells."""
+    from automlperf.search.hpo import HyperSearch, prepare_storage
+
+    probe = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
+
+    def held():
+        with probe.connect() as conn:
+            return conn.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()")).scalar()
+
+    store = open_store(pg_url, create=True)
+    prepare_storage(store.url)
+    hpo = HyperSearch(store.url, "s", (32, 128), [3, 5], startup_trials=1)
+    run_id = store.create_run("r", {}, {}, 60.0, 1.0)
+    seg = store.start_segment(run_id, 1.0, 100.0)
+    rep = store.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
+    assert held() == connections.POOL_SIZE
+    seen = []
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.01):
+            seen.append(held())
+
+    def work(k):
+        for i in range(20):
+            t = store.claim_trial(run_id, rep, 0, f"{k}-{i}", "{}", None, [], 0, {}, 1.0, 60.0)
+            store.record_epoch(epoch(run_id, t, 0, 50.0))
+            store.summaries(run_id)
+            store.heartbeat(rep, 2.0, 60.0)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for w in workers:
+        w.start()
+    for _ in range(3):
+        s = hpo.ask()
+        hpo.tell(s.number, 0.5)
+    for w in workers:
+        w.join()
+    done.set()
+    watcher.join()
+    assert seen and max(seen) <= connections.PER_REPLICA
+    assert held() == connections.POOL_SIZE  # none kept by the study
+    assert len(store.epochs(run_id)) == 60
+    store.close()
+    probe.dispose()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_store_too_small_for_the_run_is_refused_before_it_starts(tmp_path):
+    from automlperf.store.pgserver import PostgresServer
+
+    small = PostgresServer(tmp_path / "small", max_connections=20)
+    url = small.start()
+    try:
+        done = cli("run", "--replicas", 8, "--store", url, "--run-dir", tmp_path / "run",
+                   "--duration", "1m")
+    finally:
+        small.stop()
+    assert done.returncode != 0
+    assert "raise max_connections to at least" in done.stderr and "8 replica(s) open up to 27" \
+        in done.stderr, done.stderr
+    assert small.password not in done.stderr + done.stdout
+    assert not (tmp_path / "run").exists()  # nothing written: the same command can run again
+    sized = PostgresServer(tmp_path / "sized", max_connections=connections.server_size(512))
+    url = sized.start()
+    try:
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        with engine.connect() as conn:
+            assert connections.shortfall(connections.capacity(conn), 512) is None
+            assert conn.execute(sa.text("SHOW max_connections")).scalar() == \
+                str(connections.server_size(512))
+        engine.dispose()
+        connections.check_room(url, 512)
+    finally:
+        sized.stop()
+
+
+def test_connection_arithmetic():
+    assert connections.needed(512) == 512 * connections.PER_REPLICA + connections.PRIMARY
+    assert connections.server_size(1) == connections.PRIVATE_MIN
+    assert connections.server_size(512) >= 1.25 * connections.needed(512)
+    cap = connections.Capacity(max_connections=100, reserved=3, in_use=7, role_limit=-1,
+                               database_limit=40, database_in_use=5, role_in_use=7)
+    assert cap.available() == 35
+    assert connections.shortfall(cap, 10) is None
+    why = connections.shortfall(cap, 20)
+    assert "CONNECTION LIMIT 40" in why and "up to 63" in why
+
+
+def test_the_samples_of_a_sampler_reach_the_store_through_its_replica(tmp_path):
+    from automlperf.measure.monitor import SampleCopier
+
+    store = open_store(f"sqlite:///{tmp_path / 'h.db'}", create=True)
+    run_id = store.create_run("r", {}, {}, 60.0, 1.0)
+    lines = ['{"t": 1.0, "cpu_percent": 5}\n', '{"t": 2.0, "cpu_per', '{"t": 3.0, "cpu_percent": 7}\n']
+    copier = SampleCopier(iter(lines), store, run_id, "node1")
+    copier.join(timeout=60)
+    assert [(s["t"], s["node"]) for s in store.samples(run_id)] == [(1.0, "node1"), (3.0, "node1")]
+    assert copier.stored == 2
+
+
+@pytest.mark.slow
+def test_check_and_the_report_at_a_thousand_trials(tmp_path):
+    """A generated run past the report's table size: check verifies it, the report lists the
+    best trials (every trial in trials.csv beside it) and stays small."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import large_run
+    finally:
+        sys.path.remove(str(BENCH))
+    from automlperf.measure.check import check_run
+    from automlperf.report.html import TABLE_ROWS, write_report
+
+    made = large_run.generate(tmp_path / "run", trials=1100, epochs=5_500, replicas=32,
+                              seed_model="resnet_small", samples=False)
+    checked = check_run(tmp_path / "run")
+    assert checked.ok, checked.mismatches[:5]
+    assert checked.checked["trials"] == 1100 and checked.checked["epochs"] == made["epochs"]
+    report = write_report(tmp_path / "run")
+    html = report.read_text()
+    body = html[html.index('<table id="trials">'):]
+    assert body[: body.index("</table>")].count("<tr") == TABLE_ROWS + 1
+    assert "most accurate of 1,100" in html
+    assert report.stat().st_size < 2_000_000
+    lines = (tmp_path / "run" / "trials.csv").read_text().splitlines()
+    assert len(lines) == 1101 and lines[0].startswith("id,parent,replica")
