@@ -90,6 +90,11 @@ def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
     text = console.export_text()
     assert "0.9000" in text and "4 done, 6 running" in text
     assert "326 epochs" in view.line(now + 6, ["up"] * 4)
+    # Many replicas: a row per process state, not one per replica.
+    console = Console(width=200, record=True)
+    console.print(view.view(now + 7, ["up"] * 38 + ["exited"] * 2))
+    rows = [[w for w in line.split() if w != "│"] for line in console.export_text().splitlines()]
+    assert ["up", "38", "4", "0", "6", "0.9000"] in rows and ["exited", "2", "0", "0", "0", "-"] in rows
     store.close()
 
 

@@ -117,6 +117,11 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dic
             "dataset_identity": identity}
 
 
+# Beyond this many replicas the live view shows one row per process state, not per replica:
+# rendering 512 rows every second would cost the primary most of a core.
+VIEW_ROWS = 32
+
+
 class LiveView:
     """What the primary's live view of the run shows, read from the store every second:
     the epochs recorded since the last read (kept as running totals) and a few rows of
@@ -169,6 +174,8 @@ class LiveView:
             f"{self.best:.4f}" if self.best is not None else "-", ("  OPS ", "dim"),
             format_ops(self.ops / self.last if self.last else None), ("  trials ", "dim"),
             f"{count(TrialStatus.COMPLETED)} done, {count(TrialStatus.RUNNING)} running")
+        if len(states) > VIEW_ROWS:
+            return Group(head, self._by_state(states, tally))
         table = Table(show_edge=False, pad_edge=False)
         for col in ("replica", "process", "done", "failed", "running trial", "epochs", "best"):
             table.add_column(col)
@@ -181,6 +188,29 @@ class LiveView:
                           str(self.done_epochs.get(running.last_id, 0)) if running else "-",
                           f"{best:.4f}" if best is not None else "-")
         return Group(head, table)
+
+    def _by_state(self, states: list[str], tally: dict[tuple[int, str], TrialTally]) -> Table:
+        """Many replicas: one row per process state, its replicas' trials summed."""
+
+        def count(status: str, replica: int) -> int:
+            found = tally.get((replica, status))
+            return found.count if found else 0
+
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("process", "replicas", "done", "failed", "running", "best"):
+            table.add_column(col)
+        groups: dict[str, list[int]] = {}
+        for index, state in enumerate(states):
+            groups.setdefault(state, []).append(index)
+        for state, members in groups.items():
+            best = max((self.best_of_replica[i] for i in members if i in self.best_of_replica),
+                       default=None)
+            table.add_row(state, str(len(members)),
+                          *(str(sum(count(status, i) for i in members))
+                            for status in (TrialStatus.COMPLETED, TrialStatus.FAILED,
+                                           TrialStatus.RUNNING)),
+                          f"{best:.4f}" if best is not None else "-")
+        return table
 
     def line(self, now: float, states: list[str]) -> str:
         s = self.s
