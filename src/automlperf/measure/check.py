@@ -83,7 +83,7 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     _check_epochs(epochs, graphs, logged, bad)
     report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
-    report.result = build_result(store, run_id, config, system)
+    report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs)
     _check_result(rd, config, report.result, bad)
     return report
 

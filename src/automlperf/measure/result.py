@@ -13,7 +13,7 @@ from automlperf.config import Config
 from automlperf.measure.breakdown import breakdown
 from automlperf.measure.energy import energy_summary
 from automlperf.measure.score import score_run
-from automlperf.store import Store, TrialStatus
+from automlperf.store import EpochRecord, Store, TrialRecord, TrialStatus
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -64,11 +64,14 @@ def owned_peak(node: dict[str, Any]) -> float | None:
 
 
 def build_result(store: Store, run_id: int, config: Config, system: dict[str, Any],
-                 interrupted: bool = False) -> dict[str, Any]:
+                 interrupted: bool = False, trials: list[TrialRecord] | None = None,
+                 epochs: list[EpochRecord] | None = None) -> dict[str, Any]:
+    """The result of the run in ``store``; ``trials`` and ``epochs``, when given, are the
+    run's as just read from it (a long run's are large: `check` reads them once)."""
     run = store.run(run_id)
     segments = store.segments(run_id)
-    trials = store.trials(run_id)
-    epochs = store.epochs(run_id)
+    trials = store.trials(run_id) if trials is None else trials
+    epochs = store.epochs(run_id) if epochs is None else epochs
     replicas = store.replicas(run_id)
     trained = [t.graph_json for t in trials if t.epochs_done]
     synthetic = config.data.dataset == "synthetic"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import matplotlib
@@ -151,17 +152,27 @@ MANY_SERIES = 8
 BINS = 300
 
 
-def _binned(points: list[tuple[float, float]]) -> tuple[list[float], list[float], list[float],
-                                                       list[float]]:
-    """(time, mean, lowest, highest) of the values in each of ``BINS`` equal time bins."""
-    t0 = min(p[0] for p in points)
-    width = (max(p[0] for p in points) - t0) / BINS or 1.0
-    bins: dict[int, list[float]] = {}
-    for t, v in points:
-        bins.setdefault(min(BINS - 1, int((t - t0) / width)), []).append(v)
-    keys = sorted(bins)
-    return ([t0 + (k + 0.5) * width for k in keys], [sum(bins[k]) / len(bins[k]) for k in keys],
-            [min(bins[k]) for k in keys], [max(bins[k]) for k in keys])
+def _binned(series: list[list[tuple[float, float, float]]],
+            column: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(time, mean, lowest, highest) of ``column`` of the points in each of ``BINS`` equal
+    time bins (a point is (time, value, value))."""
+    t0 = min(pts[0][0] for pts in series if pts)
+    width = (max(pts[-1][0] for pts in series if pts) - t0) / BINS or 1.0
+    total, n = [0.0] * BINS, [0] * BINS
+    low, high = [math.inf] * BINS, [-math.inf] * BINS
+    for pts in series:
+        for p in pts:
+            k = min(BINS - 1, max(0, int((p[0] - t0) / width)))
+            v = p[column]
+            total[k] += v
+            n[k] += 1
+            if v < low[k]:
+                low[k] = v
+            if v > high[k]:
+                high[k] = v
+    keys = [k for k in range(BINS) if n[k]]
+    return ([t0 + (k + 0.5) * width for k in keys], [total[k] / n[k] for k in keys],
+            [low[k] for k in keys], [high[k] for k in keys])
 
 
 def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, str]:
@@ -169,30 +180,31 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
     Returns (svg, what it shows)."""
     gpu = any(s.get("gpus") for s in samples)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(6.8, 2.6))
-    by_key: dict[str, list[tuple[float, float, float]]] = {}
+    by_key: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for s in samples:
         if "t" not in s or "cpu_percent" not in s:
             continue
         t = (s["t"] - start) / 60.0
         if gpu:
+            node = s.get("node", "")
             for g in s.get("gpus", []):
                 if "util" in g:
-                    key = f"{s.get('node', '')} gpu{g['index']}"
-                    by_key.setdefault(key, []).append((t, g["util"], g["mem_used_gib"]))
+                    by_key.setdefault((node, g["index"]), []).append(
+                        (t, g["util"], g["mem_used_gib"]))
         else:
-            by_key.setdefault(s.get("node", "host"), []).append(
+            by_key.setdefault((s.get("node", "host"), -1), []).append(
                 (t, s["cpu_percent"], s["mem_used_gib"]))
     if len(by_key) > MANY_SERIES:
         # Thousands of devices: their mean, and the range they span, over time.
         for ax, column in ((a1, 1), (a2, 2)):
-            t, mean, low, high = _binned([(p[0], p[column]) for pts in by_key.values()
-                                          for p in pts])
+            t, mean, low, high = _binned(list(by_key.values()), column)
             ax.fill_between(t, low, high, color=PALETTE[0], alpha=0.2, lw=0,
                             label=f"range of {len(by_key)}")
             ax.plot(t, mean, color=PALETTE[0], lw=1, label="mean")
     else:
-        for i, (key, pts) in enumerate(sorted(by_key.items())):
+        for i, ((node, index), pts) in enumerate(sorted(by_key.items())):
             colour = PALETTE[i % len(PALETTE)]
+            key = f"{node} gpu{index}" if index >= 0 else node
             a1.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, label=key)
             a2.plot([p[0] for p in pts], [p[2] for p in pts], color=colour, lw=1, label=key)
     if not by_key:
