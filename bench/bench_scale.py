@@ -405,9 +405,10 @@ def main() -> None:
     from automlperf.store import connections
     from automlperf.store.pgserver import PostgresServer
 
-    sizes = [int(x) for x in args.replicas.split(",")]
+    sizes = [int(x) for x in args.replicas.split(",") if x.strip()]  # "": part 2 only
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    server = PostgresServer(work / "postgres", max_connections=connections.server_size(max(sizes)))
+    server = PostgresServer(work / "postgres",
+                            max_connections=connections.server_size(max(sizes, default=1)))
     reuse = (work / "run" / "result.json").exists()
     server.start()
     try:
