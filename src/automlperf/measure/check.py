@@ -33,6 +33,7 @@ from automlperf.measure.result import build_result
 from automlperf.ops import count, epoch_ops
 from automlperf.ops.count import OpCount
 from automlperf.store.rundir import RunDir, run_store
+from automlperf.store.sql import bulk
 from automlperf.store import EpochRecord, Store, TrialRecord
 from automlperf.events import read_jsonl
 
@@ -171,12 +172,13 @@ def _json_or_none(text: str) -> Any:
 def _trial_logs(rd: RunDir, trials: list[TrialRecord]) -> dict[tuple[int, int], dict[str, Any]]:
     """The epochs of every trial's own log, by (trial, epoch)."""
     logged: dict[tuple[int, int], dict[str, Any]] = {}
-    for t in trials:
-        log = rd.trial(t.id) / "log.jsonl"
-        if log.exists():
-            for rec in read_jsonl(log):
-                if rec.get("type") == "epoch":
-                    logged[(t.id, rec["epoch"])] = rec
+    with bulk():
+        for t in trials:
+            log = rd.trial(t.id) / "log.jsonl"
+            if log.exists():
+                for rec in read_jsonl(log):
+                    if rec.get("type") == "epoch":
+                        logged[(t.id, rec["epoch"])] = rec
     return logged
 
 

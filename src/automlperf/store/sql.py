@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -434,9 +436,10 @@ class SQLStore(Store):
                                 .order_by(T_EPOCHS.c.ended_at, T_EPOCHS.c.trial_id,
                                           T_EPOCHS.c.epoch)).all()
         ops = EPOCH_FIELDS.index("ops")
-        # The row holds exactly the fields before run_id.
-        return [EpochRecord(*r[:ops], int(r[ops]), *r[ops + 1:], run_id=run_id)  # type: ignore[misc]
-                for r in rows]
+        with bulk():
+            # The row holds exactly the fields before run_id.
+            return [EpochRecord(*r[:ops], int(r[ops]), *r[ops + 1:], run_id=run_id)  # type: ignore[misc]
+                    for r in rows]
 
     @retrying
     def epochs_after(self, run_id: int, after: int,
@@ -470,7 +473,8 @@ class SQLStore(Store):
                                 .where(T_SAMPLES.c.run_id == run_id)
                                 .order_by(T_SAMPLES.c.t, T_SAMPLES.c.id)).all()
         # One parse of them all: a long run has a million samples.
-        parsed = json.loads("[" + ",".join(data for _, data in rows) + "]")
+        with bulk():
+            parsed = json.loads("[" + ",".join(data for _, data in rows) + "]")
         for sample, (node, _) in zip(parsed, rows):
             sample["node"] = node
         return parsed
@@ -494,6 +498,20 @@ class SQLStore(Store):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+@contextlib.contextmanager
+def bulk() -> Iterator[None]:
+    """Building a long run's rows (a million samples, half a million epochs): Python's cycle
+    collector would walk every one of them again and again as they accumulate, and they hold
+    no cycles, so it waits until they are built."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _new_id(result: Any) -> int:
