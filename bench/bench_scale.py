@@ -344,20 +344,26 @@ def size(run_dir: Path, url: str | None) -> dict[str, Any]:
 
     rd = RunDir(run_dir)
     out: dict[str, Any] = {}
-    t = time.perf_counter()
+
+    def cpu() -> float:  # this process's and its finished children's (check's workers)
+        own, children = resource.getrusage(resource.RUSAGE_SELF), \
+            resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    t, c = time.perf_counter(), cpu()
     with run_store(run_dir, url) as store:
         result = build_result(store, int(rd.meta()["run_id"]), Config.load(rd.config),
                               json.loads(rd.system.read_text()))
     write_result(rd.result, result)
-    out["result_s"] = time.perf_counter() - t
-    t = time.perf_counter()
+    out["result_s"], out["result_cpu_s"] = time.perf_counter() - t, cpu() - c
+    t, c = time.perf_counter(), cpu()
     checked = check_run(run_dir, url)
-    out["check_s"] = time.perf_counter() - t
+    out["check_s"], out["check_cpu_s"] = time.perf_counter() - t, cpu() - c
     out["check_ok"] = checked.ok
     out["check_mismatches"] = checked.mismatches[:3]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu()
     report = write_report(run_dir, url)
-    out["report_s"] = time.perf_counter() - t
+    out["report_s"], out["report_cpu_s"] = time.perf_counter() - t, cpu() - c
     out["report_mb"] = report.stat().st_size / 1e6
     t = time.perf_counter()
     ranking([run_dir, run_dir])

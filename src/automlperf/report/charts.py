@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import io
-import math
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
 
 from automlperf.measure.units import ops_unit  # noqa: E402
@@ -152,27 +152,21 @@ MANY_SERIES = 8
 BINS = 300
 
 
-def _binned(series: list[list[tuple[float, float, float]]],
-            column: int) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(time, mean, lowest, highest) of ``column`` of the points in each of ``BINS`` equal
-    time bins (a point is (time, value, value))."""
-    t0 = min(pts[0][0] for pts in series if pts)
-    width = (max(pts[-1][0] for pts in series if pts) - t0) / BINS or 1.0
-    total, n = [0.0] * BINS, [0] * BINS
-    low, high = [math.inf] * BINS, [-math.inf] * BINS
-    for pts in series:
-        for p in pts:
-            k = min(BINS - 1, max(0, int((p[0] - t0) / width)))
-            v = p[column]
-            total[k] += v
-            n[k] += 1
-            if v < low[k]:
-                low[k] = v
-            if v > high[k]:
-                high[k] = v
-    keys = [k for k in range(BINS) if n[k]]
-    return ([t0 + (k + 0.5) * width for k in keys], [total[k] / n[k] for k in keys],
-            [low[k] for k in keys], [high[k] for k in keys])
+def _binned(t: Any, values: Any) -> tuple[Any, Any, Any, Any]:
+    """(time, mean, lowest, highest) of the values in each of ``BINS`` equal time bins
+    (NumPy arrays: a long run has millions of device readings)."""
+    t, values = np.asarray(t, dtype=float), np.asarray(values, dtype=float)
+    t0 = t.min()
+    width = (t.max() - t0) / BINS or 1.0
+    k = np.clip(((t - t0) / width).astype(int), 0, BINS - 1)
+    n = np.bincount(k, minlength=BINS)
+    total = np.bincount(k, weights=values, minlength=BINS)
+    low, high = np.full(BINS, np.inf), np.full(BINS, -np.inf)
+    np.minimum.at(low, k, values)
+    np.maximum.at(high, k, values)
+    keep = n > 0
+    return (t0 + (np.arange(BINS) + 0.5) * width)[keep], total[keep] / n[keep], low[keep], \
+        high[keep]
 
 
 def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, str]:
@@ -180,8 +174,28 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
     Returns (svg, what it shows)."""
     gpu = any(s.get("gpus") for s in samples)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(6.8, 2.6))
+    readings = [s for s in samples if "t" in s and "cpu_percent" in s]
+    nodes = {s.get("node", "") for s in readings}
+    per_node = max((len(s.get("gpus", [])) for s in readings[:100]), default=0) if gpu else 1
+    if len(nodes) * per_node > MANY_SERIES:
+        # Thousands of devices: their mean, and the range they span, over time.
+        if gpu:
+            t = [(s["t"] - start) / 60.0 for s in readings for g in s.get("gpus", [])
+                 if "util" in g]
+            columns = ([g["util"] for s in readings for g in s.get("gpus", []) if "util" in g],
+                       [g["mem_used_gib"] for s in readings for g in s.get("gpus", [])
+                        if "util" in g])
+        else:
+            t = [(s["t"] - start) / 60.0 for s in readings]
+            columns = ([s["cpu_percent"] for s in readings], [s["mem_used_gib"] for s in readings])
+        for ax, values in zip((a1, a2), columns if t else ()):
+            mid, mean, low, high = _binned(t, values)
+            ax.fill_between(mid, low, high, color=PALETTE[0], alpha=0.2, lw=0,
+                            label=f"range of {len(nodes) * per_node}")
+            ax.plot(mid, mean, color=PALETTE[0], lw=1, label="mean")
+        readings = []  # drawn
     by_key: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-    for s in samples:
+    for s in readings:
         if "t" not in s or "cpu_percent" not in s:
             continue
         t = (s["t"] - start) / 60.0
@@ -194,20 +208,12 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
         else:
             by_key.setdefault((s.get("node", "host"), -1), []).append(
                 (t, s["cpu_percent"], s["mem_used_gib"]))
-    if len(by_key) > MANY_SERIES:
-        # Thousands of devices: their mean, and the range they span, over time.
-        for ax, column in ((a1, 1), (a2, 2)):
-            t, mean, low, high = _binned(list(by_key.values()), column)
-            ax.fill_between(t, low, high, color=PALETTE[0], alpha=0.2, lw=0,
-                            label=f"range of {len(by_key)}")
-            ax.plot(t, mean, color=PALETTE[0], lw=1, label="mean")
-    else:
-        for i, ((node, index), pts) in enumerate(sorted(by_key.items())):
-            colour = PALETTE[i % len(PALETTE)]
-            key = f"{node} gpu{index}" if index >= 0 else node
-            a1.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, label=key)
-            a2.plot([p[0] for p in pts], [p[2] for p in pts], color=colour, lw=1, label=key)
-    if not by_key:
+    for i, ((node, index), pts) in enumerate(sorted(by_key.items())):
+        colour = PALETTE[i % len(PALETTE)]
+        key = f"{node} gpu{index}" if index >= 0 else node
+        a1.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, label=key)
+        a2.plot([p[0] for p in pts], [p[2] for p in pts], color=colour, lw=1, label=key)
+    if not by_key and not nodes:
         for ax in (a1, a2):
             ax.text(0.5, 0.5, "no samples recorded", transform=ax.transAxes, ha="center",
                     va="center", color="#777")
@@ -218,7 +224,7 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
     a2.set_ylim(bottom=0)
     for ax in (a1, a2):
         ax.set_xlabel("wall time since start (min)")
-    if by_key:
+    if a2.get_legend_handles_labels()[0]:
         a2.legend(loc="lower right", frameon=False, fontsize=7)
     fig.tight_layout()
     shows = ("utilisation and memory of every GPU (NVML)" if gpu else
