@@ -170,6 +170,7 @@ def scaling_chart(rows: list[dict[str, Any]]) -> str:
     a1.plot(devices, [r["score"] / scale for r in rows], "-o", color=PALETTE[0], ms=4,
             label="score")
     a1.set_ylabel(f"score ({unit})")
+    a1.set_ylim(bottom=0)
     a1.legend(loc="upper left", frameon=False, fontsize=7)
     a2.axhline(1.0, color="#999", lw=0.8, ls="--")
     a2.plot(devices, [r["efficiency"] for r in rows], "-o", color=PALETTE[1], ms=4)
