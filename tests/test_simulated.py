@@ -185,7 +185,7 @@ def test_an_official_simulated_run_is_refused_and_the_setting_is_checked():
         Config.parse({"run": {"accelerator": "fake"}})
 
 
-def simulated_run(tmp_path, rounds=4):
+def simulated_run(tmp_path, rounds=4, sustained_ops=1e13):
     """A run directory prepared as `automlperf run` prepares it, for a replica in-process."""
     (tmp_path / "config.toml").write_text(f"""
 [run]
@@ -202,7 +202,7 @@ batch_size = 64
 tpe_startup_trials = 1
 candidates_per_generation = 16
 [simulation]
-sustained_ops = 1e13
+sustained_ops = {sustained_ops!r}
 """)
     config = Config.load(tmp_path / "config.toml")
     system = describe(simulated=simulated_system(config))  # as `automlperf run` describes it
@@ -263,4 +263,34 @@ def test_a_simulated_worker_never_loads_torch(tmp_path):
     (node,) = store.nodes(session.run_id)
     assert node["simulated"] and node["system"]["accelerators"][0]["simulated"]
     assert "torch" not in node["system"]["software"]
+    store.close()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_simulated_worker_in_the_middle_of_an_epoch(tmp_path):
+    """An epoch that would last for days on the modelled device: SIGTERM ends it (the wait
+    looks for a stop every poll), the trial is recorded as stopped and the worker exits 0."""
+    import signal
+
+    from automlperf.store import open_store
+    from helpers import cli_args, wait_for
+
+    session = simulated_run(tmp_path, rounds=2, sustained_ops=1e3)
+    session.store.close()
+    store = open_store(None, run_dir=session.dir.path)
+    worker = subprocess.Popen(cli_args("worker", "--run-dir", session.dir.path,
+                                       "--replica-index", 0, "--wait", 0, "--no-monitor"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(t.status == TrialStatus.RUNNING for t in store.trials(session.run_id)),
+                 300, "a simulated trial to start")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=120) == 0, worker.stderr.read()[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    (trial,) = store.trials(session.run_id)
+    assert trial.status == TrialStatus.STOPPED and trial.epochs_done == 0
+    (rep,) = store.replicas(session.run_id)
+    assert rep.status == TrialStatus.STOPPED
     store.close()
