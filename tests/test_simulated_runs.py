@@ -31,6 +31,7 @@ tpe_startup_trials = 1
 candidates_per_generation = 16
 [monitor]
 interval_s = 5
+ceiling_s = 0.3
 [simulation]
 sustained_ops = 2e11
 """
