@@ -1,7 +1,7 @@
 """A simulated accelerator: a :class:`~automlperf.train.spec.Trainer` that trains nothing.
 
 It exists to run the rest of the benchmark (primary, replicas, search, TPE, store, monitor,
-score, check, report) at a scale this machine's devices cannot give: hundreds of replicas on
+score, check, report) at a scale this machine's devices cannot give: dozens of replicas on
 a few cores. A trial "trains" by waiting as long as the configured device would take for
 each epoch's operations, counted by the real counter (:func:`automlperf.ops.epoch_ops` of
 the candidate's graph, its batch and the dataset's real image counts), divided by the
