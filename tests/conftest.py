@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(items):
         on_postgres = callspec is not None and callspec.params.get("store_url") == "postgresql"
         if "pg_server" in names or on_postgres:
             item.add_marker(pytest.mark.postgres)
-        if "slurm_cluster" in names:
+        if "slurm_cluster" in names or "slurm_cluster_8" in names:
             item.add_marker(pytest.mark.slurm)
         if item.get_closest_marker("dali") and not _dali_installed():
             item.add_marker(pytest.mark.skip(reason="NVIDIA DALI is not installed (make setup-dali)"))
@@ -61,7 +61,7 @@ def store_url(request, tmp_path):
 
 
 SLURM_CONF = """\
-ClusterName=amptest
+ClusterName={cluster}
 SlurmctldHost={host}
 SlurmUser={user}
 SlurmdUser={user}
@@ -82,17 +82,15 @@ MpiDefault=none
 KillWait=10
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={port1} CPUs=1 RealMemory=8000 State=UNKNOWN
-NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={port2} CPUs=1 RealMemory=8000 State=UNKNOWN
-PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 """
+SLURM_NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 "
+              "RealMemory={memory} State=UNKNOWN\n")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """A real two-node SLURM cluster on this host (Debian's slurm-wlm and munge, installed
-    by scripts/setup-system.sh), configured in a temporary directory. Yields the environment
-    that points SLURM's commands at it."""
+def start_slurm(base, nodes, cluster, memory_mb=8000):
+    """A real SLURM cluster of ``nodes`` slurmd daemons on this host (Debian's slurm-wlm
+    and munge, installed by scripts/setup-system.sh), configured in ``base``; the
+    environment that points SLURM's commands at it."""
     import getpass
     import shutil
     import socket
@@ -104,19 +102,23 @@ def slurm_cluster(tmp_path_factory):
     for tool in ("slurmctld", "slurmd", "sbatch", "munge"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
             pytest.fail(f"{tool} is not installed (run scripts/setup-system.sh)")
-    base = tmp_path_factory.mktemp("slurm")
     (base / "state").mkdir()
+    host = socket.gethostname()
+    names = [f"n{i}" for i in range(1, nodes + 1)]
     conf = base / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(host=socket.gethostname(), user=getpass.getuser(),
-                                      dir=base, ctld_port=free_port(), port1=free_port(),
-                                      port2=free_port()))
+    conf.write_text(SLURM_CONF.format(cluster=cluster, host=host, user=getpass.getuser(),
+                                      dir=base, ctld_port=free_port())
+                    + "".join(SLURM_NODE.format(name=n, host=host, port=free_port(),
+                                                memory=memory_mb) for n in names)
+                    + f"PartitionName=debug Nodes={','.join(names)} Default=YES "
+                      "MaxTime=INFINITE State=UP\n")
     env = dict(os.environ, SLURM_CONF=str(conf))
     alive = subprocess.run("munge -n | unmunge", shell=True, capture_output=True)
     if alive.returncode != 0:
         subprocess.run(["/etc/init.d/munge", "start"], capture_output=True)
     sbin = "/usr/sbin/"
     subprocess.run([sbin + "slurmctld", "-f", str(conf)], env=env, check=True)
-    for node in ("n1", "n2"):
+    for node in names:
         subprocess.run([sbin + "slurmd", "-f", str(conf), "-N", node], env=env, check=True)
     deadline = time.monotonic() + 300  # a guard: slurmd starts in seconds when idle
     while time.monotonic() < deadline:
@@ -125,7 +127,29 @@ def slurm_cluster(tmp_path_factory):
             break
         time.sleep(0.5)
     else:
+        subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
         pytest.fail(f"the test SLURM cluster did not come up: {state.stdout} {state.stderr}; "
                     f"see {base}/slurmctld.log")
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real two-node SLURM cluster on this host. Yields the environment that points
+    SLURM's commands at it."""
+    import subprocess
+
+    env = start_slurm(tmp_path_factory.mktemp("slurm"), 2, "amptest")
+    yield env
+    subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster_8(tmp_path_factory):
+    """A real SLURM cluster of eight slurmd nodes on this host, for the tests of one module
+    (light job steps only: the nodes share this machine's cores)."""
+    import subprocess
+
+    env = start_slurm(tmp_path_factory.mktemp("slurm8"), 8, "amptest8")
     yield env
     subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)

@@ -29,6 +29,7 @@ LAYERS = [
 PURE = ["automlperf.errors", "automlperf.events", "automlperf.config", "automlperf.rules",
         "automlperf.hardware", "automlperf.graph", "automlperf.ops", "automlperf.search",
         "automlperf.dataset_identity", "automlperf.measure.score", "automlperf.train.spec",
+        "automlperf.train.simulated",
         "automlperf.store"]
 
 

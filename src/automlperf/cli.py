@@ -283,18 +283,20 @@ def check(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Recompute every figure of a run directory and verify it; exit 1 on any mismatch."""
-    from automlperf.measure.check import check_run
+    from automlperf.measure.check import check_run, official_refusal
 
     rep = check_run(run_dir, store)
     r = rep.result
     if as_json:
         print(json.dumps({"ok": rep.ok, "mismatches": rep.mismatches, "checked": rep.checked,
                           "valid": r.get("valid"), "official": r.get("official"),
-                          "violations": r.get("violations")}))
+                          "simulated": r.get("simulated"), "violations": r.get("violations")}))
     else:
         for m in rep.mismatches:
             out.print(f"[red]mismatch:[/] {escape(m)}", highlight=False, soft_wrap=True)
         state = "valid" if r.get("valid") else "not valid" + ("" if r.get("official") else ", unofficial")
+        if r.get("simulated"):
+            state += ", SIMULATED (not a measurement)"
         verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
         out.print(f"{verdict}: {rep.checked['trials']} trials, {rep.checked['epochs']} epochs "
                   f"recomputed; the result is {state}", highlight=False)
@@ -302,8 +304,41 @@ def check(
             out.print(f"  {v['rule']}: {escape(v['detail'])}", highlight=False)
     if not rep.ok:
         raise typer.Exit(1)
-    if official and not r.get("valid"):
+    refusal = official_refusal(r) if official else None
+    if refusal is not None:
+        err.print(refusal, highlight=False, soft_wrap=True)
         raise typer.Exit(3)
+
+
+def _scaling(run_dirs: list[Path], html: Path, as_json: bool) -> None:
+    from automlperf.measure.units import format_ops
+    from automlperf.report.scaling import weak_scaling, write_scaling_page
+
+    rows = weak_scaling(run_dirs)
+    page = write_scaling_page(rows, html)
+    if as_json:
+        print(json.dumps({"runs": rows, "html": str(page)}, indent=1))
+        return
+    simulated = rows[0]["simulated"]
+    table = Table(title="automlperf weak scaling" + (" (SIMULATED)" if simulated else ""))
+    for col in ("run", "devices", "nodes", "score", "per device", "efficiency"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for r in rows:
+        table.add_row(r["name"] or r["run"], str(r["devices"]), str(r["nodes"]),
+                      format_ops(r["score"]), format_ops(r["ops_per_device"]),
+                      f"{r['efficiency']:.4f}")
+    out.print(table)
+    if simulated:
+        out.print("SIMULATED: the devices were modelled; these figures are not measurements.",
+                  style="bold red", highlight=False)
+    out.print(f"page: {page}", highlight=False)
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """The validity column of a ranking row."""
+    if row.get("simulated"):
+        return "no (SIMULATED)"
+    return "yes" if row["valid"] else ("no" if row["official"] else "no (unofficial)")
 
 
 @app.command()
@@ -311,12 +346,20 @@ def check(
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to rank.")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    scaling: Annotated[bool, typer.Option("--scaling", help="Weak scaling instead of a "
+                                          "ranking: OPS per device of each run relative to "
+                                          "the smallest, as a table and an HTML page.")] = False,
+    html: Annotated[Path, typer.Option(help="Where --scaling writes its page.")] =
+        Path("scaling.html"),
 ) -> None:
     """Rank several runs: system, accelerators, score, regulated score, OPS per device and
-    per watt, energy."""
+    per watt, energy. With --scaling: their weak-scaling efficiency (AIPerf's Fig. 6)."""
     from automlperf.measure.units import format_energy, format_ops
     from automlperf.report.compare import ranking
 
+    if scaling:
+        _scaling(run_dirs, html, as_json)
+        return
     rows = ranking(run_dirs)
     if as_json:
         print(json.dumps(rows, indent=1))
@@ -333,8 +376,11 @@ def compare(
                       "-" if r["ops_per_watt"] is None else f"{format_ops(r['ops_per_watt'])}/W",
                       format_energy(r["energy_j"]),
                       "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
-                      "yes" if r["valid"] else ("no" if r["official"] else "no (unofficial)"))
+                      verdict(r), style="red" if r["simulated"] else None)
     out.print(table)
+    if any(r["simulated"] for r in rows):
+        out.print("SIMULATED: runs marked so modelled their accelerators; their figures are not "
+                  "measurements.", style="bold red", highlight=False)
 
 
 @app.command()

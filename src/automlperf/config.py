@@ -70,6 +70,10 @@ class RunConfig(_Section):
                                        "same reason after which a replica gives up and the run "
                                        "ends as failed. One failing architecture never stops "
                                        "a run.")
+    accelerator: Literal["real", "simulated"] = Field(
+        "real", description="real: train on this node's accelerators. simulated: model them "
+        "([simulation]) to exercise the control plane at scale; such a result is labelled "
+        "simulated and is never valid.")
 
     @field_validator("duration_s", mode="before")
     @classmethod
@@ -203,6 +207,22 @@ class MonitorConfig(_Section):
                              "its devices' dense matrix-multiply rate at start, seconds.")
 
 
+class SimulationConfig(_Section):
+    """The accelerator a simulated run models (``run.accelerator = "simulated"``)."""
+
+    sustained_ops: float = Field(2.0e14, gt=0, description="Operations per second one "
+                                 "simulated device sustains while training. Default: an "
+                                 "H100-class figure, about a fifth of its 989 TFLOPS dense "
+                                 "bf16 peak, near what tuned ResNet-50 training reaches.")
+    time_compression: float = Field(1.0, ge=1, le=1e6, description="The simulated devices "
+                                    "run this many times faster than modelled, so a long run "
+                                    "fits in a short one; the score grows by the same factor.")
+    memory_gib: float = Field(80.0, gt=0, description="Memory of a simulated device, GiB "
+                                 "(sets the default batch size as a real one would).")
+    poll_s: float = Field(0.1, gt=0, le=5, description="How often a simulated epoch looks "
+                          "for a stop (deadline, SIGTERM), seconds.")
+
+
 class Config(_Section):
     """Every setting of a benchmark run. Sections mirror the TOML tables."""
 
@@ -212,6 +232,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     search: SearchConfig = SearchConfig()
     monitor: MonitorConfig = MonitorConfig()
+    simulation: SimulationConfig = SimulationConfig()
 
     # --- loading ------------------------------------------------------------------------
     @classmethod
@@ -260,7 +281,15 @@ class Config(_Section):
         """Settings the ruleset fixes whose value differs from the official one."""
         return ruleset.fixed_changes(self.settings())
 
+    @property
+    def simulated(self) -> bool:
+        return self.run.accelerator == "simulated"
+
     def check_official(self) -> None:
+        if self.run.official and self.simulated:
+            raise ConfigError("official run refused: run.accelerator is \"simulated\", and a "
+                              "simulated result is never official; set run.accelerator = "
+                              "\"real\" or run.official = false")
         changes = self.fixed_changes()
         if self.run.official and changes:
             raise ConfigError("official run refused: fixed setting(s) changed: "

@@ -66,6 +66,19 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def official_refusal(result: dict[str, Any]) -> str | None:
+    """Why a verified result is not an official, valid one, in one line (None if it is)."""
+    if result.get("simulated"):
+        sim = result.get("simulation") or {}
+        return ("refused: a simulated run is never an official result (its accelerators were "
+                f"modelled at {sim.get('sustained_ops_per_device', 0):.3g} OPS per device, "
+                f"time compressed {sim.get('time_compression', 1):g}x, not measured)")
+    if not result.get("valid"):
+        rules_broken = ", ".join(v["rule"] for v in result.get("violations", [])) or "none named"
+        return f"refused: not an official, valid result (rules not met: {rules_broken})"
+    return None
+
+
 def check_run(run_dir: Path, store_url: str | None = None) -> CheckReport:
     rd = RunDir(Path(run_dir))
     run_id = int(rd.meta()["run_id"])
@@ -238,6 +251,12 @@ def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[s
         if not _same(recorded.get(name), fresh.get(name)):
             bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "
                        f"{fresh.get(name)!r}")
+    # A result without the label predates simulated runs: it is a measured one.
+    if bool(recorded.get("simulated")) != fresh["simulated"] or \
+            recorded.get("simulation") != fresh["simulation"]:
+        bad.append(f"result.json: simulated is {recorded.get('simulated')!r} "
+                   f"({recorded.get('simulation')!r}), but the run's configuration makes it "
+                   f"{fresh['simulated']!r} ({fresh['simulation']!r})")
     if sorted(v["rule"] for v in recorded.get("violations", [])) != \
             sorted(v["rule"] for v in fresh["violations"]):
         bad.append("result.json: violations "

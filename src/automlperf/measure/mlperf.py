@@ -130,7 +130,9 @@ def system_desc(system: dict[str, Any], result: dict[str, Any], org: str) -> dic
     return {
         "submitter": org,
         "division": "closed" if result.get("official") else "open",
-        "status": "Available on-premise",
+        # A simulated run's devices were modelled: nothing is available to run it on.
+        "status": "Simulated (not a measurement)" if result.get("simulated")
+        else "Available on-premise",
         "system_name": platform_name(system, nodes),
         "system_type": "datacenter",
         "system_type_detail": "",

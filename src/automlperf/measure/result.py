@@ -63,6 +63,21 @@ def owned_peak(node: dict[str, Any]) -> float | None:
     return sum(p for p in peaks if p) if peaks and all(peaks) else None
 
 
+def simulation_of(config: Config) -> dict[str, Any] | None:
+    """What a simulated run modelled (None for a measured run)."""
+    if not config.simulated:
+        return None
+    sim = config.simulation
+    return {"sustained_ops_per_device": sim.sustained_ops,
+            "time_compression": sim.time_compression, "device_memory_gib": sim.memory_gib}
+
+
+def simulated_detail(simulation: dict[str, Any]) -> str:
+    return (f"simulated accelerators ({simulation['sustained_ops_per_device']:.3g} OPS sustained "
+            f"per device, time compressed {simulation['time_compression']:g}x): every figure "
+            "is a model's, not a measurement")
+
+
 def build_result(store: Store, run_id: int, config: Config, system: dict[str, Any],
                  interrupted: bool = False, trials: list[TrialRecord] | None = None,
                  epochs: list[EpochRecord] | None = None) -> dict[str, Any]:
@@ -86,6 +101,11 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
     if synthetic:
         scored["violations"].append({"rule": "accuracy", "detail": "synthetic data: throughput "
                                      "only, no accuracy-based score"})
+    simulation = simulation_of(config)
+    if simulation is not None:
+        # A model of a machine never passes for a measurement of one.
+        scored["violations"].insert(0, {"rule": "simulated", "detail": simulated_detail(simulation)})
+        scored["official"] = scored["valid"] = False
     # A replica that gave up says why; such a run did not do its job.
     failures = [{"replica": rep.index, "host": rep.host, "reason": rep.reason}
                 for rep in replicas if rep.status == TrialStatus.FAILED and rep.reason]
@@ -123,6 +143,8 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         "automlperf_version": __version__,
         "run_id": run_id,
         "name": run["name"],
+        "simulated": simulation is not None,
+        "simulation": simulation,
         "dataset": config.data.dataset,
         **scored,
         "interrupted": interrupted,

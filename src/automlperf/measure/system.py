@@ -190,19 +190,24 @@ def _nvml_by_uuid() -> dict[str, dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
-def describe(nodes: int = 1) -> dict[str, Any]:
-    """The system description stored as system.json with every run."""
+def describe(nodes: int = 1, simulated: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The system description stored as system.json with every run. A simulated run gives
+    its simulated devices: the node's real accelerators are not the ones it reports on, and
+    torch is not asked."""
     import psutil
 
-    try:
-        import torch
+    torch_info: dict[str, Any] = {}
+    if simulated is None:
+        try:
+            import torch
 
-        torch_info = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                      "hip": getattr(torch.version, "hip", None),
-                      "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None}
-    except ImportError:
-        torch_info = {}
-    accel = accelerators()
+            torch_info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                          "hip": getattr(torch.version, "hip", None),
+                          "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available()
+                          else None}
+        except ImportError:
+            pass
+    accel = accelerators() if simulated is None else simulated
     return {
         "host": socket.gethostname(),
         "os": f"{platform.system()} {platform.release()}",
@@ -214,6 +219,7 @@ def describe(nodes: int = 1) -> dict[str, Any]:
         "accelerators": accel,
         "accelerator_count": len(accel),
         "peak_ops_per_node": sum(a["peak_ops"] or 0 for a in accel) or None,
+        "simulated": simulated is not None,
         "nodes": nodes,
         "software": {"python": platform.python_version(), **torch_info,
                      **{p: _version(p) for p in ("automlperf", "numpy", "optuna", "sqlalchemy",

@@ -230,3 +230,32 @@ def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, st
     shows = ("utilisation and memory of every GPU (NVML)" if gpu else
              "no GPU was sampled: CPU utilisation and host memory (psutil)")
     return _svg(fig, f"{what} utilisation and memory over time"), shows
+
+
+def scaling_chart(rows: list[dict[str, Any]]) -> str:
+    """Weak scaling (the AIPerf paper's Fig. 6): the score against the devices, beside the
+    ideal of the smallest run's OPS per device on every device, and the efficiency."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.0, 3.0))
+    devices = [r["devices"] for r in rows]
+    scale, unit = ops_unit([r["score"] for r in rows] + [r["ideal_score"] for r in rows])
+    a1.plot(devices, [r["ideal_score"] / scale for r in rows], "--", color="#999", lw=1,
+            label="ideal (smallest run per device)")
+    a1.plot(devices, [r["score"] / scale for r in rows], "-o", color=PALETTE[0], ms=4,
+            label="score")
+    a1.set_ylabel(f"score ({unit})")
+    a1.set_ylim(bottom=0)
+    a1.legend(loc="upper left", frameon=False, fontsize=7)
+    a2.axhline(1.0, color="#999", lw=0.8, ls="--")
+    a2.plot(devices, [r["efficiency"] for r in rows], "-o", color=PALETTE[1], ms=4)
+    for r in rows:
+        a2.annotate(f"{r['efficiency']:.3f}", (r["devices"], r["efficiency"]), fontsize=7,
+                    textcoords="offset points", xytext=(0, 6), ha="center")
+    a2.set_ylabel("weak-scaling efficiency")
+    a2.set_ylim(0, max(1.1, max(r["efficiency"] for r in rows) * 1.1))
+    for ax in (a1, a2):
+        if devices[-1] / devices[0] >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(devices, [str(d) for d in devices])
+        ax.set_xlabel("devices")
+    fig.tight_layout()
+    return _svg(fig, "weak scaling: score and efficiency against the devices")

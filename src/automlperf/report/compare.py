@@ -31,6 +31,8 @@ def row(run_dir: Path) -> dict[str, Any]:
         "energy_j": result.get("energy_j"), "mean_power_w": result.get("mean_power_w"),
         "ops_per_watt": result.get("ops_per_watt"),
         "official": result.get("official"), "valid": result.get("valid"),
+        "simulated": bool(result.get("simulated")), "simulation": result.get("simulation"),
+        "ruleset": result.get("ruleset"),
     }
 
 

@@ -84,7 +84,9 @@ def _config(req: RunRequest) -> Config | None:
     set_option(tree, "run.devices_per_replica", req.devices_per_replica)
     set_option(tree, "data.data_dir", str(req.data_dir) if req.data_dir else None)
     cfg = load_config(req.config, req.dataset, tree)
-    if cfg.data.dataset in ("imagenet", "cifar10") and cfg.data.data_dir is None:
+    # A simulated run reads no images: it only needs the dataset's shape and image counts.
+    if cfg.data.dataset in ("imagenet", "cifar10") and cfg.data.data_dir is None and \
+            not cfg.simulated:
         raise UserError(f"{cfg.data.dataset} needs --data-dir (or data.data_dir in the "
                         "configuration)")
     return cfg
@@ -103,12 +105,21 @@ def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> t
     if req.launcher == "local":
         return LocalLauncher(run_dir, count, url,
                              req.devices_per_replica or cfg.run.devices_per_replica,
-                             cores=cores_available()), count
+                             cores=cores_available(), simulated=cfg.simulated), count
     if req.launcher == "external":
         return ExternalLauncher(run_dir, count, url,
                                 lease_timeout_s=cfg.run.lease_timeout_s), count
     raise UserError(f"--launcher must be {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}, "
                     f"not {req.launcher!r}")
+
+
+def simulated_system(cfg: Config) -> list[dict[str, Any]] | None:
+    """The simulated devices of one node of a simulated run (None for a real run)."""
+    if not cfg.simulated:
+        return None
+    from automlperf.train.simulated import describe_devices
+
+    return describe_devices(cfg.simulation, cfg.run.devices_per_replica or 1)
 
 
 def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
@@ -124,22 +135,25 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     replica_url = RunDir(run_dir).store_url(url) if req.resume else url
     # The launcher first: a request that does not fit the machine is refused before anything
     # is written.
-    starter, count = _launcher(req, run_dir, replica_url,
-                               Config.load(RunDir(run_dir).config) if cfg is None else cfg)
+    planned = Config.load(RunDir(run_dir).config) if cfg is None else cfg
+    starter, count = _launcher(req, run_dir, replica_url, planned)
     # A store that would refuse the replicas connections says so now, not mid-run.
     check_room(normalise_url(replica_url) if replica_url else None, count)
     # An external launcher may place several replicas on a node: result.json counts the
     # nodes from the hosts that replicas report.
-    system = describe(nodes=count if req.launcher == "slurm" else 1)
+    system = describe(nodes=count if req.launcher == "slurm" else 1,
+                      simulated=simulated_system(planned))
     session = primary.prepare(cfg, run_dir, url, req.resume, system)
     cfg = session.config
     if session.deadline_at <= session.started_at:
         console.print("this run has used its whole duration; recomputing its result")
-    mode = "official" if not cfg.fixed_changes() else "unofficial"
+    mode = ("official" if not cfg.fixed_changes() else "unofficial") + " settings"
+    if cfg.simulated:
+        mode = "SIMULATED accelerators: never official"
     console.print(f"automlperf {'resuming' if req.resume else 'starting'} {run_dir}: "
                   f"{cfg.data.dataset}, {cfg.model.seed_model} seed, {count} replica(s), "
                   f"{primary.fmt_duration(session.deadline_at - session.started_at)} to go "
-                  f"({mode} settings), store {primary.redacted(url)}", highlight=False)
+                  f"({mode}), store {primary.redacted(url)}", highlight=False)
     # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
     # stopped and the result is written.
     before = signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -121,11 +121,12 @@ class LocalLauncher:
     store_url: str | None
     devices_per_replica: int | None = None
     cores: int = 1
+    simulated: bool = False  # simulated devices: the machine's own accelerators stay unused
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Refused here, before anything is written, when they do not fit.
-        self.slices = gpu_slices(self.replicas, self.devices_per_replica)
+        self.slices = [] if self.simulated else gpu_slices(self.replicas, self.devices_per_replica)
         self.visibility = visibility_variable() if self.slices else ""
 
     def start(self) -> None:

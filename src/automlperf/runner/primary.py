@@ -319,6 +319,8 @@ def summary(result: dict[str, Any], run_dir: Path) -> Table:
     label = "valid" if result["valid"] else "not valid"
     if not result["official"]:
         label += ", unofficial"
+    if result.get("simulated"):
+        label += ", SIMULATED (not a measurement)"
     rows = [("score", f"{format_ops(result['score'])} ({result['score']:.4e} OPS)"),
             ("regulated score", format_ops(result["regulated_score"])),
             ("best accuracy", "-" if result["best_accuracy"] is None

@@ -36,6 +36,7 @@ from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus, open_store
 from automlperf.store.rundir import RUN_FILE, RunDir, write_atomic
 from automlperf.train.pool import PoolTrainer
+from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
 from automlperf.train.spec import DataArgs, Trainer, TrainerError, TrialSpec
 
 log = logging.getLogger("automlperf.replica")
@@ -451,20 +452,28 @@ class Replica:
 def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int | None = None,
                  threads: int | None = None, sample: bool = True) -> Replica:
     """The replica of a run directory with the collaborators of a real run: the run's store,
-    a pool of training processes on this node's accelerators, the search and its TPE study."""
-    from automlperf.measure.ceiling import run_measurement
-
+    a pool of training processes on this node's accelerators (or, in a simulated run,
+    simulated devices, and then nothing loads torch), the search and its TPE study."""
     rd = RunDir(Path(run_dir))
     run_id = int(rd.meta()["run_id"])
     url = rd.store_url(store_url)
     store = open_store(url, run_dir=rd.path)
     config = Config.load(rd.config)
-    chosen = choose_devices(devices or config.run.devices_per_replica)
-    per_device = max(1, (threads or cores_available()) // len(chosen))
+    wanted = devices or config.run.devices_per_replica
+    trainer: Trainer
+    if config.simulated:
+        chosen = simulated_devices(wanted or 1)
+        per_device = max(1, (threads or cores_available()) // len(chosen))
+        trainer = SimulatedTrainer(chosen, config)
+        memory: float | None = config.simulation.memory_gib
+    else:
+        chosen = choose_devices(wanted)
+        per_device = max(1, (threads or cores_available()) // len(chosen))
+        trainer = PoolTrainer(chosen, DataArgs.from_config(config.data, per_device), per_device)
+        memory = accelerator_memory_gib()
     place = Placement(rd, run_id, config, index, store.segments(run_id)[-1], chosen, per_device)
     world = len(chosen)
-    trainer = PoolTrainer(chosen, DataArgs.from_config(config.data, per_device), per_device)
-    default_batch = config.train.per_device_batch(accelerator_memory_gib()) * world
+    default_batch = config.train.per_device_batch(memory) * world
     search = config.search
     hpo = HyperSearch(store.url, f"run-{run_id}-replica-{index}",
                       batch_range(default_batch, search.batch_size_factors, world),
@@ -472,6 +481,15 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
                       startup_trials=search.tpe_startup_trials)
 
     def probe() -> dict[str, Any]:
+        if config.simulated:
+            from automlperf.measure.system import describe
+
+            # Nothing to measure: the node's own description, with the modelled devices.
+            return {"system": describe(simulated=describe_devices(config.simulation, world)),
+                    "devices": chosen, "simulated": True,
+                    "error": "simulated accelerators: no ceiling is measured"}
+        from automlperf.measure.ceiling import run_measurement
+
         return run_measurement(chosen, config.train.precision, per_device * world,
                                config.monitor.ceiling_s)
 

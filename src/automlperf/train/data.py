@@ -40,6 +40,7 @@ import torch
 
 from automlperf.config import DataConfig
 from automlperf.errors import UserError
+from automlperf.train.spec import plan_steps
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -81,16 +82,6 @@ class Dataset(ABC):
         return {"name": self.name, "classes": self.num_classes, "image_size": self.image_size,
                 "channels": self.channels, "train_images": self.train_size,
                 "val_images": self.val_size, "official": self.official}
-
-
-def plan_steps(n: int, world: int, per_rank: int) -> int:
-    """Optimiser steps per epoch, the same on every rank: a remainder too small to give
-    each rank two images (BatchNorm needs two) joins the step before it."""
-    batch = per_rank * world
-    steps = max(1, math.ceil(n / batch))
-    if steps > 1 and n - (steps - 1) * batch < 2 * world:
-        steps -= 1
-    return steps
 
 
 def step_plan(n: int, rank: int, world: int, per_rank: int, split: str, epoch: int,

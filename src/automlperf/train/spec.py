@@ -8,6 +8,7 @@ accelerator); anything else that keeps the protocol can stand in for it.
 from __future__ import annotations
 
 from collections.abc import Callable
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -87,6 +88,16 @@ class DataArgs:
             workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
         return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
                    workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes)
+
+
+def plan_steps(n: int, world: int, per_rank: int) -> int:
+    """Optimiser steps per epoch, the same on every rank: a remainder too small to give
+    each rank two images (BatchNorm needs two) joins the step before it."""
+    batch = per_rank * world
+    steps = max(1, math.ceil(n / batch))
+    if steps > 1 and n - (steps - 1) * batch < 2 * world:
+        steps -= 1
+    return steps
 
 
 class TrainerError(UserError, RuntimeError):
