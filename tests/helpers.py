@@ -1,12 +1,14 @@
 """Helpers shared by the end-to-end tests."""
 
 import os
+import resource
 import subprocess
 import sys
 import time
 import uuid
 
-from automlperf.graph import seeds
+from automlperf.graph import INPUT, Graph, seeds
+from automlperf.graph.graph import conv, dense, simple
 from automlperf.train.spec import TrialSpec
 
 MARK = "AUTOMLPERF_TEST_MARK"
@@ -138,3 +140,25 @@ class Recorder:
     def __call__(self, kind, msg):
         (self.epochs if kind == "epoch" else self.progress).append(msg)
 
+
+
+# A 4,096-channel convolution at 16x16: at batch 2,048 its activations outgrow the address
+# space of pool_under_memory_limit's ranks, a real allocation failure.
+WIDE = Graph.build((3, 16, 16), [
+    conv("c", INPUT, 4096, 3, 1), simple("b", "batchnorm", "c"), simple("r", "relu", "b"),
+    simple("p", "global_avgpool", "r"), dense("fc", "p", 10), simple("s", "softmax", "fc")])
+
+
+def pool_under_memory_limit(devices, gib=4):
+    """A pool on synthetic 16x16 images whose rank processes inherit a ``gib`` address-space
+    limit; this process gets its own limit back."""
+    from automlperf.train.pool import DevicePool
+    from automlperf.train.spec import DataArgs
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (gib * 2**30, hard))
+    try:
+        return DevicePool(devices, DataArgs("synthetic", image_size=16, synthetic_images=2048,
+                                            synthetic_classes=10))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

@@ -51,3 +51,13 @@ def make_image_folder(root: Path, classes: int = 4, train_per_class: int = 12,
                 bad.write_bytes(good.read_bytes()[:200])
             counts["corrupt"] += 1
     return counts
+
+
+def assert_every_image_counted(epochs: list[dict], devices: int, counts: dict[str, int]) -> None:
+    """Two epochs of ``automlperf train --json`` on a folder of make_image_folder(corrupt=2):
+    every readable image counted on every rank, the corrupt training files skipped."""
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    for e in epochs:
+        assert e["world_size"] == devices
+        assert e["train_images"] == counts["train"] and e["val_images"] == counts["val"]
+        assert e["skipped_images"] == 2  # the corrupt training files, counted, not fatal

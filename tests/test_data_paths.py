@@ -13,7 +13,7 @@ from automlperf.graph import seeds
 from automlperf.train.pool import DataArgs, DevicePool, train_trial
 from automlperf.train.trainer import TrialSpec
 from helpers import cli, cli_args, default_sigint, marked_env, wait_no_strays
-from imagefolder import make_image_folder
+from imagefolder import assert_every_image_counted, make_image_folder
 from test_data import write_cifar
 
 pytestmark = pytest.mark.slow
@@ -41,11 +41,7 @@ def test_train_on_jpeg_folders_with_workers(tmp_path, photos, devices):
     epochs = train(tmp_path, "--dataset", "imagenet", "--data-dir", root, "--model",
                    "resnet_small", "--image-size", 32, "--devices", devices, "--batch-size", 8,
                    env=env)
-    assert [e["epoch"] for e in epochs] == [0, 1]
-    for e in epochs:
-        assert e["world_size"] == devices
-        assert e["train_images"] == counts["train"] and e["val_images"] == counts["val"]
-        assert e["skipped_images"] == 2  # the corrupt training files, counted, not fatal
+    assert_every_image_counted(epochs, devices, counts)
     wait_no_strays(mark)
 
 

@@ -3,7 +3,6 @@ failures that may poison device or collective state, SIGTERM to every process of
 a restart that fails, the dataset scanned once, and the cores a process really has."""
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -11,13 +10,12 @@ import sys
 import psutil
 import pytest
 
-from automlperf.graph import INPUT, Graph, seeds
-from automlperf.graph.graph import conv, dense, simple
+from automlperf.graph import seeds
 from automlperf.train.data import FileIndex
 from automlperf.hardware import cgroup_cpu_quota
 from automlperf.train.pool import DevicePool, PoolError, leaves_state_broken, train_trial
 from automlperf.train.spec import DataArgs
-from helpers import Recorder, trial_spec
+from helpers import WIDE, Recorder, pool_under_memory_limit, trial_spec
 from imagefolder import make_image_folder
 
 spec = trial_spec
@@ -62,20 +60,10 @@ def test_uneven_shards_train_on_two_gloo_ranks_without_join(tmp_path):
 
 @pytest.mark.slow
 def test_an_out_of_memory_failure_on_several_ranks_restarts_the_pool():
-    wide = Graph.build((3, 16, 16), [
-        conv("c", INPUT, 4096, 3, 1), simple("b", "batchnorm", "c"), simple("r", "relu", "b"),
-        simple("p", "global_avgpool", "r"), dense("fc", "p", 10), simple("s", "softmax", "fc")])
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    # The ranks inherit a 4 GiB address-space limit: a real allocation failure.
-    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, hard))
-    try:
-        pool = DevicePool(["cpu"] * 2, DataArgs("synthetic", image_size=16, synthetic_images=2048,
-                                                synthetic_classes=10))
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    pool = pool_under_memory_limit(["cpu"] * 2)
     with pool:
         before = [r.process.pid for r in pool._ranks]
-        out = pool.run(spec("oom", graph=wide, batch_size=2048))
+        out = pool.run(spec("oom", graph=WIDE, batch_size=2048))
         assert out.status == "failed" and out.extra["failure"] == "oom"
         assert pool.restarts == 1 and not set(before) & {r.process.pid for r in pool._ranks}
         # The new ranks met through a fresh rendezvous file (a FileStore file cannot be
@@ -227,7 +215,9 @@ def test_default_batch_and_learning_rate_stay_where_training_is_stable():
     assert run.lr == MAX_LR and run.optimizer.param_groups[0]["initial_lr"] == MAX_LR
 
 
-BN_RANK = """
+# One of two Gloo ranks (argv: rank, rendezvous), each with the same small seed model's
+# training run on synthetic 8x8 images; the scripts below continue from here.
+RANK_RUN = """
 import sys, torch, torch.distributed as dist
 from automlperf.graph import seeds
 from automlperf.train.data import SyntheticDataset
@@ -236,9 +226,22 @@ from automlperf.train.trainer import RankContext, TrialSpec, _Run
 rank, init = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
 graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
-spec = TrialSpec("bn", graph.to_dict(), epochs=1, batch_size=16, patience=1)
+spec = TrialSpec("two-ranks", graph.to_dict(), epochs=1, batch_size=16, patience=1)
 data = SyntheticDataset(image_size=8, num_classes=10, train_images=32)
 run = _Run(spec, RankContext(rank, 2, torch.device("cpu"), data, distributed=True), graph)
+"""
+
+
+def run_two_ranks(script, tmp_path):
+    """Run ``script`` (a RANK_RUN continuation) as ranks 0 and 1; their standard outputs."""
+    init = f"file://{tmp_path}/rendezvous"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), init], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    return [o[0] for o in outs]
+
+BN_RANK = RANK_RUN + """
 bn = next(m for m in run.module.modules() if isinstance(m, torch.nn.BatchNorm2d))
 bn.running_mean.fill_(float(rank))   # each rank's own statistics differ
 bn.running_var.fill_(1.0 + 2 * rank)
@@ -250,12 +253,8 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_validation_uses_batchnorm_statistics_averaged_over_ranks(tmp_path):
-    init = f"file://{tmp_path}/rendezvous"
-    procs = [subprocess.Popen([sys.executable, "-c", BN_RANK, str(r), init], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    assert [o[0].split() for o in outs] == [["0.5", "2.0"]] * 2
+    outs = run_two_ranks(BN_RANK, tmp_path)
+    assert [o.split() for o in outs] == [["0.5", "2.0"]] * 2
 
 
 def _state(run):
@@ -269,11 +268,8 @@ def _state(run):
     return [t.detach().cpu().numpy().tobytes() for t in tensors] + [run.schedule.last_epoch]
 
 
-PLACEHOLDER_RANK = """
-import hashlib, json, sys, torch, torch.distributed as dist
-from automlperf.graph import seeds
-from automlperf.train.data import SyntheticDataset
-from automlperf.train.trainer import RankContext, TrialSpec, _Run
+PLACEHOLDER_RANK = RANK_RUN + """
+import hashlib, json
 
 def _state(run):
     tensors = [*run.module.parameters(), *run.module.buffers()]
@@ -281,12 +277,6 @@ def _state(run):
         tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return [t.detach().cpu().numpy().tobytes() for t in tensors] + [run.schedule.last_epoch]
 
-rank, init = int(sys.argv[1]), sys.argv[2]
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
-spec = TrialSpec("ph", graph.to_dict(), epochs=1, batch_size=16, patience=1)
-data = SyntheticDataset(image_size=8, num_classes=10, train_images=32)
-run = _Run(spec, RankContext(rank, 2, torch.device("cpu"), data, distributed=True), graph)
 torch.manual_seed(rank)
 def real_step():
     run._step(torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
@@ -319,12 +309,8 @@ def test_a_placeholder_step_changes_nothing_but_what_every_rank_shares(tmp_path)
     optimiser state."""
     import json
 
-    init = f"file://{tmp_path}/rendezvous"
-    procs = [subprocess.Popen([sys.executable, "-c", PLACEHOLDER_RANK, str(r), init], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    got = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    outs = run_two_ranks(PLACEHOLDER_RANK, tmp_path)
+    got = [json.loads(o.strip().splitlines()[-1]) for o in outs]
     assert all(g["all_empty_kept"] for g in got)
     assert got[1]["buffers_kept"] and not got[0]["buffers_kept"]
     assert got[0]["digest"] == got[1]["digest"]

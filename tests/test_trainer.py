@@ -3,20 +3,18 @@
 import functools
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from automlperf.graph import INPUT, Graph, seeds
-from automlperf.graph.graph import conv, dense, simple
+from automlperf.graph import seeds
 from automlperf.ops import count, epoch_ops
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome, read_jsonl
 from automlperf.train.pool import DataArgs, DevicePool, train_trial
 from automlperf.train.trainer import lr_factor
-from helpers import SMALL8, Recorder, trial_spec
+from helpers import SMALL8, WIDE, Recorder, pool_under_memory_limit, trial_spec
 
 pytestmark = pytest.mark.slow
 
@@ -121,19 +119,9 @@ def test_two_gloo_ranks_process_the_same_images_as_one():
 
 
 def test_out_of_memory_retries_at_half_batch_then_recovers():
-    wide = Graph.build((3, 16, 16), [
-        conv("c", INPUT, 4096, 3, 1), simple("b", "batchnorm", "c"), simple("r", "relu", "b"),
-        simple("p", "global_avgpool", "r"), dense("fc", "p", 10), simple("s", "softmax", "fc")])
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    # The rank processes inherit a 4 GiB address-space limit: a real allocation failure.
-    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, hard))
-    try:
-        p = DevicePool(["cpu"], DataArgs("synthetic", image_size=16, synthetic_images=2048,
-                                         synthetic_classes=10))
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    p = pool_under_memory_limit(["cpu"])
     with p:
-        out = train_trial(p, spec("oom", graph=wide, epochs=1, batch_size=2048))
+        out = train_trial(p, spec("oom", graph=WIDE, epochs=1, batch_size=2048))
         assert out.status == "failed" and out.extra["failure"] == "oom"
         assert out.extra["oom_retry"]["first_batch_size"] == 2048 and out.batch_size == 1024
         small = seeds.resnet_small(10, 16, 3)
