@@ -240,6 +240,53 @@ def test_an_epoch_committed_late_is_still_read(pg_url):
     assert feed.read() == [] and feed.missing == {}
 
 
+def test_an_epoch_committed_late_before_the_first_read_is_still_read(pg_url):
+    """Replicas finishing their first epochs together: number 1 commits after number 2, and
+    the feed's first read sees only number 2."""
+    s = open_store(pg_url, create=True)
+    earlier = s.create_run("earlier", {}, {}, 60.0, 1.0)  # numbers below the feed's start
+    seg = s.start_segment(earlier, 1.0, 100.0)
+    rep = s.register_replica(earlier, 0, seg, "n", 1, [], 1.0)
+    t0 = s.claim_trial(earlier, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    s.record_epoch(epoch(earlier, t0, 0))
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    seg = s.start_segment(run_id, 1.0, 100.0)
+    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
+    t = s.claim_trial(run_id, rep, 0, "h2", "{}", None, [], 0, {}, 1.0, 60.0)
+    feed = EpochFeed(s, run_id)
+    other = sa.create_engine(pg_url)
+    slow = other.connect()
+    pending = slow.begin()
+    slow.execute(T_EPOCHS.insert().values(**epoch(run_id, t, 0).__dict__))
+    s.record_epoch(epoch(run_id, t, 1))
+    assert [e.epoch for _, e in feed.read()] == [1]
+    pending.commit()
+    slow.close()
+    other.dispose()
+    assert [e.epoch for _, e in feed.read()] == [0]
+    assert feed.read() == [] and feed.missing == {}
+    s.close()
+
+
+def test_the_numbers_asked_for_again_are_bounded(tmp_path, monkeypatch):
+    """Another run interleaved for hours leaves many skipped numbers: the feed asks again
+    for the most recent ones only, so its statement never outgrows the driver's limit."""
+    import automlperf.store.feed as feed_module
+    s = open_store(f"sqlite:///{tmp_path / 'store.db'}", create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    feed = EpochFeed(s, run_id)
+    asked = []
+    real = s.epochs_after
+    monkeypatch.setattr(s, "epochs_after", lambda r, after, also=(): asked.append(list(also))
+                        or real(r, after, also))
+    monkeypatch.setattr(feed_module, "MAX_MISSING", 5)
+    feed.missing = dict.fromkeys(range(1, 20), 0.0)
+    feed.clock = lambda: 1.0
+    feed.read()
+    assert asked == [[15, 16, 17, 18, 19]]
+    s.close()
+
+
 def test_a_postgres_store_from_before_epoch_numbers_gets_them(pg_url):
     s = open_store(pg_url, create=True)
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)

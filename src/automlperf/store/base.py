@@ -220,6 +220,10 @@ class Store(ABC):
         reads them all, each once)."""
 
     @abstractmethod
+    def last_epoch_number(self) -> int:
+        """The highest number the store has given a committed epoch of any run; 0 if none."""
+
+    @abstractmethod
     def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None: ...
 
     @abstractmethod

@@ -14,6 +14,10 @@ from automlperf.store.base import EpochRecord, Store
 GAP_S = 300.0
 # More numbers skipped at once than any run records in a poll: another run's epochs.
 MAX_GAP = 100_000
+# At most this many skipped numbers are asked for again, the most recent kept: a statement
+# takes one parameter per number (PostgreSQL's limit is 65,535, older SQLite's 32,766), and
+# a number skipped long ago belongs to another run or was rolled back.
+MAX_MISSING = 10_000
 
 
 class EpochFeed:
@@ -28,6 +32,9 @@ class EpochFeed:
         self.gap_s = gap_s
         self.clock = clock
         self.after = 0
+        # Numbers up to the highest one committed when the feed began are read by the first
+        # poll or were never this run's; above it, every number is accounted for.
+        self.floor = store.last_epoch_number()
         self.missing: dict[int, float] = {}  # skipped number -> when it was first skipped
         self.rows = 0
 
@@ -35,6 +42,8 @@ class EpochFeed:
         """(replica index, epoch) of every epoch not read before, in the store's order."""
         now = self.clock()
         self.missing = {n: t for n, t in self.missing.items() if now - t < self.gap_s}
+        if len(self.missing) > MAX_MISSING:
+            self.missing = dict(sorted(self.missing.items())[-MAX_MISSING:])
         rows = self.store.epochs_after(self.run_id, self.after, sorted(self.missing))
         self.rows += len(rows)
         new = []
@@ -43,11 +52,11 @@ class EpochFeed:
                 if self.missing.pop(number, None) is None:
                     continue  # already read
             else:
-                # Before the first read nothing was in flight that matters (the view starts
-                # before its replicas); beyond that, the numbers between belong to other
-                # runs in the same database or are still being committed.
-                if self.after and number - self.after <= MAX_GAP:
-                    self.missing.update(dict.fromkeys(range(self.after + 1, number), now))
+                # The numbers between belong to other runs in the same database or are
+                # still being committed.
+                low = max(self.after, self.floor) + 1
+                if number - low < MAX_GAP:
+                    self.missing.update(dict.fromkeys(range(low, number), now))
                 self.after = number
             if epoch.run_id == self.run_id:  # a skipped number may be another run's epoch
                 new.append((replica, epoch))

@@ -459,6 +459,12 @@ class SQLStore(Store):
                 for r in rows]
 
     @retrying
+    def last_epoch_number(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.max(self._seq))
+                                    .select_from(T_EPOCHS)).scalar() or 0)
+
+    @retrying
     def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None:
         if not samples:
             return
