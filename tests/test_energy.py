@@ -164,3 +164,31 @@ def test_amd_gpus_are_sampled_through_amdsmi_when_nvml_finds_none(monkeypatch):
     (entry,) = sampler.sample()
     assert entry["uuid"] == "ab-cd" and entry["util"] == 97.0 and entry["power_w"] == 650.0
     assert entry["mem_total_gib"] == 192.0 and entry["energy_mj"] == int(1_000 * 15.3 / 1000)
+
+
+def test_a_simulated_run_samples_neither_the_machines_gpus_nor_its_cpu_energy(tmp_path, monkeypatch):
+    """Its devices are a model's: the watts of this machine's GPUs and CPU are not theirs."""
+    import json
+    import threading
+
+    from automlperf.measure.monitor import run_sampler
+    from automlperf.store.rundir import RUN_FILE, SCHEMA_VERSION, RunDir
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", FakeNVML())
+    root = powercap(tmp_path / "powercap", {"intel-rapl:0": ("package-0", 10, 2**32)})
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    (rd.path / RUN_FILE).write_text(json.dumps({"run_id": 1, "schema_version": SCHEMA_VERSION}))
+    for host_only in (False, True):
+        stop = threading.Event()
+        stop.set()  # one final sample, then return
+        out = tmp_path / f"out-{host_only}.jsonl"
+        with open(out, "w") as stream:
+            run_sampler(rd.path, None, 30.0, [], f"node-{host_only}", stop=stop, powercap=root,
+                        to=stream, host_only=host_only)
+        (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+        if host_only:
+            assert record["gpus"] == [] and "cpu_energy_uj" not in record
+            assert "cpu_percent" in record
+        else:  # the same call without the flag reads both, so the test can tell
+            assert len(record["gpus"]) == 2 and "cpu_energy_uj" in record

@@ -156,6 +156,16 @@ def open_gpu_sampler(uuids: list[str], every_gpu: bool = False) -> GPUSampler | 
     return amd if amd.handles else nvidia
 
 
+class NoGPUs:
+    """The sampler of a simulated run: no accelerator of this machine is the run's."""
+
+    handles: list[Any] = []
+    error: str | None = None
+
+    def sample(self) -> list[dict[str, Any]]:
+        return []
+
+
 def _bare(uuid: str) -> str:
     return uuid.lower().removeprefix("gpu-")
 
@@ -172,7 +182,7 @@ def host_sample() -> dict[str, Any]:
             "mem_used_gib": (mem.total - mem.available) / 2**30, "mem_total_gib": mem.total / 2**30}
 
 
-def sample(gpus: GPUSampler | AmdSampler, rapl: RaplReader | None = None) -> dict[str, Any]:
+def sample(gpus: GPUSampler | AmdSampler | NoGPUs, rapl: RaplReader | None = None) -> dict[str, Any]:
     record = {"t": time.time(), **host_sample(), "gpus": gpus.sample()}
     if rapl is not None and rapl.domains:
         record["cpu_energy_uj"] = rapl.read()
@@ -194,10 +204,11 @@ class _Printer:
 def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: list[str],
                 node: str, stop: threading.Event | None = None,
                 powercap: Path = POWERCAP, every_gpu: bool = False,
-                to: IO[str] | None = None) -> None:
+                to: IO[str] | None = None, host_only: bool = False) -> None:
     """Sample until ``stop`` is set (or SIGTERM); each sample goes to the file at once and
     to the store (batched, so a slow store never delays sampling), or with ``to`` to that
-    stream instead of the store."""
+    stream instead of the store. ``host_only`` (a simulated run) reads neither the GPUs nor
+    the CPU's energy: the run's devices are a model's, and the machine's watts are not theirs."""
     from automlperf.store.rundir import RunDir
 
     rd = RunDir(run_dir)
@@ -211,14 +222,14 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
     stop = stop or threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     rd.monitor.mkdir(exist_ok=True)
-    gpus = open_gpu_sampler(uuids, every_gpu)
-    rapl = RaplReader(powercap)
+    gpus: GPUSampler | AmdSampler | NoGPUs = NoGPUs() if host_only else open_gpu_sampler(uuids, every_gpu)
+    rapl = None if host_only else RaplReader(powercap)
     import psutil
 
     psutil.cpu_percent(interval=None)  # the first reading only starts the measurement
     pending: list[dict[str, Any]] = []
     with open(rd.monitor / f"{node}.jsonl", "a", encoding="utf-8") as out:
-        for note in (gpus.error, rapl.error):
+        for note in (gpus.error, rapl and rapl.error):
             if note:
                 out.write(json.dumps({"t": time.time(), "note": note}) + "\n")
         wait = min(interval_s, 2.0)  # an early first sample, so short runs have one
@@ -261,9 +272,12 @@ class SampleCopier:
         pending: list[dict[str, Any]] = []
         for line in self.lines:
             try:
-                pending.append(json.loads(line))
+                sample = json.loads(line)
             except ValueError:
                 continue
+            if not isinstance(sample, dict) or "t" not in sample:
+                continue  # a library's stray output, not a sample
+            pending.append(sample)
             try:
                 self.store.add_samples(self.run_id, self.node, pending)
             except Exception:  # noqa: BLE001 - the file has them; retried with the next
@@ -293,13 +307,15 @@ def main() -> None:
     ap.add_argument("--to-stdout", action="store_true",
                     help="print each sample for the process that stores them, instead of "
                          "opening the store")
+    ap.add_argument("--host-only", action="store_true",
+                    help="sample the host only, no GPU and no CPU energy (a simulated run)")
     args = ap.parse_args()
     from automlperf.procutil import die_with_parent
 
     die_with_parent()
     run_sampler(args.run_dir, args.store, args.interval,
                 [u for u in args.uuids.split(",") if u], args.node, every_gpu=args.every_gpu,
-                to=sys.stdout if args.to_stdout else None)
+                to=sys.stdout if args.to_stdout else None, host_only=args.host_only)
 
 
 if __name__ == "__main__":

@@ -500,6 +500,8 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
 
         # The node's one sampler also covers the GPUs of the other replicas on the node.
         every = ["--every-gpu"] if local_size() > 1 else []
+        if config.simulated:
+            every = ["--host-only"]
         node = socket.gethostname()
         rd.logs.mkdir(exist_ok=True)
         with open(rd.logs / f"monitor-{node}.log", "ab") as log_file:
