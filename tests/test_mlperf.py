@@ -78,6 +78,25 @@ def test_mllog_parses_and_passes_the_checker_with_our_rules(run, tmp_path):
     assert again.read_text() == path.read_text()
 
 
+def test_a_simulated_runs_log_says_so(run, tmp_path):
+    """The log travels on its own: it must not read like a measurement."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    store, run_id, result = run
+    simulation = {"sustained_ops_per_device": 2e14, "time_compression": 1.0,
+                  "device_memory_gib": 80.0}
+    result = {**result, "simulated": True, "simulation": simulation}
+    path = write_mllog(tmp_path / "mllog.txt", store, run_id, result, SYSTEM, "Example Org")
+    lines, errors = parse_file(str(path), ruleset="6.1.0")
+    assert errors == []
+    by_key = {line.key: line.value for line in lines}
+    assert by_key["submission_status"]["value"] == "research"
+    assert by_key["automlperf_simulated"]["value"] is True
+    assert simulation.items() <= by_key["automlperf_simulated"]["metadata"].items()
+    valid, checker = check(path, rules_path())
+    assert valid, checker.log_messages()
+
+
 def test_the_checker_rejects_a_log_missing_its_end(run, tmp_path):
     store, run_id, result = run
     path = write_mllog(tmp_path / "mllog.txt", store, run_id, result, SYSTEM, "Example Org")

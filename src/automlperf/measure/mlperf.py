@@ -85,10 +85,14 @@ def write_mllog(path: Path, store: Any, run_id: int, result: dict[str, Any],
         for key, value in ((c.SUBMISSION_BENCHMARK, BENCHMARK), (c.SUBMISSION_ORG, org),
                            (c.SUBMISSION_DIVISION, c.CLOSED if result.get("official")
                             else c.OPEN),
-                           (c.SUBMISSION_STATUS, c.ONPREM),
+                           # A model's figures are research, never a system on premises.
+                           (c.SUBMISSION_STATUS,
+                            c.RESEARCH if result.get("simulated") else c.ONPREM),
                            (c.SUBMISSION_PLATFORM,
                             platform_name(system, int(result.get("nodes") or 1)))):
             add(created, "event", key, value)
+        if result.get("simulated"):
+            add(created, "event", "automlperf_simulated", True, **(result.get("simulation") or {}))
         add(created, "start", c.INIT_START)
         if counted:
             add(created, "event", c.TRAIN_SAMPLES, counted[0].train_images)
