@@ -5,6 +5,7 @@ or SQLite, monitor, score, check, report); the runs end by `run.max_rounds`."""
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 def sim_config(rounds, **run) -> str:
     """Simulated devices sustaining a modest rate, so that an epoch of the small seed on the
     digits lasts a fraction of a second (its operations counted, as always)."""
-    settings = {"accelerator": "simulated", "heartbeat_s": 1, "lease_timeout_s": 30,
+    settings = {"accelerator": "simulated", "heartbeat_s": 1, "lease_timeout_s": 600,
                 "max_rounds": rounds, **run}
     lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
     return "\n".join(lines) + """
@@ -119,3 +120,21 @@ def test_weak_scaling_of_simulated_runs_and_the_mixes_it_refuses(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
     done = cli("compare", "--scaling", one, "--html", page)
     assert done.returncode == 2 and "at least two runs" in done.stderr
+    done = cli("compare", "--scaling", one, one, "--html", page)
+    assert done.returncode == 2 and "give runs of different sizes" in done.stderr
+    # Measured runs on different accelerators measure different machines.
+    other = tmp_path / "other"
+    shutil.copytree(measured, other)
+    system = json.loads((other / "system.json").read_text())
+    system["accelerators"] = [{"index": 0, "name": "another accelerator"}]
+    (other / "system.json").write_text(json.dumps(system))
+    done = cli("compare", "--scaling", measured, other, "--html", page)
+    assert done.returncode == 2 and "different accelerators" in done.stderr
+    # A simulated run whose result.json was edited to look measured is still marked.
+    edited = tmp_path / "edited"
+    shutil.copytree(one, edited)
+    result = json.loads((edited / "result.json").read_text())
+    result["simulated"] = False
+    (edited / "result.json").write_text(json.dumps(result))
+    done = cli("compare", edited, "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)[0]["simulated"] is True

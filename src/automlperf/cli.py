@@ -312,10 +312,9 @@ def check(
 
 def _scaling(run_dirs: list[Path], html: Path, as_json: bool) -> None:
     from automlperf.measure.units import format_ops
-    from automlperf.report.scaling import weak_scaling, write_scaling_page
+    from automlperf.report.scaling import scaling
 
-    rows = weak_scaling(run_dirs)
-    page = write_scaling_page(rows, html)
+    rows, page = scaling(run_dirs, html)
     if as_json:
         print(json.dumps({"runs": rows, "html": str(page)}, indent=1))
         return

@@ -19,6 +19,10 @@ def row(run_dir: Path) -> dict[str, Any]:
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
     accels = system.get("accelerators", [])
     names = sorted({a["name"] for a in accels})
+    # Any of the run's own records saying so marks it: an edited result.json alone does not
+    # make a simulated run pass for a measured one (`check` names the edit).
+    simulated = (bool(result.get("simulated")) or bool(system.get("simulated"))
+                 or any(v.get("rule") == "simulated" for v in result.get("violations") or []))
     return {
         "run": str(run_dir), "name": result.get("name"),
         "system": f"{system.get('host', '?')} ({system.get('cpu', {}).get('model', '?')})",
@@ -31,7 +35,7 @@ def row(run_dir: Path) -> dict[str, Any]:
         "energy_j": result.get("energy_j"), "mean_power_w": result.get("mean_power_w"),
         "ops_per_watt": result.get("ops_per_watt"),
         "official": result.get("official"), "valid": result.get("valid"),
-        "simulated": bool(result.get("simulated")), "simulation": result.get("simulation"),
+        "simulated": simulated, "simulation": result.get("simulation"),
         "ruleset": result.get("ruleset"),
     }
 

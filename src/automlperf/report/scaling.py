@@ -37,7 +37,8 @@ def _one_kind(rows: list[dict[str, Any]]) -> None:
         raise ScalingError(f"cannot compare the scaling of simulated runs ({_names(simulated)}) "
                            f"with measured ones ({_names(measured)}): give runs of one kind")
     for key, what, one in (("ruleset", "rulesets", "ruleset"), ("dataset", "datasets", "dataset"),
-                           ("simulation", "simulated devices", "simulated device")):
+                           ("simulation", "simulated devices", "simulated device"),
+                           ("accelerators", "accelerators", "kind of accelerator")):
         if len({repr(r.get(key)) for r in rows}) > 1:
             listed = "; ".join(f"{r['run']}: {r.get(key)}" for r in rows)
             raise ScalingError(f"the runs have different {what} ({listed}): give runs of one "
@@ -58,6 +59,9 @@ def weak_scaling(run_dirs: list[Path]) -> list[dict[str, Any]]:
         if not r["devices"] or not r["ops_per_device"]:
             raise ScalingError(f"{r['run']}: no device or no counted operation recorded; "
                                "finish the run (or `automlperf check` it) first")
+    if len({r["devices"] for r in rows}) < 2:
+        raise ScalingError(f"the runs all have {rows[0]['devices']} device(s) "
+                           f"({_names(rows)}): give runs of different sizes")
     rows.sort(key=lambda r: (r["devices"], r["run"]))
     base = rows[0]
     for r in rows:
@@ -71,6 +75,12 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "temp
                           autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
                           lstrip_blocks=True)
 _env.filters["ops"] = format_ops
+
+
+def scaling(run_dirs: list[Path], page: Path) -> tuple[list[dict[str, Any]], Path]:
+    """The weak-scaling rows of ``run_dirs`` and the page drawn from them at ``page``."""
+    rows = weak_scaling(run_dirs)
+    return rows, write_scaling_page(rows, page)
 
 
 def write_scaling_page(rows: list[dict[str, Any]], path: Path) -> Path:
