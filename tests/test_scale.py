@@ -15,7 +15,7 @@ from automlperf.config import Config
 from automlperf.store import EpochRecord, open_store
 from automlperf.store import connections
 from automlperf.store.rundir import RunDir
-from helpers import cli
+from helpers import cli, wait_for
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -100,9 +100,56 @@ def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
 
 def test_a_replica_holds_one_connection(pg_url):
     """A replica's threads share one pooled connection (a second only while two overlap);
-    its TPE study connects only while it asks or tells."""
+    its TPE study connects only while it asks or tells. The connections are counted as the
+    client opens and closes them (exact at every instant); the server's view is checked at
+    the end, once its backends have had time to exit."""
     from automlperf.search.hpo import HyperSearch, prepare_storage
 
+    lock = threading.Lock()
+    count = {"open": 0, "peak": 0}
+
+    def opened(*_):
+        with lock:
+            count["open"] += 1
+            count["peak"] = max(count["peak"], count["open"])
+
+    def closed(*_):
+        with lock:
+            count["open"] -= 1
+
+    sa.event.listen(sa.pool.Pool, "connect", opened)
+    sa.event.listen(sa.pool.Pool, "close", closed)
+    try:
+        store = open_store(pg_url, create=True)
+        prepare_storage(store.url)
+        hpo = HyperSearch(store.url, "s", (32, 128), [3, 5], startup_trials=1)
+        run_id = store.create_run("r", {}, {}, 60.0, 1.0)
+        seg = store.start_segment(run_id, 1.0, 100.0)
+        rep = store.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
+        assert count["open"] == connections.POOL_SIZE
+        count["peak"] = count["open"]
+
+        def work(k):
+            for i in range(20):
+                t = store.claim_trial(run_id, rep, 0, f"{k}-{i}", "{}", None, [], 0, {}, 1.0, 60.0)
+                store.record_epoch(epoch(run_id, t, 0, 50.0))
+                store.summaries(run_id)
+                store.heartbeat(rep, 2.0, 60.0)
+
+        workers = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+        for w in workers:
+            w.start()
+        for _ in range(3):
+            s = hpo.ask()
+            hpo.tell(s.number, 0.5)
+        for w in workers:
+            w.join()
+        assert count["peak"] <= connections.PER_REPLICA
+        assert count["open"] == connections.POOL_SIZE  # none kept by the study
+        assert len(store.epochs(run_id)) == 60
+    finally:
+        sa.event.remove(sa.pool.Pool, "connect", opened)
+        sa.event.remove(sa.pool.Pool, "close", closed)
     probe = sa.create_engine(pg_url, poolclass=sa.pool.NullPool)
 
     def held():
@@ -111,42 +158,7 @@ def test_a_replica_holds_one_connection(pg_url):
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid()")).scalar()
 
-    store = open_store(pg_url, create=True)
-    prepare_storage(store.url)
-    hpo = HyperSearch(store.url, "s", (32, 128), [3, 5], startup_trials=1)
-    run_id = store.create_run("r", {}, {}, 60.0, 1.0)
-    seg = store.start_segment(run_id, 1.0, 100.0)
-    rep = store.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
-    assert held() == connections.POOL_SIZE
-    seen = []
-    done = threading.Event()
-
-    def watch():
-        while not done.wait(0.01):
-            seen.append(held())
-
-    def work(k):
-        for i in range(20):
-            t = store.claim_trial(run_id, rep, 0, f"{k}-{i}", "{}", None, [], 0, {}, 1.0, 60.0)
-            store.record_epoch(epoch(run_id, t, 0, 50.0))
-            store.summaries(run_id)
-            store.heartbeat(rep, 2.0, 60.0)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    workers = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    for w in workers:
-        w.start()
-    for _ in range(3):
-        s = hpo.ask()
-        hpo.tell(s.number, 0.5)
-    for w in workers:
-        w.join()
-    done.set()
-    watcher.join()
-    assert seen and max(seen) <= connections.PER_REPLICA
-    assert held() == connections.POOL_SIZE  # none kept by the study
-    assert len(store.epochs(run_id)) == 60
+    wait_for(lambda: held() == connections.POOL_SIZE, 120, "the server to see one connection")
     store.close()
     probe.dispose()
 
@@ -161,13 +173,19 @@ def test_a_store_too_small_for_the_run_is_refused_before_it_starts(tmp_path):
     try:
         done = cli("run", "--replicas", 8, "--store", url, "--run-dir", tmp_path / "run",
                    "--duration", "1m")
+        # A batch script is refused on the login node, not in the queue.
+        script = cli("slurm", "--nodes", 8, "--store", url, "--run-dir", tmp_path / "job",
+                     "--duration", "1m")
     finally:
         small.stop()
-    assert done.returncode != 0
-    assert "raise max_connections to at least" in done.stderr and "8 replica(s) open up to 27" \
-        in done.stderr, done.stderr
-    assert small.password not in done.stderr + done.stdout
-    assert not (tmp_path / "run").exists()  # nothing written: the same command can run again
+    for done in (done, script):
+        assert done.returncode == 2
+        (line,) = done.stderr.strip().splitlines()
+        assert "raise max_connections to at least" in line and "8 replica(s) open up to 29" \
+            in line, line
+        assert small.password not in done.stderr + done.stdout
+    # Nothing written: the same command can run again.
+    assert not (tmp_path / "run").exists() and not (tmp_path / "job").exists()
     sized = PostgresServer(tmp_path / "sized", max_connections=connections.server_size(512))
     url = sized.start()
     try:
@@ -191,7 +209,7 @@ def test_connection_arithmetic():
     assert cap.available() == 35
     assert connections.shortfall(cap, 10) is None
     why = connections.shortfall(cap, 20)
-    assert "CONNECTION LIMIT 40" in why and "up to 63" in why
+    assert "CONNECTION LIMIT 40" in why and "up to 65" in why
 
 
 def test_the_samples_of_a_sampler_reach_the_store_through_its_replica(tmp_path):

@@ -122,6 +122,15 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dic
 VIEW_ROWS = 32
 
 
+def _count(tally: dict[tuple[int, str], TrialTally], status: str,
+           replica: int | None = None) -> int:
+    """Trials of ``status``: of one replica, or of all of them."""
+    if replica is not None:
+        found = tally.get((replica, status))
+        return found.count if found else 0
+    return sum(t.count for (_, st), t in tally.items() if st == status)
+
+
 class LiveView:
     """What the primary's live view of the run shows, read from the store every second:
     the epochs recorded since the last read (kept as running totals) and a few rows of
@@ -162,8 +171,7 @@ class LiveView:
                                                     for t in s.store.tally(s.run_id)}
 
         def count(status: str, replica: int | None = None) -> int:
-            return sum(t.count for (r, st), t in tally.items()
-                       if st == status and replica in (None, r))
+            return _count(tally, status, replica)
 
         elapsed = s.elapsed_before + now - s.started_at
         remaining = max(0.0, s.deadline_at - now)
@@ -191,11 +199,6 @@ class LiveView:
 
     def _by_state(self, states: list[str], tally: dict[tuple[int, str], TrialTally]) -> Table:
         """Many replicas: one row per process state, its replicas' trials summed."""
-
-        def count(status: str, replica: int) -> int:
-            found = tally.get((replica, status))
-            return found.count if found else 0
-
         table = Table(show_edge=False, pad_edge=False)
         for col in ("process", "replicas", "done", "failed", "running", "best"):
             table.add_column(col)
@@ -206,7 +209,7 @@ class LiveView:
             best = max((self.best_of_replica[i] for i in members if i in self.best_of_replica),
                        default=None)
             table.add_row(state, str(len(members)),
-                          *(str(sum(count(status, i) for i in members))
+                          *(str(sum(_count(tally, status, i) for i in members))
                             for status in (TrialStatus.COMPLETED, TrialStatus.FAILED,
                                            TrialStatus.RUNNING)),
                           f"{best:.4f}" if best is not None else "-")

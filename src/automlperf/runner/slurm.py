@@ -22,6 +22,7 @@ from pathlib import Path
 import jinja2
 
 from automlperf.runner.launch import terminate, worker_command
+from automlperf.store import connections
 from automlperf.store.pgserver import find_binaries
 from automlperf.store.rundir import write_atomic
 from automlperf.store.urls import redact, split_password
@@ -237,8 +238,11 @@ def write_script(opts: ScriptOptions) -> Path:
     run_dir = opts.run_dir.resolve()
     if (run_dir / "run.json").exists():
         raise SlurmError(f"{run_dir} already holds a run; choose a new --run-dir")
+    # Fail here, on the login node, rather than in the queue.
     if opts.store_url is None:
-        find_binaries()  # fail here, on the login node, rather than in the queue
+        find_binaries()
+    else:
+        connections.check_room(opts.store_url, opts.nodes)  # one replica per node
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     if opts.store_url is None:

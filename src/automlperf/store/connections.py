@@ -13,7 +13,7 @@ Each process that uses the store keeps one small pool for all its threads:
 * The node's resource sampler holds none: its replica copies the samples into the store.
 
 A replica therefore holds 1 connection and at most ``PER_REPLICA`` (3) at once; the primary
-the same (its history view, and the TPE tables it creates once). SQLite needs none of this.
+at most ``PRIMARY`` (5). SQLite needs none of this.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ MAX_OVERFLOW = 1
 HPO = 1
 PER_PROCESS = POOL_SIZE + MAX_OVERFLOW
 PER_REPLICA = PER_PROCESS + HPO
-PRIMARY = PER_PROCESS + HPO
+# The primary: its session's store and the TPE tables it creates once, and a second store
+# through which an external launcher (mpiexec, srun) watches the replicas it did not start.
+PRIMARY = PER_PROCESS + HPO + PER_PROCESS
 # `check`, `report`, a person's psql and the like while the run goes on.
 TOOLS = 10
 # The size a private server always had; never smaller.
@@ -133,7 +135,12 @@ def check_room(url: str | None, replicas: int) -> None:
     from automlperf.store.base import StoreError
     from automlperf.store.urls import redact
 
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        # A login node may not reach a server only the compute nodes see: give up quickly.
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool,
+                                  connect_args={"connect_timeout": 10})
+    except ModuleNotFoundError:
+        return  # no driver: opening the store says so, with the fix
     try:
         with engine.connect() as conn:
             why = shortfall(capacity(conn), replicas)
