@@ -86,6 +86,29 @@ def test_an_epoch_lasts_the_counted_operations_at_the_sustained_rate():
         assert outcome.best_accuracy == max(e.val_accuracy for e in sink.events)
 
 
+def test_recording_an_epoch_does_not_stall_the_simulated_device():
+    """Epoch ends are kept from the trial's start: the time the host spends recording an
+    epoch overlaps the next one, as it does beside a real device."""
+    config = sim_config()
+    sim, clock = trainer(config)
+    length = sim.plan(trial_spec(), SMALL8).seconds
+
+    class SlowSink(Sink):
+        def epoch(self, event):
+            super().epoch(event)
+            clock.now += 0.4 * length  # the store takes its time
+
+    sink = SlowSink()
+    began = clock.now
+    outcome = sim.train(trial_spec(epochs=5, patience=10), sink)
+    assert outcome.status == TrialStatus.COMPLETED and outcome.epochs == 5
+    ends = [e.ended_at for e in sink.events]
+    assert ends == pytest.approx([began + (k + 1) * length for k in range(5)])
+    assert [e.started_at for e in sink.events] == pytest.approx([began] + ends[:-1])
+    # Five epochs of device time and the last record: nothing of the other four records.
+    assert clock.now == pytest.approx(began + 5 * length + 0.4 * length)
+
+
 def test_the_simulated_datasets_have_the_real_counts():
     from automlperf.train import data
 

@@ -203,10 +203,9 @@ class SimulatedTrainer:
         return EpochPlan(batch, steps, train, val, ops, epoch_ops(counted, train, steps, 0),
                          ops / rate)
 
-    def _wait(self, seconds: float, should_stop: Callable[[], bool] | None) -> bool:
-        """Wait ``seconds`` by the clock, looking for a stop every ``poll_s``; True if
+    def _wait_until(self, end: float, should_stop: Callable[[], bool] | None) -> bool:
+        """Wait until ``end`` by the clock, looking for a stop every ``poll_s``; True if
         stopped first."""
-        end = self.clock() + seconds
         while True:
             if should_stop is not None and should_stop():
                 return True
@@ -250,12 +249,17 @@ class SimulatedTrainer:
         final = self.curves.final_accuracy(graph, plan.batch_size // self.world, spec.seed)
         horizon = spec.horizon_epochs or spec.epochs
         best, stale = -1.0, 0
+        # Epoch ends are scheduled from the trial's start, not from the end of the previous
+        # wait: a real device goes on training while its host records an epoch, so the time
+        # the sink takes must not stall the simulated one (only a sink slower than an epoch
+        # would, as it would a real device's queue).
+        began = self.clock()
         for epoch in range(spec.epochs):
-            started = self.clock()
-            if self._wait(plan.seconds, should_stop):
+            started = began + epoch * plan.seconds
+            ended = began + (epoch + 1) * plan.seconds
+            if self._wait_until(ended, should_stop):
                 outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
                 return outcome
-            ended = self.clock()
             accuracy = self.curves.accuracy(final, epoch, horizon, spec.seed)
             train_seconds = plan.seconds * plan.train_ops / plan.ops
             sink.epoch(EpochEvent(
