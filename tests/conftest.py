@@ -60,96 +60,35 @@ def store_url(request, tmp_path):
     return request.getfixturevalue("pg_url")
 
 
-SLURM_CONF = """\
-ClusterName={cluster}
-SlurmctldHost={host}
-SlurmUser={user}
-SlurmdUser={user}
-AuthType=auth/munge
-SlurmctldPort={ctld_port}
-StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool-%n
-SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd-%n.pid
-SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-MpiDefault=none
-KillWait=10
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-"""
-SLURM_NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 "
-              "RealMemory={memory} State=UNKNOWN\n")
-
-
 def start_slurm(base, nodes, cluster, memory_mb=8000):
-    """A real SLURM cluster of ``nodes`` slurmd daemons on this host (Debian's slurm-wlm
-    and munge, installed by scripts/setup-system.sh), configured in ``base``; the
-    environment that points SLURM's commands at it."""
-    import getpass
-    import shutil
-    import socket
-    import subprocess
-    import time
+    """A real SLURM cluster of ``nodes`` slurmd daemons on this host (runner/localslurm.py);
+    its absence is a failure, not a skip."""
+    from automlperf.runner.localslurm import SlurmError
+    from automlperf.runner.localslurm import start_slurm as start
 
-    from automlperf.store.pgserver import free_port
-
-    for tool in ("slurmctld", "slurmd", "sbatch", "munge"):
-        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
-            pytest.fail(f"{tool} is not installed (run scripts/setup-system.sh)")
-    (base / "state").mkdir()
-    host = socket.gethostname()
-    names = [f"n{i}" for i in range(1, nodes + 1)]
-    conf = base / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(cluster=cluster, host=host, user=getpass.getuser(),
-                                      dir=base, ctld_port=free_port())
-                    + "".join(SLURM_NODE.format(name=n, host=host, port=free_port(),
-                                                memory=memory_mb) for n in names)
-                    + f"PartitionName=debug Nodes={','.join(names)} Default=YES "
-                      "MaxTime=INFINITE State=UP\n")
-    env = dict(os.environ, SLURM_CONF=str(conf))
-    alive = subprocess.run("munge -n | unmunge", shell=True, capture_output=True)
-    if alive.returncode != 0:
-        subprocess.run(["/etc/init.d/munge", "start"], capture_output=True)
-    sbin = "/usr/sbin/"
-    subprocess.run([sbin + "slurmctld", "-f", str(conf)], env=env, check=True)
-    for node in names:
-        subprocess.run([sbin + "slurmd", "-f", str(conf), "-N", node], env=env, check=True)
-    deadline = time.monotonic() + 300  # a guard: slurmd starts in seconds when idle
-    while time.monotonic() < deadline:
-        state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True)
-        if state.stdout.split() == ["idle"]:
-            break
-        time.sleep(0.5)
-    else:
-        subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
-        pytest.fail(f"the test SLURM cluster did not come up: {state.stdout} {state.stderr}; "
-                    f"see {base}/slurmctld.log")
-    return env
+    try:
+        return start(base, nodes, cluster, memory_mb)
+    except SlurmError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real two-node SLURM cluster on this host. Yields the environment that points
     SLURM's commands at it."""
-    import subprocess
+    from automlperf.runner.localslurm import stop_slurm
 
     env = start_slurm(tmp_path_factory.mktemp("slurm"), 2, "amptest")
     yield env
-    subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
+    stop_slurm(env)
 
 
 @pytest.fixture(scope="module")
 def slurm_cluster_8(tmp_path_factory):
     """A real SLURM cluster of eight slurmd nodes on this host, for the tests of one module
     (light job steps only: the nodes share this machine's cores)."""
-    import subprocess
+    from automlperf.runner.localslurm import stop_slurm
 
     env = start_slurm(tmp_path_factory.mktemp("slurm8"), 8, "amptest8")
     yield env
-    subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
+    stop_slurm(env)

@@ -1,0 +1,92 @@
+"""A real SLURM cluster of many slurmd daemons on this host, for tests and benchmarks.
+
+Debian's slurm-wlm and munge (scripts/setup-system.sh) run one slurmctld and any number of
+slurmd "nodes" on localhost, each on its own port with one CPU, all configured in a folder
+of its own: enough to submit the job script `automlperf slurm` writes to dozens of nodes
+whose job steps are light (simulated replicas, for instance)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from automlperf.store.pgserver import free_port
+
+SLURM_CONF = """\
+ClusterName={cluster}
+SlurmctldHost={host}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/munge
+SlurmctldPort={ctld_port}
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool-%n
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+KillWait=10
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+"""
+SLURM_NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 "
+              "RealMemory={memory} State=UNKNOWN\n")
+SBIN = "/usr/sbin/"
+
+
+class SlurmError(RuntimeError):
+    """The local cluster could not be started."""
+
+
+def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
+                timeout_s: float = 300.0) -> dict[str, str]:
+    """Start a cluster of ``nodes`` slurmd daemons (n1..nN) configured in ``base`` (an empty
+    folder) and wait until every node is idle; the environment that points SLURM's commands
+    at it. Stop it with :func:`stop_slurm`."""
+    for tool in ("slurmctld", "slurmd", "sbatch", "munge"):
+        if shutil.which(tool) is None and not os.path.exists(SBIN + tool):
+            raise SlurmError(f"{tool} is not installed (run scripts/setup-system.sh)")
+    base = Path(base)
+    (base / "state").mkdir()
+    host = socket.gethostname()
+    names = [f"n{i}" for i in range(1, nodes + 1)]
+    conf = base / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(cluster=cluster, host=host, user=getpass.getuser(),
+                                      dir=base, ctld_port=free_port())
+                    + "".join(SLURM_NODE.format(name=n, host=host, port=free_port(),
+                                                memory=memory_mb) for n in names)
+                    + f"PartitionName=debug Nodes={','.join(names)} Default=YES "
+                      "MaxTime=INFINITE State=UP\n")
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    alive = subprocess.run("munge -n | unmunge", shell=True, capture_output=True)
+    if alive.returncode != 0:
+        subprocess.run(["/etc/init.d/munge", "start"], capture_output=True)
+    subprocess.run([SBIN + "slurmctld", "-f", str(conf)], env=env, check=True)
+    for node in names:
+        subprocess.run([SBIN + "slurmd", "-f", str(conf), "-N", node], env=env, check=True)
+    deadline = time.monotonic() + timeout_s  # a guard: slurmd starts in seconds when idle
+    while time.monotonic() < deadline:
+        state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
+                               text=True)
+        if state.stdout.split() == ["idle"]:
+            return env
+        time.sleep(0.5)
+    stop_slurm(env)
+    raise SlurmError(f"the local SLURM cluster did not come up: {state.stdout} {state.stderr}; "
+                     f"see {base}/slurmctld.log")
+
+
+def stop_slurm(env: dict[str, str]) -> None:
+    """Shut the cluster down (slurmctld and every slurmd)."""
+    subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
