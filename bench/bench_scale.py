@@ -372,6 +372,195 @@ def size(run_dir: Path, url: str | None) -> dict[str, Any]:
     return out
 
 
+
+# --- part 3: the simulated benchmark on a real SLURM cluster, and weak scaling -----------------
+# Simulated devices, chosen so that a trial is long against the control plane's work: the
+# digits and the small seed (a light search: candidates and their counts take milliseconds),
+# 5e9 OPS per device (the seed's epoch lasts ~2.2 s, grown networks longer: short against the
+# run, so the epoch each replica has in flight at the deadline costs little), 30 epochs per
+# full trial without early stopping (a full trial lasts over a minute, warm-up rounds 8 to 23
+# epochs). These are the simulator's settings, not a modelled machine's: the run measures
+# what the control plane costs a device, which a simulated device shows as idle time.
+SLURM_CONFIG = """\
+[run]
+accelerator = "simulated"
+heartbeat_s = 5
+lease_timeout_s = 120
+[data]
+dataset = "digits"
+[train]
+max_epochs = 30
+patience_base = 100
+patience_max = 100
+[monitor]
+interval_s = 30
+[simulation]
+sustained_ops = 5e9
+"""
+
+
+def _store_engine(run_dir: Path) -> Any:
+    """An engine on the private server the job script started, once it is up."""
+    from automlperf.store.urls import resolve_store_url
+
+    url_file, password = run_dir / "postgres" / "url", run_dir / "postgres" / "pg.password"
+    if not (url_file.exists() and password.exists() and url_file.read_text().strip()):
+        return None
+    url = resolve_store_url(url_file.read_text().strip(), password)
+    return sa.create_engine(url, poolclass=sa.pool.NullPool)
+
+
+def _device_time(run_dir: Path) -> dict[str, Any]:
+    """Where each replica's simulated device spent the run, from the stored epochs (their
+    start and end are the device's, scheduled by the simulator): busy over the whole session
+    and over the steady window (from the moment every replica has started its first epoch to
+    the first moment one has ended its last), start-up before the first epoch, idle gaps
+    between epochs; records lost (in a trial's log.jsonl, not in the store) and duplicated."""
+    from automlperf.store.rundir import RunDir, run_store
+
+    with run_store(run_dir) as store:
+        trials = {t.id: t for t in store.trials(1)}
+        epochs = store.epochs(1)
+        (seg,) = store.segments(1)
+    keys = [(e.trial_id, e.epoch) for e in epochs]
+    logged = set()
+    for trial_id in trials:
+        log = RunDir(run_dir).trial(trial_id) / "log.jsonl"
+        if log.exists():
+            for line in log.read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("type") == "epoch":
+                    logged.add((trial_id, rec["epoch"]))
+    by_replica: dict[int, list[Any]] = {}
+    for e in epochs:
+        by_replica.setdefault(trials[e.trial_id].replica_index, []).append(e)
+    for es in by_replica.values():
+        es.sort(key=lambda e: e.started_at)
+    end = min(seg.end, seg.deadline_at)
+    t0 = max(es[0].started_at for es in by_replica.values())
+    t1 = min(es[-1].ended_at for es in by_replica.values())
+
+    def busy(a: float, b: float) -> float:
+        return sum(max(0.0, min(e.ended_at, b) - max(e.started_at, a))
+                   for es in by_replica.values() for e in es)
+
+    n = len(by_replica)
+    starts = sorted(es[0].started_at - seg.started_at for es in by_replica.values())
+    gaps = [b.started_at - a.ended_at for es in by_replica.values() for a, b in zip(es, es[1:])
+            if b.started_at - a.ended_at > 1e-6]
+    return {"replicas_with_epochs": n, "lost": len(logged - set(keys)),
+            "duplicated": len(keys) - len(set(keys)), "epochs": len(keys),
+            "busy_session": busy(seg.started_at, end) / (n * (end - seg.started_at)),
+            "steady_window_s": t1 - t0,
+            "busy_steady": busy(t0, t1) / (n * (t1 - t0)) if t1 > t0 else None,
+            "startup_s_median": statistics.median(starts), "startup_s_max": starts[-1],
+            "gaps": len(gaps), "gap_s_median": statistics.median(gaps) if gaps else 0.0,
+            "gap_s_max": max(gaps, default=0.0)}
+
+
+def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[str, Any]:
+    """`automlperf slurm --nodes n --submit` of the simulated benchmark on the local cluster:
+    connections held while it runs (pg_stat_activity, client backends, every second) and the
+    machine's memory in use, then the job's state, `check`, records lost or duplicated, the
+    score and where the simulated devices' time went."""
+    import psutil
+
+    run_dir = work / f"slurm{n}"
+    config = work / "slurm-sim.toml"
+    config.write_text(SLURM_CONFIG)
+    cli = [sys.executable, "-m", "automlperf.cli"]
+    t = time.time()
+    done = subprocess.run(cli + ["slurm", "--nodes", str(n), "--duration", duration,
+                                 "--run-dir", str(run_dir), "--config", str(config), "--submit"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"automlperf slurm failed: {done.stdout}{done.stderr}")
+    job = done.stdout.split("submitted job ")[1].split()[0]
+    held: list[int] = []
+    memory: list[float] = []
+    engine = None
+    while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
+                         text=True).stdout.strip():
+        memory.append(psutil.virtual_memory().used / 2**30)
+        engine = engine or _store_engine(run_dir)
+        if engine is not None:
+            try:
+                with engine.connect() as conn:
+                    held.append(int(conn.execute(sa.text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                        "'client backend' AND pid <> pg_backend_pid()")).scalar()))
+            except sa.exc.OperationalError:
+                pass  # not yet accepting connections, or stopped at the end
+        time.sleep(1.0)
+    if engine is not None:
+        engine.dispose()
+    wall = time.time() - t
+    shown = subprocess.run(["scontrol", "show", "job", job, "--oneliner"], env=env,
+                           capture_output=True, text=True).stdout
+    state = shown.split("JobState=")[1].split()[0] if "JobState=" in shown else "unknown"
+    checked = subprocess.run(cli + ["check", str(run_dir)], capture_output=True, text=True)
+    result = json.loads((run_dir / "result.json").read_text())
+    return {"nodes": n, "job_state": state, "wall_s": wall,
+            "connections_max": max(held, default=None), "connections_samples": len(held),
+            "memory_used_gib_max": max(memory, default=None),
+            "memory_used_gib_before": memory[0] if memory else None,
+            "check_rc": checked.returncode,
+            "check_verified": checked.returncode == 0 and "verified" in checked.stdout,
+            "trials": result.get("trials"), "devices": result["devices"],
+            "score": result["score"], "ops_per_s_per_device": result["ops_per_s_per_device"],
+            **_device_time(run_dir), "run_dir": str(run_dir)}
+
+
+def slurm_series(sizes: list[int], duration: str, work: Path) -> dict[str, Any]:
+    """The simulated benchmark at each N on one local cluster of max(N) slurmd nodes, then
+    `automlperf compare --scaling` over the runs."""
+    from automlperf.runner.localslurm import start_slurm, stop_slurm
+
+    t = time.perf_counter()
+    env = start_slurm(work / "slurm", max(sizes), "ampbench")
+    up = time.perf_counter() - t
+    print(f"{max(sizes)} slurmd nodes idle after {up:.1f} s", flush=True)
+    runs = []
+    try:
+        for n in sizes:
+            runs.append(slurm_run(env, n, duration, work))
+            print(json.dumps(runs[-1]), flush=True)
+    finally:
+        stop_slurm(env)
+    scaling = subprocess.run([sys.executable, "-m", "automlperf.cli", "compare", "--scaling",
+                              *[r["run_dir"] for r in runs], "--json",
+                              "--html", str(work / "scaling.html")], capture_output=True,
+                             text=True)
+    rows = json.loads(scaling.stdout)["runs"] if scaling.returncode == 0 else []
+    base = runs[0]["busy_steady"]
+    for r in runs:
+        r["efficiency"] = next((row["efficiency"] for row in rows if row["devices"] == r["devices"]),
+                               None)
+        r["efficiency_steady"] = r["busy_steady"] / base if base else None
+    return {"cluster_nodes": max(sizes), "cluster_up_s": up, "duration": duration, "runs": runs,
+            "scaling_error": scaling.stderr.strip() if scaling.returncode else None}
+
+
+def print_series(series: dict[str, Any]) -> None:
+    print(f"\nsimulated benchmark on a local SLURM cluster of {series['cluster_nodes']} slurmd "
+          f"nodes, {series['duration']} each")
+    print(f"{'N':>4} {'job':>10} {'check':>8} {'conn max':>8} {'mem GiB':>8} {'epochs':>7} "
+          f"{'lost':>4} {'dup':>4} {'OPS/device':>11} {'eff':>6} {'busy':>6} {'busy st.':>8} "
+          f"{'eff st.':>7} {'start med/max s':>15} {'gap med/max s':>14}")
+    for r in series["runs"]:
+        eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.3f}"
+        steady = "-" if r["efficiency_steady"] is None else f"{r['efficiency_steady']:.3f}"
+        print(f"{r['nodes']:>4} {r['job_state']:>10} "
+              f"{'verified' if r['check_verified'] else 'FAILED':>8} {r['connections_max']!s:>8} "
+              f"{r['memory_used_gib_max']:>8.1f} {r['epochs']:>7} {r['lost']:>4} "
+              f"{r['duplicated']:>4} {r['ops_per_s_per_device']:>11.4g} {eff:>6} "
+              f"{r['busy_session']:>6.3f} {r['busy_steady']:>8.4f} {steady:>7} "
+              f"{r['startup_s_median']:>7.1f}/{r['startup_s_max']:<7.1f} "
+              f"{r['gap_s_median']:>6.2f}/{r['gap_s_max']:<7.2f}")
+    if series["scaling_error"]:
+        print(f"compare --scaling: {series['scaling_error']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", default="1,8,64,512")
@@ -391,7 +580,18 @@ def main() -> None:
                     help="leave out part 2 (with --work of an earlier run: its run is reused)")
     ap.add_argument("--real-run", type=int, default=0, metavar="REPLICAS",
                     help="only: a real run of this many replicas, its connections counted")
+    ap.add_argument("--slurm", default="", metavar="N,N,...",
+                    help="only: the simulated benchmark submitted to a local SLURM cluster of "
+                         "slurmd daemons at each N, and its weak scaling")
+    ap.add_argument("--slurm-duration", default="4m", help="run length of each SLURM run")
     args = ap.parse_args()
+    if args.slurm:
+        work = args.work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+        work.mkdir(parents=True, exist_ok=True)
+        series = slurm_series([int(x) for x in args.slurm.split(",")], args.slurm_duration, work)
+        print_series(series)
+        print(json.dumps({"bench": "scale-slurm", **series}))
+        return None
     if args.worker:
         return worker(args)
     if args.primary:

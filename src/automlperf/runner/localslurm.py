@@ -58,7 +58,7 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
         if shutil.which(tool) is None and not os.path.exists(SBIN + tool):
             raise SlurmError(f"{tool} is not installed (run scripts/setup-system.sh)")
     base = Path(base)
-    (base / "state").mkdir()
+    (base / "state").mkdir(parents=True)
     host = socket.gethostname()
     names = [f"n{i}" for i in range(1, nodes + 1)]
     conf = base / "slurm.conf"
