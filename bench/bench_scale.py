@@ -410,18 +410,20 @@ def _store_engine(run_dir: Path) -> Any:
     return sa.create_engine(url, poolclass=sa.pool.NullPool)
 
 
-def _device_time(run_dir: Path) -> dict[str, Any]:
+def _device_time(run_dir: Path, url: str | None = None) -> dict[str, Any]:
     """Where each replica's simulated device spent the run, from the stored epochs (their
     start and end are the device's, scheduled by the simulator): busy over the whole session
     and over the steady window (from the moment every replica has started its first epoch to
     the first moment one has ended its last), start-up before the first epoch, idle gaps
-    between epochs; records lost (in a trial's log.jsonl, not in the store) and duplicated."""
+    between epochs, and when the replicas registered (process started, store opened);
+    records lost (in a trial's log.jsonl, not in the store) and duplicated."""
     from automlperf.store.rundir import RunDir, run_store
 
-    with run_store(run_dir) as store:
+    with run_store(run_dir, url) as store:
         trials = {t.id: t for t in store.trials(1)}
         epochs = store.epochs(1)
         (seg,) = store.segments(1)
+        registered = sorted(r.started_at - seg.started_at for r in store.replicas(1))
     keys = [(e.trial_id, e.epoch) for e in epochs]
     logged = set()
     for trial_id in trials:
@@ -453,9 +455,47 @@ def _device_time(run_dir: Path) -> dict[str, Any]:
             "busy_session": busy(seg.started_at, end) / (n * (end - seg.started_at)),
             "steady_window_s": t1 - t0,
             "busy_steady": busy(t0, t1) / (n * (t1 - t0)) if t1 > t0 else None,
+            "registered_s_median": statistics.median(registered),
+            "registered_s_max": registered[-1],
             "startup_s_median": statistics.median(starts), "startup_s_max": starts[-1],
             "gaps": len(gaps), "gap_s_median": statistics.median(gaps) if gaps else 0.0,
             "gap_s_max": max(gaps, default=0.0)}
+
+
+def job_memory_gib(*folders: Path) -> float:
+    """Resident memory of the processes that name one of ``folders`` (the run directory:
+    primary and replicas; the PostgreSQL server's) and their children (its backends), summed (shared pages count once
+    per process, so this is an upper bound)."""
+    import psutil
+
+    pids: dict[int, Any] = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or ())
+        if any(str(folder) in line for folder in folders):
+            try:
+                for p in [proc, *proc.children(recursive=True)]:
+                    pids[p.pid] = p
+            except psutil.Error:
+                pass
+    total = 0
+    for p in pids.values():
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**30
+
+
+def job_state(env: dict[str, str], job: str) -> str:
+    """The job's final state as slurmctld reports it (asked again while it is completing)."""
+    for _ in range(60):
+        shown = subprocess.run(["scontrol", "show", "job", job, "--oneliner"], env=env,
+                               capture_output=True, text=True).stdout
+        state = shown.split("JobState=")[1].split()[0] if "JobState=" in shown else "unknown"
+        if state not in ("unknown", "COMPLETING"):
+            return state
+        time.sleep(1.0)
+    return state
 
 
 def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[str, Any]:
@@ -463,8 +503,6 @@ def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[st
     connections held while it runs (pg_stat_activity, client backends, every second) and the
     machine's memory in use, then the job's state, `check`, records lost or duplicated, the
     score and where the simulated devices' time went."""
-    import psutil
-
     run_dir = work / f"slurm{n}"
     config = work / "slurm-sim.toml"
     config.write_text(SLURM_CONFIG)
@@ -481,7 +519,8 @@ def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[st
     engine = None
     while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
                          text=True).stdout.strip():
-        memory.append(psutil.virtual_memory().used / 2**30)
+        if len(held) % 5 == 0:
+            memory.append(job_memory_gib(run_dir))
         engine = engine or _store_engine(run_dir)
         if engine is not None:
             try:
@@ -495,15 +534,14 @@ def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[st
     if engine is not None:
         engine.dispose()
     wall = time.time() - t
-    shown = subprocess.run(["scontrol", "show", "job", job, "--oneliner"], env=env,
-                           capture_output=True, text=True).stdout
-    state = shown.split("JobState=")[1].split()[0] if "JobState=" in shown else "unknown"
+    state = job_state(env, job)
+    log = next((run_dir / "logs").glob("slurm-*.out")).read_text()
+    finished = "automlperf primary finished with status 0" in log
     checked = subprocess.run(cli + ["check", str(run_dir)], capture_output=True, text=True)
     result = json.loads((run_dir / "result.json").read_text())
-    return {"nodes": n, "job_state": state, "wall_s": wall,
+    return {"nodes": n, "job_state": state, "primary_status_0": finished, "wall_s": wall,
             "connections_max": max(held, default=None), "connections_samples": len(held),
-            "memory_used_gib_max": max(memory, default=None),
-            "memory_used_gib_before": memory[0] if memory else None,
+            "job_memory_gib_max": max(memory, default=None),
             "check_rc": checked.returncode,
             "check_verified": checked.returncode == 0 and "verified" in checked.stdout,
             "trials": result.get("trials"), "devices": result["devices"],
@@ -527,23 +565,139 @@ def slurm_series(sizes: list[int], duration: str, work: Path) -> dict[str, Any]:
             print(json.dumps(runs[-1]), flush=True)
     finally:
         stop_slurm(env)
+    return {"cluster_nodes": max(sizes), "cluster_up_s": up, "duration": duration, "runs": runs,
+            **weak_scaling(runs, work / "scaling.html")}
+
+
+def weak_scaling(runs: list[dict[str, Any]], page: Path) -> dict[str, Any]:
+    """`automlperf compare --scaling` over the runs (efficiency from the results' OPS per
+    device), and the same ratio over the steady window (device busy time, part 3)."""
     scaling = subprocess.run([sys.executable, "-m", "automlperf.cli", "compare", "--scaling",
-                              *[r["run_dir"] for r in runs], "--json",
-                              "--html", str(work / "scaling.html")], capture_output=True,
-                             text=True)
+                              *[r["run_dir"] for r in runs], "--json", "--html", str(page)],
+                             capture_output=True, text=True)
     rows = json.loads(scaling.stdout)["runs"] if scaling.returncode == 0 else []
     base = runs[0]["busy_steady"]
     for r in runs:
         r["efficiency"] = next((row["efficiency"] for row in rows if row["devices"] == r["devices"]),
                                None)
         r["efficiency_steady"] = r["busy_steady"] / base if base else None
-    return {"cluster_nodes": max(sizes), "cluster_up_s": up, "duration": duration, "runs": runs,
+    return {"scaling_page": str(page),
             "scaling_error": scaling.stderr.strip() if scaling.returncode else None}
 
 
+def hosted_series(sizes: list[int], processes: int, duration: str, work: Path) -> dict[str, Any]:
+    runs = []
+    for n in sizes:
+        runs.append(hosted_run(n, processes, duration, work))
+        print(json.dumps(runs[-1]), flush=True)
+    return {"cluster_nodes": f"none (hosted in up to {processes} processes)", "duration": duration,
+            "runs": runs, **weak_scaling(runs, work / "scaling-hosted.html")}
+
+
+# --- part 4: many simulated replicas hosted in a few processes ---------------------------------
+# 512 replica processes (~129 MiB each) do not fit in 24 GiB, so here each process hosts a
+# slice of the replicas as threads: real Replica objects (open_replica: the run's store, its
+# own connection pool, the search, its TPE study, the simulated devices) against a private
+# PostgreSQL server and a real primary (`automlperf run --launcher external`). What differs
+# from N replica processes: the replicas of a process share its interpreter (one GIL, one
+# import), and no node sampler runs (512 sampler processes would not fit either). Epochs are
+# 10x longer than part 3's and heartbeats 6x rarer, so that 512 replicas' epochs, heartbeats
+# and searches do not by themselves saturate this machine's 2 cores (stated with the figures).
+HOSTED_CONFIG = SLURM_CONFIG.replace("sustained_ops = 5e9", "sustained_ops = 5e8").replace(
+    "heartbeat_s = 5\nlease_timeout_s = 120", "heartbeat_s = 30\nlease_timeout_s = 600")
+
+
+def host_replicas(args: argparse.Namespace) -> None:
+    """One host process: replicas args.first .. args.last - 1, each a thread."""
+    from automlperf.runner.replica import open_replica, wait_for_session
+
+    url = os.environ["BENCH_STORE_URL"]
+    if not wait_for_session(Path(args.run_dir), url, 600):
+        raise SystemExit("no open session")
+    codes: dict[int, Any] = {}
+
+    def one(index: int) -> None:
+        try:
+            codes[index] = open_replica(Path(args.run_dir), url, index, sample=False).run()
+        except Exception as exc:  # reported, not hidden: the parent counts it
+            codes[index] = repr(exc)
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"replica-{i}")
+               for i in range(args.first, args.last)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    json.dump({"codes": codes}, sys.stdout)
+
+
+def hosted_run(n: int, processes: int, duration: str, work: Path) -> dict[str, Any]:
+    """A simulated run of ``n`` replicas hosted in ``processes`` processes."""
+    from automlperf.store import connections
+    from automlperf.store.pgserver import PostgresServer
+
+    run_dir = work / f"hosted{n}"
+    config = work / "hosted-sim.toml"
+    config.write_text(HOSTED_CONFIG)
+    pg_dir = work / f"postgres-hosted{n}"
+    server = PostgresServer(pg_dir,
+                            max_connections=connections.server_size(n))
+    url = server.start()
+    env = dict(os.environ, BENCH_STORE_URL=url)
+    held: list[int] = []
+    memory: list[float] = []
+    t = time.time()
+    try:
+        prim = subprocess.Popen([sys.executable, "-m", "automlperf.cli", "run", "--launcher",
+                                 "external", "--replicas", str(n), "--duration", duration,
+                                 "--config", str(config), "--run-dir", str(run_dir),
+                                 "--store", url], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        me = [sys.executable, str(Path(__file__).resolve()), "--host", "--run-dir", str(run_dir)]
+        procs = []
+        workers = min(n, processes)
+        bounds = [round(i * n / workers) for i in range(workers + 1)]
+        for a, b in zip(bounds, bounds[1:]):
+            procs.append(subprocess.Popen(me + ["--first", str(a), "--last", str(b)], env=env,
+                                          stdout=subprocess.PIPE, text=True))
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        while prim.poll() is None:
+            if len(held) % 5 == 0:
+                memory.append(job_memory_gib(run_dir, pg_dir))
+            with engine.connect() as conn:
+                held.append(int(conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                    "'client backend' AND pid <> pg_backend_pid()")).scalar()))
+            time.sleep(1.0)
+        engine.dispose()
+        primary_out = prim.communicate()[0]
+        codes: dict[str, Any] = {}
+        for p in procs:
+            out = p.communicate()[0]
+            codes.update(json.loads(out)["codes"] if out.strip() else {"?": p.returncode})
+        wall = time.time() - t
+        checked = subprocess.run([sys.executable, "-m", "automlperf.cli", "check", str(run_dir),
+                                  "--store", url], capture_output=True, text=True, env=env)
+        device = _device_time(run_dir, url)
+    finally:
+        server.stop()
+    if prim.returncode != 0:
+        raise SystemExit(f"the hosted run failed: {primary_out[-3000:]}")
+    result = json.loads((run_dir / "result.json").read_text())
+    return {"nodes": n, "processes": min(n, processes), "job_state": "COMPLETED",
+            "wall_s": wall, "replica_exit_codes": sorted({str(c) for c in codes.values()}),
+            "connections_max": max(held, default=None),
+            "job_memory_gib_max": max(memory, default=None),
+            "check_rc": checked.returncode,
+            "check_verified": checked.returncode == 0 and "verified" in checked.stdout,
+            "trials": result.get("trials"), "devices": result["devices"],
+            "score": result["score"], "ops_per_s_per_device": result["ops_per_s_per_device"],
+            **device, "run_dir": str(run_dir)}
+
+
 def print_series(series: dict[str, Any]) -> None:
-    print(f"\nsimulated benchmark on a local SLURM cluster of {series['cluster_nodes']} slurmd "
-          f"nodes, {series['duration']} each")
+    print(f"\nsimulated benchmark, cluster of slurmd nodes: {series['cluster_nodes']}, "
+          f"{series['duration']} each")
     print(f"{'N':>4} {'job':>10} {'check':>8} {'conn max':>8} {'mem GiB':>8} {'epochs':>7} "
           f"{'lost':>4} {'dup':>4} {'OPS/device':>11} {'eff':>6} {'busy':>6} {'busy st.':>8} "
           f"{'eff st.':>7} {'start med/max s':>15} {'gap med/max s':>14}")
@@ -552,7 +706,7 @@ def print_series(series: dict[str, Any]) -> None:
         steady = "-" if r["efficiency_steady"] is None else f"{r['efficiency_steady']:.3f}"
         print(f"{r['nodes']:>4} {r['job_state']:>10} "
               f"{'verified' if r['check_verified'] else 'FAILED':>8} {r['connections_max']!s:>8} "
-              f"{r['memory_used_gib_max']:>8.1f} {r['epochs']:>7} {r['lost']:>4} "
+              f"{r['job_memory_gib_max']:>8.1f} {r['epochs']:>7} {r['lost']:>4} "
               f"{r['duplicated']:>4} {r['ops_per_s_per_device']:>11.4g} {eff:>6} "
               f"{r['busy_session']:>6.3f} {r['busy_steady']:>8.4f} {steady:>7} "
               f"{r['startup_s_median']:>7.1f}/{r['startup_s_max']:<7.1f} "
@@ -572,6 +726,7 @@ def main() -> None:
     # internal: the processes the bench starts
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--primary", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
     for name, kind in (("--first", int), ("--last", int), ("--run-id", int), ("--segment", int),
                        ("--start", float), ("--end", float), ("--last-trial", int),
                        ("--graph", str), ("--run-dir", str)):
@@ -584,7 +739,22 @@ def main() -> None:
                     help="only: the simulated benchmark submitted to a local SLURM cluster of "
                          "slurmd daemons at each N, and its weak scaling")
     ap.add_argument("--slurm-duration", default="4m", help="run length of each SLURM run")
+    ap.add_argument("--hosted", default="", metavar="N,N,...",
+                    help="only: simulated runs of N replicas hosted as threads in a few "
+                         "processes (--processes), and their weak scaling")
+    ap.add_argument("--processes", type=int, default=8, help="host processes of --hosted")
+    ap.add_argument("--hosted-duration", default="10m", help="run length of each hosted run")
     args = ap.parse_args()
+    if args.host:
+        return host_replicas(args)
+    if args.hosted:
+        work = args.work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+        work.mkdir(parents=True, exist_ok=True)
+        series = hosted_series([int(x) for x in args.hosted.split(",")], args.processes,
+                               args.hosted_duration, work)
+        print_series(series)
+        print(json.dumps({"bench": "scale-hosted", **series}))
+        return None
     if args.slurm:
         work = args.work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
         work.mkdir(parents=True, exist_ok=True)
