@@ -168,6 +168,28 @@ def test_the_deadline_stops_a_trial_that_keeps_its_epochs(tmp_path):
     store.close()
 
 
+def test_a_candidate_ready_after_the_deadline_is_not_claimed(tmp_path):
+    """A search that outlasts the session (a loaded host) ends the loop: no trial is claimed
+    after the deadline, when the primary may already have counted the run's trials."""
+    session = new_run(tmp_path)
+    now = [session.started_at]
+    replica, store = make_replica(session, FakeTrainer(), clock=lambda: now[0])
+    search = replica._next_job
+
+    def slow_search(round_index):
+        job = search(round_index)
+        if round_index == 1:
+            now[0] = session.deadline_at + 1
+        return job
+
+    replica._next_job = slow_search
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.round for t in trials] == [0]
+    assert all(t.created_at < session.deadline_at for t in trials)
+    store.close()
+
+
 def test_a_trainer_that_cannot_go_on_ends_the_replica_with_its_reason(tmp_path):
     session = new_run(tmp_path)
     trainer = FakeTrainer(lost_after=1)

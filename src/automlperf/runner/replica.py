@@ -285,6 +285,10 @@ class Replica:
                             break
                         upcoming = search.submit(self._next_job, round_index)
                         continue
+                    if self._should_stop():
+                        # The search outlasted the session: a trial claimed now would land
+                        # after the primary has counted the run's trials.
+                        break
                     trial_id = self._claim(job)
                     if trial_id is None:  # another replica took this architecture meanwhile
                         upcoming = search.submit(self._next_job, round_index)
