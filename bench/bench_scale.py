@@ -412,9 +412,10 @@ def _store_engine(run_dir: Path) -> Any:
 
 def _device_time(run_dir: Path, url: str | None = None) -> dict[str, Any]:
     """Where each replica's simulated device spent the run, from the stored epochs (their
-    start and end are the device's, scheduled by the simulator): busy over the whole session
-    and over the steady window (from the moment every replica has started its first epoch to
-    the first moment one has ended its last), start-up before the first epoch, idle gaps
+    start and end are the device's, scheduled by the simulator): busy over the whole session,
+    over the steady window (from the moment every replica has started its first epoch to
+    the first moment one has ended its last) and from that first moment to the session's end
+    (gaps between trials and the epochs cut by the deadline included), start-up before the first epoch, idle gaps
     between epochs, and when the replicas registered (process started, store opened);
     records lost (in a trial's log.jsonl, not in the store) and duplicated."""
     from automlperf.store.rundir import RunDir, run_store
@@ -455,6 +456,7 @@ def _device_time(run_dir: Path, url: str | None = None) -> dict[str, Any]:
             "busy_session": busy(seg.started_at, end) / (n * (end - seg.started_at)),
             "steady_window_s": t1 - t0,
             "busy_steady": busy(t0, t1) / (n * (t1 - t0)) if t1 > t0 else None,
+            "busy_after_start": busy(t0, end) / (n * (end - t0)),
             "registered_s_median": statistics.median(registered),
             "registered_s_max": registered[-1],
             "startup_s_median": statistics.median(starts), "startup_s_max": starts[-1],
