@@ -624,6 +624,13 @@ def host_replicas(args: argparse.Namespace) -> None:
         except Exception as exc:  # reported, not hidden: the parent counts it
             codes[index] = repr(exc)
 
+    # Modules a replica imports on first use, imported once here: 64 threads importing the
+    # same module at once can see it half-initialised.
+    import optuna  # noqa: F401
+    import sqlalchemy.orm  # noqa: F401
+
+    from automlperf.search import hpo  # noqa: F401
+
     threads = [threading.Thread(target=one, args=(i,), name=f"replica-{i}")
                for i in range(args.first, args.last)]
     for t in threads:
