@@ -178,12 +178,12 @@ def test_a_store_too_small_for_the_run_is_refused_before_it_starts(tmp_path):
                      "--duration", "1m")
     finally:
         small.stop()
-    for done in (done, script):
-        assert done.returncode == 2
-        (line,) = done.stderr.strip().splitlines()
+    for refused in (done, script):
+        assert refused.returncode == 2
+        (line,) = refused.stderr.strip().splitlines()
         assert "raise max_connections to at least" in line and "8 replica(s) open up to 29" \
             in line, line
-        assert small.password not in done.stderr + done.stdout
+        assert small.password not in refused.stderr + refused.stdout
     # Nothing written: the same command can run again.
     assert not (tmp_path / "run").exists() and not (tmp_path / "job").exists()
     sized = PostgresServer(tmp_path / "sized", max_connections=connections.server_size(512))
