@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,20 @@ class ReplicaRecord:
     last_heartbeat: float
     status: str
     reason: str = ""
+
+
+# A monitor sample as the figures read it: (node, [t, cpu_percent, mem_used_gib,
+# cpu_energy_uj, gpus]) with each GPU as [uuid, index, util, mem_used_gib, energy_mj], None
+# where the sample lacks the field. Plain lists: a long run has eight million GPU readings.
+Reading = tuple[str, list[Any]]
+
+
+def reading(sample: Mapping[str, Any]) -> Reading:
+    """A stored sample (the monitor's dictionary, with its node) as a reading."""
+    gpus = [[g.get("uuid"), g.get("index"), g.get("util"), g.get("mem_used_gib"),
+             g.get("energy_mj")] for g in sample.get("gpus") or ()]
+    return sample.get("node", ""), [sample.get("t"), sample.get("cpu_percent"),
+                                    sample.get("mem_used_gib"), sample.get("cpu_energy_uj"), gpus]
 
 
 class Store(ABC):
@@ -228,6 +242,11 @@ class Store(ABC):
 
     @abstractmethod
     def samples(self, run_id: int) -> list[dict[str, Any]]: ...
+
+    def readings(self, run_id: int) -> Iterator[list[Reading]]:
+        """The run's samples as readings (see :data:`Reading`), in chunks, in the order of
+        :meth:`samples`: what energy, utilisation and the resource chart read."""
+        yield [reading(s) for s in self.samples(run_id)]
 
     # nodes ---------------------------------------------------------------------------------
     @abstractmethod

@@ -18,9 +18,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.events import TrialStatus
 from automlperf.store import connections
-from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
+from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, Reading, ReplicaRecord, SchemaMismatch,
                                    SegmentRecord, Store, StoreError, TrialRecord, TrialSummary,
-                                   TrialTally)
+                                   TrialTally, reading)
 from automlperf.store.urls import normalise_url, redact
 
 # Bound as plain strings: the value the database stores.
@@ -484,6 +484,43 @@ class SQLStore(Store):
         for sample, (node, _) in zip(parsed, rows):
             sample["node"] = node
         return parsed
+
+    # The figures read only a few numbers of each sample: PostgreSQL picks them out (in C,
+    # beside the reader), so a million samples arrive as short arrays, not whole documents.
+    # json (not jsonb) keeps each number's text, so the floats read are the ones stored.
+    _READINGS_PG = sa.text("""
+        SELECT node, json_build_array(d->'t', d->'cpu_percent', d->'mem_used_gib',
+            d->'cpu_energy_uj',
+            (SELECT json_agg(json_build_array(g->'uuid', g->'index', g->'util',
+                                              g->'mem_used_gib', g->'energy_mj'))
+             FROM json_array_elements(CASE WHEN json_typeof(d->'gpus') = 'array'
+                                           THEN d->'gpus' END) AS g))::text
+        FROM (SELECT node, t, id, data::json AS d FROM amp_samples WHERE run_id = :run_id
+              OFFSET 0) AS s
+        ORDER BY t, id""")
+    READINGS_CHUNK = 20_000
+
+    def readings(self, run_id: int) -> Iterator[list[Reading]]:
+        # Streamed, a chunk at a time (not retried: chunks already handed out cannot be
+        # taken back; the reader starts again).
+        with self.engine.connect() as conn:
+            if self._sqlite:
+                rows = conn.execution_options(yield_per=self.READINGS_CHUNK).execute(
+                    sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
+                    .where(T_SAMPLES.c.run_id == run_id).order_by(T_SAMPLES.c.t, T_SAMPLES.c.id))
+                for part in rows.partitions():
+                    parsed = json.loads("[" + ",".join(data for _, data in part) + "]")
+                    for sample, (node, _) in zip(parsed, part):
+                        sample["node"] = node
+                    yield [reading(sample) for sample in parsed]
+            else:
+                rows = conn.execution_options(yield_per=self.READINGS_CHUNK).execute(
+                    self._READINGS_PG, {"run_id": run_id})
+                for part in rows.partitions():
+                    parsed = json.loads("[" + ",".join(text for _, text in part) + "]")
+                    for fields in parsed:
+                        fields[4] = fields[4] or []
+                    yield list(zip([node for node, _ in part], parsed))
 
     @retrying
     def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
