@@ -30,6 +30,7 @@ from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
 from automlperf.hardware import cores_available
 from automlperf.measure.result import build_result
+from automlperf.measure.sample_reader import PendingDigest
 from automlperf.ops import count, epoch_ops
 from automlperf.ops.count import OpCount
 from automlperf.store.rundir import RunDir, run_store
@@ -90,6 +91,8 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     report = CheckReport()
     bad = report.mismatches
     config = _check_config(rd, store.run(run_id)["config"], bad)
+    # A long run's samples are read in other processes while the graphs are checked.
+    sampled = PendingDigest(store, run_id, store.segments(run_id))
     trials = store.trials(run_id)
     graphs = _check_graphs(rd, trials, bad)
     epochs = store.epochs(run_id)
@@ -97,7 +100,8 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     _check_epochs(epochs, graphs, logged, bad)
     report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
-    report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs)
+    report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs,
+                                 sampled=sampled.result())
     _check_result(rd, config, report.result, bad)
     return report
 

@@ -11,7 +11,8 @@ from typing import Any
 from automlperf import __version__, rules
 from automlperf.config import Config
 from automlperf.measure.breakdown import breakdown
-from automlperf.measure.samples import SampleDigest, digest
+from automlperf.measure.sample_reader import PendingDigest
+from automlperf.measure.samples import SampleDigest
 from automlperf.measure.score import score_run
 from automlperf.store import EpochRecord, Store, TrialRecord, TrialStatus
 
@@ -87,6 +88,8 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
     large: each is read once)."""
     run = store.run(run_id)
     segments = store.segments(run_id)
+    # A long run's samples are read in other processes meanwhile.
+    pending = None if sampled is not None else PendingDigest(store, run_id, segments)
     trials = store.trials(run_id) if trials is None else trials
     epochs = store.epochs(run_id) if epochs is None else epochs
     replicas = store.replicas(run_id)
@@ -131,8 +134,9 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         peak = system.get("peak_ops_per_node")
         total_peak = peak * nodes if peak else None
         ceiling = None
-    if sampled is None:
-        sampled = digest(store.readings(run_id), segments)
+    if pending is not None:
+        sampled = pending.result()
+    assert sampled is not None
     energy = sampled.energy() or {}
     power = energy.get("mean_power_w")
     status = Counter(t.status for t in trials)

@@ -34,7 +34,7 @@ class ResourceColumns:
 
     gpu: bool = False
     nodes: int = 0  # nodes with such samples
-    per_node: int = 1  # devices per node (the most in the first 100 samples)
+    per_node: int = 1  # devices per node (the most in the first 100 samples of each share)
     t: Any = field(default_factory=lambda: np.zeros(0))
     util: Any = field(default_factory=lambda: np.zeros(0))
     mem: Any = field(default_factory=lambda: np.zeros(0))
@@ -64,7 +64,8 @@ class SampleDigest:
         # chart
         self._any_gpu = False
         self._nodes: set[str] = set()
-        self._first: list[int] = []  # GPU counts of the first 100 charted readings
+        self._first: list[int] = []  # GPU counts of the first 100 charted readings (of each
+        # share, when merged)
         self._keys: dict[tuple[str, int], int] = {}
         self._g = (array("d"), array("d"), array("d"), array("q"))
         self._h = (array("d"), array("d"), array("d"), array("q"))
@@ -145,6 +146,32 @@ class SampleDigest:
         us.append(cpu)
         ms.append(_NAN if mem is None else mem)
         ks.append(keys.setdefault((node, -1), len(keys)))
+
+    def merge(self, other: SampleDigest) -> None:
+        """Add the digest of other nodes' readings (each node's readings in one digest)."""
+        if self._last.keys() & other._last.keys():
+            raise ValueError("digests of the same node's readings cannot be merged")
+        self.count += other.count
+        self._last.update(other._last)
+        self._gpu_j.update(other._gpu_j)
+        self._cpu_j.update(other._cpu_j)
+        self._seconds.update(other._seconds)
+        self._inside += other._inside
+        self._cpu_sum += other._cpu_sum
+        self._cpu_n += other._cpu_n
+        self._gpu_sum += other._gpu_sum
+        self._gpu_n += other._gpu_n
+        self._any_gpu |= other._any_gpu
+        self._nodes |= other._nodes
+        self._first += other._first
+        order = sorted(other._keys, key=other._keys.__getitem__)
+        new_key = np.array([self._keys.setdefault(k, len(self._keys)) for k in order] or [0],
+                           dtype=np.int64)
+        for mine, theirs in ((self._g, other._g), (self._h, other._h)):
+            mine[0].extend(theirs[0])
+            mine[1].extend(theirs[1])
+            mine[2].extend(theirs[2])
+            mine[3].frombytes(new_key[np.frombuffer(theirs[3], dtype=np.int64)].tobytes())
 
     def energy(self) -> dict[str, Any] | None:
         """As :func:`~automlperf.measure.energy.energy_summary`."""

@@ -15,7 +15,7 @@ from automlperf import __version__
 from automlperf.config import FIXED, Config
 from automlperf.graph import Graph
 from automlperf.measure.result import build_result, read_result
-from automlperf.measure.samples import digest
+from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure.units import format_energy, format_ops
 from automlperf.measure.score import EpochLike, counted_epochs, timeline
 from automlperf.ops import count, layer_table
@@ -101,11 +101,12 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     config = Config.load(rd.config)
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
     segments = store.segments(run_id)
-    sampled = digest(store.readings(run_id), segments, chart=True)
-    result = read_result(rd.result) if rd.result.exists() else build_result(
-        store, run_id, config, system, sampled=sampled)
+    # A long run's samples are read in other processes meanwhile.
+    pending = PendingDigest(store, run_id, segments, chart=True)
     epochs = store.epochs(run_id)
     trials = store.trials(run_id)
+    result = read_result(rd.result) if rd.result.exists() else build_result(
+        store, run_id, config, system, trials=trials, epochs=epochs, sampled=pending.result())
     counted = counted_epochs(epochs, segments)
     trial_by_id = {t.id: t for t in trials}
     best_id = result.get("best_trial")
@@ -116,6 +117,7 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     row_by_id = {row["id"]: row for row in rows}
     lineage = [row_by_id[i] for i in chain]
     replicas = store.replicas(run_id)
+    sampled = pending.result()
     return {
         "run_dir": str(rd.path), "result": result, "config": config,
         "config_rows": _config_rows(config), "system": system,

@@ -243,10 +243,20 @@ class Store(ABC):
     @abstractmethod
     def samples(self, run_id: int) -> list[dict[str, Any]]: ...
 
-    def readings(self, run_id: int) -> Iterator[list[Reading]]:
-        """The run's samples as readings (see :data:`Reading`), in chunks, in the order of
-        :meth:`samples`: what energy, utilisation and the resource chart read."""
-        yield [reading(s) for s in self.samples(run_id)]
+    def readings(self, run_id: int,
+                 nodes: Sequence[str] | None = None) -> Iterator[list[Reading]]:
+        """The run's samples (of ``nodes``, or all) as readings (see :data:`Reading`), in
+        chunks, in the order of :meth:`samples`: what energy, utilisation and the resource
+        chart read."""
+        yield [reading(s) for s in self.samples(run_id)
+               if nodes is None or s.get("node") in nodes]
+
+    def sample_nodes(self, run_id: int) -> dict[str, int]:
+        """How many samples each node stored."""
+        counts: dict[str, int] = {}
+        for s in self.samples(run_id):
+            counts[s.get("node", "")] = counts.get(s.get("node", ""), 0) + 1
+        return counts
 
     # nodes ---------------------------------------------------------------------------------
     @abstractmethod

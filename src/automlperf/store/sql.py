@@ -485,42 +485,32 @@ class SQLStore(Store):
             sample["node"] = node
         return parsed
 
-    # The figures read only a few numbers of each sample: PostgreSQL picks them out (in C,
-    # beside the reader), so a million samples arrive as short arrays, not whole documents.
-    # json (not jsonb) keeps each number's text, so the floats read are the ones stored.
-    _READINGS_PG = sa.text("""
-        SELECT node, json_build_array(d->'t', d->'cpu_percent', d->'mem_used_gib',
-            d->'cpu_energy_uj',
-            (SELECT json_agg(json_build_array(g->'uuid', g->'index', g->'util',
-                                              g->'mem_used_gib', g->'energy_mj'))
-             FROM json_array_elements(CASE WHEN json_typeof(d->'gpus') = 'array'
-                                           THEN d->'gpus' END) AS g))::text
-        FROM (SELECT node, t, id, data::json AS d FROM amp_samples WHERE run_id = :run_id
-              OFFSET 0) AS s
-        ORDER BY t, id""")
     READINGS_CHUNK = 20_000
 
-    def readings(self, run_id: int) -> Iterator[list[Reading]]:
+    @retrying
+    def sample_nodes(self, run_id: int) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(T_SAMPLES.c.node, sa.func.count())
+                                .where(T_SAMPLES.c.run_id == run_id)
+                                .group_by(T_SAMPLES.c.node)).all()
+        return {str(node): int(n) for node, n in rows}
+
+    def readings(self, run_id: int,
+                 nodes: Sequence[str] | None = None) -> Iterator[list[Reading]]:
         # Streamed, a chunk at a time (not retried: chunks already handed out cannot be
         # taken back; the reader starts again).
+        wanted = T_SAMPLES.c.run_id == run_id
+        if nodes is not None:
+            wanted = wanted & T_SAMPLES.c.node.in_(list(nodes))
         with self.engine.connect() as conn:
-            if self._sqlite:
-                rows = conn.execution_options(yield_per=self.READINGS_CHUNK).execute(
-                    sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
-                    .where(T_SAMPLES.c.run_id == run_id).order_by(T_SAMPLES.c.t, T_SAMPLES.c.id))
-                for part in rows.partitions():
-                    parsed = json.loads("[" + ",".join(data for _, data in part) + "]")
-                    for sample, (node, _) in zip(parsed, part):
-                        sample["node"] = node
-                    yield [reading(sample) for sample in parsed]
-            else:
-                rows = conn.execution_options(yield_per=self.READINGS_CHUNK).execute(
-                    self._READINGS_PG, {"run_id": run_id})
-                for part in rows.partitions():
-                    parsed = json.loads("[" + ",".join(text for _, text in part) + "]")
-                    for fields in parsed:
-                        fields[4] = fields[4] or []
-                    yield list(zip([node for node, _ in part], parsed))
+            rows = conn.execution_options(yield_per=self.READINGS_CHUNK).execute(
+                sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
+                .where(wanted).order_by(T_SAMPLES.c.t, T_SAMPLES.c.id))
+            for part in rows.partitions():
+                parsed = json.loads("[" + ",".join(data for _, data in part) + "]")
+                for sample, (node, _) in zip(parsed, part):
+                    sample["node"] = node
+                yield [reading(sample) for sample in parsed]
 
     @retrying
     def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
