@@ -101,7 +101,7 @@ def test_one_pass_equals_the_definitions(sampled_run):
     store, run_id = sampled_run
     segments = store.segments(run_id)
     samples = store.samples(run_id)
-    sampled = digest(store.readings(run_id), segments, chart=True)
+    sampled = digest(store.sample_chunks(run_id), segments, chart=True)
     expected = energy_summary(samples, segments)
     assert expected is not None and expected["cpu_energy_j"] > 0
     assert _close(sampled.energy(), expected)
@@ -118,7 +118,7 @@ def test_one_pass_equals_the_definitions(sampled_run):
 def test_worker_processes_give_the_same_figures(sampled_run, monkeypatch):
     store, run_id = sampled_run
     segments = store.segments(run_id)
-    alone = digest(store.readings(run_id), segments, chart=True)
+    alone = digest(store.sample_chunks(run_id), segments, chart=True)
     monkeypatch.setattr(sample_reader, "PARALLEL_FROM", 0)
     monkeypatch.setattr(sample_reader, "cores_available", lambda: 3)
     pending = sample_reader.PendingDigest(store, run_id, segments, chart=True)
@@ -140,11 +140,11 @@ def test_worker_processes_give_the_same_figures(sampled_run, monkeypatch):
 def test_the_chart_draws_the_digest(sampled_run):
     store, run_id = sampled_run
     segments = store.segments(run_id)
-    columns = digest(store.readings(run_id), segments, chart=True).columns()
+    columns = digest(store.sample_chunks(run_id), segments, chart=True).columns()
     svg, note = charts.resource_chart(columns, segments[0].started_at)
     assert "range of 18" in svg and "GPU" in note  # 6 nodes x 3 GPUs: mean and range
     few = SampleDigest(segments, chart=True)
-    few.feed(r for chunk in store.readings(run_id, ["node0", "node1"]) for r in chunk)
+    few.feed(r for chunk in store.sample_chunks(run_id, ["node0", "node1"]) for r in chunk)
     svg, _ = charts.resource_chart(few.columns(), segments[0].started_at)
     assert "node1 gpu2" in svg and "range of" not in svg  # six GPUs: a line each
     empty = SampleDigest(segments, chart=True).columns()

@@ -1,20 +1,19 @@
 """One pass over a run's monitor samples for everything read from them: the energy the
 counters measured, the mean utilisation inside the sessions, and the resource chart's columns.
 
-A long run stores a million samples holding eight million GPU readings. Passing over them
-once, as plain lists of the few numbers used (a :data:`~automlperf.store.base.Reading`), costs a fraction of
-building a dictionary per reading and walking them once per figure. The figures equal
+A long run stores a million samples holding eight million GPU readings. They are read in
+chunks (never all held at once) and passed over once for all three figures; the chart keeps
+its columns in arrays rather than a tuple per reading. The figures equal
 :func:`automlperf.measure.energy.energy_summary` and
-:func:`automlperf.measure.breakdown.utilisation` on the same samples (the definitions; the
-order floats are added in may differ in the last bits).
+:func:`automlperf.measure.breakdown.utilisation` on the same samples (their definitions;
+the order floats are added in may differ in the last bits).
 
-Pure: plain data in, plain data and NumPy arrays out.
-"""
+Pure: plain data in, plain data and NumPy arrays out."""
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,6 @@ import numpy as np
 
 from automlperf.measure.energy import counter_delta
 from automlperf.measure.score import segment_bounds
-from automlperf.store.base import Reading
 
 _NAN = float("nan")
 
@@ -76,20 +74,21 @@ class SampleDigest:
                 return index
         return None
 
-    def feed(self, readings: Iterable[Reading]) -> None:
+    def feed(self, samples: Iterable[Mapping[str, Any]]) -> None:
+        """Samples as the store returns them (each with its node)."""
         chart = self._chart
         last, seconds, gpu_j, cpu_j = self._last, self._seconds, self._gpu_j, self._cpu_j
-        for node, (t, cpu, mem, cpu_e, gpus) in readings:
+        for s in samples:
             self.count += 1
+            node, t, gpus = s.get("node", ""), s.get("t"), s.get("gpus") or ()
             if gpus:
                 self._any_gpu = True
-            else:
-                gpus = ()
             if t is None:
                 continue
-            # energy: consecutive readings of a node within one session
+            cpu_e = s.get("cpu_energy_uj")
+            # energy: consecutive samples of a node within one session
             seg = self._session(t)
-            energies = {g[0]: g[4] for g in gpus}
+            energies = {g.get("uuid"): g.get("energy_mj") for g in gpus}
             prev = last.get(node)
             if prev is None:
                 seconds[node] = gpu_j[node] = cpu_j[node] = 0.0
@@ -98,9 +97,9 @@ class SampleDigest:
                 before = prev[2]
                 joules = 0.0
                 for g in gpus:
-                    after = g[4]
+                    after = g.get("energy_mj")
                     if after is not None:
-                        was = before.get(g[0])
+                        was = before.get(g.get("uuid"))
                         if was is not None:
                             joules += counter_delta(was, after, None) / 1e3
                             used = True
@@ -115,18 +114,20 @@ class SampleDigest:
                 if used:
                     seconds[node] += t - prev[0]
             last[node] = (t, seg, energies, cpu_e)
-            # utilisation: readings inside a session
+            # utilisation: samples inside a session
+            cpu = s.get("cpu_percent")
             if any(a <= t <= b for a, b in self._bounds):
                 self._inside += 1
                 if cpu is not None:
                     self._cpu_sum += float(cpu) / 100.0
                     self._cpu_n += 1
                 for g in gpus:
-                    if g[2] is not None:
-                        self._gpu_sum += float(g[2]) / 100.0
+                    util = g.get("util")
+                    if util is not None:
+                        self._gpu_sum += float(util) / 100.0
                         self._gpu_n += 1
             if chart and cpu is not None:
-                self._charted(node, t, cpu, mem, gpus)
+                self._charted(node, t, cpu, s.get("mem_used_gib"), gpus)
 
     def _charted(self, node: str, t: float, cpu: float, mem: Any, gpus: Any) -> None:
         self._nodes.add(node)
@@ -135,11 +136,13 @@ class SampleDigest:
         keys = self._keys
         ts, us, ms, ks = self._g
         for g in gpus:
-            if g[2] is not None:
-                key = keys.setdefault((node, g[1]), len(keys))
+            util = g.get("util")
+            if util is not None:
+                key = keys.setdefault((node, g.get("index")), len(keys))
+                used = g.get("mem_used_gib")
                 ts.append(t)
-                us.append(g[2])
-                ms.append(_NAN if g[3] is None else g[3])
+                us.append(util)
+                ms.append(_NAN if used is None else used)
                 ks.append(key)
         ts, us, ms, ks = self._h
         ts.append(t)
@@ -203,10 +206,10 @@ class SampleDigest:
             keys=keys)
 
 
-def digest(readings: Iterable[Iterable[Reading]], segments: Sequence[Any],
+def digest(chunks: Iterable[Iterable[Mapping[str, Any]]], segments: Sequence[Any],
            chart: bool = False) -> SampleDigest:
-    """The digest of readings given in chunks (as a store streams them)."""
+    """The digest of samples given in chunks (as a store streams them)."""
     out = SampleDigest(segments, chart)
-    for chunk in readings:
+    for chunk in chunks:
         out.feed(chunk)
     return out

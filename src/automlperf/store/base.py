@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,20 +113,6 @@ class ReplicaRecord:
     last_heartbeat: float
     status: str
     reason: str = ""
-
-
-# A monitor sample as the figures read it: (node, [t, cpu_percent, mem_used_gib,
-# cpu_energy_uj, gpus]) with each GPU as [uuid, index, util, mem_used_gib, energy_mj], None
-# where the sample lacks the field. Plain lists: a long run has eight million GPU readings.
-Reading = tuple[str, list[Any]]
-
-
-def reading(sample: Mapping[str, Any]) -> Reading:
-    """A stored sample (the monitor's dictionary, with its node) as a reading."""
-    gpus = [[g.get("uuid"), g.get("index"), g.get("util"), g.get("mem_used_gib"),
-             g.get("energy_mj")] for g in sample.get("gpus") or ()]
-    return sample.get("node", ""), [sample.get("t"), sample.get("cpu_percent"),
-                                    sample.get("mem_used_gib"), sample.get("cpu_energy_uj"), gpus]
 
 
 class Store(ABC):
@@ -243,13 +229,11 @@ class Store(ABC):
     @abstractmethod
     def samples(self, run_id: int) -> list[dict[str, Any]]: ...
 
-    def readings(self, run_id: int,
-                 nodes: Sequence[str] | None = None) -> Iterator[list[Reading]]:
-        """The run's samples (of ``nodes``, or all) as readings (see :data:`Reading`), in
-        chunks, in the order of :meth:`samples`: what energy, utilisation and the resource
-        chart read."""
-        yield [reading(s) for s in self.samples(run_id)
-               if nodes is None or s.get("node") in nodes]
+    def sample_chunks(self, run_id: int,
+                      nodes: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
+        """The run's samples (of ``nodes``, or all) as :meth:`samples` returns them, in
+        chunks: a long run's million need not be held at once."""
+        yield [s for s in self.samples(run_id) if nodes is None or s.get("node") in nodes]
 
     def sample_nodes(self, run_id: int) -> dict[str, int]:
         """How many samples each node stored."""

@@ -18,9 +18,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.events import TrialStatus
 from automlperf.store import connections
-from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, Reading, ReplicaRecord, SchemaMismatch,
+from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
                                    SegmentRecord, Store, StoreError, TrialRecord, TrialSummary,
-                                   TrialTally, reading)
+                                   TrialTally)
 from automlperf.store.urls import normalise_url, redact
 
 # Bound as plain strings: the value the database stores.
@@ -485,7 +485,7 @@ class SQLStore(Store):
             sample["node"] = node
         return parsed
 
-    READINGS_CHUNK = 20_000
+    SAMPLE_CHUNK = 20_000
 
     @retrying
     def sample_nodes(self, run_id: int) -> dict[str, int]:
@@ -495,22 +495,22 @@ class SQLStore(Store):
                                 .group_by(T_SAMPLES.c.node)).all()
         return {str(node): int(n) for node, n in rows}
 
-    def readings(self, run_id: int,
-                 nodes: Sequence[str] | None = None) -> Iterator[list[Reading]]:
-        # Streamed, a chunk at a time (not retried: chunks already handed out cannot be
-        # taken back; the reader starts again).
+    def sample_chunks(self, run_id: int,
+                      nodes: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
+        # Streamed (not retried: chunks already handed out cannot be taken back; the reader
+        # starts again).
         wanted = T_SAMPLES.c.run_id == run_id
         if nodes is not None:
             wanted = wanted & T_SAMPLES.c.node.in_(list(nodes))
         with self.engine.connect() as conn:
-            rows = conn.execution_options(yield_per=self.READINGS_CHUNK).execute(
+            rows = conn.execution_options(yield_per=self.SAMPLE_CHUNK).execute(
                 sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
                 .where(wanted).order_by(T_SAMPLES.c.t, T_SAMPLES.c.id))
             for part in rows.partitions():
                 parsed = json.loads("[" + ",".join(data for _, data in part) + "]")
                 for sample, (node, _) in zip(parsed, part):
                     sample["node"] = node
-                yield [reading(sample) for sample in parsed]
+                yield parsed
 
     @retrying
     def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
