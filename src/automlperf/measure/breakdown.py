@@ -70,9 +70,12 @@ def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], s
 
 def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
               segments: Sequence[SegmentLike],
-              samples: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+              samples: Iterable[Mapping[str, Any]] = (),
+              used: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per replica and in total: the time parts above, in seconds and as shares of the
-    replicas' run time; and the mean accelerator and CPU utilisation."""
+    replicas' run time; and the mean accelerator and CPU utilisation (``used``, when the
+    caller has it from :class:`~automlperf.measure.samples.SampleDigest`, else from
+    ``samples``)."""
     replica_of = {t.id: t.replica_index for t in trials}
     waits: dict[int, list[tuple[float, float]]] = {}
     for t in trials:
@@ -102,7 +105,7 @@ def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
             "total": _rounded(overall),
             "shares": {k: (overall[k] / overall["session_s"] if overall["session_s"] else None)
                        for k in PARTS},
-            "utilisation": utilisation(samples, bounds)}
+            "utilisation": used if used is not None else utilisation(samples, bounds)}
 
 
 def _rounded(part: Mapping[str, float]) -> dict[str, float]:

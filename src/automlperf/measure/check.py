@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
 from automlperf.hardware import cores_available
 from automlperf.measure.result import build_result
+from automlperf.measure.sample_reader import PendingDigest
 from automlperf.ops import count, epoch_ops
 from automlperf.ops.count import OpCount
 from automlperf.store.rundir import RunDir, run_store
@@ -90,14 +92,19 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     report = CheckReport()
     bad = report.mismatches
     config = _check_config(rd, store.run(run_id)["config"], bad)
+    # A long run's samples are read in other processes while the graphs are checked.
+    sampled = PendingDigest(store, run_id, store.segments(run_id))
     trials = store.trials(run_id)
-    graphs = _check_graphs(rd, trials, bad)
+    graphs_checked = _check_graphs(rd, trials)
+    # Read while the graphs are checked in other processes.
     epochs = store.epochs(run_id)
     logged = _trial_logs(rd, trials)
+    graphs = graphs_checked(bad)
     _check_epochs(epochs, graphs, logged, bad)
     report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
-    report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs)
+    report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs,
+                                 sampled=sampled.result())
     _check_result(rd, config, report.result, bad)
     return report
 
@@ -115,23 +122,36 @@ def _check_config(rd: RunDir, stored: dict[str, Any], bad: list[str]) -> Config:
 PARALLEL_FROM = 500
 
 
-def _check_graphs(rd: RunDir, trials: list[TrialRecord], bad: list[str]) -> dict[int, OpCount]:
+def _check_graphs(rd: RunDir, trials: list[TrialRecord]) -> Callable[[list[str]],
+                                                                    dict[int, OpCount]]:
     """Each stored graph is valid and hashes to its trial's hash, and the trial folder's
-    graph.json is the same architecture; the operation count of each valid graph, by trial."""
+    graph.json is the same architecture. Returns what waits for the answer: it adds the
+    problems to the list it is given and returns the operation count of each valid graph,
+    by trial."""
     items = [(t.id, t.graph_hash, t.graph_json, str(rd.trial(t.id) / "graph.json"))
              for t in trials]
     workers = min(cores_available(), math.ceil(len(items) / PARALLEL_FROM))
     if workers <= 1:
         checked = _verify_graphs(items)
-    else:
-        import concurrent.futures
-        import multiprocessing
+        return lambda bad: _graph_counts(checked, bad)
+    import concurrent.futures
+    import multiprocessing
 
-        size = math.ceil(len(items) / (4 * workers))
-        chunks = [items[i:i + size] for i in range(0, len(items), size)]
-        with concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            checked = [row for part in pool.map(_verify_graphs, chunks) for row in part]
+    size = math.ceil(len(items) / (4 * workers))
+    pool = concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"))
+    parts = [pool.submit(_verify_graphs, items[i:i + size]) for i in range(0, len(items), size)]
+
+    def finish(bad: list[str]) -> dict[int, OpCount]:
+        try:
+            return _graph_counts([row for part in parts for row in part.result()], bad)
+        finally:
+            pool.shutdown()
+    return finish
+
+
+def _graph_counts(checked: list[tuple[int, list[str], OpCount | None]],
+                  bad: list[str]) -> dict[int, OpCount]:
     counts: dict[int, OpCount] = {}
     for trial_id, problems, ops in checked:
         bad.extend(problems)

@@ -11,7 +11,8 @@ from typing import Any
 from automlperf import __version__, rules
 from automlperf.config import Config
 from automlperf.measure.breakdown import breakdown
-from automlperf.measure.energy import energy_summary
+from automlperf.measure.sample_reader import PendingDigest
+from automlperf.measure.samples import SampleDigest
 from automlperf.measure.score import score_run
 from automlperf.store import EpochRecord, Store, TrialRecord, TrialStatus
 
@@ -80,11 +81,15 @@ def simulated_detail(simulation: dict[str, Any]) -> str:
 
 def build_result(store: Store, run_id: int, config: Config, system: dict[str, Any],
                  interrupted: bool = False, trials: list[TrialRecord] | None = None,
-                 epochs: list[EpochRecord] | None = None) -> dict[str, Any]:
-    """The result of the run in ``store``; ``trials`` and ``epochs``, when given, are the
-    run's as just read from it (a long run's are large: `check` reads them once)."""
+                 epochs: list[EpochRecord] | None = None,
+                 sampled: SampleDigest | None = None) -> dict[str, Any]:
+    """The result of the run in ``store``; ``trials``, ``epochs`` and the samples'
+    ``sampled`` digest, when given, are the run's as just read from it (a long run's are
+    large: each is read once)."""
     run = store.run(run_id)
     segments = store.segments(run_id)
+    # A long run's samples are read in other processes meanwhile.
+    pending = None if sampled is not None else PendingDigest(store, run_id, segments)
     trials = store.trials(run_id) if trials is None else trials
     epochs = store.epochs(run_id) if epochs is None else epochs
     replicas = store.replicas(run_id)
@@ -129,8 +134,10 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         peak = system.get("peak_ops_per_node")
         total_peak = peak * nodes if peak else None
         ceiling = None
-    samples = store.samples(run_id)
-    energy = energy_summary(samples, segments) or {}
+    if pending is not None:
+        sampled = pending.result()
+    assert sampled is not None
+    energy = sampled.energy() or {}
     power = energy.get("mean_power_w")
     status = Counter(t.status for t in trials)
     best = next((t for t in trials if t.id == scored["best_trial"]), None)
@@ -162,7 +169,7 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
         "fraction_of_peak": scored["score"] / total_peak if total_peak else None,
         "ceiling_ops": ceiling,
         "fraction_of_ceiling": scored["score"] / ceiling if ceiling else None,
-        "time_breakdown": breakdown(epochs, trials, segments, samples),
+        "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation()),
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,

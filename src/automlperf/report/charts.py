@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
 
+from automlperf.measure.samples import ResourceColumns  # noqa: E402
 from automlperf.measure.units import ops_unit  # noqa: E402
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
@@ -169,51 +170,31 @@ def _binned(t: Any, values: Any) -> tuple[Any, Any, Any, Any]:
         high[keep]
 
 
-def resource_chart(samples: list[dict[str, Any]], start: float) -> tuple[str, str]:
+def resource_chart(cols: ResourceColumns, start: float) -> tuple[str, str]:
     """GPU utilisation and memory over time; CPU and host memory when there are no GPUs.
     Returns (svg, what it shows)."""
-    gpu = any(s.get("gpus") for s in samples)
+    gpu = cols.gpu
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(6.8, 2.6))
-    readings = [s for s in samples if "t" in s and "cpu_percent" in s]
-    nodes = {s.get("node", "") for s in readings}
-    per_node = max((len(s.get("gpus", [])) for s in readings[:100]), default=0) if gpu else 1
-    if len(nodes) * per_node > MANY_SERIES:
+    t = (cols.t - start) / 60.0
+    drawn = False
+    if cols.nodes * cols.per_node > MANY_SERIES:
         # Thousands of devices: their mean, and the range they span, over time.
-        if gpu:
-            t = [(s["t"] - start) / 60.0 for s in readings for g in s.get("gpus", [])
-                 if "util" in g]
-            columns = ([g["util"] for s in readings for g in s.get("gpus", []) if "util" in g],
-                       [g["mem_used_gib"] for s in readings for g in s.get("gpus", [])
-                        if "util" in g])
-        else:
-            t = [(s["t"] - start) / 60.0 for s in readings]
-            columns = ([s["cpu_percent"] for s in readings], [s["mem_used_gib"] for s in readings])
-        for ax, values in zip((a1, a2), columns if t else ()):
+        for ax, values in zip((a1, a2), (cols.util, cols.mem) if len(t) else ()):
             mid, mean, low, high = _binned(t, values)
             ax.fill_between(mid, low, high, color=PALETTE[0], alpha=0.2, lw=0,
-                            label=f"range of {len(nodes) * per_node}")
+                            label=f"range of {cols.nodes * cols.per_node}")
             ax.plot(mid, mean, color=PALETTE[0], lw=1, label="mean")
-        readings = []  # drawn
-    by_key: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-    for s in readings:
-        if "t" not in s or "cpu_percent" not in s:
-            continue
-        t = (s["t"] - start) / 60.0
-        if gpu:
-            node = s.get("node", "")
-            for g in s.get("gpus", []):
-                if "util" in g:
-                    by_key.setdefault((node, g["index"]), []).append(
-                        (t, g["util"], g["mem_used_gib"]))
-        else:
-            by_key.setdefault((s.get("node", "host"), -1), []).append(
-                (t, s["cpu_percent"], s["mem_used_gib"]))
-    for i, ((node, index), pts) in enumerate(sorted(by_key.items())):
-        colour = PALETTE[i % len(PALETTE)]
-        key = f"{node} gpu{index}" if index >= 0 else node
-        a1.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, label=key)
-        a2.plot([p[0] for p in pts], [p[2] for p in pts], color=colour, lw=1, label=key)
-    if not by_key and not nodes:
+    else:
+        order = sorted(range(len(cols.keys)), key=cols.keys.__getitem__)
+        for i, k in enumerate(k for k in order if np.any(cols.key == k)):
+            node, index = cols.keys[k]
+            mine = cols.key == k
+            colour = PALETTE[i % len(PALETTE)]
+            label = f"{node} gpu{index}" if index >= 0 else node
+            a1.plot(t[mine], cols.util[mine], color=colour, lw=1, label=label)
+            a2.plot(t[mine], cols.mem[mine], color=colour, lw=1, label=label)
+            drawn = True
+    if not drawn and not cols.nodes:
         for ax in (a1, a2):
             ax.text(0.5, 0.5, "no samples recorded", transform=ax.transAxes, ha="center",
                     va="center", color="#777")

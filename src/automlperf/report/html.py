@@ -15,6 +15,7 @@ from automlperf import __version__
 from automlperf.config import FIXED, Config
 from automlperf.graph import Graph
 from automlperf.measure.result import build_result, read_result
+from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure.units import format_energy, format_ops
 from automlperf.measure.score import EpochLike, counted_epochs, timeline
 from automlperf.ops import count, layer_table
@@ -99,11 +100,13 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     run_id = int(rd.meta()["run_id"])
     config = Config.load(rd.config)
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
-    result = read_result(rd.result) if rd.result.exists() else build_result(store, run_id, config,
-                                                                             system)
     segments = store.segments(run_id)
+    # A long run's samples are read in other processes meanwhile.
+    pending = PendingDigest(store, run_id, segments, chart=True)
     epochs = store.epochs(run_id)
     trials = store.trials(run_id)
+    result = read_result(rd.result) if rd.result.exists() else build_result(
+        store, run_id, config, system, trials=trials, epochs=epochs, sampled=pending.result())
     counted = counted_epochs(epochs, segments)
     trial_by_id = {t.id: t for t in trials}
     best_id = result.get("best_trial")
@@ -114,6 +117,7 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     row_by_id = {row["id"]: row for row in rows}
     lineage = [row_by_id[i] for i in chain]
     replicas = store.replicas(run_id)
+    sampled = pending.result()
     return {
         "run_dir": str(rd.path), "result": result, "config": config,
         "config_rows": _config_rows(config), "system": system,
@@ -121,7 +125,8 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
         "rows": rows, "trial_count": len(trials), "best_trial": best_trial, "lineage": lineage,
         "all_trials": trials if len(shown) < len(trials) else None,
         "best_graph": graphs[best_trial.id] if best_trial else None,
-        "samples": store.samples(run_id), "start": segments[0].started_at if segments else 0.0,
+        "resources": sampled.columns(), "sample_count": sampled.count,
+        "start": segments[0].started_at if segments else 0.0,
         "nodes": sorted({(r.host, tuple(r.devices)) for r in replicas}),
         "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
         "breakdown": result.get("time_breakdown"), "breakdown_parts": BREAKDOWN_LABELS,
@@ -202,7 +207,7 @@ def _trial_rows(trials: list[TrialRecord],
 
 def render(data: dict[str, Any]) -> str:
     result = data["result"]
-    resource_svg, resource_note = charts.resource_chart(data["samples"], data["start"])
+    resource_svg, resource_note = charts.resource_chart(data["resources"], data["start"])
     best_graph: Graph | None = data["best_graph"]
     best_ops = count(best_graph) if best_graph else None
     template = _env.get_template("report.html.j2")

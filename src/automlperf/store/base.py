@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +228,19 @@ class Store(ABC):
 
     @abstractmethod
     def samples(self, run_id: int) -> list[dict[str, Any]]: ...
+
+    def sample_chunks(self, run_id: int,
+                      nodes: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
+        """The run's samples (of ``nodes``, or all) as :meth:`samples` returns them, in
+        chunks: a long run's million need not be held at once."""
+        yield [s for s in self.samples(run_id) if nodes is None or s.get("node") in nodes]
+
+    def sample_nodes(self, run_id: int) -> dict[str, int]:
+        """How many samples each node stored."""
+        counts: dict[str, int] = {}
+        for s in self.samples(run_id):
+            counts[s.get("node", "")] = counts.get(s.get("node", ""), 0) + 1
+        return counts
 
     # nodes ---------------------------------------------------------------------------------
     @abstractmethod

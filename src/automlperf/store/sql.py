@@ -485,6 +485,33 @@ class SQLStore(Store):
             sample["node"] = node
         return parsed
 
+    SAMPLE_CHUNK = 20_000
+
+    @retrying
+    def sample_nodes(self, run_id: int) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(T_SAMPLES.c.node, sa.func.count())
+                                .where(T_SAMPLES.c.run_id == run_id)
+                                .group_by(T_SAMPLES.c.node)).all()
+        return {str(node): int(n) for node, n in rows}
+
+    def sample_chunks(self, run_id: int,
+                      nodes: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
+        # Streamed (not retried: chunks already handed out cannot be taken back; the reader
+        # starts again).
+        wanted = T_SAMPLES.c.run_id == run_id
+        if nodes is not None:
+            wanted = wanted & T_SAMPLES.c.node.in_(list(nodes))
+        with self.engine.connect() as conn:
+            rows = conn.execution_options(yield_per=self.SAMPLE_CHUNK).execute(
+                sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
+                .where(wanted).order_by(T_SAMPLES.c.t, T_SAMPLES.c.id))
+            for part in rows.partitions():
+                parsed = json.loads("[" + ",".join(data for _, data in part) + "]")
+                for sample, (node, _) in zip(parsed, part):
+                    sample["node"] = node
+                yield parsed
+
     @retrying
     def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
                     description: dict[str, Any], now: float) -> None:

@@ -1,0 +1,70 @@
+"""Reading a long run's monitor samples in worker processes, beside the caller's other work.
+
+A ten-hour run of 512 nodes stores about a million samples; parsing them is most of what
+writing its result costs. Above :data:`PARALLEL_FROM` samples the nodes are split into one
+share per core, each share read and digested by its own process (its own connection to the
+store), and the digests merged: the figures are those of one pass (see
+:mod:`automlperf.measure.samples`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+from collections.abc import Sequence
+from typing import Any
+
+from automlperf.hardware import cores_available
+from automlperf.measure.samples import SampleDigest, digest
+from automlperf.store import SQLStore, Store, open_store
+
+PARALLEL_FROM = 100_000
+
+
+class PendingDigest:
+    """The samples' digest, being computed; :meth:`result` waits for it."""
+
+    def __init__(self, store: Store, run_id: int, segments: Sequence[Any],
+                 chart: bool = False) -> None:
+        self._done: SampleDigest | None = None
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._parts: list[concurrent.futures.Future[SampleDigest]] = []
+        self._segments = list(segments)
+        self._chart = chart
+        counts = store.sample_nodes(run_id) if isinstance(store, SQLStore) else {}
+        workers = min(cores_available(), len(counts))
+        if sum(counts.values()) < PARALLEL_FROM or workers < 2:
+            self._done = digest(store.sample_chunks(run_id), segments, chart)
+            return
+        shares: list[list[str]] = [[] for _ in range(workers)]
+        load = [0] * workers
+        for node, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+            k = load.index(min(load))
+            shares[k].append(node)
+            load[k] += n
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"))
+        url = store.url
+        self._parts = [self._pool.submit(_share, url, run_id, self._segments, chart, share)
+                       for share in shares]
+
+    def result(self) -> SampleDigest:
+        if self._done is None:
+            assert self._pool is not None
+            try:
+                merged = SampleDigest(self._segments, self._chart)
+                for part in self._parts:
+                    merged.merge(part.result())
+            finally:
+                self._pool.shutdown()
+            self._done = merged
+        return self._done
+
+
+def _share(url: str, run_id: int, segments: list[Any], chart: bool,
+           nodes: list[str]) -> SampleDigest:
+    store = open_store(url)
+    try:
+        return digest(store.sample_chunks(run_id, nodes), segments, chart)
+    finally:
+        store.close()
