@@ -259,10 +259,15 @@ def test_a_simulated_result_is_labelled_verified_and_never_official(tmp_path):
     edited = dict(result, simulated=False, simulation=None)
     write_result(session.dir.result, edited)
     assert any("simulated is False" in m for m in check_run(session.dir.path).mismatches)
+    # The report still says what the run was: its configuration is the run's own.
+    html = write_report(session.dir.path).read_text()
+    assert 'id="simulated" role="alert">SIMULATED RUN: these figures are not measurements.' in html
     write_result(session.dir.result, result)
     html = write_report(session.dir.path).read_text()
     assert "<title>automlperf report (SIMULATED, not a measurement)" in html
     assert 'id="simulated" role="alert">SIMULATED RUN: these figures are not measurements.' in html
+    # The machine's watts are not the modelled devices'.
+    assert result["energy_j"] is None and result["ops_per_watt"] is None
 
 
 @pytest.mark.slow

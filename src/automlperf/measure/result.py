@@ -137,7 +137,8 @@ def build_result(store: Store, run_id: int, config: Config, system: dict[str, An
     if pending is not None:
         sampled = pending.result()
     assert sampled is not None
-    energy = sampled.energy() or {}
+    # A simulated run's devices drew no power of this machine (its sampler reads none).
+    energy = {} if simulation is not None else sampled.energy() or {}
     power = energy.get("mean_power_w")
     status = Counter(t.status for t in trials)
     best = next((t for t in trials if t.id == scored["best_trial"]), None)

@@ -14,7 +14,7 @@ import jinja2
 from automlperf import __version__
 from automlperf.config import FIXED, Config
 from automlperf.graph import Graph
-from automlperf.measure.result import build_result, read_result
+from automlperf.measure.result import build_result, read_result, simulation_of
 from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure.units import format_energy, format_ops
 from automlperf.measure.score import EpochLike, counted_epochs, timeline
@@ -107,6 +107,10 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
     trials = store.trials(run_id)
     result = read_result(rd.result) if rd.result.exists() else build_result(
         store, run_id, config, system, trials=trials, epochs=epochs, sampled=pending.result())
+    if config.simulated and not result.get("simulated"):
+        # result.json edited to look measured: the configuration the run was started with
+        # (`check` holds it to the store's) still says what it was.
+        result = {**result, "simulated": True, "simulation": simulation_of(config)}
     counted = counted_epochs(epochs, segments)
     trial_by_id = {t.id: t for t in trials}
     best_id = result.get("best_trial")
@@ -137,9 +141,9 @@ def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
 
 def shown_trials(trials: list[TrialRecord], lineage: list[int],
                  limit: int | None = None) -> list[TrialRecord]:
-    """The trials the table lists: all of them, or in a long run the ``TABLE_ROWS`` most
-    accurate ones with the best model's lineage and every trial still running or failed
-    (up to the limit), by id. The whole list goes to trials.csv beside the report."""
+    """The trials the table lists: all of them, or in a long run the best model's lineage
+    and the most accurate others, ``limit`` in all, by id. The whole list goes to trials.csv
+    beside the report."""
     limit = TABLE_ROWS if limit is None else limit
     if len(trials) <= limit:
         return trials
