@@ -1,5 +1,6 @@
 """The store contract, run against every backend (SQLite and a real PostgreSQL server)."""
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -216,26 +217,39 @@ def test_an_unreachable_postgres_server_is_retried(pg_server, pg_url):
     assert "***" in str(redact(pg_url)) and pg_server.password not in redact(pg_url)
 
 
+def one_trial(s, name="r", graph_hash="h"):
+    """A run with one replica holding one running trial: (run id, trial id)."""
+    run_id = s.create_run(name, {}, {}, 60.0, 1.0)
+    seg = s.start_segment(run_id, 1.0, 100.0)
+    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
+    return run_id, s.claim_trial(run_id, rep, 0, graph_hash, "{}", None, [], 0, {}, 1.0, 60.0)
+
+
+@contextlib.contextmanager
+def committed_late(pg_url, record):
+    """Inserts ``record`` in a transaction of another connection, which takes its number at
+    once and commits when the block ends."""
+    other = sa.create_engine(pg_url)
+    try:
+        with other.connect() as slow:
+            with slow.begin():
+                slow.execute(T_EPOCHS.insert().values(**record.__dict__))
+                yield
+    finally:
+        other.dispose()
+
+
 def test_an_epoch_committed_late_is_still_read(pg_url):
     """An epoch whose transaction took its number first but commits after a later one's is
     read when it commits, once."""
     s = open_store(pg_url, create=True)
-    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
-    seg = s.start_segment(run_id, 1.0, 100.0)
-    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
-    t = s.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    run_id, t = one_trial(s)
     feed = EpochFeed(s, run_id)
     s.record_epoch(epoch(run_id, t, 0))
     assert len(feed.read()) == 1
-    other = sa.create_engine(pg_url)
-    slow = other.connect()
-    pending = slow.begin()
-    slow.execute(T_EPOCHS.insert().values(**epoch(run_id, t, 1).__dict__))  # takes number 2
-    s.record_epoch(epoch(run_id, t, 2))  # number 3, committed first
-    assert [e.epoch for _, e in feed.read()] == [2]
-    pending.commit()
-    slow.close()
-    other.dispose()
+    with committed_late(pg_url, epoch(run_id, t, 1)):  # takes number 2
+        s.record_epoch(epoch(run_id, t, 2))  # number 3, committed first
+        assert [e.epoch for _, e in feed.read()] == [2]
     assert [e.epoch for _, e in feed.read()] == [1]
     assert feed.read() == [] and feed.missing == {}
 
@@ -244,25 +258,13 @@ def test_an_epoch_committed_late_before_the_first_read_is_still_read(pg_url):
     """Replicas finishing their first epochs together: number 1 commits after number 2, and
     the feed's first read sees only number 2."""
     s = open_store(pg_url, create=True)
-    earlier = s.create_run("earlier", {}, {}, 60.0, 1.0)  # numbers below the feed's start
-    seg = s.start_segment(earlier, 1.0, 100.0)
-    rep = s.register_replica(earlier, 0, seg, "n", 1, [], 1.0)
-    t0 = s.claim_trial(earlier, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    earlier, t0 = one_trial(s, "earlier")  # numbers below the feed's start
     s.record_epoch(epoch(earlier, t0, 0))
-    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
-    seg = s.start_segment(run_id, 1.0, 100.0)
-    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
-    t = s.claim_trial(run_id, rep, 0, "h2", "{}", None, [], 0, {}, 1.0, 60.0)
+    run_id, t = one_trial(s, "r", "h2")
     feed = EpochFeed(s, run_id)
-    other = sa.create_engine(pg_url)
-    slow = other.connect()
-    pending = slow.begin()
-    slow.execute(T_EPOCHS.insert().values(**epoch(run_id, t, 0).__dict__))
-    s.record_epoch(epoch(run_id, t, 1))
-    assert [e.epoch for _, e in feed.read()] == [1]
-    pending.commit()
-    slow.close()
-    other.dispose()
+    with committed_late(pg_url, epoch(run_id, t, 0)):
+        s.record_epoch(epoch(run_id, t, 1))
+        assert [e.epoch for _, e in feed.read()] == [1]
     assert [e.epoch for _, e in feed.read()] == [0]
     assert feed.read() == [] and feed.missing == {}
     s.close()
@@ -289,10 +291,7 @@ def test_the_numbers_asked_for_again_are_bounded(tmp_path, monkeypatch):
 
 def test_a_postgres_store_from_before_epoch_numbers_gets_them(pg_url):
     s = open_store(pg_url, create=True)
-    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
-    seg = s.start_segment(run_id, 1.0, 100.0)
-    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
-    t = s.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    run_id, t = one_trial(s)
     with s.engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN seq")
     s.record_epoch(epoch(run_id, t, 0))
