@@ -34,7 +34,7 @@ class PendingDigest:
         counts = store.sample_nodes(run_id) if isinstance(store, SQLStore) else {}
         workers = min(cores_available(), len(counts))
         if sum(counts.values()) < PARALLEL_FROM or workers < 2:
-            self._done = digest(store.sample_chunks(run_id), segments, chart)
+            self._done = digest(store.sample_figure_chunks(run_id), segments, chart)
             return
         shares: list[list[str]] = [[] for _ in range(workers)]
         load = [0] * workers
@@ -65,6 +65,6 @@ def _share(url: str, run_id: int, segments: list[Any], chart: bool,
            nodes: list[str]) -> SampleDigest:
     store = open_store(url)
     try:
-        return digest(store.sample_chunks(run_id, nodes), segments, chart)
+        return digest(store.sample_figure_chunks(run_id, nodes), segments, chart)
     finally:
         store.close()

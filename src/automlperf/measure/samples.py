@@ -1,9 +1,10 @@
 """One pass over a run's monitor samples for everything read from them: the energy the
 counters measured, the mean utilisation inside the sessions, and the resource chart's columns.
 
-A long run stores a million samples holding eight million GPU readings. They are read in
-chunks (never all held at once) and passed over once for all three figures; the chart keeps
-its columns in arrays rather than a tuple per reading. The figures equal
+A long run stores a million samples holding eight million GPU readings. Only the numbers the
+figures use are read (the store keeps them beside each sample), in chunks (never all held at
+once), and passed over once for all three figures; the chart keeps its columns in arrays
+rather than a tuple per reading. The figures equal
 :func:`automlperf.measure.energy.energy_summary` and
 :func:`automlperf.measure.breakdown.utilisation` on the same samples (their definitions;
 the order floats are added in may differ in the last bits).
@@ -13,7 +14,7 @@ Pure: plain data in, plain data and NumPy arrays out."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from automlperf.measure.energy import counter_delta
 from automlperf.measure.score import segment_bounds
+from automlperf.store.base import SampleFigures
 
 _NAN = float("nan")
 
@@ -74,21 +76,18 @@ class SampleDigest:
                 return index
         return None
 
-    def feed(self, samples: Iterable[Mapping[str, Any]]) -> None:
-        """Samples as the store returns them (each with its node)."""
+    def feed(self, samples: Iterable[SampleFigures]) -> None:
+        """Samples as the store's :meth:`~automlperf.store.base.Store.sample_figure_chunks`
+        gives them: (node, time, figures)."""
         chart = self._chart
         last, seconds, gpu_j, cpu_j = self._last, self._seconds, self._gpu_j, self._cpu_j
-        for s in samples:
+        for node, t, (cpu, mem, cpu_e, gpus) in samples:
             self.count += 1
-            node, t, gpus = s.get("node", ""), s.get("t"), s.get("gpus") or ()
             if gpus:
                 self._any_gpu = True
-            if t is None:
-                continue
-            cpu_e = s.get("cpu_energy_uj")
             # energy: consecutive samples of a node within one session
             seg = self._session(t)
-            energies = {g.get("uuid"): g.get("energy_mj") for g in gpus}
+            energies = {g[0]: g[3] for g in gpus}
             prev = last.get(node)
             if prev is None:
                 seconds[node] = gpu_j[node] = cpu_j[node] = 0.0
@@ -96,10 +95,9 @@ class SampleDigest:
                 used = False
                 before = prev[2]
                 joules = 0.0
-                for g in gpus:
-                    after = g.get("energy_mj")
+                for uuid, _, _, after, _ in gpus:
                     if after is not None:
-                        was = before.get(g.get("uuid"))
+                        was = before.get(uuid)
                         if was is not None:
                             joules += counter_delta(was, after, None) / 1e3
                             used = True
@@ -115,19 +113,17 @@ class SampleDigest:
                     seconds[node] += t - prev[0]
             last[node] = (t, seg, energies, cpu_e)
             # utilisation: samples inside a session
-            cpu = s.get("cpu_percent")
             if any(a <= t <= b for a, b in self._bounds):
                 self._inside += 1
                 if cpu is not None:
                     self._cpu_sum += float(cpu) / 100.0
                     self._cpu_n += 1
                 for g in gpus:
-                    util = g.get("util")
-                    if util is not None:
-                        self._gpu_sum += float(util) / 100.0
+                    if g[2] is not None:
+                        self._gpu_sum += float(g[2]) / 100.0
                         self._gpu_n += 1
             if chart and cpu is not None:
-                self._charted(node, t, cpu, s.get("mem_used_gib"), gpus)
+                self._charted(node, t, cpu, mem, gpus)
 
     def _charted(self, node: str, t: float, cpu: float, mem: Any, gpus: Any) -> None:
         self._nodes.add(node)
@@ -135,11 +131,9 @@ class SampleDigest:
             self._first.append(len(gpus))
         keys = self._keys
         ts, us, ms, ks = self._g
-        for g in gpus:
-            util = g.get("util")
+        for _, index, util, _, used in gpus:
             if util is not None:
-                key = keys.setdefault((node, g.get("index")), len(keys))
-                used = g.get("mem_used_gib")
+                key = keys.setdefault((node, index), len(keys))
                 ts.append(t)
                 us.append(util)
                 ms.append(_NAN if used is None else used)
@@ -206,7 +200,7 @@ class SampleDigest:
             keys=keys)
 
 
-def digest(chunks: Iterable[Iterable[Mapping[str, Any]]], segments: Sequence[Any],
+def digest(chunks: Iterable[Iterable[SampleFigures]], segments: Sequence[Any],
            chart: bool = False) -> SampleDigest:
     """The digest of samples given in chunks (as a store streams them)."""
     out = SampleDigest(segments, chart)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,20 @@ from automlperf.errors import UserError
 # 2: replicas record why they stopped (a run that cannot train says so).
 SCHEMA_VERSION = 2
 
+
+
+# A sample's node, time, and the numbers (sample_figures) the run's figures use.
+SampleFigures = tuple[str, float, list[Any]]
+
+
+def sample_figures(sample: Mapping[str, Any]) -> list[Any]:
+    """What energy, utilisation and the resource chart read from a monitor sample, in a
+    small fixed layout: ``[cpu_percent, mem_used_gib, cpu_energy_uj, gpus]`` with each GPU as
+    ``[uuid, index, util, energy_mj, mem_used_gib]`` and ``None`` for what the sample lacks.
+    Every GPU the sample lists is kept, including one that answered with an error."""
+    return [sample.get("cpu_percent"), sample.get("mem_used_gib"), sample.get("cpu_energy_uj"),
+            [[g.get("uuid"), g.get("index"), g.get("util"), g.get("energy_mj"),
+              g.get("mem_used_gib")] for g in sample.get("gpus") or ()]]
 
 
 class StoreError(UserError, RuntimeError):
@@ -229,11 +243,13 @@ class Store(ABC):
     @abstractmethod
     def samples(self, run_id: int) -> list[dict[str, Any]]: ...
 
-    def sample_chunks(self, run_id: int,
-                      nodes: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
-        """The run's samples (of ``nodes``, or all) as :meth:`samples` returns them, in
-        chunks: a long run's million need not be held at once."""
-        yield [s for s in self.samples(run_id) if nodes is None or s.get("node") in nodes]
+    def sample_figure_chunks(self, run_id: int,
+                             nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
+        """The figures (:func:`sample_figures`) of the run's samples (of ``nodes``, or all)
+        with their node and time, in :meth:`samples`' order and in chunks: a long run's
+        million need not be held at once."""
+        yield [(s.get("node", ""), s["t"], sample_figures(s)) for s in self.samples(run_id)
+               if nodes is None or s.get("node") in nodes]
 
     def sample_nodes(self, run_id: int) -> dict[str, int]:
         """How many samples each node stored."""

@@ -19,8 +19,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from automlperf.events import TrialStatus
 from automlperf.store import connections
 from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
-                                   SegmentRecord, Store, StoreError, TrialRecord, TrialSummary,
-                                   TrialTally)
+                                   SampleFigures, SegmentRecord, Store, StoreError, TrialRecord,
+                                   TrialSummary, TrialTally, sample_figures)
 from automlperf.store.urls import normalise_url, redact
 
 # Bound as plain strings: the value the database stores.
@@ -109,7 +109,11 @@ T_SAMPLES = sa.Table(
     sa.Column("run_id", sa.Integer, sa.ForeignKey("amp_runs.id"), nullable=False, index=True),
     sa.Column("node", sa.String(255), nullable=False),
     sa.Column("t", sa.Float, nullable=False),
-    sa.Column("data", sa.Text, nullable=False))
+    sa.Column("data", sa.Text, nullable=False),
+    # The numbers a run's figures are computed from (base.sample_figures), so reading a long
+    # run's million samples need not parse them whole. Added after schema version 1 without
+    # changing it: older stores get the column when opened, and their rows leave it empty.
+    sa.Column("figures", sa.Text))
 
 # Added after schema version 1 without changing it: older stores get the table when opened.
 T_NODES = sa.Table(
@@ -208,6 +212,20 @@ class SQLStore(Store):
                 conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS amp_trials_replica "
                                      "ON amp_trials (replica_id)")
             self._number_epochs(conn)
+        self._add_figures_column()
+
+    def _add_figures_column(self) -> None:
+        with self.engine.begin() as conn:
+            if any(c["name"] == "figures" for c in sa.inspect(conn).get_columns("amp_samples")):
+                return
+        try:
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql("ALTER TABLE amp_samples ADD COLUMN "
+                                     + ("" if self._sqlite else "IF NOT EXISTS ") + "figures TEXT")
+        except sa.exc.OperationalError as exc:
+            # SQLite has no IF NOT EXISTS here: another process opening the store added it.
+            if "duplicate column" not in str(exc):
+                raise
 
     @property
     def _sqlite(self) -> bool:
@@ -469,8 +487,10 @@ class SQLStore(Store):
         if not samples:
             return
         with self.engine.begin() as conn:
-            conn.execute(T_SAMPLES.insert(), [{"run_id": run_id, "node": node, "t": s["t"],
-                                               "data": json.dumps(s)} for s in samples])
+            conn.execute(T_SAMPLES.insert(), [
+                {"run_id": run_id, "node": node, "t": s["t"], "data": json.dumps(s),
+                 "figures": json.dumps(sample_figures(s), separators=(",", ":"))}
+                for s in samples])
 
     @retrying
     def samples(self, run_id: int) -> list[dict[str, Any]]:
@@ -495,22 +515,26 @@ class SQLStore(Store):
                                 .group_by(T_SAMPLES.c.node)).all()
         return {str(node): int(n) for node, n in rows}
 
-    def sample_chunks(self, run_id: int,
-                      nodes: Sequence[str] | None = None) -> Iterator[list[dict[str, Any]]]:
+    def sample_figure_chunks(self, run_id: int,
+                             nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
         # Streamed (not retried: chunks already handed out cannot be taken back; the reader
-        # starts again).
+        # starts again). A row stored before the figures column has only its whole sample.
         wanted = T_SAMPLES.c.run_id == run_id
         if nodes is not None:
             wanted = wanted & T_SAMPLES.c.node.in_(list(nodes))
+        figures = T_SAMPLES.c.figures
+        whole = sa.case((figures.is_(None), T_SAMPLES.c.data), else_=sa.null())
         with self.engine.connect() as conn:
             rows = conn.execution_options(yield_per=self.SAMPLE_CHUNK).execute(
-                sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
+                sa.select(T_SAMPLES.c.node, T_SAMPLES.c.t, figures, whole)
                 .where(wanted).order_by(T_SAMPLES.c.t, T_SAMPLES.c.id))
             for part in rows.partitions():
-                parsed = json.loads("[" + ",".join(data for _, data in part) + "]")
-                for sample, (node, _) in zip(parsed, part):
-                    sample["node"] = node
-                yield parsed
+                if all(f is not None for _, _, f, _ in part):
+                    parsed = json.loads("[" + ",".join(f for _, _, f, _ in part) + "]")
+                else:
+                    parsed = [json.loads(f) if f is not None else sample_figures(json.loads(d))
+                              for _, _, f, d in part]
+                yield [(node, t, f) for (node, t, _, _), f in zip(part, parsed)]
 
     @retrying
     def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
