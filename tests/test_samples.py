@@ -161,6 +161,7 @@ def test_a_store_made_before_the_figures_column_gives_the_same_figures(sampled_r
     url = store.url
     with store.engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE amp_samples DROP COLUMN figures")
+        conn.exec_driver_sql("ALTER TABLE amp_samples DROP COLUMN figure_keys")
     store.close()
     reopened = open_store(url)
     try:
@@ -182,3 +183,31 @@ def test_a_store_made_before_the_figures_column_gives_the_same_figures(sampled_r
         assert _by_key(mixed.columns()) == _expected_chart(samples)
     finally:
         reopened.close()
+
+
+def test_numbers_a_float64_cannot_hold_are_read_from_the_whole_sample(store_url):
+    """A counter beyond 2**53 would not come back exactly from the packed numbers: such a
+    sample is stored without them and read whole, and the figures stay exact."""
+    store = open_store(store_url, create=True)
+    try:
+        config = Config.for_dataset("builtin", {}, "test")
+        t0 = 1_800_000_000.0
+        run_id = store.create_run("r", config.model_dump(mode="json"), {}, 3600, t0)
+        seg = store.start_segment(run_id, t0, t0 + 3600)
+        store.end_segment(run_id, seg, t0 + 3600)
+        big = 2**60
+        samples = [{"t": t0 + 30 * k, "cpu_percent": 50.0, "mem_used_gib": 1.0,
+                    "gpus": [{"index": 0, "uuid": "GPU-a", "util": 90.0, "mem_used_gib": 2.0,
+                              "energy_mj": big + 7 * k}]}
+                   for k in range(4)]
+        assert float(big + 21) - float(big) != 21  # what a float64 would have made of it
+        store.add_samples(run_id, "node0", samples)
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM amp_samples "
+                                        "WHERE figures IS NULL").scalar() == 4
+        segments = store.segments(run_id)
+        sampled = digest(store.sample_figure_chunks(run_id), segments)
+        expected = energy_summary(store.samples(run_id), segments)
+        assert sampled.energy() == expected and expected["gpu_energy_j"] == 21 / 1e3
+    finally:
+        store.close()

@@ -168,9 +168,11 @@ def _verify_graphs(items: list[tuple[int, str, str, str]]) -> list[tuple[int, li
     for trial_id, graph_hash, graph_json, path in items:
         problems: list[str] = []
         try:
-            g = Graph.from_json(graph_json)
-        except GraphError as exc:
-            out.append((trial_id, [f"trial {trial_id}: stored graph is invalid: {exc}"], None))
+            stored = json.loads(graph_json)  # once: it is also compared with the file
+            g = Graph.from_dict(stored)
+        except ValueError as exc:  # GraphError, or not JSON at all
+            invalid = exc if isinstance(exc, GraphError) else f"graph file is not valid JSON: {exc}"
+            out.append((trial_id, [f"trial {trial_id}: stored graph is invalid: {invalid}"], None))
             continue
         if g.content_hash() != graph_hash:
             problems.append(f"trial {trial_id}: stored graph hashes to {g.content_hash()}, but "
@@ -180,7 +182,7 @@ def _verify_graphs(items: list[tuple[int, str, str, str]]) -> list[tuple[int, li
             text = file.read_text()
             written = _json_or_none(text)
             # A file that holds the stored graph itself needs no rebuilding.
-            if written is None or written != json.loads(graph_json):
+            if written is None or written != stored:
                 try:
                     on_disk = Graph.from_json(text).content_hash()
                 except GraphError as exc:

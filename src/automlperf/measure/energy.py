@@ -21,8 +21,9 @@ POWERCAP = Path("/sys/class/powercap")
 _PACKAGE = re.compile(r"^intel-rapl:\d+$")
 
 
-def counter_delta(before: int, after: int, wrap_at: int | None) -> int:
-    """The increase of a counter that starts again from 0 after ``wrap_at``."""
+def counter_delta(before: float, after: float, wrap_at: float | None) -> float:
+    """The increase of a counter that starts again from 0 after ``wrap_at`` (integers, or
+    the float64 that hold them exactly)."""
     if after >= before:
         return after - before
     if not wrap_at:

@@ -24,9 +24,6 @@ from automlperf.measure.energy import counter_delta
 from automlperf.measure.score import segment_bounds
 from automlperf.store.base import SampleFigures
 
-_NAN = float("nan")
-
-
 @dataclass
 class ResourceColumns:
     """What the resource chart draws: one entry per GPU reading (``gpu``) or per host reading
@@ -78,16 +75,19 @@ class SampleDigest:
 
     def feed(self, samples: Iterable[SampleFigures]) -> None:
         """Samples as the store's :meth:`~automlperf.store.base.Store.sample_figure_chunks`
-        gives them: (node, time, figures)."""
+        gives them: node, time, numbers, GPU uuids, CPU counters (a NaN number is a reading
+        the sample lacks)."""
         chart = self._chart
         last, seconds, gpu_j, cpu_j = self._last, self._seconds, self._gpu_j, self._cpu_j
-        for node, t, (cpu, mem, cpu_e, gpus) in samples:
+        for node, t, numbers, uuids, cpu_e in samples:
             self.count += 1
-            if gpus:
+            gpus = range(2, 2 + 4 * len(uuids), 4)  # where each GPU's numbers start
+            if uuids:
                 self._any_gpu = True
             # energy: consecutive samples of a node within one session
             seg = self._session(t)
-            energies = {g[0]: g[3] for g in gpus}
+            energies = {uuid: numbers[k + 2] for uuid, k in zip(uuids, gpus)
+                        if numbers[k + 2] == numbers[k + 2]}
             prev = last.get(node)
             if prev is None:
                 seconds[node] = gpu_j[node] = cpu_j[node] = 0.0
@@ -95,12 +95,12 @@ class SampleDigest:
                 used = False
                 before = prev[2]
                 joules = 0.0
-                for uuid, _, _, after, _ in gpus:
-                    if after is not None:
-                        was = before.get(uuid)
-                        if was is not None:
-                            joules += counter_delta(was, after, None) / 1e3
-                            used = True
+                for uuid, k in zip(uuids, gpus):
+                    after = numbers[k + 2]
+                    was = before.get(uuid)
+                    if was is not None and after == after:
+                        joules += counter_delta(was, after, None) / 1e3
+                        used = True
                 if used:
                     gpu_j[node] += joules
                 if cpu_e:
@@ -113,35 +113,40 @@ class SampleDigest:
                     seconds[node] += t - prev[0]
             last[node] = (t, seg, energies, cpu_e)
             # utilisation: samples inside a session
+            cpu = numbers[0]
             if any(a <= t <= b for a, b in self._bounds):
                 self._inside += 1
-                if cpu is not None:
-                    self._cpu_sum += float(cpu) / 100.0
+                if cpu == cpu:
+                    self._cpu_sum += cpu / 100.0
                     self._cpu_n += 1
-                for g in gpus:
-                    if g[2] is not None:
-                        self._gpu_sum += float(g[2]) / 100.0
+                for k in gpus:
+                    util = numbers[k + 1]
+                    if util == util:
+                        self._gpu_sum += util / 100.0
                         self._gpu_n += 1
-            if chart and cpu is not None:
-                self._charted(node, t, cpu, mem, gpus)
+            if chart and cpu == cpu:
+                self._charted(node, t, numbers, gpus)
 
-    def _charted(self, node: str, t: float, cpu: float, mem: Any, gpus: Any) -> None:
+    def _charted(self, node: str, t: float, numbers: list[float], gpus: range) -> None:
         self._nodes.add(node)
         if len(self._first) < 100:
             self._first.append(len(gpus))
         keys = self._keys
         ts, us, ms, ks = self._g
-        for _, index, util, _, used in gpus:
-            if util is not None:
-                key = keys.setdefault((node, index), len(keys))
+        for k in gpus:
+            util = numbers[k + 1]
+            if util == util:
+                index = numbers[k]  # if the sample lacks it: the GPU's place in its list
+                key = keys.setdefault((node, int(index) if index == index else (k - 2) // 4),
+                                      len(keys))
                 ts.append(t)
                 us.append(util)
-                ms.append(_NAN if used is None else used)
+                ms.append(numbers[k + 3])
                 ks.append(key)
         ts, us, ms, ks = self._h
         ts.append(t)
-        us.append(cpu)
-        ms.append(_NAN if mem is None else mem)
+        us.append(numbers[0])
+        ms.append(numbers[1])
         ks.append(keys.setdefault((node, -1), len(keys)))
 
     def merge(self, other: SampleDigest) -> None:

@@ -15,18 +15,28 @@ SCHEMA_VERSION = 2
 
 
 
-# A sample's node, time, and the numbers (sample_figures) the run's figures use.
-SampleFigures = tuple[str, float, list[Any]]
+# A sample's node and time, then its figures (sample_figures): numbers, GPU uuids, CPU energy.
+SampleFigures = tuple[str, float, list[float], list[Any], Any]
+
+_ABSENT = float("nan")
 
 
-def sample_figures(sample: Mapping[str, Any]) -> list[Any]:
-    """What energy, utilisation and the resource chart read from a monitor sample, in a
-    small fixed layout: ``[cpu_percent, mem_used_gib, cpu_energy_uj, gpus]`` with each GPU as
-    ``[uuid, index, util, energy_mj, mem_used_gib]`` and ``None`` for what the sample lacks.
-    Every GPU the sample lists is kept, including one that answered with an error."""
-    return [sample.get("cpu_percent"), sample.get("mem_used_gib"), sample.get("cpu_energy_uj"),
-            [[g.get("uuid"), g.get("index"), g.get("util"), g.get("energy_mj"),
-              g.get("mem_used_gib")] for g in sample.get("gpus") or ()]]
+def sample_figures(sample: Mapping[str, Any]) -> tuple[list[float], list[Any], Any]:
+    """What energy, utilisation and the resource chart read from a monitor sample: the
+    numbers ``[cpu_percent, mem_used_gib]`` followed by ``[index, util, energy_mj,
+    mem_used_gib]`` of each GPU the sample lists (one that answered with an error too), NaN
+    where a reading is absent; the GPUs' uuids, in the same order; and the CPU energy
+    counters (``cpu_energy_uj``, or None)."""
+    gpus = sample.get("gpus") or ()
+    numbers = [_number(sample.get("cpu_percent")), _number(sample.get("mem_used_gib"))]
+    for g in gpus:
+        numbers += (_number(g.get("index")), _number(g.get("util")), _number(g.get("energy_mj")),
+                    _number(g.get("mem_used_gib")))
+    return numbers, [g.get("uuid") for g in gpus], sample.get("cpu_energy_uj")
+
+
+def _number(value: Any) -> Any:
+    return _ABSENT if value is None else value
 
 
 class StoreError(UserError, RuntimeError):
@@ -248,7 +258,7 @@ class Store(ABC):
         """The figures (:func:`sample_figures`) of the run's samples (of ``nodes``, or all)
         with their node and time, in :meth:`samples`' order and in chunks: a long run's
         million need not be held at once."""
-        yield [(s.get("node", ""), s["t"], sample_figures(s)) for s in self.samples(run_id)
+        yield [(s.get("node", ""), s["t"], *sample_figures(s)) for s in self.samples(run_id)
                if nodes is None or s.get("node") in nodes]
 
     def sample_nodes(self, run_id: int) -> dict[str, int]:
