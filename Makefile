@@ -8,8 +8,13 @@ BIN := $(VENV)/bin
 run: setup
 	$(BIN)/automlperf run
 
+# Two pytest-xdist workers: much of the suite waits on processes, servers and jobs. SLURM's
+# tests share one worker and the slow tests go first (tests/conftest.py).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 test: setup-dali system
-	$(BIN)/python -m pytest --durations=20
+	$(BIN)/python -m pytest $(XDIST) --durations=20
 
 # Day-to-day: no root, no services (PostgreSQL, SLURM, Chromium), no end-to-end runs.
 test-fast: setup

@@ -9,9 +9,20 @@ import pytest
 _db_names = itertools.count()
 
 
-def pytest_collection_modifyitems(items):
+# Modules whose tests share one costly module fixture (a finished run, a pool of rank
+# processes): under pytest-xdist they stay on one worker, which sets it up once.
+SHARED_MODULE_FIXTURE = ("test_results", "test_trainer")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
     """Tests that start a real server carry its lane's mark, so `make test-fast` (no root, no
-    services) leaves them out without a list to keep up to date."""
+    services) leaves them out without a list to keep up to date.
+
+    On a pytest-xdist worker (`make test`, `--dist loadgroup`): every SLURM test runs on one
+    worker, so each local cluster starts once and never beside another worker's (they would
+    share this host's munge daemon), and the slow tests come first, so that the quick ones
+    fill the workers' ends and both finish together."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         callspec = getattr(item, "callspec", None)
@@ -22,6 +33,21 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slurm)
         if item.get_closest_marker("dali") and not _dali_installed():
             item.add_marker(pytest.mark.skip(reason="NVIDIA DALI is not installed (make setup-dali)"))
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.module is not None and item.module.__name__ in SHARED_MODULE_FIXTURE:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=_start_order)
+
+
+def _start_order(item) -> int:
+    """SLURM's tests first (the largest unit of work), then the other slow ones."""
+    if item.get_closest_marker("slurm"):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
 
 
 @functools.cache

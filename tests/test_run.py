@@ -141,14 +141,24 @@ def test_killing_a_replica_leaves_the_run_going(tmp_path, photos):
     config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, replicas=2,
                                                   max_rounds=4))
     primary = start(tmp_path, config, run_dir, env)
-    wait_for(has_epoch(run_dir, replica=1), 600, "replica 1 to finish an epoch")
-    store = open_store(run_dir=run_dir)
-    victim = next(t for t in store.trials(1) if t.replica_index == 1 and t.status == "running")
-    replica = psutil.Process(next(r.pid for r in store.replicas(1) if r.index == 1))
+    while True:
+        wait_for(has_epoch(run_dir, replica=1), 600, "replica 1 to finish an epoch")
+        store = open_store(run_dir=run_dir)
+        pid = next(r.pid for r in store.replicas(1) if r.index == 1)
+        # Held (SIGSTOP: the replica, its ranks and their workers) while its running trial is
+        # picked and it is killed, so that trial cannot finish in between on a loaded machine.
+        os.killpg(pid, signal.SIGSTOP)
+        victim = next((t for t in store.trials(1) if t.replica_index == 1 and t.status == "running"
+                       and t.epochs_done >= 1), None)
+        if victim is not None:
+            break
+        os.killpg(pid, signal.SIGCONT)  # between two trials: wait for the next one's epoch
+    replica = psutil.Process(pid)
     family = replica.children(recursive=True)
     assert family  # its training rank (and sampler) at least
     killed_at = time.time()
     replica.kill()
+    os.killpg(pid, signal.SIGCONT)  # what it started runs again, to find its replica gone
     gone, alive = psutil.wait_procs(family, timeout=120)
     assert not alive, f"outlived their replica: {[p.pid for p in alive]}"
     assert primary.wait(timeout=900) == 0, primary_log(tmp_path, run_dir)
