@@ -24,6 +24,7 @@ from automlperf.measure.energy import counter_delta
 from automlperf.measure.score import segment_bounds
 from automlperf.store.base import SampleFigures
 
+
 @dataclass
 class ResourceColumns:
     """What the resource chart draws: one entry per GPU reading (``gpu``) or per host reading
