@@ -141,18 +141,24 @@ def test_killing_a_replica_leaves_the_run_going(tmp_path, photos):
     config = write_config(tmp_path, folder_config(root, workers=1, duration_s=900, replicas=2,
                                                   max_rounds=4))
     primary = start(tmp_path, config, run_dir, env)
-    while True:
-        wait_for(has_epoch(run_dir, replica=1), 600, "replica 1 to finish an epoch")
-        store = open_store(run_dir=run_dir)
-        pid = next(r.pid for r in store.replicas(1) if r.index == 1)
+    wait_for(has_epoch(run_dir, replica=1), 600, "replica 1 to finish an epoch")
+    store = open_store(run_dir=run_dir)
+    pid = next(r.pid for r in store.replicas(1) if r.index == 1)
+    victim = None
+
+    def held_mid_trial() -> bool:
         # Held (SIGSTOP: the replica, its ranks and their workers) while its running trial is
         # picked and it is killed, so that trial cannot finish in between on a loaded machine.
+        nonlocal victim
         os.killpg(pid, signal.SIGSTOP)
         victim = next((t for t in store.trials(1) if t.replica_index == 1 and t.status == "running"
                        and t.epochs_done >= 1), None)
-        if victim is not None:
-            break
-        os.killpg(pid, signal.SIGCONT)  # between two trials: wait for the next one's epoch
+        if victim is None:
+            os.killpg(pid, signal.SIGCONT)  # between two trials: wait for the next one's epoch
+        return victim is not None
+
+    wait_for(held_mid_trial, 600, "replica 1 held in a trial past its first epoch")
+    assert victim is not None
     replica = psutil.Process(pid)
     family = replica.children(recursive=True)
     assert family  # its training rank (and sampler) at least
