@@ -44,7 +44,12 @@ ceiling_s = 0.3
 """
 
 
-def folder_config(data_dir, workers=1, image_size=32, max_epochs=4, **run) -> str:
+# The test folders' few corrupt files are a large share of their few images.
+TEST_MAX_UNREADABLE = 0.25
+
+
+def folder_config(data_dir, workers=1, image_size=32, max_epochs=4,
+                  max_unreadable=TEST_MAX_UNREADABLE, **run) -> str:
     """A configuration for an ImageNet-layout folder of JPEGs, decoded by ``workers``
     data-loading processes per rank, trained small: 1-, 2-, 3-epoch warm-up rounds of the
     small seed (with the default ``max_epochs``)."""
@@ -56,6 +61,7 @@ dataset = "imagenet"
 data_dir = "{data_dir}"
 image_size = {image_size}
 workers = {workers}
+max_unreadable = {max_unreadable}
 [model]
 seed_model = "resnet_small"
 [train]
@@ -66,6 +72,12 @@ tpe_startup_trials = 1
 [monitor]
 interval_s = 1
 """
+
+
+def write_config(tmp_path, text):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
 
 
 def default_sigint():

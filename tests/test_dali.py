@@ -10,7 +10,7 @@ import torch
 from automlperf.graph import seeds
 from automlperf.train import data as datasets
 from automlperf.train.trainer import RankContext, TrialSpec, train_on_rank
-from helpers import cli, marked_env, wait_no_strays
+from helpers import TEST_MAX_UNREADABLE, cli, marked_env, wait_no_strays
 from imagefolder import assert_every_image_counted, make_image_folder
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
@@ -28,7 +28,8 @@ def test_train_decodes_with_dali_and_counts_corrupt_files(tmp_path, photos, devi
     root, counts = photos
     env, mark = marked_env()
     config = tmp_path / "dali.toml"
-    config.write_text("[data]\nworkers = 1\ngpu_decode = true\n")
+    config.write_text(f"[data]\nworkers = 1\ngpu_decode = true\n"
+                      f"max_unreadable = {TEST_MAX_UNREADABLE}\n")
     done = cli("train", "--config", config, "--epochs", 2, "--json", "--dataset", "imagenet",
                "--data-dir", root, "--model", "resnet_small", "--image-size", 32,
                "--devices", devices, "--batch-size", 8, env=env)
@@ -54,12 +55,12 @@ def test_one_pipeline_per_split_and_trial_with_nhwc_uint8_output(photos, monkeyp
     loader = ds.loader(0, 1, 8, 0, cpu)
     for epoch in range(3):
         seen = skipped = 0
-        for images, labels, bad in loader.passes("train", epoch):
+        for images, labels, bad, _ in loader.passes("train", epoch):
             assert images.dtype == torch.uint8 and images.shape[1:] == (32, 32, 3)
             assert len(images) == len(labels)
             seen, skipped = seen + len(labels), skipped + bad
         assert (seen, skipped) == (counts["train"], 2)
-        assert sum(len(y) for _, y, _ in loader.passes("val", epoch)) == counts["val"]
+        assert sum(len(y) for _, y, _, _ in loader.passes("val", epoch)) == counts["val"]
     # Training and validation pipelines, each built once for the trial's three epochs (the
     # corrupt files did not make them be built again), and one one-image pipeline that
     # tells corrupt files apart.
@@ -73,7 +74,8 @@ def test_one_pipeline_per_split_and_trial_with_nhwc_uint8_output(photos, monkeyp
 
 def test_a_trial_on_dali_images_through_the_trainer(photos):
     root, counts = photos
-    ds = datasets.load("imagenet", root, image_size=32, workers=1, gpu_decode=True)
+    ds = datasets.load("imagenet", root, image_size=32, workers=1, gpu_decode=True,
+                       max_unreadable=TEST_MAX_UNREADABLE)
     graph = seeds.resnet_small(num_classes=3, image_size=32)
     spec = TrialSpec("dali", graph.to_dict(), epochs=2, batch_size=8, patience=5)
     out = train_on_rank(spec, RankContext(0, 1, torch.device("cpu"), ds))

@@ -12,7 +12,7 @@ import pytest
 from automlperf.graph import seeds
 from automlperf.train.pool import DataArgs, DevicePool, train_trial
 from automlperf.train.trainer import TrialSpec
-from helpers import cli, cli_args, default_sigint, marked_env, wait_no_strays
+from helpers import TEST_MAX_UNREADABLE, cli, cli_args, default_sigint, marked_env, wait_no_strays
 from imagefolder import assert_every_image_counted, make_image_folder
 from test_data import write_cifar
 
@@ -28,7 +28,7 @@ def photos(tmp_path_factory):
 
 def train(tmp_path, *args, env=None, workers=1):
     config = tmp_path / "workers.toml"
-    config.write_text(f"[data]\nworkers = {workers}\n")
+    config.write_text(f"[data]\nworkers = {workers}\nmax_unreadable = {TEST_MAX_UNREADABLE}\n")
     done = cli("train", "--config", config, "--epochs", 2, "--json", *args, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -67,7 +67,8 @@ def test_a_killed_rank_takes_its_data_loading_workers_with_it(photos):
     """A rank is killed while its workers decode; they end with it, the trial is a recorded
     crash, and the restarted pool trains the next trial."""
     root, _ = photos
-    data = DataArgs("imagenet", str(root), image_size=32, workers=2)
+    data = DataArgs("imagenet", str(root), image_size=32, workers=2,
+                    max_unreadable=TEST_MAX_UNREADABLE)
     graph = seeds.resnet_small(num_classes=3, image_size=32)
     spec = TrialSpec("crash", graph.to_dict(), epochs=2, batch_size=4, patience=5)
     workers: list[psutil.Process] = []
@@ -91,7 +92,7 @@ def test_ctrl_c_stops_train_and_every_process_it_started(tmp_path, photos):
     root, _ = photos
     env, mark = marked_env()
     config = tmp_path / "workers.toml"
-    config.write_text("[data]\nworkers = 1\n")
+    config.write_text(f"[data]\nworkers = 1\nmax_unreadable = {TEST_MAX_UNREADABLE}\n")
     # Its own process group, as a terminal's foreground job: Ctrl-C reaches all of it.
     proc = subprocess.Popen(cli_args("train", "--config", config, "--dataset", "imagenet",
                                      "--data-dir", root, "--model", "resnet_small",

@@ -13,7 +13,7 @@ from automlperf.train import data as datasets
 from automlperf.train.rankenv import (ALLOC_DEFAULT, COMPILE_THREADS_VAR, compile_threads,
                                       set_rank_environment)
 from automlperf.train.trainer import RankContext, train_on_rank
-from helpers import trial_spec
+from helpers import TEST_MAX_UNREADABLE, trial_spec
 
 CPU = torch.device("cpu")
 # The smallest graph with every kind of layer a trial compiles: Inductor builds it in seconds.
@@ -47,7 +47,8 @@ def test_a_trial_leaves_no_module_optimiser_or_loader_behind(tmp_path):
     from imagefolder import make_image_folder
 
     make_image_folder(tmp_path, classes=2, train_per_class=6, val_per_class=2, corrupt=1)
-    folder = datasets.load("imagenet", tmp_path, image_size=8, workers=1)
+    folder = datasets.load("imagenet", tmp_path, image_size=8, workers=1,
+                           max_unreadable=TEST_MAX_UNREADABLE)
     graph = Graph.build((3, 8, 8), [conv("c", INPUT, 4, 3, 1, padding=1),
                                     simple("pool", "global_avgpool", "c"),
                                     dense("fc", "pool", 2), simple("softmax", "softmax", "fc")])

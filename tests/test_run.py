@@ -18,7 +18,7 @@ from automlperf.measure.score import counted_epochs
 from automlperf.ops import count, epoch_ops
 from automlperf.store import open_store
 from helpers import (cli, cli_args, default_sigint, fast_config, folder_config, marked_env,
-                     wait_for, wait_no_strays)
+                     wait_for, wait_no_strays, write_config)
 from imagefolder import make_image_folder
 
 pytestmark = pytest.mark.slow
@@ -30,12 +30,6 @@ def photos(tmp_path_factory):
     root = tmp_path_factory.mktemp("photos")
     counts = make_image_folder(root, classes=4, train_per_class=12, val_per_class=4, corrupt=2)
     return root, counts
-
-
-def write_config(tmp_path, text):
-    path = tmp_path / "run.toml"
-    path.write_text(text)
-    return path
 
 
 def start(tmp_path, config, run_dir, env, *extra):

@@ -19,6 +19,8 @@ class E:
     train_images: int = 100
     val_images: int = 10
     precision: str = "bf16"
+    skipped_images: int = 0
+    val_skipped: int = 0
 
 
 @dataclass

@@ -290,7 +290,8 @@ def check(
     if as_json:
         print(json.dumps({"ok": rep.ok, "mismatches": rep.mismatches, "checked": rep.checked,
                           "valid": r.get("valid"), "official": r.get("official"),
-                          "simulated": r.get("simulated"), "violations": r.get("violations")}))
+                          "simulated": r.get("simulated"), "violations": r.get("violations"),
+                          "unreadable_images": r.get("unreadable_images")}))
     else:
         for m in rep.mismatches:
             out.print(f"[red]mismatch:[/] {escape(m)}", highlight=False, soft_wrap=True)
@@ -300,6 +301,10 @@ def check(
         verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
         out.print(f"{verdict}: {rep.checked['trials']} trials, {rep.checked['epochs']} epochs "
                   f"recomputed; the result is {state}", highlight=False)
+        unreadable = r.get("unreadable_images") or {}
+        if unreadable.get("train") or unreadable.get("val"):
+            out.print(f"  skipped: {unreadable['train']:,} training and {unreadable['val']:,} "
+                      "validation images could not be read", highlight=False)
         for v in r.get("violations", []):
             out.print(f"  {v['rule']}: {escape(v['detail'])}", highlight=False)
     if not rep.ok:

@@ -94,6 +94,9 @@ class DataConfig(_Section):
     synthetic_images: int = Field(4096, ge=1, description="Training images per epoch of the "
                                   "synthetic dataset (validation gets a quarter).")
     synthetic_classes: int = Field(1000, ge=2, description="Classes of the synthetic dataset.")
+    max_unreadable: float = Field(0.05, ge=0, le=1, description="Share of a split's images "
+                                  "that may be unreadable in an epoch; beyond it the trial "
+                                  "fails for its data. An official run allows none.")
 
 
 class ModelConfig(_Section):

@@ -55,7 +55,8 @@ class EpochEvent:
     world_size: int
     data_share: float
     images_per_s: float
-    skipped_images: int = 0
+    skipped_images: int = 0  # unreadable training images
+    val_skipped: int = 0  # unreadable validation images
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

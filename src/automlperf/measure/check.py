@@ -41,13 +41,13 @@ from automlperf.store import EpochRecord, Store, TrialRecord
 from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
-            "epochs", "train_images", "val_images", "best_trial", "official", "valid", "trials",
+            "epochs", "train_images", "val_images", "unreadable_images", "best_trial", "official", "valid", "trials",
             "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling",
             "energy_j", "ops_per_watt")
 # Recorded wholesale; compared by digest, named when they differ.
 RECORDS = ("dataset_identity", "provenance", "node_descriptions")
 EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",
-                "world_size", "precision", "ended_at")
+                "world_size", "precision", "ended_at", "skipped_images", "val_skipped")
 
 
 @dataclass
@@ -214,6 +214,7 @@ def _trial_logs(rd: RunDir, trials: list[TrialRecord]) -> dict[tuple[int, int], 
             if log.exists():
                 for rec in read_jsonl(log):
                     if rec.get("type") == "epoch":
+                        rec.setdefault("val_skipped", 0)  # logs written before it was counted
                         logged[(t.id, rec["epoch"])] = rec
     return logged
 
@@ -271,7 +272,8 @@ def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[s
         if digest(system_file.get("provenance")) != digest(fresh.get("provenance")):
             bad.append(f"{rd.system}: provenance differs from the one recorded in the store")
     for name in COMPARED:
-        if name not in recorded and name in ("peak_ops", "ceiling_ops", "fraction_of_ceiling"):
+        if name not in recorded and name in ("peak_ops", "ceiling_ops", "fraction_of_ceiling",
+                                             "unreadable_images"):
             continue  # absent from results of earlier versions
         if not _same(recorded.get(name), fresh.get(name)):
             bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "

@@ -31,6 +31,8 @@ class EpochLike(Protocol):
     train_images: int
     val_images: int
     precision: str
+    skipped_images: int
+    val_skipped: int
 
 
 class SegmentLike(Protocol):
@@ -116,7 +118,7 @@ def timeline(counted: Sequence[tuple[float, EpochLike]], elapsed_s: float,
 
 def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[str],
                elapsed_s: float, precisions: Iterable[str], error: float | None,
-               dataset_detail: str | None = None,
+               dataset_detail: str | None = None, unreadable: int = 0,
                ruleset: rules.Ruleset = rules.CURRENT) -> tuple[bool, bool, list[dict[str, str]]]:
     """(official, valid, violations): each rule of the ruleset, checked."""
     found: list[dict[str, str]] = []
@@ -132,6 +134,11 @@ def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[
         if not change.startswith(("data.dataset ",)):
             found.append({"rule": "fixed_setting", "detail": f"changed {change}"})
     official = not found
+    if unreadable:
+        # An official result trains on the whole dataset, not on what a site's copy of it
+        # could serve.
+        found.append({"rule": "unreadable_images", "detail": f"{unreadable:,} images of the "
+                      "counted epochs could not be read; repair the dataset's copy"})
     if elapsed_s < ruleset.min_duration_s:
         found.append({"rule": "duration", "detail": f"ran {elapsed_s / 60:.1f} min; the "
                       f"minimum is {ruleset.min_duration_s / 3600:g} h"})
@@ -161,10 +168,13 @@ def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, d
     if accuracy_counts and counted:
         best_epoch = max(counted, key=lambda pair: (pair[1].val_accuracy, -pair[0]))[1]
     error = None if final.best_accuracy is None else 1.0 - final.best_accuracy
+    unreadable = {"train": sum(e.skipped_images for _, e in counted),
+                  "val": sum(e.val_skipped for _, e in counted)}
     official, valid, broken = violations(
         dataset=dataset, dataset_official=dataset_official, fixed_changes=fixed_changes,
         elapsed_s=elapsed, precisions=[e.precision for _, e in counted], error=error,
-        dataset_detail=dataset_detail, ruleset=ruleset)
+        dataset_detail=dataset_detail, unreadable=unreadable["train"] + unreadable["val"],
+        ruleset=ruleset)
     return {
         "ruleset": ruleset.id,
         "score": final.ops_per_s,
@@ -180,6 +190,8 @@ def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, d
         "epochs_not_counted": len(epochs) - len(counted),
         "train_images": sum(e.train_images for _, e in counted),
         "val_images": sum(e.val_images for _, e in counted),
+        # Images the counted epochs could not read, skipped (see data.max_unreadable).
+        "unreadable_images": unreadable,
         "best_trial": best_epoch.trial_id if best_epoch is not None else None,
         "precisions": sorted({e.precision for _, e in counted}),
         "timeline": [m.to_dict() for m in marks],

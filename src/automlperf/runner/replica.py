@@ -81,8 +81,9 @@ class CannotTrain(RuntimeError):
 
 
 def _reason_key(reason: str) -> str:
-    # Sizes, counts and ids differ between occurrences of the same failure.
-    return re.sub(r"\d+(\.\d+)?", "#", reason)
+    # Sizes, counts and ids differ between occurrences of the same failure, and so does the
+    # example a reason may end with (an unreadable file, say).
+    return re.sub(r"\d+(\.\d+)?", "#", re.sub(r" \(e\.g\. .*$", "", reason))
 
 
 def repeated_failure(reasons: list[str], limit: int) -> str | None:

@@ -104,7 +104,8 @@ T_EPOCHS = sa.Table(
     sa.Column("world_size", sa.Integer, nullable=False),
     sa.Column("data_share", sa.Float, nullable=False),
     sa.Column("images_per_s", sa.Float, nullable=False),
-    sa.Column("skipped_images", sa.BigInteger, nullable=False))
+    sa.Column("skipped_images", sa.BigInteger, nullable=False),
+    sa.Column("val_skipped", sa.BigInteger, nullable=False, server_default="0"))
 T_SAMPLES = sa.Table(
     "amp_samples", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -217,17 +218,20 @@ class SQLStore(Store):
                 conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS amp_trials_replica "
                                      "ON amp_trials (replica_id)")
             self._number_epochs(conn)
-        self._add_figures_column()
+        self._add_columns("amp_samples", (("figures", "BLOB" if self._sqlite else "BYTEA"),
+                                          ("figure_keys", "TEXT")))
+        self._add_columns("amp_epochs", (("val_skipped", "BIGINT NOT NULL DEFAULT 0"),))
 
-    def _add_figures_column(self) -> None:
+    def _add_columns(self, table: str, columns: tuple[tuple[str, str], ...]) -> None:
+        """Columns added after a store was made: its existing rows get their default."""
         with self.engine.begin() as conn:
-            have = {c["name"] for c in sa.inspect(conn).get_columns("amp_samples")}
-        for name, kind in (("figures", "BLOB" if self._sqlite else "BYTEA"), ("figure_keys", "TEXT")):
+            have = {c["name"] for c in sa.inspect(conn).get_columns(table)}
+        for name, kind in columns:
             if name in have:
                 continue
             try:
                 with self.engine.begin() as conn:
-                    conn.exec_driver_sql("ALTER TABLE amp_samples ADD COLUMN "
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN "
                                          + ("" if self._sqlite else "IF NOT EXISTS ") + f"{name} {kind}")
             except sa.exc.OperationalError as exc:
                 # SQLite has no IF NOT EXISTS here: another process opening the store added it.

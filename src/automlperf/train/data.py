@@ -13,7 +13,8 @@ the images it actually delivered.
   byte budget, and hands over NHWC uint8 (channels-last on the device at no cost).
 * ``synthetic``: random tensors made on the device, for throughput only.
 
-Unreadable images are skipped and counted, never fatal.
+Unreadable images are skipped and counted, with one of them kept as an example; whether a
+share of them is too many is the trainer's judgement (``max_unreadable``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from automlperf.train.spec import plan_steps
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".bmp", ".webp"}
+_DATA = DataConfig()  # the one source of the data defaults
 
 
 class DataError(UserError, ValueError):
@@ -52,7 +54,10 @@ class DataError(UserError, ValueError):
 
 
 class Dataset(ABC):
-    """Shards and batches of one dataset; ``skipped`` counts unreadable images so far."""
+    """Shards and batches of one dataset; ``skipped`` counts unreadable images so far and
+    ``unreadable`` names the last one seen and why (empty while every image was read);
+    ``max_unreadable`` is the share of a split's images that may be unreadable in an epoch
+    before a trial fails for its data."""
 
     name: str
     num_classes: int
@@ -62,8 +67,11 @@ class Dataset(ABC):
     val_size: int
     official: bool = False
 
+    max_unreadable: float = _DATA.max_unreadable
+
     def __init__(self) -> None:
         self.skipped = 0
+        self.unreadable = ""
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -505,7 +513,9 @@ class _FolderChunks(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, key: tuple[bool, int, tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def __getitem__(self, key: tuple[bool, int, tuple[int, ...]]
+                    ) -> tuple[torch.Tensor, torch.Tensor, int, str]:
+        """(images, labels, unreadable count, the last unreadable file and why)."""
         train, epoch, rows = key
         s = self.size
         images = torch.empty((len(rows), s, s, 3), dtype=torch.uint8)
@@ -514,13 +524,19 @@ class _FolderChunks(torch.utils.data.Dataset):
         labels = torch.empty(len(rows), dtype=torch.long)
         pixels = images.numpy()
         n = 0
+        example = ""
         for row in rows:
-            if self._decode(row, train, epoch, pixels[n]):
+            error = self._decode(row, train, epoch, pixels[n])
+            if error is None:
                 labels[n] = int(self.index.labels[row])
                 n += 1
-        return images[:n], labels[:n], len(rows) - n
+            else:
+                path = self.index.path(row)
+                example = f"{path}: {error.replace(' ' + repr(path), '')}"
+        return images[:n], labels[:n], len(rows) - n, example
 
-    def _decode(self, row: int, train: bool, epoch: int, out: np.ndarray) -> bool:
+    def _decode(self, row: int, train: bool, epoch: int, out: np.ndarray) -> str | None:
+        """Decode one image into ``out``; None, or why it cannot be read."""
         from PIL import Image, UnidentifiedImageError
 
         size = self.size
@@ -537,7 +553,7 @@ class _FolderChunks(torch.utils.data.Dataset):
                     file.draft("RGB", (math.ceil(width * size / (right - left)),
                                        math.ceil(height * size / (bottom - top))))
                     sx, sy = file.width / width, file.height / height
-                    img = file.convert("RGB").resize(
+                    img = _rgb(file).resize(
                         (size, size), bilinear, box=(left * sx, top * sy, right * sx, bottom * sy))
                     if flip:
                         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
@@ -545,7 +561,7 @@ class _FolderChunks(torch.utils.data.Dataset):
                     short = round(size / 0.875)  # 256 for 224
                     scale = short / min(width, height)
                     file.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-                    img = file.convert("RGB")
+                    img = _rgb(file)
                     scale = short / min(img.width, img.height)
                     img = img.resize((max(short, round(img.width * scale)),
                                       max(short, round(img.height * scale))), bilinear)
@@ -553,9 +569,20 @@ class _FolderChunks(torch.utils.data.Dataset):
                     top = (img.height - size) // 2
                     img = img.crop((left, top, left + size, top + size))
                 out[...] = np.asarray(img, dtype=np.uint8)
-        except (OSError, UnidentifiedImageError, ValueError, SyntaxError):
-            return False
-        return True
+        except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
+            return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        return None
+
+
+def _rgb(image: Any) -> Any:
+    """An image as 8-bit RGB. 16-bit greyscale (PNG, TIFF) is scaled to 8 bits: Pillow's own
+    conversion clips it, turning most such images white."""
+    if image.mode.startswith("I"):
+        from PIL import Image
+
+        wide = np.asarray(image).astype(np.int64)
+        return Image.fromarray(np.clip(wide >> 8, 0, 255).astype(np.uint8), "L").convert("RGB")
+    return image.convert("RGB")
 
 
 def _no_collate(chunk: Any) -> Any:
@@ -630,8 +657,9 @@ class _FolderLoader:
     def key(self) -> tuple[Any, ...]:
         return (self.rank, self.world, self.per_rank, self.seed, self.device)
 
-    def passes(self, split: str, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
-        """(NHWC uint8 images on the device, labels, unreadable count) for every step."""
+    def passes(self, split: str, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, str]]:
+        """(NHWC uint8 images on the device, labels, unreadable count, an unreadable file and
+        why) for every step."""
         train = split == "train"
         base = 0 if train else self.ds.index.train_size
         steps = step_plan(len(self.ds.index.rows(split)), self.rank, self.world, self.per_rank,
@@ -649,9 +677,10 @@ class _FolderLoader:
         for n in counts:
             parts = [next(chunks) for _ in range(n)]
             bad = sum(p[2] for p in parts)
+            example = next((p[3] for p in parts if p[3]), "")
             labels = torch.cat([p[1] for p in parts]) if parts else torch.empty(0, dtype=torch.long)
             images = self._assemble([p[0] for p in parts], len(labels))
-            yield images, labels.to(self.device, non_blocking=True), bad
+            yield images, labels.to(self.device, non_blocking=True), bad, example
 
     def _assemble(self, parts: list[torch.Tensor], n: int) -> torch.Tensor:
         s = self.ds.image_size
@@ -732,8 +761,9 @@ class ImageFolderDataset(Dataset):
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader = self.loader(rank, world, batch_size, seed, device)
         mean, std = self._mean.to(device), self._std.to(device)
-        for x, y, bad in loader.passes(split, epoch):
+        for x, y, bad, example in loader.passes(split, epoch):
             self.skipped += bad
+            self.unreadable = example or self.unreadable
             # NHWC seen as NCHW is channels-last: the network's preferred layout on GPUs.
             x = x.permute(0, 3, 1, 2).float()
             yield (x - mean) / std, y
@@ -856,8 +886,9 @@ class _DaliLoader:
                     return self._run(train, files), kept
         return torch.empty((0, s, s, 3), dtype=torch.uint8, device=self.device), kept
 
-    def passes(self, split: str, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
-        """(NHWC uint8 images on the device, labels, unreadable count) for every step."""
+    def passes(self, split: str, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, str]]:
+        """(NHWC uint8 images on the device, labels, unreadable count, an unreadable file and
+        why) for every step."""
         train = split == "train"
         base = 0 if train else self.ds.index.train_size
         for rows in step_plan(len(self.ds.index.rows(split)), self.rank, self.world,
@@ -865,8 +896,10 @@ class _DaliLoader:
             wanted = (rows + base).tolist()
             images, kept = self._decode(train, wanted)
             labels = torch.from_numpy(self.ds.index.labels[kept].astype(np.int64))
+            lost = sorted(set(wanted) - set(kept))
+            example = f"{self.ds.index.path(lost[0])}: DALI cannot read or decode it" if lost else ""
             yield (images.to(self.device, non_blocking=True),
-                   labels.to(self.device, non_blocking=True), len(wanted) - len(kept))
+                   labels.to(self.device, non_blocking=True), len(wanted) - len(kept), example)
 
     def close(self) -> None:
         self._pipes.clear()
@@ -889,14 +922,24 @@ class DaliImageFolderDataset(ImageFolderDataset):
         return _DaliLoader(self, rank, world, per_rank, seed, device)
 
 
-_DATA = DataConfig()  # the one source of the data defaults
 
 
 def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
          workers: int = 4, gpu_decode: bool | None = _DATA.gpu_decode,
          synthetic_images: int = _DATA.synthetic_images,
          synthetic_classes: int = _DATA.synthetic_classes, index_dir: str | None = None,
-         device_type: str = "cpu") -> Dataset:
+         max_unreadable: float = _DATA.max_unreadable, device_type: str = "cpu") -> Dataset:
+    """A dataset by name (see :func:`_load`), allowed ``max_unreadable`` of its images
+    unreadable per split and epoch."""
+    data = _load(dataset, data_dir, image_size, workers, gpu_decode, synthetic_images,
+                 synthetic_classes, index_dir, device_type)
+    data.max_unreadable = max_unreadable
+    return data
+
+
+def _load(dataset: str, data_dir: Path | str | None, image_size: int | None, workers: int,
+          gpu_decode: bool | None, synthetic_images: int, synthetic_classes: int,
+          index_dir: str | None, device_type: str) -> Dataset:
     """A dataset by name; raises DataError naming what is missing. Image folders are decoded
     by DALI when ``gpu_decode`` is set, or unset with DALI installed and a GPU
     (``device_type``) to train on."""

@@ -368,6 +368,28 @@ def _reduce(values: list[float], ctx: RankContext, op: Any = None) -> list[float
     return t.tolist()
 
 
+def _judge_unreadable(data: Dataset, epoch: int, split: str, read: int, unreadable: int,
+                      example: str) -> None:
+    """Fail the trial for its data when an epoch read no image of a split, or more than the
+    dataset's ``max_unreadable`` share of them could not be read: an epoch of nothing must
+    never count as a completed one, and a folder half broken is not the dataset it names."""
+    total = read + unreadable
+    if not unreadable:
+        return
+    share = unreadable / total
+    if read and share <= data.max_unreadable:
+        return
+    # The example comes last: the repeated-failure rule compares reasons without it.
+    example = f" (e.g. {example})" if example else ""
+    if not read:
+        raise TrialFailure("data", f"no {split} image of {data.name} could be read in epoch "
+                           f"{epoch}: all {unreadable} were unreadable; check the files of "
+                           f"the dataset's {split} folders{example}")
+    raise TrialFailure("data", f"{unreadable} of {total} {split} images ({share:.1%}) could "
+                       f"not be read in epoch {epoch}, more than data.max_unreadable "
+                       f"({data.max_unreadable:.1%}); repair or remove them{example}")
+
+
 def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome) -> None:
     graph = Graph.from_dict(spec.graph)
     data = ctx.dataset
@@ -385,17 +407,23 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
     best, stale = -1.0, 0
     for epoch in range(spec.epochs):
         started = time.time()
-        skipped_before = data.skipped
+        skipped_before, data.unreadable = data.skipped, ""
         local_loss, local_images, local_steps, local_wait, seconds = run.train_epoch(epoch, emit)
-        # Unreadable training images (validation images that cannot be read are simply not
-        # validated): what `check` needs to tie steps to images.
+        # Unreadable training images: what `check` needs to tie steps to images.
         local_skipped = data.skipped - skipped_before
+        train_example, data.unreadable = data.unreadable, ""
         local_correct, local_seen = run.validate()
-        loss_sum, n_images, n_correct, n_seen, skipped, wait = _reduce(
-            [local_loss, local_images, local_correct, local_seen, local_skipped, local_wait], ctx)
+        local_val_skipped = data.skipped - skipped_before - local_skipped
+        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait = _reduce(
+            [local_loss, local_images, local_correct, local_seen, local_skipped,
+             local_val_skipped, local_wait], ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
         (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
         images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
+        skipped, val_skipped = int(n_skipped), int(n_val_skipped)
+        # Every rank judges the same reduced counts, so all of them fail the trial together.
+        _judge_unreadable(data, epoch, "training", images, skipped, train_example)
+        _judge_unreadable(data, epoch, "validation", seen, val_skipped, data.unreadable)
         if not math.isfinite(loss_sum):
             raise TrialFailure("nan", f"the training loss became non-finite in epoch {epoch}")
         accuracy = correct / seen if seen else 0.0
@@ -406,7 +434,8 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             train_loss=loss_sum / max(1, images), val_accuracy=accuracy,
             precision=run.precision, batch_size=run.batch, world_size=ctx.world,
             data_share=min(1.0, wait / ctx.world / max(seconds, 1e-9)),
-            images_per_s=images / max(seconds, 1e-9), skipped_images=int(skipped))
+            images_per_s=images / max(seconds, 1e-9), skipped_images=skipped,
+            val_skipped=val_skipped)
         outcome.epochs = epoch + 1
         if spec.compile and epoch == 0:
             _note_compilation(run, outcome)
