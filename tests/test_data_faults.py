@@ -261,3 +261,38 @@ def test_a_run_with_a_few_unreadable_images_trains_and_reports_them(tmp_path):
     (run_dir / "result.json").write_text(json.dumps(result))
     edited = cli("check", run_dir)
     assert edited.returncode == 1 and "unreadable_images" in edited.stdout
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_trial_failed_before_the_rule_could_fire_exits_1(tmp_path):
+    """Too many unreadable images and a round limit of one trial: the run ends before three
+    failures in a row, having trained nothing; it says so and exits 1."""
+    root = tmp_path / "data"
+    make_image_folder(root, classes=2, train_per_class=10, val_per_class=2, corrupt=0)
+    for k in range(4):  # 4 of 24 training images: 17 %, over the 5 % default
+        (root / "train" / f"n{k % 2:08d}" / f"bad_{k}.JPEG").write_bytes(b"\x00" * 100)
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, folder_config(root, workers=0, duration_s=900, max_rounds=1,
+                                                  max_unreadable=0.05))
+    done = cli("run", "--config", config, "--run-dir", run_dir, timeout=900)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "error: the run cannot train: no trial completed an epoch: 1 trial(s) failed, the " \
+           "last with \"data: 4 of 24 training images (16.7%) could not be read" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert json.loads((run_dir / "result.json").read_text())["epochs"] == 0
+
+
+@pytest.mark.slow
+def test_a_run_without_a_validation_folder_stops_in_one_line_and_verifies(tmp_path):
+    root = tmp_path / "data"
+    make_image_folder(root, classes=2, train_per_class=4, val_per_class=1, corrupt=0)
+    shutil.rmtree(root / "val")
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path, folder_config(root, workers=0, duration_s=900))
+    done = cli("run", "--config", config, "--run-dir", run_dir, timeout=900)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert f"{root / 'val'} not found: an imagenet data dir needs" in line
+    # The run recorded that its data could not be read; check finds the same, no mismatch.
+    checked = cli("check", run_dir)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -333,7 +333,9 @@ def _check_data(config: Config, fresh: dict[str, Any], bad: list[str]) -> None:
     try:
         now = scan(folder).fingerprint
     except (DatasetIdentityError, OSError) as exc:
-        bad.append(f"{folder}: cannot rescan the data ({exc})")
+        # A folder the run itself could not read (it recorded no fingerprint) is the same.
+        if identity.get("fingerprint") is not None:
+            bad.append(f"{folder}: cannot rescan the data ({exc})")
         return
     if now != identity.get("fingerprint"):
         bad.append(f"{folder}: the data's fingerprint is now {now}, but the run recorded "

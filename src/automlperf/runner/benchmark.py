@@ -15,6 +15,7 @@ from rich.console import Console
 
 from automlperf.config import Config, load_config, parse_duration, set_option
 from automlperf.errors import RunFailure, UserError
+from automlperf.events import TrialStatus
 from automlperf.runner import primary
 from automlperf.store.base import StoreError
 from automlperf.store.connections import check_room
@@ -164,6 +165,17 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
         signal.signal(signal.SIGTERM, before)
 
 
+def _nothing_trained(session: primary.Session, result: dict[str, Any]) -> str:
+    """Why a run that ended without one completed epoch, its trials having failed before the
+    repeated-failure rule could end it (a round limit, the deadline), did not do its job."""
+    why = f"no trial completed an epoch: {result['trial_status']['failed']} trial(s) failed"
+    try:
+        failed = [t for t in session.store.trials(session.run_id) if t.status == TrialStatus.FAILED]
+    except StoreError:
+        return why
+    return why + (f", the last with \"{failed[-1].reason}\"" if failed else "")
+
+
 def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: Any,
                           console: Console, system: dict[str, Any], run_dir: Path,
                           url: str | None, count: int) -> RunOutcome:
@@ -194,8 +206,10 @@ def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: An
     if joined is not None and joined < count:
         console.print(f"only {joined} of {count} replica(s) joined this session: check "
                       "the site launcher's job and its logs", highlight=False)
-    outcome = RunOutcome(run_dir, watch.state, watch.reason, result, session.dir.result, count,
-                         joined)
+    state, reason = watch.state, watch.reason
+    if state == "completed" and not result["epochs"] and result["trial_status"].get("failed"):
+        state, reason = "failed", _nothing_trained(session, result)
+    outcome = RunOutcome(run_dir, state, reason, result, session.dir.result, count, joined)
     write_records(outcome, url)
     return outcome
 
