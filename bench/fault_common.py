@@ -55,7 +55,11 @@ def verdict(run_dir: Path, *store: str) -> str:
     if not (run_dir / "result.json").exists():
         return "n/a"
     done = run("check", run_dir, *store)
-    return "pass" if done.returncode == 0 else "FAIL: " + (done.stdout + done.stderr).strip()[-200:]
+    if done.returncode == 0:
+        return "pass"
+    text = done.stdout + done.stderr
+    named = [line for line in text.splitlines() if line.startswith(("mismatch:", "error:"))]
+    return "FAIL: " + (named[0] if named else text.strip()[-200:])[:200]
 
 
 def error_line(text: str) -> str:
