@@ -517,10 +517,9 @@ def fit_shared_budget(budget: int, per_rank: int, workers: int, world: int, imag
     batch = (per_rank + 2) * image_bytes
     needed = batch + workers * image_bytes
     if share < needed:
-        raise DataError(f"{SHM_DIR} has {share / 2**20:.1f} MiB free per rank but decoding "
-                        f"batches of {per_rank} images with {workers} worker(s) needs "
-                        f"{needed / 2**20:.1f} MiB: enlarge {SHM_DIR} (a container's "
-                        "--shm-size) or set data.workers = 0")
+        raise DataError(f"{SHM_DIR} has {_size(share)} free per rank but decoding batches of "
+                        f"{per_rank} images with {workers} worker(s) needs {_size(needed)}: "
+                        f"enlarge {SHM_DIR} (a container's --shm-size) or set data.workers = 0")
     fitted = min(budget, max(workers * image_bytes, (share - batch) // 2))
     global _shm_warned
     if fitted < budget and not _shm_warned:
@@ -528,10 +527,14 @@ def fit_shared_budget(budget: int, per_rank: int, workers: int, world: int, imag
 
         _shm_warned = True  # once per rank process, not per trial
         logging.getLogger("automlperf.data").warning(
-            "%s has %.1f MiB free: decoding with %.1f MiB of shared memory per rank instead "
-            "of %.0f MiB (slower; enlarge %s for full speed)", SHM_DIR, free / 2**20,
-            fitted / 2**20, budget / 2**20, SHM_DIR)
+            "%s has %s free: decoding with %s of shared memory per rank instead of %s "
+            "(slower; enlarge %s for full speed)", SHM_DIR, _size(free), _size(fitted),
+            _size(budget), SHM_DIR)
     return fitted
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def _seeded(seed: int, epoch: int, row: int) -> random.Random:
