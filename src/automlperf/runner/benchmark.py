@@ -19,7 +19,7 @@ from automlperf.events import TrialStatus
 from automlperf.runner import primary
 from automlperf.store.base import StoreError
 from automlperf.store.connections import check_room
-from automlperf.store.rundir import RunDir
+from automlperf.store.rundir import UNWRITABLE, RunDir
 from automlperf.store.urls import normalise_url, resolve_store_url
 
 LAUNCHERS = ("local", "slurm", "external")
@@ -202,6 +202,15 @@ def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: An
         raise RunFailure(f"the store failed during the run: {exc}; everything recorded so far "
                          f"is kept in {run_dir}: continue with `automlperf run --resume "
                          f"--run-dir {run_dir}` once it is back") from None
+    except OSError as exc:
+        if exc.errno not in UNWRITABLE:
+            raise
+        # The run directory stopped taking writes (its file system turned read-only or
+        # filled up): what it holds stays, and the run resumes once it takes them again.
+        starter.stop(session.config.run.stop_grace_s)
+        raise RunFailure(f"cannot write {exc.filename or run_dir}: {exc.strerror}; everything "
+                         f"recorded so far is kept in {run_dir}: make it writable and continue "
+                         f"with `automlperf run --resume --run-dir {run_dir}`") from None
     joined = starter.joined() if req.launcher == "external" else None
     if joined is not None and joined < count:
         console.print(f"only {joined} of {count} replica(s) joined this session: check "

@@ -34,7 +34,7 @@ from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus, open_store
-from automlperf.store.rundir import RUN_FILE, RunDir, write_atomic
+from automlperf.store.rundir import RUN_FILE, UNWRITABLE, RunDir, make_durable, write_atomic
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
 from automlperf.train.spec import DataArgs, Trainer, TrainerError, TrialSpec
@@ -213,6 +213,13 @@ class Replica:
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in UNWRITABLE:
+                # Not a bug: the run directory takes no more writes. The primary says so in
+                # one line; the run resumes once it is writable.
+                reason = (f"cannot write {exc.filename or self.dir.path}: {exc.strerror}; make "
+                          f"the run directory writable and resume the run")
+                log.error("replica %d gives up: %s", self.index, reason)
+                return 1
             reason = f"replica error: {type(exc).__name__}: {exc}; see {self._log_name()}"
             log.exception("replica %d failed", self.index)
             raise
@@ -422,6 +429,10 @@ class Replica:
         best = max(accuracies) if accuracies else None
         saved = spec.weights_out
         weights = saved if accuracies and saved and Path(saved).exists() else None
+        if weights is not None:
+            # Children inherit these weights by the path recorded below: it must not name a
+            # file a later disk error leaves empty.
+            make_durable(weights)
         extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
                  "batch_size": outcome.batch_size,
                  "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import time
@@ -16,6 +17,9 @@ from automlperf.store.urls import resolve_store_url, strip_password
 from automlperf.errors import UserError
 
 RUN_FILE = "run.json"
+# Errors of a run directory that takes no more writes (its file system turned read-only,
+# filled up or failed): waiting inside the run does not help, resuming once it is fixed does.
+UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO)
 
 
 class RunDirError(UserError, ValueError):
@@ -23,10 +27,31 @@ class RunDirError(UserError, ValueError):
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that a reader never sees half of it."""
+    """Write a file so that a reader never sees half of it, and it is on disk when this
+    returns: a file system that fails later (a disk error turning it read-only) would
+    otherwise keep the rename but not the text, an empty run.json for instance."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync(path.parent)  # the rename itself
+
+
+def make_durable(path: Path | str) -> None:
+    """Put a file another process wrote (and renamed into place) on disk, before the store
+    records it: fsync applies to the file, whoever wrote it."""
+    _fsync(path)
+    _fsync(Path(path).parent)
+
+
+def _fsync(path: Path | str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

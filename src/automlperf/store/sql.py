@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import gc
 import json
+import os
 import sys
+import tempfile
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -150,6 +153,22 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
+def _read_only_file(url: str) -> str | None:
+    """The folder of a SQLite store's file, when its file system has turned read-only."""
+    if not url.startswith("sqlite:///"):
+        return None
+    folder = os.path.dirname(url[len("sqlite:///"):]) or "."
+    # A probe write: a file system turned read-only by an error (ext4's errors=remount-ro)
+    # may still call itself read-write to statvfs() and access().
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe-")
+    except OSError as exc:
+        return folder if exc.errno == errno.EROFS else None
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 def retrying(method: Callable[..., R]) -> Callable[..., R]:
     """Retry a store method on transient failures (server restarting, network hiccup,
     database locked) with exponential back-off, for up to the store's ``retry_s``."""
@@ -161,6 +180,13 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
             try:
                 return method(self, *args, **kwargs)
             except DBAPIError as exc:
+                read_only = _read_only_file(self.url)
+                if read_only is not None:
+                    # Waiting does not make a file system writable again: fail now, in one
+                    # line, rather than after retry_s.
+                    raise StoreError(f"store {redact(self.url)} cannot be written: {read_only} "
+                                     f"is on a read-only file system ({str(exc.orig).strip()[:100]}); "
+                                     "make it writable again") from None
                 if not _transient(exc) or time.monotonic() + delay > deadline:
                     if _transient(exc):
                         raise StoreError(f"store {redact(self.url)} unreachable for "

@@ -499,6 +499,52 @@ def plan_loader(per_rank: int, workers: int, image_bytes: int, pinned: bool,
     return LoaderPlan(chunk, prefetch, shared, pinned_bytes)
 
 
+# Where torch's worker processes put the tensors they hand to the rank (shm_open).
+SHM_DIR = "/dev/shm"
+_shm_warned = False
+
+
+def shm_free(path: str = SHM_DIR) -> int | None:
+    """Bytes free in the shared memory the decoding workers use (None where it is absent)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def fit_shared_budget(budget: int, per_rank: int, workers: int, world: int, image_bytes: int,
+                      free: int | None) -> int:
+    """The shared-memory budget of one rank's loader, cut to what ``free`` bytes allow this
+    rank (a share of them: its node's other ranks load too, and a step's chunks stay in
+    shared memory until the batch is assembled). A budget that cannot hold even one image
+    per worker beside one batch is refused in one line, before a worker fails on it."""
+    if free is None or workers < 1:
+        return budget
+    share = free // max(1, world)
+    batch = (per_rank + 2) * image_bytes
+    needed = batch + workers * image_bytes
+    if share < needed:
+        raise DataError(f"{SHM_DIR} has {_size(share)} free per rank but decoding batches of "
+                        f"{per_rank} images with {workers} worker(s) needs {_size(needed)}: "
+                        f"enlarge {SHM_DIR} (a container's --shm-size) or set data.workers = 0")
+    fitted = min(budget, max(workers * image_bytes, (share - batch) // 2))
+    global _shm_warned
+    if fitted < budget and not _shm_warned:
+        import logging
+
+        _shm_warned = True  # once per rank process, not per trial
+        logging.getLogger("automlperf.data").warning(
+            "%s has %s free: decoding with %s of shared memory per rank instead of %s "
+            "(slower; enlarge %s for full speed)", SHM_DIR, _size(free), _size(fitted),
+            _size(budget), SHM_DIR)
+    return fitted
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
 def _seeded(seed: int, epoch: int, row: int) -> random.Random:
     return random.Random((seed * 1_000_003 + epoch) * 10_000_019 + row)
 
@@ -638,8 +684,10 @@ class _FolderLoader:
         self.seed, self.device = seed, device
         self.pinned = device.type == "cuda"
         size = ds.image_size
-        self.plan = plan_loader(per_rank, ds.workers, size * size * 3, self.pinned,
-                                ds.shared_budget, ds.chunk_images)
+        budget = fit_shared_budget(ds.shared_budget, per_rank, ds.workers, world,
+                                   size * size * 3, shm_free())
+        self.plan = plan_loader(per_rank, ds.workers, size * size * 3, self.pinned, budget,
+                                ds.chunk_images)
         self.sampler = _ChunkSampler()
         workers = ds.workers
         self.loader = torch.utils.data.DataLoader(

@@ -1,0 +1,197 @@
+"""Node faults on a real SLURM cluster of slurmd daemons on this host, with simulated
+accelerators: a replica's job step cancelled mid-trial, a replica frozen (SIGSTOP) and never
+continued, a replica silent for less than its lease. Every fault is injected once the store
+shows the replica holding a trial with an epoch done, and the replica is held (SIGSTOP) while
+that trial is picked, so it cannot finish in between on a loaded machine."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from helpers import cli, wait_for
+from test_slurm import wait_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+LEASE_S = 10
+
+
+def sim_config() -> str:
+    """A trial of the small seed on the digits lasts seconds on these simulated devices; the
+    run ends at its deadline."""
+    return f"""[run]
+accelerator = "simulated"
+heartbeat_s = 1
+lease_timeout_s = {LEASE_S}
+stop_grace_s = 10
+[data]
+dataset = "digits"
+[train]
+max_epochs = 4
+batch_size = 64
+[search]
+tpe_startup_trials = 1
+candidates_per_generation = 16
+[monitor]
+interval_s = 5
+ceiling_s = 0.3
+[simulation]
+sustained_ops = 2e10
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster_3(tmp_path_factory):
+    from automlperf.runner.localslurm import SlurmError, start_slurm, stop_slurm
+
+    try:
+        env = start_slurm(tmp_path_factory.mktemp("slurm3"), 3, "ampfault")
+    except SlurmError as exc:
+        pytest.fail(str(exc))
+    yield env
+    stop_slurm(env)
+
+
+def submit(tmp_path, env, nodes, duration):
+    (tmp_path / "sim.toml").write_text(sim_config())
+    run_dir = tmp_path / "run"
+    done = cli("slurm", "--nodes", nodes, "--duration", duration, "--run-dir", run_dir,
+               "--config", tmp_path / "sim.toml", "--submit", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return re.search(r"submitted job (\d+)", done.stdout).group(1), run_dir
+
+
+def opened(run_dir):
+    """The running job's store, once its private server is up and the run created."""
+    from automlperf.store import open_store
+    from automlperf.store.urls import resolve_store_url
+
+    def probe():
+        private = run_dir / "postgres"
+        if not ((private / "pgdata" / "postmaster.pid").exists() and (run_dir / "run.json").exists()):
+            return None
+        url = resolve_store_url((private / "url").read_text().strip(),
+                                password_file=private / "pg.password")
+        store = open_store(url, run_dir=run_dir)
+        store.trials(1)
+        return store
+
+    def attempt():
+        try:
+            return probe()
+        except Exception:  # the server or the schema is not ready yet
+            return None
+
+    found = []
+    wait_for(lambda: found.append(attempt()) or found[-1] is not None, 600, "the run to start")
+    return found[-1]
+
+
+def records(store):
+    return ({("epoch", e.trial_id, e.epoch) for e in store.epochs(1)}
+            | {("trial", t.id) for t in store.trials(1)})
+
+
+def hold_mid_trial(store, replica):
+    """Replica ``replica`` held (SIGSTOP) in a running trial with an epoch done: (pid, trial)."""
+    found = {}
+
+    def held():
+        rep = next((r for r in store.replicas(1) if r.index == replica), None)
+        if rep is None:
+            return False
+        os.kill(rep.pid, signal.SIGSTOP)
+        trial = next((t for t in store.trials(1) if t.replica_index == replica
+                      and t.status == "running" and t.epochs_done >= 1), None)
+        if trial is None:
+            os.kill(rep.pid, signal.SIGCONT)  # between trials: wait for the next one's epoch
+            return False
+        found.update(pid=rep.pid, trial=trial)
+        return True
+
+    wait_for(held, 600, f"replica {replica} held mid-trial")
+    return found["pid"], found["trial"]
+
+
+def step_of(job, env, replica):
+    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], env=env,
+                           capture_output=True, text=True).stdout.splitlines()
+    return next(line.split()[0] for line in steps
+                if line.split()[1:] == [f"automlperf-replica-{replica}"])
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_cancelled_step_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, tmp_path):
+    """Replica 2 is silent for half its lease (nothing fails), replica 0's step is cancelled
+    and replica 1 is frozen for good, each mid-trial: their trials fail when their leases
+    lapse, replica 2 carries on, the run ends at its deadline with every record it had, the
+    frozen process ends with the job, and the run verifies."""
+    env = slurm_cluster_3
+    duration = 120  # the run's end; the faults come at the first trials, long before
+    job, run_dir = submit(tmp_path, env, 3, f"{duration}s")
+    store = opened(run_dir)
+
+    pid2, paused = hold_mid_trial(store, 2)
+    before = records(store)
+    time.sleep(LEASE_S / 2)  # the fault itself: silent for half the lease
+    os.kill(pid2, signal.SIGCONT)
+    resumed_at = time.time()
+
+    _, cancelled = hold_mid_trial(store, 0)
+    subprocess.run(["scancel", step_of(job, env, 0)], env=env, check=True)
+    frozen_pid, frozen = hold_mid_trial(store, 1)  # and never continued
+    before |= records(store)
+
+    assert wait_job(job, env) == "COMPLETED"
+    out = next((run_dir / "logs").glob("slurm-*.out")).read_text()
+    assert "automlperf primary finished with status 0" in out, out[-3000:]
+    wait_for(lambda: not alive(frozen_pid), 120, "the frozen replica to end with its job")
+
+    from automlperf.store.rundir import run_store
+
+    with run_store(run_dir) as store:
+        assert before <= records(store)  # nothing recorded was lost
+        trials = {t.id: t for t in store.trials(1)}
+        for victim in (cancelled, frozen):
+            assert trials[victim.id].status == "failed"
+            assert "heart-beating" in trials[victim.id].reason
+        mine = [t for t in trials.values() if t.replica_index == 2]
+        assert trials[paused.id].status == "completed"
+        assert not [t for t in mine if t.status == "failed"]  # nothing failed spuriously
+        assert any(t.created_at > resumed_at for t in mine)  # it carried on
+    result = json.loads((run_dir / "result.json").read_text())
+    assert not result["interrupted"] and result["elapsed_s"] == pytest.approx(duration, abs=1e-6)
+    done = cli("check", run_dir, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_cancelling_the_only_replica_ends_the_run_in_one_line(slurm_cluster_3, tmp_path):
+    env = slurm_cluster_3
+    job, run_dir = submit(tmp_path, env, 1, "15m")
+    store = opened(run_dir)
+    _, cancelled = hold_mid_trial(store, 0)
+    subprocess.run(["scancel", step_of(job, env, 0)], env=env, check=True)
+    wait_job(job, env)
+    out = next((run_dir / "logs").glob("slurm-*.out")).read_text()
+    assert "Traceback" not in out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "replica 0" in errors[0], out[-3000:]
+    assert "automlperf primary finished with status 1" in out
+    from automlperf.store.rundir import run_store
+
+    with run_store(run_dir) as store:
+        assert store.trial(cancelled.id).status == "failed"
+    done = cli("check", run_dir, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
