@@ -83,6 +83,8 @@ def test_a_small_dev_shm(tmp_path, photos, shm, stops):
         line = done.stderr.strip().splitlines()[-1]
         assert line.startswith("error: the run cannot train: replica 0")
         assert "enlarge /dev/shm" in line
+        # A data failure, with the data's fix; no traceback to look for.
+        assert 'failed with "data: /dev/shm has' in line and "traceback" not in line
     else:
         assert done.returncode == 0, done.stdout + done.stderr
         warned = [line for line in log.splitlines() if "/dev/shm has" in line]

@@ -26,7 +26,7 @@ from automlperf.events import EpochEvent, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
-from automlperf.train.data import Dataset, plan_steps
+from automlperf.train.data import DataError, Dataset, plan_steps
 from automlperf.train.inherit import inherit
 from automlperf.train.spec import TrialSpec
 
@@ -124,6 +124,9 @@ def train_on_rank(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -
     except TrialFailure as exc:
         outcome.status, outcome.reason = TrialStatus.FAILED, f"{exc.kind}: {exc}"
         outcome.extra["failure"] = exc.kind
+    except DataError as exc:  # the data cannot be served (its message says what to change)
+        outcome.status, outcome.reason = TrialStatus.FAILED, f"data: {exc}"
+        outcome.extra["failure"] = "data"
     except Exception as exc:  # noqa: BLE001 - any error ends this trial, not the rank
         kind = "oom" if is_oom(exc) else "error"
         outcome.status = TrialStatus.FAILED
