@@ -9,6 +9,7 @@ import torch
 
 from automlperf.graph import seeds
 from automlperf.train import data as datasets
+from automlperf.train.data import dali
 from automlperf.train.trainer import RankContext, TrialSpec, train_on_rank
 from helpers import TEST_MAX_UNREADABLE, cli, marked_env, wait_no_strays
 from imagefolder import assert_every_image_counted, make_image_folder
@@ -44,13 +45,13 @@ def test_one_pipeline_per_split_and_trial_with_nhwc_uint8_output(photos, monkeyp
     ds = datasets.load("imagenet", root, image_size=32, workers=1, gpu_decode=True)
     assert isinstance(ds, datasets.DaliImageFolderDataset)
     built: list[tuple[bool, int]] = []
-    real_build = datasets._DaliLoader._build
+    real_build = dali._DaliLoader._build
 
     def counting_build(self, train, batch):
         built.append((train, batch))
         return real_build(self, train, batch)
 
-    monkeypatch.setattr(datasets._DaliLoader, "_build", counting_build)
+    monkeypatch.setattr(dali._DaliLoader, "_build", counting_build)
     cpu = torch.device("cpu")
     loader = ds.loader(0, 1, 8, 0, cpu)
     for epoch in range(3):

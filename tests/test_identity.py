@@ -5,6 +5,7 @@ import dataclasses
 import io
 import os
 import time
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -156,3 +157,29 @@ def test_the_official_counts(tmp_path):
     scanned = time.perf_counter() - t0
     print(f"made 1,331,167 links in {made:.1f} s, scanned in {scanned:.1f} s")
     assert found["problems"] == [] and found["files"] == 1_331_167
+
+
+def test_training_and_the_identity_see_the_same_images(tmp_path):
+    """One walker and one suffix list: every image the index trains on is counted by the
+    identity check, and a file that is not an image by either."""
+    from automlperf.dataset_identity import IMAGE_SUFFIXES
+    from automlperf.train.data import FileIndex
+
+    suffixes = [*IMAGE_SUFFIXES, *(s.upper() for s in IMAGE_SUFFIXES)]
+    for split in ("train", "val"):
+        for c in ("n01", "n02"):
+            folder = tmp_path / split / c
+            folder.mkdir(parents=True)
+            for i, suffix in enumerate(suffixes):
+                (folder / f"{split}_{i}{suffix}").write_bytes(b"x" * (i + 1))
+            (folder / "notes.txt").write_text("not an image")
+    index = FileIndex.scan(tmp_path)
+    found = scan(tmp_path)
+    trained = {split: sorted(str(Path(p).relative_to(tmp_path)) for p, _ in index.items(split))
+               for split in ("train", "val")}
+    per_split = 2 * len(suffixes)
+    assert len(trained["train"]) == len(trained["val"]) == per_split
+    assert found.train_images == found.val_images == per_split
+    assert found.others == sorted(f"{s}/{c}/notes.txt" for s in ("train", "val") for c in ("n01", "n02"))
+    assert {p.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower() for p in trained["train"]} == \
+        {s.lstrip(".") for s in IMAGE_SUFFIXES}

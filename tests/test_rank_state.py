@@ -10,6 +10,7 @@ from torch import nn
 
 from automlperf.graph.graph import INPUT, Graph, conv, dense, simple
 from automlperf.train import data as datasets
+from automlperf.train.data import folders
 from automlperf.train.rankenv import (ALLOC_DEFAULT, COMPILE_THREADS_VAR, compile_threads,
                                       set_rank_environment)
 from automlperf.train.trainer import RankContext, train_on_rank
@@ -54,13 +55,13 @@ def test_a_trial_leaves_no_module_optimiser_or_loader_behind(tmp_path):
                                     dense("fc", "pool", 2), simple("softmax", "softmax", "fc")])
     ctx = RankContext(0, 1, CPU, folder)
     gc.collect()
-    before = (_live(nn.Module), _live(torch.optim.Optimizer), _live(datasets._FolderLoader))
+    before = (_live(nn.Module), _live(torch.optim.Optimizer), _live(folders._FolderLoader))
     gc.disable()
     try:
         done = train_on_rank(trial_spec("ok", graph=graph, batch_size=4), ctx)
         failed = train_on_rank(trial_spec("nan", graph=graph, epochs=3, batch_size=4,
                                           lr_per_256=1e9), ctx)
-        after = (_live(nn.Module), _live(torch.optim.Optimizer), _live(datasets._FolderLoader))
+        after = (_live(nn.Module), _live(torch.optim.Optimizer), _live(folders._FolderLoader))
     finally:
         gc.enable()
     assert done.status == "completed", done.reason

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from automlperf.train import data
+from automlperf.train.data import folders
 from automlperf.train.data import SHARED_BUDGET, DataError, fit_shared_budget, plan_loader
 from helpers import cli, cli_args, folder_config, marked_env, wait_for, wait_no_strays
 
@@ -20,7 +20,7 @@ IMAGE = 32 * 32 * 3  # bytes of one decoded 32 px image
 
 @pytest.fixture
 def unwarned(monkeypatch):
-    monkeypatch.setattr(data, "_shm_warned", False)
+    monkeypatch.setattr(folders, "_shm_warned", False)
 
 
 def test_the_loader_fits_its_shared_memory_to_what_is_free(unwarned, caplog):

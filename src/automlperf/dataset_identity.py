@@ -26,7 +26,8 @@ from typing import Any
 from automlperf.rules import DatasetRules
 from automlperf.errors import UserError
 
-IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+# The one list of image files: what training reads is what the identity counts.
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
 KAGGLE_LABELS = "LOC_val_solution.csv"
 DEVKIT_LABELS = "ILSVRC2012_validation_ground_truth.txt"
 
@@ -66,19 +67,32 @@ class DatasetScan:
         return asdict(self)
 
 
-def _is_image(name: str) -> bool:
+def is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_SUFFIXES)
 
 
-def _walk(root: Path, top: Path, listing: list[tuple[str, int]]) -> None:
-    """Every file under ``top`` as (path relative to ``root``, size), recursively."""
+def walk(root: Path, top: Path, listing: list[tuple[str, int]], sizes: bool = True) -> None:
+    """Every file under ``top`` as (path relative to ``root`` with ``/``, size), recursively:
+    the one walker of image folders, for the identity and for training's index (which needs
+    no sizes, and so no ``stat`` per file: its sizes are -1)."""
     with os.scandir(top) as it:
         for entry in it:
             if entry.is_dir(follow_symlinks=True):
-                _walk(root, Path(entry.path), listing)
+                walk(root, Path(entry.path), listing, sizes)
             else:
-                rel = os.path.relpath(entry.path, root)
-                listing.append((rel.replace(os.sep, "/"), entry.stat().st_size))
+                rel = os.path.relpath(entry.path, root).replace(os.sep, "/")
+                listing.append((rel, entry.stat().st_size if sizes else -1))
+
+
+def class_images(listing: list[tuple[str, int]]) -> list[tuple[str, str]]:
+    """(class, relative path) of the images in class folders (``split/<class>/<file>``) of
+    a walked listing; anything else is not an image of the dataset."""
+    out = []
+    for rel, _ in listing:
+        parts = rel.split("/")
+        if len(parts) == 3 and is_image(parts[2]):
+            out.append((parts[1], rel))
+    return out
 
 
 def fingerprint(listing: list[tuple[str, int]]) -> str:
@@ -125,7 +139,7 @@ def flat_val_labels(root: Path) -> dict[str, str]:
     labels = read_kaggle_labels(path)
     out = {}
     for entry in os.scandir(root / "val"):
-        if entry.is_file() and _is_image(entry.name):
+        if entry.is_file() and is_image(entry.name):
             wnid = labels.get(Path(entry.name).stem)
             if wnid is not None:
                 out[entry.name] = wnid
@@ -141,8 +155,8 @@ def scan(root: Path | str) -> DatasetScan:
                                        "train/<class>/ and val/<class>/ (or a flat val/ with "
                                        f"{KAGGLE_LABELS})")
     listing: list[tuple[str, int]] = []
-    _walk(root, root / "train", listing)
-    _walk(root, root / "val", listing)
+    walk(root, root / "train", listing)
+    walk(root, root / "val", listing)
     train: Counter[str] = Counter()
     val: Counter[str] = Counter()
     others: list[str] = []
@@ -169,7 +183,7 @@ def scan(root: Path | str) -> DatasetScan:
         name = parts[-1]
         if rel == KAGGLE_LABELS or (labels_path is not None and rel == f"val/{KAGGLE_LABELS}"):
             continue
-        if not _is_image(name):
+        if not is_image(name):
             others.append(rel)
         elif len(parts) == 3:
             (train if parts[0] == "train" else val)[parts[1]] += 1

@@ -32,7 +32,7 @@ from automlperf.train.spec import TrialSpec, plan_steps
 
 DEVICE_TYPE = "sim"
 
-# Classes, channels and images of each dataset as automlperf loads it (train/data.py), so a
+# Classes, channels and images of each dataset as automlperf loads it (train/data/), so a
 # simulated epoch is as long as a real one: CIFAR-10's standard split, the shipped samples'
 # fixed splits (ImageNet-1k: the ruleset's counts, and synthetic: its settings).
 _SHAPES: dict[str, tuple[int, int, int, int]] = {  # classes, channels, train, validation

@@ -1,0 +1,80 @@
+"""Datasets behind one interface: each yields normalised (images, labels) batches on a device,
+sharded across data-parallel ranks (the same number of batches on every rank), and counts
+the images it actually delivered.
+
+* ``builtin``: the MNIST sample shipped with the package (5,000 images, 10 classes).
+* ``digits``: the small handwritten digits shipped with the package (1,797 images of 8x8).
+* ``cifar10``: the CIFAR-10 binary or python batches from a local folder (read as data; the
+  python batches go through an unpickler that only admits NumPy arrays).
+* ``imagenet``: ``train/<class>/*.JPEG`` and ``val/<class>/*.JPEG``, decoded by worker
+  processes (or by NVIDIA DALI, on the GPU, when it is installed), random-resized-crop + flip for training,
+  resize + centre crop for validation. The file index is scanned once and shared as arrays;
+  one loader per trial keeps its workers for every pass, decodes in small chunks within a
+  byte budget, and hands over NHWC uint8 (channels-last on the device at no cost).
+* ``synthetic``: random tensors made on the device, for throughput only.
+
+Unreadable images are skipped and counted, with one of them kept as an example; whether a
+share of them is too many is the trainer's judgement (``max_unreadable``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from automlperf.train.data.base import _DATA, IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
+from automlperf.train.data.dali import DaliImageFolderDataset, dali_available
+from automlperf.train.data.folders import (
+    CHUNK_IMAGES,
+    SHARED_BUDGET,
+    ImageFolderDataset,
+    LoaderPlan,
+    fit_shared_budget,
+    plan_loader,
+    random_resized_crop_box,
+    shm_free,
+)
+from automlperf.train.data.index import FileIndex, prepare_index, scan_image_folder
+from automlperf.train.data.memory import SyntheticDataset, TensorDataset, builtin, cifar10, digits
+from automlperf.train.spec import plan_steps
+
+__all__ = ["CHUNK_IMAGES", "IMAGENET_MEAN", "IMAGENET_STD", "SHARED_BUDGET", "DaliImageFolderDataset",
+           "DataError", "Dataset", "FileIndex", "ImageFolderDataset", "LoaderPlan",
+           "SyntheticDataset", "TensorDataset", "builtin", "cifar10", "dali_available", "digits",
+           "fit_shared_budget", "load", "plan_loader", "plan_steps", "prepare_index",
+           "random_resized_crop_box", "scan_image_folder", "shm_free", "step_plan"]
+
+
+def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
+         workers: int = 4, gpu_decode: bool | None = _DATA.gpu_decode,
+         synthetic_images: int = _DATA.synthetic_images,
+         synthetic_classes: int = _DATA.synthetic_classes, index_dir: str | None = None,
+         max_unreadable: float = _DATA.max_unreadable, device_type: str = "cpu") -> Dataset:
+    """A dataset by name (see :func:`_load`), allowed ``max_unreadable`` of its images
+    unreadable per split and epoch."""
+    data = _load(dataset, data_dir, image_size, workers, gpu_decode, synthetic_images,
+                 synthetic_classes, index_dir, device_type)
+    data.max_unreadable = max_unreadable
+    return data
+
+
+def _load(dataset: str, data_dir: Path | str | None, image_size: int | None, workers: int,
+          gpu_decode: bool | None, synthetic_images: int, synthetic_classes: int,
+          index_dir: str | None, device_type: str) -> Dataset:
+    """A dataset by name; raises DataError naming what is missing. Image folders are decoded
+    by DALI when ``gpu_decode`` is set, or unset with DALI installed and a GPU
+    (``device_type``) to train on."""
+    if dataset == "builtin":
+        return builtin(image_size or 12)
+    if dataset == "digits":
+        return digits(image_size or 8)
+    if dataset == "cifar10":
+        return cifar10(data_dir, image_size or 32)
+    if dataset == "imagenet":
+        if gpu_decode is None:
+            gpu_decode = device_type == "cuda" and dali_available()
+        cls = DaliImageFolderDataset if gpu_decode else ImageFolderDataset
+        return cls(data_dir, image_size or 224, workers, index_dir=index_dir)
+    if dataset == "synthetic":
+        return SyntheticDataset(image_size or 224, synthetic_classes, synthetic_images)
+    raise DataError(f"unknown dataset {dataset!r}; choose imagenet, cifar10, builtin, digits "
+                    "or synthetic")
