@@ -11,7 +11,7 @@ import torch
 from automlperf.measure import system
 from automlperf.runner.launch import gpu_slices, visibility_variable
 from automlperf import hardware
-from automlperf.train import pool
+from automlperf.train import rank
 
 GiB = 2**30
 
@@ -43,7 +43,7 @@ def test_intel_xpus_are_found_named_and_given_their_peak(monkeypatch):
     with pytest.raises(hardware.DeviceError, match="3 devices requested but only 2 accelerators"):
         hardware.choose_devices(3)
     assert hardware.accelerator_memory_gib() == 64.0
-    assert pool.process_group_backend("xpu") == "xccl"
+    assert rank.process_group_backend("xpu") == "xccl"
 
     monkeypatch.delenv("ZE_AFFINITY_MASK", raising=False)
     assert visibility_variable() == "ZE_AFFINITY_MASK"

@@ -13,7 +13,8 @@ PACKAGE = Path(automlperf.__file__).parent
 # Bottom to top. The foundation is plain modules every layer may use; ``hardware`` asks
 # torch about devices only inside its functions.
 LAYERS = [
-    {"__init__", "errors", "events", "rules", "config", "procutil", "hardware", "dataset_identity"},
+    {"__init__", "errors", "events", "rules", "config", "procutil", "hardware", "dataset_identity",
+     "seeding"},
     {"graph"},
     {"ops"},
     {"search"},
@@ -28,7 +29,7 @@ LAYERS = [
 # Importable, and usable, without torch.
 PURE = ["automlperf.errors", "automlperf.events", "automlperf.config", "automlperf.rules",
         "automlperf.hardware", "automlperf.graph", "automlperf.ops", "automlperf.search",
-        "automlperf.dataset_identity", "automlperf.measure.score", "automlperf.train.spec",
+        "automlperf.dataset_identity", "automlperf.seeding", "automlperf.measure.score", "automlperf.train.spec",
         "automlperf.train.simulated",
         "automlperf.store"]
 

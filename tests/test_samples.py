@@ -14,7 +14,7 @@ from automlperf.measure import sample_reader
 from automlperf.measure.breakdown import utilisation
 from automlperf.measure.energy import energy_summary
 from automlperf.measure.result import build_result
-from automlperf.measure.samples import SampleDigest, digest
+from automlperf.measure.samples import SampleDigest, sample_digest
 from automlperf.measure.score import segment_bounds
 from automlperf.report import charts
 from automlperf.store import open_store
@@ -101,7 +101,7 @@ def test_one_pass_equals_the_definitions(sampled_run):
     store, run_id = sampled_run
     segments = store.segments(run_id)
     samples = store.samples(run_id)
-    sampled = digest(store.sample_figure_chunks(run_id), segments, chart=True)
+    sampled = sample_digest(store.sample_figure_chunks(run_id), segments, chart=True)
     expected = energy_summary(samples, segments)
     assert expected is not None and expected["cpu_energy_j"] > 0
     assert _close(sampled.energy(), expected)
@@ -118,7 +118,7 @@ def test_one_pass_equals_the_definitions(sampled_run):
 def test_worker_processes_give_the_same_figures(sampled_run, monkeypatch):
     store, run_id = sampled_run
     segments = store.segments(run_id)
-    alone = digest(store.sample_figure_chunks(run_id), segments, chart=True)
+    alone = sample_digest(store.sample_figure_chunks(run_id), segments, chart=True)
     monkeypatch.setattr(sample_reader, "PARALLEL_FROM", 0)
     monkeypatch.setattr(sample_reader, "cores_available", lambda: 3)
     pending = sample_reader.PendingDigest(store, run_id, segments, chart=True)
@@ -140,7 +140,7 @@ def test_worker_processes_give_the_same_figures(sampled_run, monkeypatch):
 def test_the_chart_draws_the_digest(sampled_run):
     store, run_id = sampled_run
     segments = store.segments(run_id)
-    columns = digest(store.sample_figure_chunks(run_id), segments, chart=True).columns()
+    columns = sample_digest(store.sample_figure_chunks(run_id), segments, chart=True).columns()
     svg, note = charts.resource_chart(columns, segments[0].started_at)
     assert "range of 18" in svg and "GPU" in note  # 6 nodes x 3 GPUs: mean and range
     few = SampleDigest(segments, chart=True)
@@ -157,7 +157,7 @@ def test_a_store_made_before_the_figures_column_gives_the_same_figures(sampled_r
     sample; the store gets the column when opened, and rows added after use it."""
     store, run_id = sampled_run
     segments = store.segments(run_id)
-    before = digest(store.sample_figure_chunks(run_id), segments, chart=True)
+    before = sample_digest(store.sample_figure_chunks(run_id), segments, chart=True)
     url = store.url
     with store.engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE amp_samples DROP COLUMN figures")
@@ -168,7 +168,7 @@ def test_a_store_made_before_the_figures_column_gives_the_same_figures(sampled_r
         with reopened.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT count(*) FROM amp_samples "
                                         "WHERE figures IS NULL").scalar() == 6 * 140
-        old = digest(reopened.sample_figure_chunks(run_id), segments, chart=True)
+        old = sample_digest(reopened.sample_figure_chunks(run_id), segments, chart=True)
         assert _close(old.energy(), before.energy())
         assert old.utilisation() == before.utilisation()
         assert _by_key(old.columns()) == _by_key(before.columns()) and old.count == before.count
@@ -176,7 +176,7 @@ def test_a_store_made_before_the_figures_column_gives_the_same_figures(sampled_r
         later = _samples(random.Random(8), 6, 1_800_000_000.0 + 4000, 20)
         reopened.add_samples(run_id, "node6", later)
         samples = reopened.samples(run_id)
-        mixed = digest(reopened.sample_figure_chunks(run_id), segments, chart=True)
+        mixed = sample_digest(reopened.sample_figure_chunks(run_id), segments, chart=True)
         assert mixed.count == len(samples) == 6 * 140 + 20
         assert _close(mixed.energy(), energy_summary(samples, segments))
         assert mixed.utilisation() == utilisation(samples, segment_bounds(segments))
@@ -206,7 +206,7 @@ def test_numbers_a_float64_cannot_hold_are_read_from_the_whole_sample(store_url)
             assert conn.exec_driver_sql("SELECT count(*) FROM amp_samples "
                                         "WHERE figures IS NULL").scalar() == 4
         segments = store.segments(run_id)
-        sampled = digest(store.sample_figure_chunks(run_id), segments)
+        sampled = sample_digest(store.sample_figure_chunks(run_id), segments)
         expected = energy_summary(store.samples(run_id), segments)
         assert sampled.energy() == expected and expected["gpu_energy_j"] == 21 / 1e3
     finally:

@@ -34,6 +34,32 @@ def device_count(torch: Any, kind: str) -> int:
     return int(torch.accelerator.device_count())
 
 
+def gpu_uuid(raw: str, rocm: bool = False) -> str:
+    """A CUDA device's UUID as NVML spells it (``GPU-...``; torch gives it bare). ROCm's stay
+    as amdsmi spells them."""
+    if not raw or rocm or raw.startswith("GPU-"):
+        return raw
+    return f"GPU-{raw}"
+
+
+def device_name(torch: Any, device: Any) -> str:
+    """The product name of a torch device (``cpu`` for the CPU)."""
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    module: Any = getattr(torch, device.type, None)
+    if device.type != "cpu" and hasattr(module, "get_device_name"):
+        return str(module.get_device_name(device.index))
+    return str(device.type)
+
+
+def device_uuid(torch: Any, device: Any) -> str | None:
+    """The UUID of a CUDA (or ROCm) device, by which the node's sampler finds it."""
+    if device.type != "cuda":
+        return None
+    raw = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    return gpu_uuid(raw, bool(getattr(torch.version, "hip", None))) or None
+
+
 def visible_accelerators() -> list[str]:
     """Every accelerator torch can use here, as device strings (``cuda:0`` on NVIDIA and
     ROCm, ``xpu:0`` on Intel, ``npu:0`` with Ascend's plugin)."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from automlperf.hardware import cores_available
-from automlperf.measure.samples import SampleDigest, digest
+from automlperf.measure.samples import SampleDigest, sample_digest
 from automlperf.store import SQLStore, Store, open_store
 from automlperf.store.sql import bulk
 
@@ -76,4 +76,4 @@ def _digest(store: Store, run_id: int, segments: Sequence[Any], chart: bool,
     # The pass makes a few objects per sample and keeps none of them: left on, Python's cycle
     # collector would walk the whole heap again and again (two thirds of reading the samples).
     with bulk():
-        return digest(store.sample_figure_chunks(run_id, nodes), segments, chart)
+        return sample_digest(store.sample_figure_chunks(run_id, nodes), segments, chart)

@@ -206,8 +206,8 @@ class SampleDigest:
             keys=keys)
 
 
-def digest(chunks: Iterable[Iterable[SampleFigures]], segments: Sequence[Any],
-           chart: bool = False) -> SampleDigest:
+def sample_digest(chunks: Iterable[Iterable[SampleFigures]], segments: Sequence[Any],
+                  chart: bool = False) -> SampleDigest:
     """The digest of samples given in chunks (as a store streams them)."""
     out = SampleDigest(segments, chart)
     for chunk in chunks:

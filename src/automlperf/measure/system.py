@@ -12,7 +12,7 @@ import socket
 from importlib import metadata
 from typing import Any
 
-from automlperf.hardware import accelerator_type, device_count
+from automlperf.hardware import accelerator_type, device_count, gpu_uuid
 
 # Dense peak operations per second of one device as torch numbers them, by device name
 # fragment (first match wins), bf16 or, where the device has no bf16, fp16. Sources:
@@ -114,9 +114,7 @@ def _cuda_devices(torch: Any) -> list[dict[str, Any]]:
     out = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        uuid = str(getattr(props, "uuid", "") or "")
-        if uuid and not rocm and not uuid.startswith("GPU-"):
-            uuid = f"GPU-{uuid}"
+        uuid = gpu_uuid(str(getattr(props, "uuid", "") or ""), rocm)
         peak = peak_for(props.name)
         entry = {"index": i, "name": props.name, "type": "cuda",
                  "vendor": "AMD" if rocm else "NVIDIA",

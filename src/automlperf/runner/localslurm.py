@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from automlperf.runner.slurm import SlurmError
 from automlperf.store.pgserver import free_port
 
 SLURM_CONF = """\
@@ -43,10 +44,6 @@ AccountingStorageType=accounting_storage/none
 SLURM_NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 "
               "RealMemory={memory} State=UNKNOWN\n")
 SBIN = "/usr/sbin/"
-
-
-class SlurmError(RuntimeError):
-    """The local cluster could not be started."""
 
 
 def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,

@@ -33,6 +33,7 @@ from automlperf.measure.monitor import SampleCopier
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch, batch_range
+from automlperf.seeding import mix_seed
 from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus, open_store
 from automlperf.store.rundir import RUN_FILE, UNWRITABLE, RunDir, make_durable, write_atomic
 from automlperf.train.pool import PoolTrainer
@@ -169,7 +170,7 @@ class Replica:
         self.probe_node = probe_node
         self.start_sampler = start_sampler
         self.stop = threading.Event()
-        self.rng = random.Random(self.config.run.seed * 7919 + place.index)
+        self.rng = random.Random(mix_seed(self.config.run.seed, place.index))
         self.models: dict[int, Model] = {}
         self.last_trial_id = 0
         self.failures: list[str] = []  # reasons of the trials failed in a row
@@ -410,7 +411,7 @@ class Replica:
             cfg.train, cfg.model.initial_weights, trial_id=trial_id, graph=graph.to_dict(),
             epochs=cfg.train.round_epochs(job.round), batch_size=job.batch_size,
             patience=cfg.train.patience(job.round),
-            seed=cfg.run.seed * 1_000_003 + trial_id, parent_graph=parent_graph,
+            seed=mix_seed(cfg.run.seed, trial_id), parent_graph=parent_graph,
             parent_weights=parent_weights, weights_out=str(folder / "weights.safetensors"),
             round=job.round, horizon_epochs=cfg.train.max_epochs)
 

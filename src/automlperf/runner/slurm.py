@@ -21,16 +21,17 @@ from pathlib import Path
 
 import jinja2
 
+from automlperf.errors import UserError
 from automlperf.runner.launch import terminate, worker_command
 from automlperf.store import connections
 from automlperf.store.pgserver import find_binaries
 from automlperf.store.rundir import write_atomic
 from automlperf.store.urls import redact, split_password
-from automlperf.errors import UserError
 
 
 class SlurmError(UserError, RuntimeError):
-    """SLURM is missing or refused the job; the message says what to do."""
+    """SLURM is missing, refused the job, or a local cluster of it could not start; the
+    message says what to do."""
 
 
 def require(command: str) -> str:

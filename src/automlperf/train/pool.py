@@ -1,4 +1,5 @@
-"""A replica's training processes: one per accelerator, alive across trials.
+"""A replica's training processes, from the replica's side (their own code is train/rank.py): one
+per accelerator, alive across trials.
 
 Each rank process initialises its device, the process group and the dataset once, then
 waits for trial specs. Messages are JSON over pipes (no pickled objects cross a process
@@ -24,16 +25,13 @@ import shutil
 import signal
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from automlperf.events import EpochEvent, EventSink, TrialOutcome, TrialStatus
-from automlperf.procutil import die_with_parent
-from automlperf.train.rankenv import set_rank_environment
+from automlperf.train.rank import rank_main, send
 from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
@@ -42,101 +40,6 @@ log = logging.getLogger("automlperf.pool")
 
 class PoolError(TrainerError):
     """The training processes could not start."""
-
-
-def process_group_backend(device_type: str) -> str:
-    """The collective library of a device type: NCCL (or RCCL on ROCm) for ``cuda``, XCCL,
-    HCCL for the plugins that register one, Gloo on the CPU."""
-    import torch.distributed as dist
-
-    if device_type == "cpu":
-        return "gloo"
-    if device_type == "cuda":
-        return "nccl"
-    lookup = getattr(dist, "get_default_backend_for_device", None)
-    if lookup is not None:
-        try:
-            return str(lookup(device_type))
-        except (RuntimeError, ValueError):
-            pass
-    return "gloo"
-
-
-def _send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
-    conn.send_bytes(json.dumps({"kind": kind, **payload}).encode())
-
-
-def _rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
-               data: dict[str, Any], conn: Connection, parent_pid: int) -> None:
-    die_with_parent(parent_pid)
-    # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
-    # (a batch system signals every process of the step). Their data-loading workers inherit
-    # this, so a signal does not tear the pipeline down under a trial the parent is about to
-    # stop in order.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Before PyTorch reads them: the caching allocator's segments, Inductor's compile workers.
-    set_rank_environment(threads, int(data.get("workers") or 0))
-    try:
-        import torch
-        import torch.distributed as dist
-
-        from automlperf.train import data as datasets
-        from automlperf.train.trainer import RankContext, train_on_rank
-
-        torch.set_num_threads(max(1, threads))
-        device = torch.device(device_name)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        elif device.type != "cpu":
-            torch.accelerator.set_device_index(device.index)
-        if world > 1:
-            dist.init_process_group(process_group_backend(device.type),
-                                    init_method=rendezvous, rank=rank,
-                                    world_size=world, timeout=timedelta(seconds=600))
-            # A first collective, so that backends which connect lazily (NCCL) use the
-            # rendezvous file now: the parent removes it once every rank is ready.
-            dist.all_reduce(torch.zeros(1, device=device))
-        dataset = datasets.load(**data, device_type=device.type)
-        ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
-        _send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
-                              "device": _device_name(device), "uuid": _device_uuid(device)})
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
-        _send(conn, "fatal", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
-                              "traceback": traceback.format_exc()})
-        return
-    while True:
-        try:
-            msg = json.loads(conn.recv_bytes())
-        except EOFError:
-            return  # the parent is gone
-        if msg["kind"] == "stop":
-            break
-        spec = TrialSpec.from_dict(msg["spec"])
-        outcome = train_on_rank(spec, ctx, emit=lambda kind, payload: _send(conn, kind, payload))
-        _send(conn, "done", {"rank": rank, "outcome": outcome.to_dict()})
-    if world > 1:
-        dist.destroy_process_group()
-
-
-def _device_name(device: Any) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    module: Any = getattr(torch, device.type, None)
-    if device.type != "cpu" and hasattr(module, "get_device_name"):
-        return str(module.get_device_name(device.index))
-    return device.type
-
-
-def _device_uuid(device: Any) -> str | None:
-    import torch
-
-    if device.type != "cuda":
-        return None
-    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
-    return uuid if uuid.startswith("GPU-") or not uuid else f"GPU-{uuid}"
 
 
 def leaves_state_broken(outcome: dict[str, Any], device_type: str, world: int) -> bool:
@@ -278,7 +181,7 @@ class DevicePool:
             # able to start data-loading workers. Ranks still never outlive the pool: each
             # asks the kernel to kill it when this process dies (die_with_parent), and
             # close() and kill() end them otherwise.
-            proc = ctx.Process(target=_rank_main, name=f"automlperf-rank{index}", daemon=False,
+            proc = ctx.Process(target=rank_main, name=f"automlperf-rank{index}", daemon=False,
                                args=(index, self.world, rendezvous, device, self.threads_per_rank,
                                      self.data.__dict__, child, os.getpid()))
             proc.start()
@@ -343,7 +246,7 @@ class DevicePool:
             raise PoolError(f"the training processes are not running: {self.start_error}")
         for rank in self._ranks:
             rank.done = None
-            _send(rank.conn, "trial", {"spec": spec.to_dict()})
+            send(rank.conn, "trial", {"spec": spec.to_dict()})
         failed_at: float | None = None
         while True:
             if should_stop is not None and should_stop():
@@ -460,7 +363,7 @@ class DevicePool:
         if graceful:
             for rank in self._ranks:
                 try:
-                    _send(rank.conn, "stop", {})
+                    send(rank.conn, "stop", {})
                 except (OSError, ValueError):
                     pass
             self._join_all(self.stop_wait_s)

@@ -12,6 +12,7 @@ import torch
 
 from automlperf.config import DataConfig
 from automlperf.errors import UserError
+from automlperf.seeding import mix_seed
 from automlperf.train.spec import plan_steps
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -68,7 +69,7 @@ def step_plan(n: int, rank: int, world: int, per_rank: int, split: str, epoch: i
     rank waits in an all-reduce that another never starts) and every image is used once per
     epoch over all ranks; a rank's share of a step differs from another's by at most one."""
     if split == "train":
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        gen = torch.Generator().manual_seed(mix_seed(seed, epoch))
         order = torch.randperm(n, generator=gen)
     else:
         order = torch.arange(n)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from automlperf.seeding import mix_seed
 from automlperf.train.data.base import DataError, step_plan
 from automlperf.train.data.folders import ImageFolderDataset
 
@@ -56,7 +57,7 @@ class _DaliLoader:
         device: dict[str, Any] = {"device_id": (self.device.index or 0) if self.gpu else None}
 
         @pipeline_def(batch_size=batch, num_threads=max(1, self.ds.workers),
-                      seed=(self.seed * 2 + train) % 2**31, prefetch_queue_depth=1, **device)
+                      seed=mix_seed(self.seed, train) % 2**31, prefetch_queue_depth=1, **device)
         def pipe():
             files = fn.external_source(name="files", dtype=types.UINT8, ndim=1)
             if train:

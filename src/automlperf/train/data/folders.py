@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from automlperf.seeding import mix_seed
 from automlperf.train.data.base import IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
 from automlperf.train.data.index import FileIndex
 
@@ -130,7 +131,7 @@ def _size(n: int) -> str:
 
 
 def _seeded(seed: int, epoch: int, row: int) -> random.Random:
-    return random.Random((seed * 1_000_003 + epoch) * 10_000_019 + row)
+    return random.Random(mix_seed(seed, epoch, row))
 
 
 class _FolderChunks(torch.utils.data.Dataset):

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from automlperf.seeding import mix_seed
 from automlperf.train.data.base import DataError, Dataset, step_plan
 
 
@@ -47,7 +48,7 @@ class TensorDataset(Dataset):
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         tx, ty, vx, vy, mean, std = self._device_copy(device)
         x_all, y_all = (tx, ty) if split == "train" else (vx, vy)
-        gen = torch.Generator(device=device).manual_seed(seed * 7919 + epoch * 31 + rank)
+        gen = torch.Generator(device=device).manual_seed(mix_seed(seed, epoch, rank))
         for rows in step_plan(len(y_all), rank, world, batch_size, split, epoch, seed):
             sel = rows.to(device)
             x = x_all.index_select(0, sel).float()

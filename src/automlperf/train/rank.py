@@ -1,0 +1,94 @@
+"""The code of a replica's training processes: each initialises its device, the process group
+and the dataset once, then trains the trial specs its parent sends (JSON over a pipe) until
+told to stop. Ranks ignore Ctrl-C and SIGTERM: the parent (train/pool.py) alone decides when
+they stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+from automlperf import hardware
+from automlperf.procutil import die_with_parent
+from automlperf.train.rankenv import set_rank_environment
+from automlperf.train.spec import TrialSpec
+
+
+def process_group_backend(device_type: str) -> str:
+    """The collective library of a device type: NCCL (or RCCL on ROCm) for ``cuda``, XCCL,
+    HCCL for the plugins that register one, Gloo on the CPU."""
+    import torch.distributed as dist
+
+    if device_type == "cpu":
+        return "gloo"
+    if device_type == "cuda":
+        return "nccl"
+    lookup = getattr(dist, "get_default_backend_for_device", None)
+    if lookup is not None:
+        try:
+            return str(lookup(device_type))
+        except (RuntimeError, ValueError):
+            pass
+    return "gloo"
+
+
+def send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
+    conn.send_bytes(json.dumps({"kind": kind, **payload}).encode())
+
+
+def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
+               data: dict[str, Any], conn: Connection, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
+    # (a batch system signals every process of the step). Their data-loading workers inherit
+    # this, so a signal does not tear the pipeline down under a trial the parent is about to
+    # stop in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Before PyTorch reads them: the caching allocator's segments, Inductor's compile workers.
+    set_rank_environment(threads, int(data.get("workers") or 0))
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from automlperf.train import data as datasets
+        from automlperf.train.trainer import RankContext, train_on_rank
+
+        torch.set_num_threads(max(1, threads))
+        device = torch.device(device_name)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        elif device.type != "cpu":
+            torch.accelerator.set_device_index(device.index)
+        if world > 1:
+            dist.init_process_group(process_group_backend(device.type),
+                                    init_method=rendezvous, rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=600))
+            # A first collective, so that backends which connect lazily (NCCL) use the
+            # rendezvous file now: the parent removes it once every rank is ready.
+            dist.all_reduce(torch.zeros(1, device=device))
+        dataset = datasets.load(**data, device_type=device.type)
+        ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
+        send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
+                             "device": hardware.device_name(torch, device),
+                             "uuid": hardware.device_uuid(torch, device)})
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
+        send(conn, "fatal", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
+                             "traceback": traceback.format_exc()})
+        return
+    while True:
+        try:
+            msg = json.loads(conn.recv_bytes())
+        except EOFError:
+            return  # the parent is gone
+        if msg["kind"] == "stop":
+            break
+        spec = TrialSpec.from_dict(msg["spec"])
+        outcome = train_on_rank(spec, ctx, emit=lambda kind, payload: send(conn, kind, payload))
+        send(conn, "done", {"rank": rank, "outcome": outcome.to_dict()})
+    if world > 1:
+        dist.destroy_process_group()
