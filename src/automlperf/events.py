@@ -36,6 +36,18 @@ class TrialStatus(StrEnum):
         return {"completed": cls.COMPLETED, "stopped": cls.STOPPED}.get(status, cls.FAILED)
 
 
+class FailureKind(StrEnum):
+    """Why a trial failed, as its trainer found it (``TrialOutcome.extra["failure"]``): out
+    of memory, a non-finite loss, its data (unreadable, mismatched), a training process that
+    died, or any other error. Members are strings, stored as such."""
+
+    OOM = "oom"
+    NAN = "nan"
+    DATA = "data"
+    CRASH = "crash"
+    ERROR = "error"
+
+
 @dataclass
 class EpochEvent:
     """One completed epoch, the unit the score is made of."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from automlperf.events import EpochEvent, EventSink, TrialOutcome, TrialStatus
+from automlperf.events import EpochEvent, EventSink, FailureKind, TrialOutcome, TrialStatus
 from automlperf.train.rank import rank_main, send
 from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
@@ -51,9 +51,9 @@ def leaves_state_broken(outcome: dict[str, Any], device_type: str, world: int) -
     if outcome.get("status") == TrialStatus.COMPLETED:
         return False
     kind = outcome.get("extra", {}).get("failure")
-    if kind in ("nan", "data"):
+    if kind in (FailureKind.NAN, FailureKind.DATA):
         return False
-    if kind == "oom":
+    if kind == FailureKind.OOM:
         return world > 1
     return world > 1 or device_type != "cpu"
 
@@ -272,7 +272,7 @@ class DevicePool:
                             return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
                                                 f"crash: training process {idx} exited with "
                                                 f"code {code}", batch_size=spec.batch_size,
-                                                extra={"failure": "crash"})
+                                                extra={"failure": FailureKind.CRASH})
             outcomes = [r.done for r in self._ranks]
             finished = [o for o in outcomes if o is not None]
             if len(finished) == len(outcomes):
@@ -390,7 +390,7 @@ def train_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None 
     the batch size (recorded in the outcome)."""
     pool.ensure_running(should_stop)
     outcome = pool.run(spec, on_message, should_stop)
-    if (outcome.extra.get("failure") == "oom" and outcome.epochs == 0
+    if (outcome.extra.get("failure") == FailureKind.OOM and outcome.epochs == 0
             and spec.batch_size // 2 >= pool.world):
         first = outcome.reason
         spec = TrialSpec.from_dict({**spec.to_dict(), "batch_size": spec.batch_size // 2})

@@ -25,7 +25,7 @@ from typing import Any
 
 from automlperf import rules
 from automlperf.config import Config, DataConfig, SimulationConfig
-from automlperf.events import EpochEvent, EventSink, TrialOutcome, TrialStatus
+from automlperf.events import EpochEvent, EventSink, FailureKind, TrialOutcome, TrialStatus
 from automlperf.graph import Graph, GraphError, seeds
 from automlperf.ops import count, epoch_ops
 from automlperf.train.spec import TrialSpec, plan_steps
@@ -238,11 +238,11 @@ class SimulatedTrainer:
         try:
             graph = Graph.from_dict(spec.graph)
         except GraphError as exc:
-            outcome.reason, outcome.extra["failure"] = f"data: {exc}", "data"
+            outcome.reason, outcome.extra["failure"] = f"data: {exc}", FailureKind.DATA
             return outcome
         refused = self._refuse(spec, graph)
         if refused is not None:
-            outcome.reason, outcome.extra["failure"] = refused, "data"
+            outcome.reason, outcome.extra["failure"] = refused, FailureKind.DATA
             return outcome
         plan = self.plan(spec, graph)
         outcome.batch_size = plan.batch_size

@@ -129,7 +129,7 @@ class Trainer(Protocol):
         """Train one trial, calling ``sink.epoch`` after each completed epoch. When
         ``should_stop`` turns true the trial ends as ``stopped``; the epochs already given to
         the sink stay given. A failing trial returns ``failed`` with its reason (and
-        ``extra["failure"]``: oom, nan, data, crash or error); it does not raise.
+        ``extra["failure"]``: an ``events.FailureKind``); it does not raise.
         :class:`TrainerError` means the trainer itself cannot go on (its accelerators could
         not be brought back after a failure): no further trial can train."""
         ...

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from automlperf import rules
-from automlperf.events import EpochEvent, TrialOutcome, TrialStatus
+from automlperf.events import EpochEvent, FailureKind, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
@@ -38,9 +38,9 @@ Emit = Callable[[str, dict[str, Any]], None]
 
 
 class TrialFailure(RuntimeError):
-    """A trial that cannot go on; ``kind`` is oom, nan, data or error."""
+    """A trial that cannot go on, and why."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: FailureKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
@@ -126,9 +126,9 @@ def train_on_rank(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -
         outcome.extra["failure"] = exc.kind
     except DataError as exc:  # the data cannot be served (its message says what to change)
         outcome.status, outcome.reason = TrialStatus.FAILED, f"data: {exc}"
-        outcome.extra["failure"] = "data"
+        outcome.extra["failure"] = FailureKind.DATA
     except Exception as exc:  # noqa: BLE001 - any error ends this trial, not the rank
-        kind = "oom" if is_oom(exc) else "error"
+        kind = FailureKind.OOM if is_oom(exc) else FailureKind.ERROR
         outcome.status = TrialStatus.FAILED
         outcome.reason = f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         outcome.extra["failure"] = kind
@@ -385,10 +385,10 @@ def _judge_unreadable(data: Dataset, epoch: int, split: str, read: int, unreadab
     # The example comes last: the repeated-failure rule compares reasons without it.
     example = f" (e.g. {example})" if example else ""
     if not read:
-        raise TrialFailure("data", f"no {split} image of {data.name} could be read in epoch "
+        raise TrialFailure(FailureKind.DATA, f"no {split} image of {data.name} could be read in epoch "
                            f"{epoch}: all {unreadable} were unreadable; check the files of "
                            f"the dataset's {split} folders{example}")
-    raise TrialFailure("data", f"{unreadable} of {total} {split} images ({share:.1%}) could "
+    raise TrialFailure(FailureKind.DATA, f"{unreadable} of {total} {split} images ({share:.1%}) could "
                        f"not be read in epoch {epoch}, more than data.max_unreadable "
                        f"({data.max_unreadable:.1%}); repair or remove them{example}")
 
@@ -397,13 +397,13 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
     graph = Graph.from_dict(spec.graph)
     data = ctx.dataset
     if graph.input_shape != data.input_shape:
-        raise TrialFailure("data", f"graph input {graph.input_shape} does not match the "
+        raise TrialFailure(FailureKind.DATA, f"graph input {graph.input_shape} does not match the "
                            f"{data.name} images {data.input_shape}")
     if graph.num_classes != data.num_classes:
-        raise TrialFailure("data", f"graph has {graph.num_classes} outputs but {data.name} has "
+        raise TrialFailure(FailureKind.DATA, f"graph has {graph.num_classes} outputs but {data.name} has "
                            f"{data.num_classes} classes")
     if spec.batch_size < ctx.world:
-        raise TrialFailure("data", f"batch size {spec.batch_size} is smaller than the "
+        raise TrialFailure(FailureKind.DATA, f"batch size {spec.batch_size} is smaller than the "
                            f"{ctx.world} ranks")
     run = _Run(spec, ctx, graph)
     outcome.precision, outcome.batch_size = run.precision, run.batch
@@ -428,7 +428,7 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         _judge_unreadable(data, epoch, "training", images, skipped, train_example)
         _judge_unreadable(data, epoch, "validation", seen, val_skipped, data.unreadable)
         if not math.isfinite(loss_sum):
-            raise TrialFailure("nan", f"the training loss became non-finite in epoch {epoch}")
+            raise TrialFailure(FailureKind.NAN, f"the training loss became non-finite in epoch {epoch}")
         accuracy = correct / seen if seen else 0.0
         event = EpochEvent(
             trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=time.time(),
