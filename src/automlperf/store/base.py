@@ -147,7 +147,8 @@ class Store(ABC):
     * A run's schema version is checked on open; an incompatible store is refused with
       :class:`SchemaMismatch`, never migrated silently.
     * Nothing recorded is rewritten. Epochs are insert-only and an epoch recorded twice is an
-      error. A trial's status moves once, from ``running`` to ``completed``, ``failed`` or
+      error, unless the record is the same (a retry whose first try committed unseen).
+      A trial's status moves once, from ``running`` to ``completed``, ``failed`` or
       ``stopped``; a later attempt to finish it again returns False and changes nothing.
     * Each architecture is trained once per run: :meth:`claim_trial` returns None when the
       same graph hash is already claimed, by any replica.
@@ -159,6 +160,10 @@ class Store(ABC):
     """
 
     url: str
+    # When a call last succeeded after the store had failed (time.time(); 0: never). A
+    # heartbeat or a segment's last_seen that could not be written meanwhile says nothing
+    # of its writer: who judges others by them counts their silence from here.
+    restored_at: float = 0.0
 
     # runs and segments ---------------------------------------------------------------------
     @abstractmethod
