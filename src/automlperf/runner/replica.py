@@ -240,19 +240,27 @@ class Replica:
         period = self.config.run.heartbeat_s
         while not self.stop.wait(period):
             now = self.clock()
+            lease = self.config.run.lease_timeout_s
             try:
-                self.store.heartbeat(replica_id, now, self.config.run.lease_timeout_s)
+                restored = self.store.restored_at
+                self.store.heartbeat(replica_id, now, lease)
+                if self.store.restored_at != restored:
+                    # The beat waited out a store outage: its time is stale, and so would
+                    # the leases be that it extended.
+                    now = self.clock()
+                    self.store.heartbeat(replica_id, now, lease)
                 seg = next(s for s in self.store.segments(self.run_id)
                            if s.index == self.segment.index)
             except Exception:  # noqa: BLE001 - a store hiccup is retried next beat
                 log.warning("heartbeat failed; retrying", exc_info=True)
                 continue
+            # The primary could not write while the store was out either.
+            silent = now - max(seg.last_seen, self.store.restored_at)
             if seg.ended_at is not None:
                 log.info("the primary ended the session; stopping")
                 self.stop.set()
-            elif now - seg.last_seen > self.config.run.lease_timeout_s:
-                log.warning("the primary has been silent for %.0f s; stopping",
-                            now - seg.last_seen)
+            elif silent > lease:
+                log.warning("the primary has been silent for %.0f s; stopping", silent)
                 self.stop.set()
 
     def _should_stop(self) -> bool:
