@@ -173,6 +173,11 @@ def _disk_full(exc: DBAPIError) -> bool:
                                              "No space left on device"))
 
 
+def _one_line(error: BaseException | None) -> str:
+    # A driver's message may run over lines (psycopg adds a hint); an error is one line.
+    return " ".join(str(error).split())[:200]
+
+
 def retrying(method: Callable[..., R]) -> Callable[..., R]:
     """Retry a store method on transient failures (server restarting, network hiccup,
     database locked) with exponential back-off, for up to the store's ``retry_s``. A call
@@ -188,12 +193,12 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
             except DBAPIError as exc:
                 if _disk_full(exc):
                     raise StoreError(f"the disk of store {redact(self.url)} is full "
-                                     f"({str(exc.orig).strip()[:200]}): free space "
+                                     f"({_one_line(exc.orig)}): free space "
                                      "there") from None
                 if not _transient(exc) or time.monotonic() + delay > deadline:
                     if _transient(exc):
                         raise StoreError(f"store {redact(self.url)} unreachable for "
-                                         f"{self.retry_s:.0f} s: {str(exc.orig).strip()[:200]}") from None
+                                         f"{self.retry_s:.0f} s: {_one_line(exc.orig)}") from None
                     raise
                 failed = True
                 time.sleep(delay)
