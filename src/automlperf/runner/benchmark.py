@@ -5,6 +5,7 @@ and the report."""
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import signal
 from dataclasses import dataclass, field
@@ -168,6 +169,7 @@ def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: An
                           console: Console, system: dict[str, Any], run_dir: Path,
                           url: str | None, count: int) -> RunOutcome:
     watch = primary.Watch("interrupted")
+    lost = False
     try:
         try:
             if session.deadline_at > session.started_at:
@@ -179,9 +181,20 @@ def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: An
                 watch = primary.supervise(session, starter, console)
             else:
                 watch = primary.Watch("completed")
+        except StoreError:
+            lost = True  # finishing would only wait out the store's retries a second time
+            raise
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
-            result = primary.finish(session, starter, console, watch, system)
+            if not lost:
+                result = primary.finish(session, starter, console, watch, system)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        starter.stop(session.config.run.stop_grace_s)
+        raise RunFailure(f"no space left on the disk of {exc.filename or run_dir}: free space "
+                         f"there; everything recorded so far is kept in {run_dir}: continue "
+                         f"with `automlperf run --resume --run-dir {run_dir}`") from None
     except StoreError as exc:
         # The store was reached at the start; losing it now is the run's failure, not the
         # user's input. Replicas are stopped (finish may have failed before it could) and

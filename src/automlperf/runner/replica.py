@@ -8,6 +8,7 @@ primary stops heart-beating; a trial cut short keeps the epochs it completed.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -209,6 +210,16 @@ class Replica:
             # a failure that keeps repeating, are recorded for the primary, which ends the
             # run and says why.
             reason = str(exc)
+            log.error("replica %d gives up: %s", self.index, reason)
+            return 1
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                reason = f"replica error: {type(exc).__name__}: {exc}; see {self._log_name()}"
+                log.exception("replica %d failed", self.index)
+                raise
+            # Nothing the replica can fix: the run stops, resumable once there is room.
+            reason = (f"no space left on the disk of {exc.filename or self.dir.path}: free "
+                      f"space there, then `automlperf run --resume --run-dir {self.dir.path}`")
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
         except Exception as exc:

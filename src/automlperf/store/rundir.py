@@ -25,8 +25,12 @@ class RunDirError(UserError, ValueError):
 def write_atomic(path: Path, text: str) -> None:
     """Write a file so that a reader never sees half of it."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
 
 
 @dataclass(frozen=True)
