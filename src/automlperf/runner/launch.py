@@ -202,7 +202,7 @@ class ExternalLauncher:
                 states.append("waiting")
             elif rep.status != TrialStatus.RUNNING:
                 states.append("exited")
-            elif now - max(rep.last_heartbeat, self.store.restored_at) > self.lease_timeout_s:
+            elif now - self.store.silent_since(rep.last_heartbeat) > self.lease_timeout_s:
                 # Not while the store was out: no replica could heart-beat then.
                 states.append("lost")
             else:

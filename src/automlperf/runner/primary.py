@@ -264,7 +264,7 @@ def leases_judged(store: Store, now: float, lease_s: float) -> bool:
     """Whether lapsed leases at ``now`` mean silent replicas: not until a full lease has
     passed since the store came back from an outage, which kept live replicas from
     heart-beating as much as dead ones."""
-    return now - store.restored_at >= lease_s
+    return now - store.silent_since(0.0) >= lease_s
 
 
 def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:

@@ -266,7 +266,7 @@ class Replica:
                 log.warning("heartbeat failed; retrying", exc_info=True)
                 continue
             # The primary could not write while the store was out either.
-            silent = now - max(seg.last_seen, self.store.restored_at)
+            silent = now - self.store.silent_since(seg.last_seen)
             if seg.ended_at is not None:
                 log.info("the primary ended the session; stopping")
                 self.stop.set()

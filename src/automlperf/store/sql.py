@@ -21,9 +21,10 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.events import TrialStatus
 from automlperf.store import connections
-from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
-                                   SampleFigures, SegmentRecord, Store, StoreError, TrialRecord,
-                                   TrialSummary, TrialTally, sample_figures)
+from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, EpochRecord, ReplicaRecord,
+                                   SampleFigures, SchemaMismatch, SegmentRecord, Store,
+                                   StoreError, TrialRecord, TrialSummary, TrialTally,
+                                   sample_figures)
 from automlperf.store.urls import normalise_url, redact
 
 # Bound as plain strings: the value the database stores.
@@ -202,7 +203,7 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
                     raise
                 failed = True
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, BACKOFF_MAX_S)
             else:
                 if failed:
                     self.restored_at = time.time()
