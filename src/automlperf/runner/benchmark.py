@@ -5,6 +5,7 @@ and the report."""
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import signal
 from dataclasses import dataclass, field
@@ -180,6 +181,7 @@ def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: An
                           console: Console, system: dict[str, Any], run_dir: Path,
                           url: str | None, count: int) -> RunOutcome:
     watch = primary.Watch("interrupted")
+    lost = False
     try:
         try:
             if session.deadline_at > session.started_at:
@@ -191,9 +193,13 @@ def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: An
                 watch = primary.supervise(session, starter, console)
             else:
                 watch = primary.Watch("completed")
+        except StoreError:
+            lost = True  # finishing would only wait out the store's retries a second time
+            raise
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish what was started
-            result = primary.finish(session, starter, console, watch, system)
+            if not lost:
+                result = primary.finish(session, starter, console, watch, system)
     except StoreError as exc:
         # The store was reached at the start; losing it now is the run's failure, not the
         # user's input. Replicas are stopped (finish may have failed before it could) and
@@ -205,12 +211,13 @@ def _supervise_and_finish(req: RunRequest, session: primary.Session, starter: An
     except OSError as exc:
         if exc.errno not in UNWRITABLE:
             raise
-        # The run directory stopped taking writes (its file system turned read-only or
-        # filled up): what it holds stays, and the run resumes once it takes them again.
+        # The run directory stopped taking writes (its file system filled up or turned
+        # read-only): what it holds stays, and the run resumes once it takes them again.
         starter.stop(session.config.run.stop_grace_s)
+        fix = "free space there" if exc.errno == errno.ENOSPC else "make it writable"
         raise RunFailure(f"cannot write {exc.filename or run_dir}: {exc.strerror}; everything "
-                         f"recorded so far is kept in {run_dir}: make it writable and continue "
-                         f"with `automlperf run --resume --run-dir {run_dir}`") from None
+                         f"recorded so far is kept in {run_dir}: {fix} and continue with "
+                         f"`automlperf run --resume --run-dir {run_dir}`") from None
     joined = starter.joined() if req.launcher == "external" else None
     if joined is not None and joined < count:
         console.print(f"only {joined} of {count} replica(s) joined this session: check "

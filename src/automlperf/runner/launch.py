@@ -188,7 +188,7 @@ class ExternalLauncher:
 
     def states(self) -> list[str]:
         """``waiting`` (not registered yet), ``up``, ``lost`` (silent past the lease
-        timeout: killed without a chance to say so) or ``exited``, for each expected index
+        timeout since the store was last out: killed without a chance to say so) or ``exited``, for each expected index
         and any unexpected one that registered."""
         from automlperf.store import TrialStatus
 
@@ -202,7 +202,8 @@ class ExternalLauncher:
                 states.append("waiting")
             elif rep.status != TrialStatus.RUNNING:
                 states.append("exited")
-            elif now - rep.last_heartbeat > self.lease_timeout_s:
+            elif now - self.store.silent_since(rep.last_heartbeat) > self.lease_timeout_s:
+                # Not while the store was out: no replica could heart-beat then.
                 states.append("lost")
             else:
                 states.append("up")

@@ -260,6 +260,13 @@ def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None
     return None
 
 
+def leases_judged(store: Store, now: float, lease_s: float) -> bool:
+    """Whether lapsed leases at ``now`` mean silent replicas: not until a full lease has
+    passed since the store came back from an outage, which kept live replicas from
+    heart-beating as much as dead ones."""
+    return now - store.silent_since(0.0) >= lease_s
+
+
 def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
     """Watch the replicas until the deadline, until every replica is done, or until the run
     turns out unable to train."""
@@ -275,7 +282,8 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
         while True:
             now = time.time()
             s.store.touch_segment(s.run_id, s.segment, now)
-            s.store.expire_leases(s.run_id, now)
+            if leases_judged(s.store, now, s.config.run.lease_timeout_s):
+                s.store.expire_leases(s.run_id, now)
             states = replica_states(launcher)
             if live:
                 live.update(view.view(now, states), refresh=True)

@@ -8,6 +8,7 @@ primary stops heart-beating; a trial cut short keeps the epochs it completed.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -213,6 +214,16 @@ class Replica:
             reason = str(exc)
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                reason = f"replica error: {type(exc).__name__}: {exc}; see {self._log_name()}"
+                log.exception("replica %d failed", self.index)
+                raise
+            # Nothing the replica can fix: the run stops, resumable once there is room.
+            reason = (f"no space left on the disk of {exc.filename or self.dir.path}: free "
+                      f"space there, then `automlperf run --resume --run-dir {self.dir.path}`")
+            log.error("replica %d gives up: %s", self.index, reason)
+            return 1
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in UNWRITABLE:
                 # Not a bug: the run directory takes no more writes. The primary says so in
@@ -249,19 +260,27 @@ class Replica:
         period = self.config.run.heartbeat_s
         while not self.stop.wait(period):
             now = self.clock()
+            lease = self.config.run.lease_timeout_s
             try:
-                self.store.heartbeat(replica_id, now, self.config.run.lease_timeout_s)
+                restored = self.store.restored_at
+                self.store.heartbeat(replica_id, now, lease)
+                if self.store.restored_at != restored:
+                    # The beat waited out a store outage: its time is stale, and so would
+                    # the leases be that it extended.
+                    now = self.clock()
+                    self.store.heartbeat(replica_id, now, lease)
                 seg = next(s for s in self.store.segments(self.run_id)
                            if s.index == self.segment.index)
             except Exception:  # noqa: BLE001 - a store hiccup is retried next beat
                 log.warning("heartbeat failed; retrying", exc_info=True)
                 continue
+            # The primary could not write while the store was out either.
+            silent = now - self.store.silent_since(seg.last_seen)
             if seg.ended_at is not None:
                 log.info("the primary ended the session; stopping")
                 self.stop.set()
-            elif now - seg.last_seen > self.config.run.lease_timeout_s:
-                log.warning("the primary has been silent for %.0f s; stopping",
-                            now - seg.last_seen)
+            elif silent > lease:
+                log.warning("the primary has been silent for %.0f s; stopping", silent)
                 self.stop.set()
 
     def _should_stop(self) -> bool:

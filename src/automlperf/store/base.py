@@ -39,6 +39,11 @@ def _number(value: Any) -> Any:
     return _ABSENT if value is None else value
 
 
+# The longest wait between two tries of a failed store call: how late a client may find
+# the store back after an outage.
+BACKOFF_MAX_S = 5.0
+
+
 class StoreError(UserError, RuntimeError):
     """The store cannot do what was asked; the message says why."""
 
@@ -147,7 +152,8 @@ class Store(ABC):
     * A run's schema version is checked on open; an incompatible store is refused with
       :class:`SchemaMismatch`, never migrated silently.
     * Nothing recorded is rewritten. Epochs are insert-only and an epoch recorded twice is an
-      error. A trial's status moves once, from ``running`` to ``completed``, ``failed`` or
+      error, unless the record is the same (a retry whose first try committed unseen).
+      A trial's status moves once, from ``running`` to ``completed``, ``failed`` or
       ``stopped``; a later attempt to finish it again returns False and changes nothing.
     * Each architecture is trained once per run: :meth:`claim_trial` returns None when the
       same graph hash is already claimed, by any replica.
@@ -159,6 +165,17 @@ class Store(ABC):
     """
 
     url: str
+    # When a call last succeeded after the store had failed (time.time(); 0: never).
+    restored_at: float = 0.0
+
+    def silent_since(self, written_at: float) -> float:
+        """Since when the writer of a heartbeat (or a segment's ``last_seen``) written at
+        ``written_at`` has been silent: after an outage, not before every client of the store
+        has had time (its longest back-off) to find it back, since nobody could write while
+        it was out."""
+        if not self.restored_at:
+            return written_at
+        return max(written_at, self.restored_at + BACKOFF_MAX_S)
 
     # runs and segments ---------------------------------------------------------------------
     @abstractmethod

@@ -31,11 +31,15 @@ def write_atomic(path: Path, text: str) -> None:
     returns: a file system that fails later (a disk error turning it read-only) would
     otherwise keep the rename but not the text, an empty run.json for instance."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
     _fsync(path.parent)  # the rename itself
 
 

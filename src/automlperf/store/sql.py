@@ -23,9 +23,10 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.events import TrialStatus
 from automlperf.store import connections
-from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
-                                   SampleFigures, SegmentRecord, Store, StoreError, TrialRecord,
-                                   TrialSummary, TrialTally, sample_figures)
+from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, EpochRecord, ReplicaRecord,
+                                   SampleFigures, SchemaMismatch, SegmentRecord, Store,
+                                   StoreError, TrialRecord, TrialSummary, TrialTally,
+                                   sample_figures)
 from automlperf.store.urls import normalise_url, redact
 
 # Bound as plain strings: the value the database stores.
@@ -141,8 +142,24 @@ EPOCH_FIELDS = tuple(f.name for f in dataclasses.fields(EpochRecord) if f.name !
 R = TypeVar("R")
 
 
-# How long a store rides out a server restart or a network hiccup before giving up.
+# How long a store rides out a server restart or a network hiccup before giving up; the
+# environment variable overrides it for every process of a run (replicas inherit it).
 RETRY_S = 120.0
+RETRY_ENV = "AUTOMLPERF_STORE_RETRY_S"
+
+
+def _retry_s() -> float:
+    value = os.environ.get(RETRY_ENV)
+    if not value:
+        return RETRY_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise StoreError(f"{RETRY_ENV}={value!r} is not a number of seconds: unset it or give "
+                         "one such as 120") from None
+    if not seconds > 0:
+        raise StoreError(f"{RETRY_ENV}={value!r} must be more than 0 seconds")
+    return seconds
 
 
 def _transient(exc: BaseException) -> bool:
@@ -169,31 +186,54 @@ def _read_only_file(url: str) -> str | None:
     return None
 
 
+def _disk_full(exc: DBAPIError) -> bool:
+    """SQLite's SQLITE_FULL, PostgreSQL's disk_full (53100): waiting would not free space."""
+    return getattr(exc.orig, "sqlstate", None) == "53100" or any(
+        words in str(exc.orig) for words in ("database or disk is full",
+                                             "No space left on device"))
+
+
+def _one_line(error: BaseException | None) -> str:
+    # A driver's message may run over lines (psycopg adds a hint); an error is one line.
+    return " ".join(str(error).split())[:200]
+
+
 def retrying(method: Callable[..., R]) -> Callable[..., R]:
     """Retry a store method on transient failures (server restarting, network hiccup,
-    database locked) with exponential back-off, for up to the store's ``retry_s``."""
+    database locked) with exponential back-off, for up to the store's ``retry_s``. A call
+    that succeeds after failing sets the store's ``restored_at``."""
 
     @functools.wraps(method)
     def wrapper(self: SQLStore, *args: Any, **kwargs: Any) -> R:
         delay, deadline = 0.1, time.monotonic() + self.retry_s
+        failed = False
         while True:
             try:
-                return method(self, *args, **kwargs)
+                result = method(self, *args, **kwargs)
             except DBAPIError as exc:
+                if _disk_full(exc):
+                    raise StoreError(f"the disk of store {redact(self.url)} is full "
+                                     f"({_one_line(exc.orig)}): free space "
+                                     "there") from None
                 read_only = _read_only_file(self.url)
                 if read_only is not None:
                     # Waiting does not make a file system writable again: fail now, in one
                     # line, rather than after retry_s.
                     raise StoreError(f"store {redact(self.url)} cannot be written: {read_only} "
-                                     f"is on a read-only file system ({str(exc.orig).strip()[:100]}); "
+                                     f"is on a read-only file system ({_one_line(exc.orig)[:100]}); "
                                      "make it writable again") from None
                 if not _transient(exc) or time.monotonic() + delay > deadline:
                     if _transient(exc):
                         raise StoreError(f"store {redact(self.url)} unreachable for "
-                                         f"{self.retry_s:.0f} s: {str(exc.orig).strip()[:200]}") from None
+                                         f"{self.retry_s:.0f} s: {_one_line(exc.orig)}") from None
                     raise
+                failed = True
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+            else:
+                if failed:
+                    self.restored_at = time.time()
+                return result
 
     return wrapper
 
@@ -201,7 +241,7 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
 class SQLStore(Store):
     def __init__(self, url: str, create: bool = False, retry_s: float | None = None) -> None:
         self.url = normalise_url(url)
-        self.retry_s = RETRY_S if retry_s is None else retry_s
+        self.retry_s = _retry_s() if retry_s is None else retry_s
         if self.url.startswith("sqlite"):
             # The sqlite3 module commits DDL on its own, so a reader could see the schema
             # half made; with its transaction handling off and BEGIN issued here, creating
@@ -384,7 +424,14 @@ class SQLStore(Store):
                     extra="{}"))
                 return _new_id(result)
         except IntegrityError:
-            return None  # another replica has this architecture
+            pass
+        # Ours, when an earlier try committed but the server went away before saying so.
+        with self.engine.connect() as conn:
+            mine = conn.execute(sa.select(T_TRIALS.c.id).where(
+                (T_TRIALS.c.run_id == run_id) & (T_TRIALS.c.graph_hash == graph_hash)
+                & (T_TRIALS.c.replica_id == replica_id) & (T_TRIALS.c.created_at == now)
+                & (T_TRIALS.c.status == RUNNING))).scalar()
+        return None if mine is None else int(mine)  # None: another replica has it
 
     @retrying
     def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
@@ -479,8 +526,16 @@ class SQLStore(Store):
             with self.engine.begin() as conn:
                 conn.execute(T_EPOCHS.insert().values(**epoch.__dict__))
         except IntegrityError:
+            pass
+        # The same record, when an earlier try committed but the server went away before
+        # saying so: recorded once, as asked.
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(*(T_EPOCHS.c[name] for name in EPOCH_FIELDS)).where(
+                (T_EPOCHS.c.trial_id == epoch.trial_id)
+                & (T_EPOCHS.c.epoch == epoch.epoch))).first()
+        if row is None or tuple(row) != tuple(getattr(epoch, name) for name in EPOCH_FIELDS):
             raise StoreError(f"epoch {epoch.epoch} of trial {epoch.trial_id} is already "
-                             "recorded; records are never rewritten") from None
+                             "recorded; records are never rewritten")
 
     @retrying
     def epochs(self, run_id: int) -> list[EpochRecord]:
