@@ -166,7 +166,7 @@ def primary(args: argparse.Namespace) -> None:
     from rich.console import Console
 
     from automlperf.config import Config
-    from automlperf.runner import primary as prim
+    from automlperf.runner import session as prim
     from automlperf.store import open_store
     from automlperf.store.rundir import RunDir
 
@@ -611,7 +611,7 @@ HOSTED_CONFIG = SLURM_CONFIG.replace("sustained_ops = 5e9", "sustained_ops = 5e8
 
 def host_replicas(args: argparse.Namespace) -> None:
     """One host process: replicas args.first .. args.last - 1, each a thread."""
-    from automlperf.runner.replica import open_replica, wait_for_session
+    from automlperf.runner.worker import open_replica, wait_for_session
 
     url = os.environ["BENCH_STORE_URL"]
     if not wait_for_session(Path(args.run_dir), url, 600):

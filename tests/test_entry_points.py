@@ -9,7 +9,7 @@ from automlperf.config import Config
 from automlperf.errors import UserError
 from automlperf.events import TrialStatus
 from automlperf.graph import seeds
-from automlperf.runner.benchmark import RunRequest, run_benchmark
+from automlperf.runner.primary import RunRequest, run_benchmark
 from automlperf.store import open_store
 from automlperf.train.single import TrainRequest, plan_training, train_planned
 

@@ -85,7 +85,7 @@ def test_the_pure_core_does_not_load_torch():
 
 def test_the_layer_check_sees_an_upward_import(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from automlperf.runner.primary import prepare\n"
+    bad.write_text("def f():\n    from automlperf.runner.session import prepare\n"
                    "from automlperf import config\n")
-    assert imports(bad) == {"automlperf.runner.primary", "automlperf.config"}
-    assert layer_of("runner.primary") > layer_of("graph.graph")
+    assert imports(bad) == {"automlperf.runner.session", "automlperf.config"}
+    assert layer_of("runner.session") > layer_of("graph.graph")

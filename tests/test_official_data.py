@@ -8,7 +8,7 @@ import pytest
 
 from automlperf import rules
 from automlperf.config import Config, ConfigError
-from automlperf.runner.primary import record_origin
+from automlperf.runner.session import record_origin
 from helpers import cli
 from test_identity import SMALL, WNIDS, make_tree, near_miss
 

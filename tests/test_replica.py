@@ -6,7 +6,7 @@ from pathlib import Path
 
 from automlperf.config import Config
 from automlperf.events import EpochEvent, TrialOutcome, TrialStatus, read_jsonl
-from automlperf.runner import primary
+from automlperf.runner import session as steps
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import Searcher
 from automlperf.search.hpo import HyperSearch
@@ -84,7 +84,7 @@ candidates_per_generation = 16
 """
     (tmp_path / "config.toml").write_text(text)
     config = Config.load(tmp_path / "config.toml")
-    session = primary.prepare(config, tmp_path / "run", None, False, {})
+    session = steps.prepare(config, tmp_path / "run", None, False, {})
     session.store.close()
     return session
 

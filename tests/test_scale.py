@@ -49,7 +49,7 @@ class Counting:
 
 
 def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
-    from automlperf.runner.primary import LiveView, Session
+    from automlperf.runner.session import LiveView, Session
 
     store = open_store(store_url, create=True)
     now = time.time()

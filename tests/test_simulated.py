@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+from helpers import SMALL8, trial_spec
+from test_replica import make_replica
 
 from automlperf.config import Config, ConfigError
 from automlperf.events import TrialStatus
@@ -19,13 +21,11 @@ from automlperf.measure.result import build_result, write_result
 from automlperf.measure.system import describe
 from automlperf.ops import count, epoch_ops
 from automlperf.report.html import write_report
-from automlperf.runner import primary
-from automlperf.runner.benchmark import simulated_system
+from automlperf.runner import session as steps
+from automlperf.runner.primary import simulated_system
 from automlperf.search import morph
 from automlperf.train.simulated import CurveModel, SimulatedTrainer, dataset_shape, simulated_devices
 from automlperf.train.spec import plan_steps
-from helpers import SMALL8, trial_spec
-from test_replica import make_replica
 
 
 class FakeTime:
@@ -229,7 +229,7 @@ sustained_ops = {sustained_ops!r}
 """)
     config = Config.load(tmp_path / "config.toml")
     system = describe(simulated=simulated_system(config))  # as `automlperf run` describes it
-    return primary.prepare(config, tmp_path / "run", None, False, system)
+    return steps.prepare(config, tmp_path / "run", None, False, system)
 
 
 def test_a_simulated_result_is_labelled_verified_and_never_official(tmp_path):
@@ -276,7 +276,7 @@ def test_a_simulated_worker_never_loads_torch(tmp_path):
     interpreter: no module of torch is loaded, and the replica trains its rounds."""
     session = simulated_run(tmp_path, rounds=2)
     session.store.close()
-    code = ("import sys\nfrom automlperf.runner.replica import run_worker\n"
+    code = ("import sys\nfrom automlperf.runner.worker import run_worker\n"
             f"code = run_worker({str(session.dir.path)!r}, None, 0, None, None, sample=False)\n"
             "print(code, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -300,8 +300,9 @@ def test_sigterm_stops_a_simulated_worker_in_the_middle_of_an_epoch(tmp_path):
     looks for a stop every poll), the trial is recorded as stopped and the worker exits 0."""
     import signal
 
-    from automlperf.store import open_store
     from helpers import cli_args, wait_for
+
+    from automlperf.store import open_store
 
     session = simulated_run(tmp_path, rounds=2, sustained_ops=1e3)
     session.store.close()

@@ -18,10 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from automlperf.config import Config
-from automlperf.runner import primary
+from automlperf.runner import session as steps
 from automlperf.runner.launch import ExternalLauncher
-from automlperf.store import StoreError, open_store
-from automlperf.store import sql
+from automlperf.store import StoreError, open_store, sql
 from automlperf.store.base import BACKOFF_MAX_S, EpochRecord
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "fault_cases_store.py"
@@ -69,17 +68,17 @@ def test_a_call_that_rides_out_an_outage_notes_when_the_store_came_back(pg_serve
 
 def test_leases_are_judged_a_full_lease_after_the_store_came_back(tmp_path):
     s = open_store(None, run_dir=tmp_path, create=True)
-    assert primary.leases_judged(s, time.time(), 30.0)
+    assert steps.leases_judged(s, time.time(), 30.0)
     s.restored_at = 1000.0
     back = 1000.0 + BACKOFF_MAX_S
-    assert not primary.leases_judged(s, back + 29.9, 30.0)
-    assert primary.leases_judged(s, back + 30.0, 30.0)
+    assert not steps.leases_judged(s, back + 29.9, 30.0)
+    assert steps.leases_judged(s, back + 30.0, 30.0)
     s.close()
 
 
 def test_an_external_launcher_does_not_call_a_replica_lost_for_the_stores_silence(tmp_path):
     (tmp_path / "config.toml").write_text('[data]\ndataset = "digits"\n')
-    session = primary.prepare(Config.load(tmp_path / "config.toml"), tmp_path / "run", None,
+    session = steps.prepare(Config.load(tmp_path / "config.toml"), tmp_path / "run", None,
                               False, {})
     now = time.time()
     session.store.register_replica(session.run_id, 0, session.segment, "n", 1, [], now - 100)

@@ -196,8 +196,8 @@ def run(
                                           "--replicas times.")] = "local",
 ) -> None:
     """Run the benchmark: launch replicas, stop at the deadline, score, write the report."""
-    from automlperf.runner.benchmark import RunRequest, run_benchmark
-    from automlperf.runner.primary import summary
+    from automlperf.runner.primary import RunRequest, run_benchmark
+    from automlperf.report.console import summary
 
     outcome = run_benchmark(RunRequest(config, duration, dataset, data_dir, replicas,
                                        devices_per_replica, run_dir, store, resume, launcher), err)
@@ -236,7 +236,7 @@ def worker(
     """Run one replica: generate, train and record candidates until the deadline. Its index
     comes from --replica-index or the launcher's rank variable (PMIX_RANK,
     OMPI_COMM_WORLD_RANK, PMI_RANK, PALS_RANKID, FLUX_TASK_RANK, JOB_COMPLETION_INDEX, SLURM)."""
-    from automlperf.runner.replica import run_worker
+    from automlperf.runner.worker import run_worker
 
     raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor, wait))
 
@@ -251,7 +251,7 @@ def mlperf(
     """Write mllog.txt (MLPerf :::MLLOG lines) and system_desc.json of a finished run."""
     if not (run_dir / "result.json").exists():
         raise UserError(f"{run_dir / 'result.json'} is missing: finish the run first")
-    from automlperf.runner.benchmark import mlperf_logs
+    from automlperf.runner.primary import mlperf_logs
 
     written, problems = mlperf_logs(run_dir, store, org)
     for what, where in written.items():

@@ -1,0 +1,212 @@
+"""The steps of one session of the primary (runner/primary.py): prepare the run directory and
+its store (a new run, or ``resume`` of an interrupted one), supervise the replicas until the
+deadline, and finish: stop them, close the session and write result.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from automlperf import rules
+from automlperf.config import Config, ConfigError
+from automlperf.dataset_identity import DatasetIdentityError, identify
+from automlperf.measure import provenance
+from automlperf.measure.result import build_result, write_result
+from automlperf.report.console import LiveView
+from automlperf.runner.launch import Launcher, wait_all
+from automlperf.search.hpo import prepare_storage
+from automlperf.store import Store, TrialStatus, open_store, redact
+from automlperf.store.rundir import RunDir, RunDirError, write_atomic
+from automlperf.store.urls import strip_password
+
+PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password",
+            "container.json"}
+
+
+@dataclass
+class Session:
+    dir: RunDir
+    store: Store
+    run_id: int
+    config: Config
+    segment: int
+    started_at: float
+    deadline_at: float
+    elapsed_before: float
+
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+
+def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume: bool,
+            system: dict[str, Any]) -> Session:
+    """Create the run (or reopen it to resume) and open a new session with its deadline."""
+    rd = RunDir(run_dir)
+    # Scanning the data comes before the clock starts: it is not the benchmark's work.
+    origin = record_origin(config) if config is not None and not resume else {}
+    now = time.time()
+    if resume:
+        meta = rd.meta()
+        run_id = int(meta["run_id"])
+        store = open_store(rd.store_url(store_url), run_dir=run_dir)
+        config = Config.load(rd.config)
+        # Trials that were running when the run stopped are over; their epochs stay.
+        store.expire_leases(run_id, math.inf)
+        segments = store.segments(run_id)
+        for seg in segments:
+            if seg.ended_at is None:
+                store.end_segment(run_id, seg.index, min(seg.last_seen, seg.deadline_at))
+        elapsed = sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
+    else:
+        if config is None:
+            raise ValueError("a new run needs a configuration")
+        config.check_official()
+        if run_dir.exists() and any(p.name not in PREPARED for p in run_dir.iterdir()):
+            raise RunDirError(f"{run_dir} exists and is not empty: pass --resume to continue "
+                              "that run, or choose another --run-dir")
+        system = {**system, **origin}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(rd.config, config.to_toml())
+        write_atomic(rd.system, json.dumps(system, indent=1) + "\n")
+        store = open_store(store_url, run_dir=run_dir, create=True)
+        run_id = store.create_run(run_dir.name, config.model_dump(mode="json"), system,
+                                  config.run.duration_s, now)
+        rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
+        elapsed = 0.0
+    prepare_storage(store.url)
+    remaining = max(0.0, config.run.duration_s - elapsed)
+    segment = store.start_segment(run_id, now, now + remaining)
+    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
+
+
+def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, Any]:
+    """What a new run records beside the system description: the ruleset it is judged by,
+    its provenance, and the identity of its data (scanned once, here). An official run on
+    data that is not the ruleset's dataset is refused before anything is written."""
+    config.check_official()
+    identity = None
+    if config.data.dataset == ruleset.dataset.name and config.data.data_dir is not None:
+        try:
+            identity = identify(config.data.data_dir, ruleset.dataset)
+        except DatasetIdentityError as exc:
+            if config.run.official:
+                raise ConfigError(f"official run refused: {exc}") from None
+            # An unofficial run goes on; its replicas say why they cannot read the data.
+            identity = {"layout": None, "classes": 0, "train_images": 0, "val_images": 0,
+                        "files": 0, "fingerprint": None, "problems": [str(exc)]}
+        if config.run.official and identity["problems"]:
+            raise ConfigError(f"official run refused: {config.data.data_dir} is not "
+                              f"{ruleset.dataset.name} as ruleset {ruleset.id} defines it: "
+                              + "; ".join(identity["problems"]))
+    return {"ruleset": ruleset.id, "provenance": provenance.collect(),
+            "dataset_identity": identity}
+
+
+def replica_states(launcher: Launcher) -> list[str]:
+    """What the live view shows per replica: the launcher's own words where it has them."""
+    states = getattr(launcher, "states", None)
+    if states is not None:
+        return list(states())
+    return ["up" if alive else "exited" for alive in launcher.alive()]
+
+
+@dataclass
+class Watch:
+    """How supervision ended: ``completed`` (the deadline, or every replica done),
+    ``interrupted`` (Ctrl-C, SIGTERM) or ``failed`` (the run cannot train; ``reason``)."""
+
+    state: str
+    reason: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return self.state == "completed"
+
+
+def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None],
+            log_dir: Path) -> str | None:
+    """Why the run cannot go on, if it cannot: a replica gave up and recorded why, or every
+    replica exited with an error without saying why (it could not even start)."""
+    for rep in store.replicas(run_id):
+        if rep.segment == segment and rep.status == TrialStatus.FAILED and rep.reason:
+            return f"replica {rep.index} ({rep.host}): {rep.reason}"
+    if exit_codes and all(code is not None and code != 0 for code in exit_codes):
+        codes = ", ".join(f"replica {i}: {code}" for i, code in enumerate(exit_codes))
+        return (f"every replica exited with an error before the deadline ({codes}); see "
+                f"{log_dir}/replica-*.log")
+    return None
+
+
+def leases_judged(store: Store, now: float, lease_s: float) -> bool:
+    """Whether lapsed leases at ``now`` mean silent replicas: not until a full lease has
+    passed since the store came back from an outage, which kept live replicas from
+    heart-beating as much as dead ones."""
+    return now - store.silent_since(0.0) >= lease_s
+
+
+def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
+    """Watch the replicas until the deadline, until every replica is done, or until the run
+    turns out unable to train."""
+    s = session
+    view = LiveView(s)
+    tick = 1.0
+    last_line = 0.0
+    live = Live(console=console, refresh_per_second=2, transient=False,
+                auto_refresh=False) if console.is_terminal else None
+    try:
+        if live:
+            live.start()
+        while True:
+            now = time.time()
+            s.store.touch_segment(s.run_id, s.segment, now)
+            if leases_judged(s.store, now, s.config.run.lease_timeout_s):
+                s.store.expire_leases(s.run_id, now)
+            states = replica_states(launcher)
+            if live:
+                live.update(view.view(now, states), refresh=True)
+            elif now - last_line > 30:
+                console.print(view.line(now, states), highlight=False)
+                last_line = now
+            broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
+                             s.dir.logs)
+            if broken is not None:
+                return Watch("failed", broken)
+            if now >= s.deadline_at or not any(x in ("up", "waiting") for x in states):
+                return Watch("completed")
+            time.sleep(min(tick, max(0.05, s.deadline_at - now)))
+    except KeyboardInterrupt:
+        return Watch("interrupted")
+    finally:
+        if live:
+            live.stop()
+
+
+def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
+           system: dict[str, Any]) -> dict[str, Any]:
+    """Stop the replicas, close the session and write result.json."""
+    s = session
+    s.store.touch_segment(s.run_id, s.segment, time.time())
+    if watch.completed:
+        # At the deadline replicas stop by themselves, recording cut-short trials as stopped.
+        wait_all(launcher.procs, s.config.run.stop_grace_s)
+    launcher.stop(s.config.run.stop_grace_s)
+    end = min(time.time(), s.deadline_at)
+    s.store.end_segment(s.run_id, s.segment, end)
+    # Anything a killed replica left running is over; its completed epochs count.
+    s.store.expire_leases(s.run_id, math.inf)
+    result = build_result(s.store, s.run_id, s.config, system,
+                          interrupted=watch.state == "interrupted")
+    write_result(s.dir.result, result)
+    return result
+
+
+def redacted(url: str | None) -> str:
+    return redact(url) if url else "history.db"

@@ -1,0 +1,163 @@
+"""The wiring of a real replica: its run directory, store, training processes (or simulated
+devices), search and TPE study, the node's measurement and resource sampler, and the entry
+point of ``automlperf worker``, which a launcher starts once per node. The loop they serve
+is runner/replica.py."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from automlperf.config import Config
+from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
+from automlperf.measure.monitor import SampleCopier
+from automlperf.runner.replica import Placement, Replica
+from automlperf.search import Searcher
+from automlperf.search.hpo import HyperSearch, batch_range
+from automlperf.store import open_store
+from automlperf.store.rundir import RUN_FILE, RunDir
+from automlperf.train.pool import PoolTrainer
+from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
+from automlperf.train.spec import DataArgs, Trainer
+
+log = logging.getLogger("automlperf.replica")
+
+
+class NodeSampler:
+    """The node's sampler process, and the thread that stores what it samples."""
+
+    def __init__(self, proc: subprocess.Popen[str], copier: SampleCopier) -> None:
+        self.proc = proc
+        self.copier = copier
+
+    def terminate(self) -> None:
+        self.proc.terminate()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        code = self.proc.wait(timeout)
+        self.copier.join(timeout)  # its last sample, taken as it stopped
+        return code
+
+
+
+def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int | None = None,
+                 threads: int | None = None, sample: bool = True) -> Replica:
+    """The replica of a run directory with the collaborators of a real run: the run's store,
+    a pool of training processes on this node's accelerators (or, in a simulated run,
+    simulated devices, and then nothing loads torch), the search and its TPE study."""
+    rd = RunDir(Path(run_dir))
+    run_id = int(rd.meta()["run_id"])
+    url = rd.store_url(store_url)
+    store = open_store(url, run_dir=rd.path)
+    config = Config.load(rd.config)
+    wanted = devices or config.run.devices_per_replica
+    trainer: Trainer
+    if config.simulated:
+        chosen = simulated_devices(wanted or 1)
+        per_device = max(1, (threads or cores_available()) // len(chosen))
+        trainer = SimulatedTrainer(chosen, config)
+        memory: float | None = config.simulation.memory_gib
+    else:
+        chosen = choose_devices(wanted)
+        per_device = max(1, (threads or cores_available()) // len(chosen))
+        trainer = PoolTrainer(chosen, DataArgs.from_config(config.data, per_device), per_device)
+        memory = accelerator_memory_gib()
+    place = Placement(rd, run_id, config, index, store.segments(run_id)[-1], chosen, per_device)
+    world = len(chosen)
+    default_batch = config.train.per_device_batch(memory) * world
+    search = config.search
+    hpo = HyperSearch(store.url, f"run-{run_id}-replica-{index}",
+                      batch_range(default_batch, search.batch_size_factors, world),
+                      search.kernel_sizes, multiple=world, seed=config.run.seed + index,
+                      startup_trials=search.tpe_startup_trials)
+
+    def probe() -> dict[str, Any]:
+        if config.simulated:
+            from automlperf.measure.system import describe
+
+            # Nothing to measure: the node's own description, with the modelled devices.
+            return {"system": describe(simulated=describe_devices(config.simulation, world)),
+                    "devices": chosen, "simulated": True,
+                    "error": "simulated accelerators: no ceiling is measured"}
+        from automlperf.measure.ceiling import run_measurement
+
+        return run_measurement(chosen, config.train.precision, per_device * world,
+                               config.monitor.ceiling_s)
+
+    def sampler(description: dict[str, Any]) -> NodeSampler:
+        """This node's resource sampler, in a process of its own; its samples reach the
+        store through this replica's connection."""
+        from automlperf.runner.identity import local_size
+
+        # The node's one sampler also covers the GPUs of the other replicas on the node.
+        every = ["--every-gpu"] if local_size() > 1 else []
+        if config.simulated:
+            every = ["--host-only"]
+        node = socket.gethostname()
+        rd.logs.mkdir(exist_ok=True)
+        with open(rd.logs / f"monitor-{node}.log", "ab") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
+                 str(rd.path), "--interval", str(config.monitor.interval_s),
+                 "--uuids", ",".join(description.get("uuids", [])), "--node", node,
+                 "--to-stdout", *every],
+                stdout=subprocess.PIPE, stderr=log_file, text=True)
+        assert proc.stdout is not None
+        return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
+
+    return Replica(place, store, trainer, Searcher(search), hpo, default_batch,
+                   probe_node=probe, start_sampler=sampler if sample else None)
+
+
+def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
+                     poll_s: float = 1.0) -> bool:
+    """Wait until the run directory is prepared and its current session is open: a site's
+    launcher may start replicas before (or while) the primary sets the run up."""
+    rd = RunDir(Path(run_dir))
+    deadline = time.monotonic() + timeout_s
+    store = None
+    try:
+        while True:
+            if (rd.path / RUN_FILE).exists():
+                if store is None:
+                    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+                segments = store.segments(int(rd.meta()["run_id"]))
+                if segments and segments[-1].ended_at is None and \
+                        segments[-1].deadline_at > time.time():
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
+               threads: int | None, sample: bool = True, wait_s: float = 0.0) -> int:
+    """Entry point of ``automlperf worker``; identity from the launcher's environment when
+    not given."""
+    from automlperf.runner.identity import local_rank, replica_identity
+
+    source = "--replica-index"
+    if index is None:
+        index, source = replica_identity()
+        # One resource sampler per node: the first replica a launcher put there.
+        sample = sample and local_rank() == 0
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s replica-{index} %(levelname)s %(message)s")
+    log.info("replica %d (from %s) on %s%s", index, source, socket.gethostname(),
+             ", sampling the node's resources" if sample else "")
+    if wait_s > 0 and not wait_for_session(run_dir, store_url, wait_s):
+        log.error("no open session of a run in %s after %.0f s: start `automlperf run "
+                  "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
+        return 1
+    replica = open_replica(run_dir, store_url, index, devices, threads, sample)
+    signal.signal(signal.SIGTERM, lambda *_: replica.stop.set())
+    return replica.run()
