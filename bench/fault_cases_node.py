@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # imagefolder.make_image_folder
+sys.path.insert(0, str(HERE.parent / "tests"))  # imagefolder, helpers
+
+from helpers import OOM_CONFIG, sim_config  # noqa: E402
 
 LEASE_S = 10
 
@@ -40,28 +42,11 @@ def _cli(*args: Any) -> list[str]:
     return [sys.executable, "-m", "automlperf.cli", *map(str, args)]
 
 
-def sim_config(lease_s: float = LEASE_S) -> str:
+def node_fault_config(lease_s: float = LEASE_S) -> str:
     """Simulated devices slow enough that a trial lasts several seconds of a small seed on
     the digits; the run ends at its deadline."""
-    return f"""[run]
-accelerator = "simulated"
-heartbeat_s = 1
-lease_timeout_s = {lease_s}
-stop_grace_s = 10
-[data]
-dataset = "digits"
-[train]
-max_epochs = 4
-batch_size = 64
-[search]
-tpe_startup_trials = 1
-candidates_per_generation = 16
-[monitor]
-interval_s = 5
-ceiling_s = 0.3
-[simulation]
-sustained_ops = 2e10
-"""
+    return sim_config(max_epochs=4, lease_timeout_s=lease_s, stop_grace_s=10)
+
 
 
 def wait_for(probe: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
@@ -104,7 +89,7 @@ def slurm_cluster(base: Path, nodes: int) -> Iterator[dict[str, str]]:
 
 
 def submit(scratch: Path, env: dict[str, str], nodes: int, duration: str) -> tuple[str, Path]:
-    (scratch / "sim.toml").write_text(sim_config())
+    (scratch / "sim.toml").write_text(node_fault_config())
     run_dir = scratch / "run"
     done = subprocess.run(_cli("slurm", "--nodes", nodes, "--duration", duration, "--run-dir",
                                run_dir, "--config", scratch / "sim.toml", "--submit"),
@@ -303,22 +288,7 @@ def host_oom(scratch: Path) -> dict[str, Any]:
 
     from automlperf.store import open_store
 
-    (scratch / "oom.toml").write_text("""
-[run]
-duration_s = 900
-heartbeat_s = 1
-lease_timeout_s = 6
-[data]
-dataset = "synthetic"
-image_size = 256
-synthetic_images = 4096
-synthetic_classes = 10
-[model]
-seed_model = "resnet_small"
-[train]
-max_epochs = 2
-batch_size = 4096
-""")
+    (scratch / "oom.toml").write_text(OOM_CONFIG)
     run_dir = scratch / "run"
 
     def limit() -> None:

@@ -24,26 +24,15 @@ from typing import Any
 from automlperf.store import open_store
 from automlperf.store.pgserver import PostgresServer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import sim_config  # noqa: E402
 
-def sim_config(rounds: int, lease_s: float, **run: Any) -> str:
+
+def store_fault_config(rounds: int, lease_s: float, **run: Any) -> str:
     """Two simulated replicas whose epochs last a few seconds, a run ended by its rounds."""
-    settings = {"accelerator": "simulated", "replicas": 2, "heartbeat_s": 1,
-                "lease_timeout_s": lease_s, "stop_grace_s": 10, "max_rounds": rounds, **run}
-    lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
-    return "\n".join(lines) + """
-[data]
-dataset = "digits"
-[train]
-max_epochs = 2
-batch_size = 64
-[search]
-tpe_startup_trials = 1
-candidates_per_generation = 8
-[monitor]
-interval_s = 2
-[simulation]
-sustained_ops = 2e10
-"""
+    return sim_config(candidates=8, monitor_interval=2, ceiling_s=None, replicas=2,
+                      lease_timeout_s=lease_s, stop_grace_s=10, max_rounds=rounds, **run)
+
 
 
 def cli(*args: Any) -> list[str]:
@@ -144,7 +133,7 @@ def pg_restarted(scratch: Path, outage_s: float = 30.0, lease_s: float = 20.0,
     server, url, home = private_server(scratch)
     try:
         config = scratch / "sim.toml"
-        config.write_text(sim_config(rounds, lease_s))
+        config.write_text(store_fault_config(rounds, lease_s))
         run_dir = scratch / "run"
         proc = start_run(run_dir, config, url)
         before = first_epoch(url, run_dir, proc)
@@ -183,7 +172,7 @@ def pg_down(scratch: Path, retry_s: float = 10.0, rounds: int = 4) -> dict[str, 
     env = {"AUTOMLPERF_STORE_RETRY_S": str(retry_s)}
     try:
         config = scratch / "sim.toml"
-        config.write_text(sim_config(rounds, 600))
+        config.write_text(store_fault_config(rounds, 600))
         run_dir = scratch / "run"
         proc = start_run(run_dir, config, url, env=env)
         before = first_epoch(url, run_dir, proc)
@@ -237,7 +226,7 @@ def sqlite_full(scratch: Path, size_mb: int = 64, rounds: int = 4) -> dict[str, 
                    check=True)
     try:
         config = scratch / "sim.toml"
-        config.write_text(sim_config(rounds, 600))
+        config.write_text(store_fault_config(rounds, 600))
         run_dir = mount / "run"
         proc = start_run(run_dir, config, None)
         before = first_epoch(None, run_dir, proc)

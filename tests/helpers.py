@@ -24,6 +24,49 @@ def cli_args(*args):
     return [sys.executable, "-m", "automlperf.cli", *map(str, args)]
 
 
+def sim_config(sustained_ops=2e10, max_epochs=2, candidates=16, monitor_interval=5,
+               ceiling_s=0.3, **run) -> str:
+    """A run of simulated devices on the small digits, with ``run`` settings: at the default
+    rate an epoch of the small seed lasts a few seconds (its operations counted, as always)."""
+    settings = {"accelerator": "simulated", "heartbeat_s": 1, **run}
+    lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
+    monitor = f"interval_s = {monitor_interval}\n"
+    if ceiling_s is not None:
+        monitor += f"ceiling_s = {ceiling_s}\n"
+    return "\n".join(lines) + f"""
+[data]
+dataset = "digits"
+[train]
+max_epochs = {max_epochs}
+batch_size = 64
+[search]
+tpe_startup_trials = 1
+candidates_per_generation = {candidates}
+[monitor]
+{monitor}[simulation]
+sustained_ops = {sustained_ops!r}
+"""
+
+
+# Every trial needs more host memory than a 6 GiB address-space limit allows.
+OOM_CONFIG = """
+[run]
+duration_s = 900
+heartbeat_s = 1
+lease_timeout_s = 6
+[data]
+dataset = "synthetic"
+image_size = 256
+synthetic_images = 4096
+synthetic_classes = 10
+[model]
+seed_model = "resnet_small"
+[train]
+max_epochs = 2
+batch_size = 4096
+"""
+
+
 def fast_config(**run) -> str:
     """A configuration that searches fast on the small digits at their native 8x8:
     1-, 1-, 2-epoch warm-up rounds, then 2-epoch TPE rounds."""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import cli, wait_for
+from helpers import cli, sim_config, wait_for
 from test_slurm import wait_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -21,28 +21,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 LEASE_S = 10
 
 
-def sim_config() -> str:
+def node_fault_config() -> str:
     """A trial of the small seed on the digits lasts seconds on these simulated devices; the
     run ends at its deadline."""
-    return f"""[run]
-accelerator = "simulated"
-heartbeat_s = 1
-lease_timeout_s = {LEASE_S}
-stop_grace_s = 10
-[data]
-dataset = "digits"
-[train]
-max_epochs = 4
-batch_size = 64
-[search]
-tpe_startup_trials = 1
-candidates_per_generation = 16
-[monitor]
-interval_s = 5
-ceiling_s = 0.3
-[simulation]
-sustained_ops = 2e10
-"""
+    return sim_config(max_epochs=4, lease_timeout_s=LEASE_S, stop_grace_s=10)
+
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +41,7 @@ def slurm_cluster_3(tmp_path_factory):
 
 
 def submit(tmp_path, env, nodes, duration):
-    (tmp_path / "sim.toml").write_text(sim_config())
+    (tmp_path / "sim.toml").write_text(node_fault_config())
     run_dir = tmp_path / "run"
     done = cli("slurm", "--nodes", nodes, "--duration", duration, "--run-dir", run_dir,
                "--config", tmp_path / "sim.toml", "--submit", env=env)

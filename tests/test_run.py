@@ -17,8 +17,8 @@ from automlperf.graph import Graph
 from automlperf.measure.score import counted_epochs
 from automlperf.ops import count, epoch_ops
 from automlperf.store import open_store
-from helpers import (cli, cli_args, default_sigint, fast_config, folder_config, marked_env,
-                     wait_for, wait_no_strays, write_config)
+from helpers import (OOM_CONFIG, cli, cli_args, default_sigint, fast_config, folder_config,
+                     marked_env, wait_for, wait_no_strays, write_config)
 from imagefolder import make_image_folder
 
 pytestmark = pytest.mark.slow
@@ -277,22 +277,7 @@ def test_trials_that_keep_failing_alike_stop_the_run(tmp_path):
     Three in a row for the same reason end the run with what to change; the failed trials
     stay recorded. (A 6 GiB address-space limit makes the allocation fail on any host.)"""
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, """
-[run]
-duration_s = 900
-heartbeat_s = 1
-lease_timeout_s = 6
-[data]
-dataset = "synthetic"
-image_size = 256
-synthetic_images = 4096
-synthetic_classes = 10
-[model]
-seed_model = "resnet_small"
-[train]
-max_epochs = 2
-batch_size = 4096
-""")
+    config = write_config(tmp_path, OOM_CONFIG)
     env, mark = marked_env()
 
     def limit():

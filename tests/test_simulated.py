@@ -11,6 +11,7 @@ import time
 
 import pytest
 from helpers import SMALL8, trial_spec
+from helpers import sim_config as sim_run_config
 from test_replica import make_replica
 
 from automlperf.config import Config, ConfigError
@@ -210,23 +211,8 @@ def test_an_official_simulated_run_is_refused_and_the_setting_is_checked():
 
 def simulated_run(tmp_path, rounds=4, sustained_ops=1e13):
     """A run directory prepared as `automlperf run` prepares it, for a replica in-process."""
-    (tmp_path / "config.toml").write_text(f"""
-[run]
-accelerator = "simulated"
-heartbeat_s = 1
-lease_timeout_s = 600
-max_rounds = {rounds}
-[data]
-dataset = "digits"
-[train]
-max_epochs = 2
-batch_size = 64
-[search]
-tpe_startup_trials = 1
-candidates_per_generation = 16
-[simulation]
-sustained_ops = {sustained_ops!r}
-""")
+    (tmp_path / "config.toml").write_text(sim_run_config(sustained_ops, lease_timeout_s=600,
+                                                      max_rounds=rounds))
     config = Config.load(tmp_path / "config.toml")
     system = describe(simulated=simulated_system(config))  # as `automlperf run` describes it
     return steps.prepare(config, tmp_path / "run", None, False, system)

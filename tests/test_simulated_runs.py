@@ -9,33 +9,17 @@ import shutil
 
 import pytest
 
-from helpers import cli
+from helpers import cli, sim_config
 from test_slurm import stored, wait_job
 
 pytestmark = pytest.mark.slow
 
 
-def sim_config(rounds, **run) -> str:
+def runs_config(rounds, **run) -> str:
     """Simulated devices sustaining a modest rate, so that an epoch of the small seed on the
     digits lasts a fraction of a second (its operations counted, as always)."""
-    settings = {"accelerator": "simulated", "heartbeat_s": 1, "lease_timeout_s": 600,
-                "max_rounds": rounds, **run}
-    lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
-    return "\n".join(lines) + """
-[data]
-dataset = "digits"
-[train]
-max_epochs = 2
-batch_size = 64
-[search]
-tpe_startup_trials = 1
-candidates_per_generation = 16
-[monitor]
-interval_s = 5
-ceiling_s = 0.3
-[simulation]
-sustained_ops = 2e11
-"""
+    return sim_config(sustained_ops=2e11, lease_timeout_s=600, max_rounds=rounds, **run)
+
 
 
 @pytest.mark.slurm
@@ -43,7 +27,7 @@ def test_a_simulated_run_on_eight_slurm_nodes_completes_verifies_and_is_labelled
         slurm_cluster_8, tmp_path):
     env = slurm_cluster_8
     run_dir = tmp_path / "run"
-    (tmp_path / "sim.toml").write_text(sim_config(2))
+    (tmp_path / "sim.toml").write_text(runs_config(2))
     done = cli("slurm", "--nodes", 8, "--duration", "15m", "--run-dir", run_dir,
                "--config", tmp_path / "sim.toml", "--submit", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -90,8 +74,8 @@ def local_run(tmp_path, name, replicas, config):
 
 
 def test_weak_scaling_of_simulated_runs_and_the_mixes_it_refuses(tmp_path):
-    one = local_run(tmp_path, "one", 1, sim_config(2))
-    four = local_run(tmp_path, "four", 4, sim_config(2))
+    one = local_run(tmp_path, "one", 1, runs_config(2))
+    four = local_run(tmp_path, "four", 4, runs_config(2))
     page = tmp_path / "scaling.html"
     done = cli("compare", "--scaling", four, one, "--html", page, "--json")
     assert done.returncode == 0, done.stderr
@@ -112,7 +96,7 @@ def test_weak_scaling_of_simulated_runs_and_the_mixes_it_refuses(tmp_path):
     done = cli("compare", one, four)
     assert done.returncode == 0 and "SIMULATED: runs marked so" in done.stdout
 
-    measured = local_run(tmp_path, "measured", 1, sim_config(1, accelerator="real"))
+    measured = local_run(tmp_path, "measured", 1, runs_config(1, accelerator="real"))
     assert json.loads((measured / "result.json").read_text())["simulated"] is False
     done = cli("compare", "--scaling", one, measured, "--html", page)
     assert done.returncode == 2
