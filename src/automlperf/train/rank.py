@@ -14,7 +14,7 @@ from typing import Any
 
 from automlperf import hardware
 from automlperf.procutil import die_with_parent
-from automlperf.train.rankenv import set_rank_environment
+from automlperf.train.rankenv import keep_host_memory, set_rank_environment
 from automlperf.train.spec import TrialSpec
 
 
@@ -60,9 +60,11 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
 
         torch.set_num_threads(max(1, threads))
         device = torch.device(device_name)
-        if device.type == "cuda":
+        if device.type == "cpu":
+            keep_host_memory()
+        elif device.type == "cuda":
             torch.cuda.set_device(device)
-        elif device.type != "cpu":
+        else:
             torch.accelerator.set_device_index(device.index)
         if world > 1:
             dist.init_process_group(process_group_backend(device.type),

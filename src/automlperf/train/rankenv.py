@@ -7,7 +7,10 @@ the user set is kept.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import sys
 from collections.abc import MutableMapping
 
 # Where a user may have configured the caching allocator (the first is PyTorch 2.9's name; the
@@ -18,6 +21,12 @@ ALLOC_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 # one long-lived rank fragment the cache far less.
 ALLOC_DEFAULT = "expandable_segments:True"
 COMPILE_THREADS_VAR = "TORCHINDUCTOR_COMPILE_THREADS"
+# glibc's mallopt parameters, and the size below which a CPU rank keeps freed memory for reuse.
+# By default glibc maps every block above 32 MiB afresh and unmaps it when freed, so a CPU
+# rank page-faults its whole activation memory in (zeroed by the kernel) at every step: at
+# ResNet-50's batch 16 on 224 px, half a million faults and a tenth of the step in the kernel.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+HOST_KEEP_BYTES = 1 << 30
 
 
 def compile_threads(rank_threads: int, decode_workers: int) -> int:
@@ -47,3 +56,20 @@ def configured_compile_threads(default: int) -> int:
         return max(1, int(os.environ.get(COMPILE_THREADS_VAR, "")))
     except ValueError:
         return max(1, default)
+
+
+def keep_host_memory(limit: int = HOST_KEEP_BYTES) -> bool:
+    """Have glibc serve blocks up to ``limit`` from the heap and keep freed ones for the next
+    step instead of returning them to the kernel. For ranks that train on the CPU, whose
+    tensors live in host memory; the process then holds its peak memory between trials,
+    which the next trial needs again. False where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    value = min(limit, 2**31 - 1)
+    return bool(mallopt(M_MMAP_THRESHOLD, value)) and bool(mallopt(M_TRIM_THRESHOLD, value))

@@ -289,21 +289,21 @@ class _Run:
             self.optimizer.step()
             self.schedule.step()
 
-    @torch.no_grad()
     def validate(self) -> tuple[int, int]:
         """(correct, images) of this rank's validation shard."""
         self.average_buffers()
         self.module.eval()
         correct = torch.zeros((), dtype=torch.long, device=self.device)
         seen = 0
-        for x, y in self.data.batches("val", self.ctx.rank, self.ctx.world, self.per_rank, 0,
-                                      self.spec.seed, self.device):
-            with self.autocast:
-                logits = self.module(x.contiguous(memory_format=self.memory_format))
-            correct += (logits.argmax(1) == y).sum()
-            seen += len(y)
+        # inference_mode, not no_grad: no autograd bookkeeping (version counters, views).
+        with torch.inference_mode():
+            for x, y in self.data.batches("val", self.ctx.rank, self.ctx.world, self.per_rank,
+                                          0, self.spec.seed, self.device):
+                with self.autocast:
+                    logits = self.module(x.contiguous(memory_format=self.memory_format))
+                correct += (logits.argmax(1) == y).sum()
+                seen += len(y)
         return int(correct), seen
-
 
     def average_buffers(self) -> None:
         """Every rank validates (and rank 0 saves) with the BatchNorm statistics averaged

@@ -1,0 +1,46 @@
+"""The host allocator a CPU rank sets up: freed activation memory is kept for the next step
+instead of being unmapped and page-faulted back in (counted, so no speed is assumed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# A step's worth of large blocks (two of 64 MiB, written), freed and allocated again, as a
+# training step does: page faults per step once the heap has settled (aligned allocations
+# take a few steps to find their places).
+_PROBE = """
+import json, resource, sys
+import torch
+from automlperf.train.rankenv import keep_host_memory
+kept = keep_host_memory() if sys.argv[1] == "keep" else False
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def step():
+    blocks = [torch.ones(64 << 20 >> 2) for _ in range(2)]
+    del blocks
+for _ in range(8):
+    step()
+before = faults()
+for _ in range(4):
+    step()
+print(json.dumps({"kept": kept, "faults_per_repeat": (faults() - before) / 4}))
+"""
+
+
+def _probe(mode: str) -> dict[str, float]:
+    done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True,
+                          timeout=600, check=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_cpu_rank_keeps_freed_blocks_instead_of_faulting_them_back_in():
+    default, kept = _probe("default"), _probe("keep")
+    assert kept["kept"] is True
+    pages = (2 * (64 << 20)) // 4096  # what the default pays in every repeat
+    assert default["faults_per_repeat"] >= 0.9 * pages
+    assert kept["faults_per_repeat"] < 0.05 * pages
