@@ -17,7 +17,8 @@ side in one run.
    step time (the share every epoch event records).
 
 The files are JPEGs of ImageNet's typical size (500x375, quality 90) cut from the photo
-matplotlib ships, written once into a temporary folder.
+matplotlib ships (train/data/generate.py, as `automlperf doctor` writes them), written once
+into a temporary folder.
 
 Run: python bench/bench_imagenet_pipeline.py [--images 384] [--passes 6] [--batch 128]
 """
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import statistics
 import sys
@@ -41,28 +41,14 @@ import torch
 from automlperf.graph import seeds
 from automlperf.hardware import cores_available
 from automlperf.train.data import ImageFolderDataset, plan_loader
+from automlperf.train.data.generate import write_photo_folder
 from automlperf.train.trainer import RankContext, TrialSpec, _Run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from imagefolder import photo  # noqa: E402
 from legacy_loader import legacy_batches, legacy_memory_bound  # noqa: E402
 
 CPU = torch.device("cpu")
 SHM = "/dev/shm"
-
-
-def write_folder(root: Path, images: int, classes: int = 8) -> None:
-    rng = random.Random(0)
-    src = photo()
-    for i in range(images):
-        for split in ("train", "val"):
-            folder = root / split / f"n{i % classes:08d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            w, h = rng.randint(250, src.width), rng.randint(250, src.height)
-            left, top = rng.randint(0, src.width - w), rng.randint(0, src.height - h)
-            img = src.crop((left, top, left + w, top + h)).resize((500, 375))
-            img.save(folder / f"{split}_{i}.JPEG", quality=90)
 
 
 class ShmPeak:
@@ -136,7 +122,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        write_folder(root, args.images)
+        write_photo_folder(root, 8, args.images // 8, args.images // 8)
         for workers in (1, 2):
             new = ImageFolderDataset(root, 224, workers)
             items = new.index.items("train")

@@ -1,18 +1,16 @@
-"""ImageNet-layout folders of real JPEG photos for the tests: patches cut from the photo that
-ships with matplotlib (its sample data), with a few corrupt files among them."""
+"""ImageNet-layout folders of real JPEG photos for the tests: small patches cut from the photo
+that ships with matplotlib (train/data/generate.py), with a few corrupt files among them."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
-from matplotlib import cbook
 from PIL import Image
 
+from automlperf.train.data.generate import photo
 
-def photo() -> Image.Image:
-    with cbook.get_sample_data("grace_hopper.jpg") as f:
-        return Image.open(f).convert("RGB")
+__all__ = ["assert_every_image_counted", "make_image_folder", "photo"]
 
 
 def make_image_folder(root: Path, classes: int = 4, train_per_class: int = 12,

@@ -389,6 +389,49 @@ def compare(
 
 @app.command()
 @user_errors
+def doctor(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for doctor.json, the generated "
+                                          "images and the short run.")] = Path("doctor"),
+    quick: Annotated[bool, typer.Option(help="Every item shrunk (a small seed at 32 px, no "
+                                        "compilation, one round): a smoke test, not the "
+                                        "official shape's figures.")] = False,
+    devices: Annotated[Optional[int], typer.Option(min=1, help="Accelerators to check "
+                                                   "(default all).")] = None,
+    precision: Annotated[str, typer.Option(help="auto, bf16, fp16, tf32, fp32.")] = "auto",
+    run_duration: Annotated[str, typer.Option(help="Length of the short official-shape "
+                                              "run.")] = "150s",
+    data_dir: Annotated[Optional[Path], typer.Option(help="An ImageNet-layout folder to use "
+                                                     "instead of generated images.")] = None,
+) -> None:
+    """Check this node end to end: devices, ceiling, training, memory, input pipeline,
+    energy, and a short run verified by check. Exits 1 when an item fails."""
+    from automlperf.config import parse_duration
+    from automlperf.runner.doctor import Check, DoctorRequest, run_doctor
+
+    marks = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fail[/]",
+             "skip": "[dim]skip[/]"}
+
+    def show(check: Check) -> None:
+        line = f"{marks[check.status]}  {check.name:<20} {escape(check.summary)}"
+        if check.advice:
+            line += f"\n      -> {escape(check.advice)}"
+        out.print(line, highlight=False, soft_wrap=True)
+
+    report = run_doctor(DoctorRequest(out_dir, quick, devices, precision,
+                                      parse_duration(run_duration), data_dir), show)
+    table = Table(title="automlperf doctor" + (" (quick)" if quick else ""))
+    for col in ("item", "status", "measured", "s"):
+        table.add_column(col)
+    for c in report.checks:
+        table.add_row(c.name, marks[c.status], escape(c.summary), f"{c.seconds:.0f}")
+    out.print(table)
+    out.print(f"written: {report.path}", highlight=False)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
 def info(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Describe this system: CPUs, memory, accelerators, software versions."""
     from automlperf.measure.system import describe

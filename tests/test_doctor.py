@@ -1,0 +1,86 @@
+"""`automlperf doctor`: the node checklist end to end (shortened with --quick), its JSON, and
+the one-line failure of a node whose data cannot be read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from automlperf.runner import doctor
+from automlperf.runner.doctor import STATUSES, DoctorRequest
+
+ITEMS = ["devices", "ceiling", "train eager", "train channels_last", "train compiled",
+         "memory", "input pipeline", "energy", "official run"]
+
+
+def _doctor(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "automlperf.cli", "doctor", "--quick",
+                           *map(str, args)], capture_output=True, text=True, timeout=1800)
+
+
+@pytest.mark.slow
+def test_the_quick_doctor_passes_on_this_machine_and_writes_every_item(tmp_path):
+    done = _doctor("--out", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert list(checks) == ITEMS and report["passed"]
+    assert all(c["status"] in STATUSES and c["status"] != "fail" for c in checks.values())
+    assert checks["ceiling"]["figures"]["ceiling_ops"] > 0
+    eager = checks["train eager"]["figures"]
+    assert eager["images_per_s"] > 0 and eager["fraction_of_ceiling"] > 0
+    assert checks["train channels_last"]["figures"]["channels_last"] is True
+    assert checks["input pipeline"]["figures"]["needed_images_per_s"] == eager["images_per_s"]
+    run = checks["official run"]["figures"]
+    assert run["check_ok"] and run["epochs"] >= 1
+    assert (tmp_path / "run" / "result.json").exists()
+    assert "automlperf doctor (quick)" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_folder_that_cannot_be_read_fails_the_doctor_in_one_line_per_item(tmp_path):
+    data = tmp_path / "data"
+    (data / "train" / "n00000000").mkdir(parents=True)
+    (data / "train" / "n00000000" / "a.JPEG").write_bytes(b"not a jpeg")
+    done = _doctor("--out", tmp_path / "out", "--data-dir", data)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stdout + done.stderr
+    checks = {c["name"]: c for c in json.loads((tmp_path / "out" / "doctor.json").read_text())["checks"]}
+    assert checks["input pipeline"]["status"] == "fail"
+    assert "val" in checks["input pipeline"]["summary"]
+    assert checks["official run"]["status"] == "fail"
+    assert checks["train eager"]["status"] != "fail"  # the rest of the node is still checked
+
+
+def test_an_item_that_raises_is_a_failure_and_the_others_still_run(tmp_path, monkeypatch):
+    def broken(node, shape):
+        raise OSError("the device vanished")
+
+    def fine(node, shape):
+        return doctor.Check("energy", "pass", "ok")
+
+    monkeypatch.setattr(doctor, "ITEMS", [("broken", broken), ("energy", fine)])
+    seen: list[str] = []
+    report = doctor.run_doctor(DoctorRequest(tmp_path, quick=True), lambda c: seen.append(c.name))
+    assert seen == ["broken", "energy"]
+    assert [c.status for c in report.checks] == ["fail", "pass"]
+    assert "OSError: the device vanished" in report.checks[0].summary
+    assert json.loads(Path(report.path).read_text())["passed"] is False
+
+
+def test_the_cpu_memory_estimate_extrapolates_two_measured_batches(tmp_path, monkeypatch):
+    peaks = {4: 1000 + 4 * 50, 8: 1000 + 8 * 50}
+    monkeypatch.setattr(doctor, "_probe", lambda shape, b, device, node: {
+        "batch": b, "oom": False, "peak_bytes": peaks[b]})
+    node = doctor._Node(DoctorRequest(tmp_path, quick=True))
+    if node.accelerated:
+        pytest.skip("the estimate is the CPU path")
+    check = doctor._memory(node, doctor.Shape("resnet_small", 32, 4, False))
+    figures = check.figures
+    assert figures["per_image_bytes"] == 50
+    assert figures["estimated_bytes"][figures["default_batch"]] == 1000 + 50 * figures["default_batch"]
+    assert check.status == "pass"
