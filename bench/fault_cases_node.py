@@ -12,18 +12,16 @@ Faults are injected once the store shows the condition they need (a replica hold
 with an epoch done), never after some wall time. The resource faults that change mounts run
 in a private mount namespace (``unshare -m``, as root), so nothing outside the run sees them.
 
-Run: python bench/fault_cases_node.py [NAME ...]
+Run through the campaign: python bench/bench_faults.py [--only NAME]
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -383,28 +381,3 @@ def cases() -> list[tuple[str, str, Callable[[Path], dict[str, Any]]]]:
         ("read-only run dir", "one-line error, exit 1, nothing lost", read_only_run_dir),
     ]
 
-
-def main(argv: list[str]) -> None:
-    rows = []
-    for name, expected, run in cases():
-        if argv and name not in argv:
-            continue
-        with tempfile.TemporaryDirectory(prefix="fault-") as scratch:
-            started = time.monotonic()
-            try:
-                got = run(Path(scratch))
-            except Exception as exc:  # noqa: BLE001 - one broken case is a row, not the end
-                got = {"happened": f"case error: {type(exc).__name__}: {exc}"}
-            got["seconds"] = round(time.monotonic() - started)
-        rows.append({"fault": name, "expected": expected, **got})
-        print(json.dumps(rows[-1]), flush=True)
-    cols = ("fault", "expected", "happened", "exit", "records_before", "records_after", "lost",
-            "check", "detect_s")
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for row in rows:
-        print("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
