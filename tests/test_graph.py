@@ -46,6 +46,17 @@ def test_resnet50_any_size_and_classes(size, classes, channels):
     assert g.num_classes == classes and g.input_shape == (channels, size, size)
 
 
+def test_the_small_seeds_width_multiplies_every_convolution_and_nothing_else():
+    narrow, wide = seeds.resnet_small(10, 12, 1), seeds.seed("resnet_small", 10, 12, 1, width=4)
+    assert [layer.name for layer in wide.layers] == [layer.name for layer in narrow.layers]
+    for a, b in zip(narrow.layers, wide.layers):
+        if a.kind == "conv2d":
+            assert (b.out_channels, b.kernel, b.stride) == (4 * a.out_channels, a.kernel, a.stride)
+    assert wide.num_classes == narrow.num_classes and wide.content_hash() != narrow.content_hash()
+    with pytest.raises(ValueError, match="resnet_small only"):
+        seeds.seed("resnet50", 1000, 224, 3, width=2)
+
+
 def test_resnet_small_is_small():
     g = seeds.resnet_small(num_classes=10, image_size=32)
     assert g.num_classes == 10 and g.count("conv2d") < 20

@@ -57,6 +57,8 @@ def ops(
     image_size: Annotated[int, typer.Option(min=8, help="Input side, pixels.")] = 224,
     num_classes: Annotated[int, typer.Option(min=1)] = 1000,
     in_channels: Annotated[int, typer.Option(min=1)] = 3,
+    width: Annotated[int, typer.Option(min=1, max=16, help="Channel multiplier of "
+                                       "resnet_small (model.seed_width).")] = 1,
     graph: Annotated[Optional[Path], typer.Option(help="Count a saved graph JSON instead.")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="Images sharing one parameter update.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -72,10 +74,11 @@ def ops(
         if model not in seeds.SEEDS:
             raise UserError(f"unknown model {model!r}; choose one of {', '.join(seeds.SEEDS)}")
         try:
-            g = seeds.seed(model, num_classes, image_size, in_channels)
-        except GraphError as exc:
+            g = seeds.seed(model, num_classes, image_size, in_channels, width)
+        except (GraphError, ValueError) as exc:
             raise UserError(f"{model} at {image_size}x{image_size}: {exc}") from None
-        label = f"{model}, {in_channels}x{image_size}x{image_size}, {num_classes} classes"
+        label = (f"{model}{f' x{width}' if width > 1 else ''}, {in_channels}x{image_size}x"
+                 f"{image_size}, {num_classes} classes")
     c = count(g, batch_size=batch_size)
     if as_json:
         print(json.dumps(c.to_dict()))

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from automlperf import rules
 from automlperf.errors import UserError
@@ -102,8 +102,20 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     seed_model: Literal["resnet50", "resnet_small"] = Field(
         "resnet50", description="fixed: resnet50. The initial architecture.")
+    seed_width: int = Field(1, ge=1, le=16, description="fixed: 1. Multiplies the channels of "
+                            "the resnet_small seed (the built-in tasks widen it so that a CPU's "
+                            "vector units have whole rows to fill).")
     initial_weights: Literal["kaiming_normal", "kaiming_uniform"] = Field(
         "kaiming_normal", description="Initialisation of untrained weights.")
+
+    @field_validator("seed_width")
+    @classmethod
+    def _width(cls, value: int, info: ValidationInfo) -> int:
+        seed = info.data.get("seed_model")
+        if value != 1 and seed != "resnet_small":
+            raise ValueError(f"applies to the resnet_small seed only; {seed} keeps its own "
+                             "widths (set it to 1)")
+        return value
 
 
 class TrainConfig(_Section):

@@ -90,6 +90,7 @@ AIPERF_2021_1 = Ruleset(
         "data.dataset": "imagenet",
         "data.image_size": 224,
         "model.seed_model": "resnet50",
+        "model.seed_width": 1,
         "search.nas": "network_morphism",
         "search.hpo": "tpe",
         "search.hpo_start_round": 3,

@@ -64,22 +64,28 @@ def resnet50(num_classes: int = 1000, image_size: int = 224, in_channels: int = 
                    num_classes, image_size, in_channels)
 
 
-def resnet_small(num_classes: int = 10, image_size: int = 32, in_channels: int = 3) -> Graph:
+def resnet_small(num_classes: int = 10, image_size: int = 32, in_channels: int = 3,
+                 width: int = 1) -> Graph:
     """A CPU-sized seed for 32x32 inputs: 3x3 stem, one bottleneck block in each of three
-    stages of widths 16-32-64, stride on the first 1x1 as in ResNet-50 v1."""
+    stages of widths 16-32-64 (times ``width``), stride on the first 1x1 as in ResNet-50 v1."""
     stem = [
-        conv("stem_conv", INPUT, 32, 3, 1, padding=1),
+        conv("stem_conv", INPUT, 32 * width, 3, 1, padding=1),
         simple("stem_bn", "batchnorm", "stem_conv"),
         simple("stem_relu", "relu", "stem_bn"),
     ]
-    return _resnet(stem, "stem_relu", (1, 1, 1), (16, 32, 64), 1,
+    return _resnet(stem, "stem_relu", (1, 1, 1), (16 * width, 32 * width, 64 * width), 1,
                    num_classes, image_size, in_channels)
 
 
-def seed(name: str, num_classes: int, image_size: int, in_channels: int = 3) -> Graph:
-    """A seed by name (``resnet50`` or ``resnet_small``)."""
+def seed(name: str, num_classes: int, image_size: int, in_channels: int = 3,
+         width: int = 1) -> Graph:
+    """A seed by name (``resnet50`` or ``resnet_small``); ``width`` multiplies the small
+    seed's channels (ResNet-50 has its own)."""
     if name == "resnet50":
+        if width != 1:
+            raise ValueError("resnet50 keeps its own widths: a channel multiplier applies to "
+                             "resnet_small only")
         return resnet50(num_classes, image_size, in_channels)
     if name == "resnet_small":
-        return resnet_small(num_classes, image_size, in_channels)
+        return resnet_small(num_classes, image_size, in_channels, width)
     raise ValueError(f"unknown seed model {name!r}; choose one of {', '.join(SEEDS)}")

@@ -269,8 +269,9 @@ class Replica:
 
     # --- the loop -----------------------------------------------------------------------
     def _loop(self, dataset: dict[str, Any]) -> None:
-        self.seed_graph = seeds.seed(self.config.model.seed_model, dataset["classes"],
-                                     dataset["image_size"], dataset["channels"])
+        model = self.config.model
+        self.seed_graph = seeds.seed(model.seed_model, dataset["classes"], dataset["image_size"],
+                                     dataset["channels"], model.seed_width)
         done = sum(1 for t in self.store.summaries(self.run_id) if t.replica_index == self.index)
         round_index = done  # a resumed replica goes on counting its rounds
         if not self._rounds_left(round_index):

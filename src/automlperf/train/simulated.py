@@ -109,7 +109,7 @@ class CurveModel:
     def for_config(cls, config: Config) -> CurveModel:
         shape = dataset_shape(config.data)
         seed = seeds.seed(config.model.seed_model, shape["classes"], shape["image_size"],
-                          shape["channels"])
+                          shape["channels"], config.model.seed_width)
         return cls(config.data.dataset, shape["classes"], shape["val_images"],
                    count(seed).forward)
 

@@ -78,8 +78,11 @@ def plan_training(req: TrainRequest) -> TrainPlan:
     if req.graph is not None:
         graph = Graph.read(req.graph)
     else:
+        # A seed named on the command line has its own widths; the configured one, the
+        # configuration's.
+        width = cfg.model.seed_width if req.model in (None, cfg.model.seed_model) else 1
         graph = seeds.seed(req.model or cfg.model.seed_model, probe.num_classes,
-                           probe.image_size, probe.channels)
+                           probe.image_size, probe.channels, width)
     if graph.input_shape != probe.input_shape or graph.num_classes != probe.num_classes:
         raise UserError(f"the graph takes {graph.input_shape} with {graph.num_classes} classes "
                         f"but {probe.name} has {probe.input_shape} with {probe.num_classes}; "
