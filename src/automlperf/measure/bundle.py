@@ -165,8 +165,8 @@ def read_bundle_file(folder: Path) -> dict[str, Any]:
 
 @dataclass
 class Source:
-    """A run directory or a bundle, readable at ``root``. ``label`` is how to name it, and
-    ``archive`` the .tar.gz it was unpacked from (``root`` is then a temporary folder)."""
+    """A run directory or a bundle, readable at ``root``. ``label`` is how the user named it,
+    and ``archive`` the .tar.gz it was unpacked from (``root`` is then a temporary folder)."""
 
     root: Path
     label: str
@@ -174,11 +174,11 @@ class Source:
     archive: Path | None = None
 
     def name(self, text: str) -> str:
-        """``text`` with the temporary folder of an unpacked archive written as the archive."""
-        if self.archive is None:
+        """``text`` with a bundle's files named by their place in the bundle (an unpacked
+        archive's folder is temporary), as its manifest names them."""
+        if not self.bundle:
             return text
-        return text.replace(f"{self.root}/", f"{self.archive}:").replace(str(self.root),
-                                                                         str(self.archive))
+        return text.replace(f"{self.root}/", "").replace(str(self.root), self.label)
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ from automlperf.ops import count, epoch_ops
 from automlperf.ops.count import OpCount
 from automlperf.errors import UserError
 from automlperf.measure import bundle
-from automlperf.measure.revalidate import Revalidation, revalidate as remeasure
+from automlperf.measure.revalidate import RevalidateError, Revalidation, revalidate as remeasure
 from automlperf.store.base import RunRecords
 from automlperf.store.records import ExportedRecords
 from automlperf.store.rundir import RunDir, run_store
@@ -140,6 +140,8 @@ def _check_bundle(rd: RunDir, options: CheckOptions) -> CheckReport:
         meta = rd.meta()
         run_id = int(meta["run_id"])
         report = _check(rd, run_id, ExportedRecords(rd.path), options)
+    except RevalidateError:
+        raise  # asked for what the bundle cannot give: the user's error, said as such
     except (UserError, KeyError, ValueError, TypeError) as exc:
         report = CheckReport()
         report.mismatches.append(f"the figures cannot be recomputed from the bundle: {exc}")

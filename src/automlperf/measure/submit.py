@@ -26,6 +26,7 @@ from typing import Any
 from automlperf import __version__
 from automlperf.errors import UserError
 from automlperf.measure import bundle
+from automlperf.measure.mlperf import read_system_desc
 from automlperf.measure.check import check_run
 from automlperf.measure.result import read_result
 from automlperf.measure.samples import energy_preserving
@@ -125,7 +126,7 @@ def _fill(rd: RunDir, meta: dict[str, Any], into: Path, submitter: str | None,
         trials = db.trials(run_id)
     weights = _trial_files(rd, into, trials, result, all_weights)
     _refuse_secrets(into)
-    desc = _system_desc(into)
+    desc = read_system_desc(into)
     (into / bundle.BUNDLE_FILE).write_text(json.dumps({
         "format": bundle.FORMAT, "version": bundle.VERSION, "automlperf_version": __version__,
         "created_at": time.time(),
@@ -180,11 +181,3 @@ def _refuse_secrets(folder: Path) -> None:
                         if redact(line) != line)
             raise SubmitError(f"{name} line {line} holds a password in a URL: a bundle carries "
                               "no secret. Remove it from the run's file and submit again")
-
-
-def _system_desc(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / "system_desc.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

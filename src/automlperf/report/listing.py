@@ -24,6 +24,7 @@ import jinja2
 from automlperf import __version__
 from automlperf.errors import UserError
 from automlperf.measure.bundle import Source, opened, read_bundle_file
+from automlperf.measure.mlperf import read_system_desc
 from automlperf.measure.check import CheckOptions, check_source
 from automlperf.measure.units import format_ops
 from automlperf.report.compare import row
@@ -84,6 +85,7 @@ def entry(path: Path, check: bool = True, reports: Path | None = None,
                 checked = check_source(source, CheckOptions())
                 verified, problems = checked.ok, checked.mismatches
             described = read_bundle_file(source.root) if source.bundle else {}
+            desc = read_system_desc(source.root)
             e = row(source.root)
             link = None
             if reports is not None and verified is not False:
@@ -95,13 +97,12 @@ def entry(path: Path, check: bool = True, reports: Path | None = None,
         return _unreadable(path, str(exc))
     host = e.pop("system")
     e.update(source=str(path), verified=verified, problems=problems, report=link,
-             submitter=described.get("submitter"), host=host,
-             system=described.get("system_name") or host)
+             submitter=described.get("submitter") or desc.get("submitter"), host=host,
+             system=described.get("system_name") or desc.get("system_name") or host)
     started = e.get("started_at")
     e["date"] = (datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
                  .strftime("%Y-%m-%d") if isinstance(started, (int, float)) else None)
     e["labels"] = _label_set(e)
-    e["section"] = _section(e)
     return e
 
 
@@ -125,7 +126,7 @@ def _unreadable(path: Path, why: str) -> dict[str, Any]:
     e: dict[str, Any] = {name: None for name in COLUMNS}
     e.update(source=str(path), name=Path(path).name, system=Path(path).name, official=False,
              valid=False, simulated=False, verified=False, problems=[why], score=None,
-             labels=["failed verification"], section="failed")
+             labels=["failed verification"])
     return e
 
 
@@ -141,8 +142,17 @@ def listing(paths: list[Path], check: bool = True, reports: Path | None = None,
         entries.append(e)
         if progress is not None:
             progress(path, e)
+    return ranked(entries)
+
+
+def ranked(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``entries`` (with their labels) sectioned, ordered by score within each section, and
+    the ranked ones numbered from 1."""
     order = list(SECTIONS)
-    entries.sort(key=lambda e: (order.index(e["section"]), -(e["score"] or 0.0), e["source"]))
+    for e in entries:
+        e["section"] = _section(e)
+    entries = sorted(entries, key=lambda e: (order.index(e["section"]), -(e["score"] or 0.0),
+                                             e["source"]))
     rank = 0
     for e in entries:
         e["rank"] = None
@@ -170,7 +180,8 @@ def to_csv(entries: list[dict[str, Any]]) -> str:
 _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
                           autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                           lstrip_blocks=True)
-_env.filters["ops"] = format_ops
+# -0.0 (the regulated score at no accuracy) reads as 0.
+_env.filters["ops"] = lambda v: format_ops(None if v is None else v + 0.0)
 
 
 def write_page(entries: list[dict[str, Any]], path: Path, title: str = "automlperf results") -> Path:
