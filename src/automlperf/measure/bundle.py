@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.errors import UserError
-from automlperf.store.records import RECORDS
+from automlperf.store.records import RECORDS, read_versioned
 
 FORMAT = "automlperf-bundle"
 VERSION = 1
@@ -148,19 +147,9 @@ def is_bundle(folder: Path) -> bool:
 def read_bundle_file(folder: Path) -> dict[str, Any]:
     """bundle.json of this or an earlier version."""
     path = folder / BUNDLE_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BundleError(f"{BUNDLE_FILE} is missing: not a bundle written by "
-                          "`automlperf submit`") from None
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"{BUNDLE_FILE} cannot be read ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise BundleError(f"{BUNDLE_FILE} does not describe an automlperf bundle")
-    if not isinstance(data.get("version"), int) or data["version"] > VERSION:
-        raise BundleError(f"{BUNDLE_FILE}: bundle version {data.get('version')!r} is newer "
-                          f"than this automlperf reads ({VERSION}); upgrade automlperf")
-    return data
+    if not path.exists():
+        raise BundleError(f"{BUNDLE_FILE} is missing: not a bundle written by `automlperf submit`")
+    return read_versioned(path, BUNDLE_FILE, FORMAT, VERSION, BundleError)
 
 
 @dataclass

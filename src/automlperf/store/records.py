@@ -81,6 +81,24 @@ class Exported:
     samples_written: int
 
 
+def read_versioned(path: Path, name: str, fmt: str, version: int,
+                   error: type[Exception]) -> dict[str, Any]:
+    """The JSON object at ``path`` (called ``name``) of format ``fmt``, in ``version`` or an
+    earlier one; raises ``error`` saying what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{name} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise error(f"{name} cannot be read ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise error(f"{name} is not {fmt}")
+    if not isinstance(data.get("version"), int) or data["version"] > version:
+        raise error(f"{name}: {fmt} version {data.get('version')!r} is newer than this "
+                    f"automlperf reads ({version}); upgrade automlperf")
+    return data
+
+
 def _line(record: dict[str, Any]) -> str:
     return json.dumps(record) + "\n"
 
@@ -161,12 +179,15 @@ class ExportedRecords(RunRecords):
             raise RecordsError(f"{self._name(path)} is missing") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise RecordsError(f"{self._name(path)} cannot be read ({exc})") from None
-        lines = text.splitlines()
+        return self._parse(path, text.splitlines())
+
+    def _parse(self, path: Path, lines: list[str], first: int = 1) -> list[dict[str, Any]]:
+        """The JSON objects of ``lines`` (line ``first`` onwards of ``path``), in one parse."""
         try:
             with bulk():
                 records = json.loads("[" + ",".join(line for line in lines if line.strip()) + "]")
         except json.JSONDecodeError:
-            for number, line in enumerate(lines, start=1):
+            for number, line in enumerate(lines, start=first):
                 try:
                     json.loads(line)
                 except json.JSONDecodeError as exc:
@@ -197,19 +218,7 @@ class ExportedRecords(RunRecords):
     def run(self, run_id: int) -> dict[str, Any]:
         if self._run is None:
             path = self._path("run.json")
-            try:
-                run = json.loads(path.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                raise RecordsError(f"{self._name(path)} is missing") from None
-            except (OSError, ValueError) as exc:
-                raise RecordsError(f"{self._name(path)} cannot be read ({exc})") from None
-            if not isinstance(run, dict) or run.get("format") != FORMAT:
-                raise RecordsError(f"{self._name(path)} is not automlperf's records")
-            if not isinstance(run.get("version"), int) or run["version"] > VERSION:
-                raise RecordsError(f"{self._name(path)}: records version {run.get('version')!r} "
-                                   f"is newer than this automlperf reads ({VERSION}); upgrade "
-                                   "automlperf")
-            self._run = run
+            self._run = read_versioned(path, self._name(path), FORMAT, VERSION, RecordsError)
         if self._run.get("id") != run_id:
             raise RecordsError(f"the records hold run {self._run.get('id')}, not run {run_id}")
         return self._run
@@ -273,22 +282,10 @@ class ExportedRecords(RunRecords):
                 lines = [line for _, line in zip(range(self.CHUNK), f)]
                 if not lines:
                     return
-                try:
-                    with bulk():
-                        chunk = json.loads("[" + ",".join(x for x in lines if x.strip()) + "]")
-                except json.JSONDecodeError:
-                    for k, line in enumerate(lines, start=number + 1):
-                        try:
-                            json.loads(line)
-                        except json.JSONDecodeError as exc:
-                            raise RecordsError(f"{self._name(path)} line {k} is not JSON "
-                                               f"({exc})") from None
-                    raise RecordsError(f"{self._name(path)} is not JSON Lines") from None
+                chunk = self._parse(path, lines, number + 1)
                 number += len(lines)
-                if not all(isinstance(s, dict) and isinstance(s.get("t"), (int, float))
-                           for s in chunk):
-                    raise RecordsError(f"{self._name(path)}: every sample must be a JSON "
-                                       "object with a time t")
+                if not all(isinstance(s.get("t"), (int, float)) for s in chunk):
+                    raise RecordsError(f"{self._name(path)}: every sample must have a time t")
                 yield chunk
 
     def sample_figure_chunks(self, run_id: int,
