@@ -297,7 +297,8 @@ def check(
 
     if revalidate and as_json is False:
         err.print("re-measuring the best trial's accuracy after the check…", highlight=False)
-    rep = check_run(run_dir, store, CheckOptions(store, data_dir, revalidate, device))
+    rep = check_run(run_dir, store, CheckOptions(data_dir=data_dir, revalidate=revalidate,
+                                                 device=device))
     r = rep.result
     again = rep.revalidation
     if as_json:

@@ -21,6 +21,7 @@ accuracy is measured again from its weights (:mod:`automlperf.measure.revalidate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -108,8 +109,9 @@ class CheckOptions:
 
 def check_run(path: Path, store_url: str | None = None,
               options: CheckOptions | None = None) -> CheckReport:
-    """Verify a run directory, a bundle folder or a bundle .tar.gz."""
-    options = options or CheckOptions(store_url)
+    """Verify a run directory, a bundle folder or a bundle .tar.gz (``store_url``: the
+    run's store, if not the one it names)."""
+    options = dataclasses.replace(options or CheckOptions(), store_url=store_url)
     with bundle.opened(Path(path)) as source:
         return check_source(source, options)
 
