@@ -78,7 +78,7 @@ def test_a_bundle_round_trips(builtin_run, bundle_dir, bundle_tgz, tmp_path):
     for bundle in (bundle_tgz, bundle_dir):
         done = cli("check", bundle)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "verified: bundle, 3 trials" in done.stdout
+        assert "verified bundle: 3 trials" in done.stdout
     # What a site sends: no password file, no private database, no replica logs; the best
     # trial's weights only; run.json's store URL without a password.
     names = {p.relative_to(bundle_dir).as_posix() for p in bundle_dir.rglob("*") if p.is_file()}

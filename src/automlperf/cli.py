@@ -315,8 +315,8 @@ def check(
         if r.get("simulated"):
             state += ", SIMULATED (not a measurement)"
         verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
-        what = "bundle" if rep.bundle else "run"
-        out.print(f"{verdict}: {what}, {rep.checked.get('trials', 0)} trials, "
+        what = " bundle" if rep.bundle else ""
+        out.print(f"{verdict}{what}: {rep.checked.get('trials', 0)} trials, "
                   f"{rep.checked.get('epochs', 0)} epochs recomputed; the result is {state}",
                   highlight=False)
         if again is not None:
