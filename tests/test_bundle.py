@@ -230,9 +230,10 @@ def test_revalidate_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundl
     from automlperf.measure.revalidate import tolerance
     from automlperf.train.inherit import inherit
 
-    done = cli("check", "--revalidate", bundle_tgz)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "accuracy re-measured: trial" in done.stdout
+    for where in (bundle_tgz, builtin_run):
+        done = cli("check", "--revalidate", where)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "accuracy re-measured: trial" in done.stdout
     report = json.loads(cli("check", "--revalidate", "--json", bundle_tgz).stdout)
     again = report["revalidation"]
     assert report["ok"] and again["ok"] and again["images"] == again["recorded_images"] == 3000
@@ -268,6 +269,21 @@ def test_revalidate_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundl
     assert any(m.startswith("revalidation: trial") and "weights score" in m for m in report["mismatches"])
     assert math.isclose(again["measured"], donor.best_accuracy, abs_tol=0.01)
     assert cli("check", "--revalidate", copy).returncode == 1
+
+
+@pytest.mark.timeout(3600)  # the shared official-shape run: minutes on an idle 2-core machine
+def test_revalidate_reads_an_image_folder(official_shape_run, tmp_path):
+    import tomllib
+
+    data = tomllib.loads((official_shape_run / "config.toml").read_text())["data"]["data_dir"]
+    done = cli("check", "--revalidate", "--data-dir", data, "--json", official_shape_run)
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["ok"], done.stdout + done.stderr
+    again = report["revalidation"]
+    assert again["ok"] and again["images"] == again["recorded_images"] == 50
+    (tmp_path / "empty").mkdir()
+    done = cli("check", "--revalidate", "--data-dir", tmp_path / "empty", official_shape_run)
+    assert done.returncode == 2 and "error:" in done.stderr and "empty" in done.stderr
 
 
 def test_revalidate_refuses_a_simulated_run(simulated_bundle):
