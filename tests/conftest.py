@@ -12,6 +12,8 @@ _db_names = itertools.count()
 # Modules whose tests share one costly module fixture (a finished run, a pool of rank
 # processes): under pytest-xdist they stay on one worker, which sets it up once.
 SHARED_MODULE_FIXTURE = ("test_results", "test_trainer")
+# Modules that share a session fixture: one worker for all of them, which runs it once.
+SHARED_SESSION_FIXTURE = {"test_official_shape": "official_shape", "test_bundle": "official_shape"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -40,6 +42,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif item.module is not None and item.module.__name__ in SHARED_MODULE_FIXTURE:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        elif item.module is not None and item.module.__name__ in SHARED_SESSION_FIXTURE:
+            item.add_marker(pytest.mark.xdist_group(SHARED_SESSION_FIXTURE[item.module.__name__]))
     items.sort(key=_start_order)
 
 
@@ -118,3 +122,51 @@ def slurm_cluster_8(tmp_path_factory):
     env = start_slurm(tmp_path_factory.mktemp("slurm8"), 8, "amptest8")
     yield env
     stop_slurm(env)
+
+
+@pytest.fixture(scope="session")
+def official_shape_run(tmp_path_factory):
+    """The official shape end to end, once per session: the ResNet-50 seed at 224x224 on an
+    ImageNet-layout tree of the 1,000 ILSVRC-2012 class folders, through `automlperf run`.
+    The tree is tiny (one small JPEG in every tenth class folder), so the run takes a minute
+    or two on a CPU; it keeps every fixed setting official and is not official only for its
+    data's image counts (and not valid for its duration and accuracy). Read it, never write."""
+    from automlperf import rules
+    from helpers import cli, marked_env, wait_no_strays
+    from imagefolder import photo
+
+    tmp_path = tmp_path_factory.mktemp("official_shape")
+    src = photo().resize((64, 64))
+    wnids = rules.IMAGENET_1K.classes
+    # Training on every class would multiply the minutes by ten for nothing it checks: the
+    # empty class folders still define the 1,000 outputs.
+    for split, per_class in (("train", {c: 1 for c in range(0, 1000, 10)}),
+                             ("val", {c: 1 for c in range(0, 1000, 20)})):
+        for c in range(1000):
+            folder = tmp_path / "data" / split / wnids[c]
+            folder.mkdir(parents=True)
+            for i in range(per_class.get(c, 0)):
+                # Each class its own rotation of the photo: distinct files, same cost to decode.
+                src.rotate(c * 0.36).save(folder / f"{split}_{c}_{i}.JPEG", quality=85)
+    config = tmp_path / "official.toml"
+    # Official settings; only what a CPU needs to finish one round of one epoch changes:
+    # customisable settings, and a round limit that ends the run long before its hour.
+    config.write_text(f"""
+[run]
+duration_s = 3600
+max_rounds = 1
+[data]
+dataset = "imagenet"
+data_dir = "{tmp_path / 'data'}"
+workers = 1
+[train]
+max_epochs = 4
+batch_size = 50
+""")
+    run_dir = tmp_path / "run"
+    env, mark = marked_env()
+    # Minutes on an idle 2-core machine; the limit guards against a hang only.
+    done = cli("run", "--config", config, "--run-dir", run_dir, env=env, timeout=3000)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wait_no_strays(mark)
+    return run_dir

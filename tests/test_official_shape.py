@@ -11,46 +11,14 @@ import pytest
 from automlperf import rules
 from automlperf.graph import Graph
 from automlperf.store import open_store
-from helpers import cli, marked_env, wait_no_strays
-from imagefolder import photo
+from helpers import cli
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(3600)  # minutes on an idle 2-core machine; a guard against a hang only
-def test_resnet50_at_224_on_a_thousand_class_tree(tmp_path):
-    src = photo().resize((64, 64))
-    wnids = rules.IMAGENET_1K.classes
-    # Training on every class would multiply the test's minutes by ten for nothing it checks:
-    # the empty class folders still define the 1,000 outputs.
-    for split, per_class in (("train", {c: 1 for c in range(0, 1000, 10)}),
-                             ("val", {c: 1 for c in range(0, 1000, 20)})):
-        for c in range(1000):
-            folder = tmp_path / "data" / split / wnids[c]
-            folder.mkdir(parents=True)
-            for i in range(per_class.get(c, 0)):
-                # Each class its own rotation of the photo: distinct files, same cost to decode.
-                src.rotate(c * 0.36).save(folder / f"{split}_{c}_{i}.JPEG", quality=85)
-    config = tmp_path / "official.toml"
-    # Official settings; only what a CPU needs to finish one round of one epoch changes:
-    # customisable settings, and a round limit that ends the run long before its hour.
-    config.write_text(f"""
-[run]
-duration_s = 3600
-max_rounds = 1
-[data]
-dataset = "imagenet"
-data_dir = "{tmp_path / 'data'}"
-workers = 1
-[train]
-max_epochs = 4
-batch_size = 50
-""")
-    run_dir = tmp_path / "run"
-    env, mark = marked_env()
-    done = cli("run", "--config", config, "--run-dir", run_dir, env=env, timeout=3000)
-    assert done.returncode == 0, done.stdout + done.stderr
-    wait_no_strays(mark)
+@pytest.mark.timeout(3600)  # the shared run: minutes on an idle 2-core machine
+def test_resnet50_at_224_on_a_thousand_class_tree(official_shape_run):
+    run_dir = official_shape_run
     result = json.loads((run_dir / "result.json").read_text())
     assert not result["valid"] and not result["official"]
     assert result["ruleset"] == rules.CURRENT.id

@@ -14,7 +14,7 @@ from automlperf.measure import sample_reader
 from automlperf.measure.breakdown import utilisation
 from automlperf.measure.energy import energy_summary
 from automlperf.measure.result import build_result
-from automlperf.measure.samples import SampleDigest, sample_digest
+from automlperf.measure.samples import SampleDigest, energy_preserving, sample_digest
 from automlperf.measure.score import segment_bounds
 from automlperf.report import charts
 from automlperf.store import open_store
@@ -211,3 +211,17 @@ def test_numbers_a_float64_cannot_hold_are_read_from_the_whole_sample(store_url)
         assert sampled.energy() == expected and expected["gpu_energy_j"] == 21 / 1e3
     finally:
         store.close()
+
+
+def test_the_samples_a_bundle_keeps_give_the_energy_of_all(sampled_run):
+    """Resets, wraps, GPUs that failed to answer or have no counter, two sessions and samples
+    between them: the samples kept give the same joules and seconds as all of them."""
+    store, run_id = sampled_run
+    segments = store.segments(run_id)
+    every = [f for chunk in store.sample_figure_chunks(run_id) for f in chunk]
+    keep = energy_preserving([every], segments, len(every), 100)
+    kept = [f for f, k in zip(every, keep) if k]
+    assert 100 <= len(kept) < len(every) / 2
+    assert _close(sample_digest([kept], segments).energy(),
+                  sample_digest([every], segments).energy())
+    assert all(energy_preserving([every], segments, len(every), len(every)))

@@ -279,22 +279,38 @@ def report(
 @app.command()
 @user_errors
 def check(
-    run_dir: Annotated[Path, typer.Argument(help="The run directory.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run directory, a bundle folder or a "
+                                            "bundle .tar.gz.")],
     store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
     official: Annotated[bool, typer.Option(help="Also require an official, valid result "
                                            "(exit 3 otherwise).")] = False,
+    revalidate: Annotated[bool, typer.Option(help="Also re-measure the best trial's "
+                                             "validation accuracy from its weights.")] = False,
+    data_dir: Annotated[Optional[Path], typer.Option(help="The dataset folder here (for "
+                                                     "--revalidate, and to rescan the data's "
+                                                     "fingerprint); default: the run's.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Where --revalidate runs, e.g. cuda:0 "
+                                                  "or cpu (default: the first GPU, else "
+                                                  "the CPU).")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Recompute every figure of a run directory and verify it; exit 1 on any mismatch."""
-    from automlperf.measure.check import check_run, official_refusal
+    """Recompute every figure of a run directory or a submission bundle and verify it; exit 1
+    on any mismatch. A bundle is verified from its own files alone."""
+    from automlperf.measure.check import CheckOptions, check_run, official_refusal
 
-    rep = check_run(run_dir, store)
+    if revalidate and as_json is False:
+        err.print("re-measuring the best trial's accuracy after the check…", highlight=False)
+    rep = check_run(run_dir, store, CheckOptions(data_dir=data_dir, revalidate=revalidate,
+                                                 device=device))
     r = rep.result
+    again = rep.revalidation
     if as_json:
         print(json.dumps({"ok": rep.ok, "mismatches": rep.mismatches, "checked": rep.checked,
-                          "valid": r.get("valid"), "official": r.get("official"),
-                          "simulated": r.get("simulated"), "violations": r.get("violations"),
-                          "unreadable_images": r.get("unreadable_images")}))
+                          "bundle": rep.bundle, "valid": r.get("valid"),
+                          "official": r.get("official"), "simulated": r.get("simulated"),
+                          "violations": r.get("violations"),
+                          "unreadable_images": r.get("unreadable_images"),
+                          "revalidation": again.to_dict() if again else None}))
     else:
         for m in rep.mismatches:
             out.print(f"[red]mismatch:[/] {escape(m)}", highlight=False, soft_wrap=True)
@@ -302,8 +318,16 @@ def check(
         if r.get("simulated"):
             state += ", SIMULATED (not a measurement)"
         verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
-        out.print(f"{verdict}: {rep.checked['trials']} trials, {rep.checked['epochs']} epochs "
-                  f"recomputed; the result is {state}", highlight=False)
+        what = " bundle" if rep.bundle else ""
+        out.print(f"{verdict}{what}: {rep.checked.get('trials', 0)} trials, "
+                  f"{rep.checked.get('epochs', 0)} epochs recomputed; the result is {state}",
+                  highlight=False)
+        if again is not None:
+            mark = "[green]accuracy re-measured[/]" if again.ok else "[red]accuracy NOT confirmed[/]"
+            out.print(f"{mark}: trial {again.trial} (epoch {again.epoch}) scores "
+                      f"{again.measured:.4f} on {again.images:,} validation images "
+                      f"({again.device}, {again.precision}); recorded {again.recorded:.4f}, "
+                      f"tolerance {again.tolerance:.4f}", highlight=False)
         unreadable = r.get("unreadable_images") or {}
         if unreadable.get("train") or unreadable.get("val"):
             out.print(f"  skipped: {unreadable['train']:,} training and {unreadable['val']:,} "
@@ -316,6 +340,93 @@ def check(
     if refusal is not None:
         err.print(refusal, highlight=False, soft_wrap=True)
         raise typer.Exit(3)
+
+
+@app.command()
+@user_errors
+def submit(
+    run_dir: Annotated[Path, typer.Argument(help="The finished run directory.")],
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="Where the bundle is written (default: "
+                                                "RUN_NAME.tar.gz here, or RUN_NAME/ with "
+                                                "--dir).")] = None,
+    as_dir: Annotated[bool, typer.Option("--dir", help="Write a folder, not a .tar.gz.")] = False,
+    org: Annotated[Optional[str], typer.Option(help="Submitter (default: system_desc.json's).")] = None,
+    system: Annotated[Optional[str], typer.Option(help="The system's name on the list "
+                                                  "(default: system_desc.json's).")] = None,
+    all_weights: Annotated[bool, typer.Option(help="Every trial's weights, not only the "
+                                              "best trial's.")] = False,
+    all_samples: Annotated[bool, typer.Option(help="Every monitor sample, even above the "
+                                              "20,000 the bundle keeps otherwise.")] = False,
+    store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
+) -> None:
+    """Verify a finished run and write its submission bundle: result, configuration, system
+    description, MLPerf-style files, records, graphs and logs, report, the best weights and
+    a manifest of SHA-256 digests. Check it with `automlperf check BUNDLE`."""
+    from automlperf.measure.submit import submit as write_bundle
+
+    done = write_bundle(run_dir, out_path, as_dir, org, system, all_weights, all_samples, store)
+    kept = ("all" if done.samples_included == done.samples_stored
+            else f"{done.samples_included:,} of {done.samples_stored:,} (those energy needs)")
+    out.print(f"bundle: {done.path} ({done.bytes / 1e6:.1f} MB, {done.files:,} files): "
+              f"{done.trials:,} trials, {done.epochs:,} epochs, samples {kept}, weights of "
+              f"trial(s) {', '.join(map(str, done.weights)) or 'none'}", highlight=False)
+    out.print(f"verify it with: automlperf check {done.path}", highlight=False)
+
+
+@app.command("list")
+@user_errors
+def list_results(
+    entries: Annotated[list[Path], typer.Argument(help="Bundles (.tar.gz or folders) and run "
+                                                  "directories.")],
+    html: Annotated[Optional[Path], typer.Option(help="Write the list as one HTML page (its "
+                                                 "entries' reports in PAGE-reports/ beside "
+                                                 "it).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the entries as "
+                                                     "JSON (- for standard output).")] = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write the entries as CSV "
+                                                    "(- for standard output).")] = None,
+    title: Annotated[str, typer.Option(help="The page's title.")] = "automlperf results",
+    verify: Annotated[bool, typer.Option(help="Verify every entry first (--no-verify lists "
+                                         "them unverified, unranked).")] = True,
+) -> None:
+    """The results list, TOP500-style: every entry verified, official valid results ranked by
+    score, the others shown apart with why."""
+    from automlperf.measure.units import format_ops
+    from automlperf.report.listing import SECTIONS, publish, to_csv, to_json
+
+    def progress(path: Path, entry: dict[str, Any]) -> None:
+        err.print(f"{path}: {', '.join(entry['labels'])}", highlight=False)
+
+    rows = publish(entries, html, verify, progress, title)
+    for target, text in ((json_out, to_json), (csv_out, to_csv)):
+        if target is not None:
+            if str(target) == "-":
+                print(text(rows), end="")
+            else:
+                target.write_text(text(rows))
+                err.print(f"written: {target}", highlight=False)
+    if html is not None:
+        err.print(f"page: {html}", highlight=False)
+    if str(json_out) == "-" or str(csv_out) == "-":
+        return
+    for key, heading in SECTIONS.items():
+        mine = [r for r in rows if r["section"] == key]
+        if not mine:
+            continue
+        table = Table(title=heading)
+        for col in ("#", "system", "accelerators", "devices", "nodes", "score", "regulated",
+                    "per device", "best acc.", "labels"):
+            table.add_column(col, justify="right" if col in ("#", "devices", "nodes") else "left")
+        for r in mine:
+            table.add_row("-" if r["rank"] is None else str(r["rank"]), str(r["system"]),
+                          str(r["accelerators"] or "-"), str(r["devices"] or "-"),
+                          str(r["nodes"] or "-"), format_ops(r["score"]),
+                          format_ops(r["regulated_score"]), format_ops(r["ops_per_device"]),
+                          "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
+                          ", ".join(r["labels"]))
+            for problem in r["problems"][:3]:
+                table.add_row("", f"[red]{escape(problem)}[/]", "", "", "", "", "", "", "", "")
+        out.print(table)
 
 
 def _scaling(run_dirs: list[Path], html: Path, as_json: bool) -> None:

@@ -12,10 +12,16 @@ What is checked:
 * result.json's ruleset id, dataset identity, provenance, node descriptions, peak, measured
   ceiling and time breakdown equal what the run recorded in its store, and the data folder,
   when reachable, still has the fingerprint recorded at the start.
+
+A submission bundle (:mod:`automlperf.measure.bundle`) is checked the same way, its exported
+records standing for the store, after every file's digest is compared with its manifest and
+what bundle.json says it holds with what it holds. With ``revalidate``, the best trial's
+accuracy is measured again from its weights (:mod:`automlperf.measure.revalidate`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -35,9 +41,15 @@ from automlperf.measure.result import build_result
 from automlperf.measure.sample_reader import PendingDigest
 from automlperf.ops import count, epoch_ops
 from automlperf.ops.count import OpCount
+from automlperf.errors import UserError
+from automlperf.measure import bundle
+from automlperf.measure.revalidate import RevalidateError, Revalidation, revalidate as remeasure
+from automlperf.store.base import RunRecords
+from automlperf.store.records import ExportedRecords
 from automlperf.store.rundir import RunDir, run_store
 from automlperf.store.sql import bulk
-from automlperf.store import EpochRecord, Store, TrialRecord
+from automlperf.store import EpochRecord, TrialRecord
+from automlperf.store.urls import strip_password
 from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
@@ -55,6 +67,8 @@ class CheckReport:
     mismatches: list[str] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)
+    bundle: bool = False
+    revalidation: Revalidation | None = None
 
     @property
     def ok(self) -> bool:
@@ -82,14 +96,98 @@ def official_refusal(result: dict[str, Any]) -> str | None:
     return None
 
 
-def check_run(run_dir: Path, store_url: str | None = None) -> CheckReport:
-    rd = RunDir(Path(run_dir))
-    run_id = int(rd.meta()["run_id"])
-    with run_store(rd.path, store_url) as store:
-        return _check(rd, run_id, store)
+@dataclass
+class CheckOptions:
+    """What else ``check`` does: re-measure the best accuracy (on ``device``), with the data
+    at ``data_dir`` (which then also stands for the run's data folder)."""
+
+    store_url: str | None = None
+    data_dir: Path | None = None
+    revalidate: bool = False
+    device: str | None = None
 
 
-def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
+def check_run(path: Path, store_url: str | None = None,
+              options: CheckOptions | None = None) -> CheckReport:
+    """Verify a run directory, a bundle folder or a bundle .tar.gz (``store_url``: the
+    run's store, if not the one it names)."""
+    options = dataclasses.replace(options or CheckOptions(), store_url=store_url)
+    with bundle.opened(Path(path)) as source:
+        return check_source(source, options)
+
+
+def check_source(source: bundle.Source, options: CheckOptions) -> CheckReport:
+    """Verify what ``source`` opened; files are named as the user knows them."""
+    rd = RunDir(source.root)
+    if source.bundle:
+        report = _check_bundle(rd, options)
+    else:
+        run_id = int(rd.meta()["run_id"])
+        with run_store(rd.path, options.store_url) as store:
+            report = _check(rd, run_id, store, options)
+    report.mismatches = [source.name(m) for m in report.mismatches]
+    return report
+
+
+def _check_bundle(rd: RunDir, options: CheckOptions) -> CheckReport:
+    """A bundle: its digests, what bundle.json says it holds, then the run's checks on its
+    records. Any file may have been edited, so what cannot be read is a mismatch too."""
+    bad = bundle.verify_manifest(rd.path)
+    try:
+        described = bundle.read_bundle_file(rd.path)
+    except bundle.BundleError as exc:
+        described = {}
+        bad.append(str(exc))
+    try:
+        meta = rd.meta()
+        run_id = int(meta["run_id"])
+        report = _check(rd, run_id, ExportedRecords(rd.path), options)
+    except RevalidateError:
+        raise  # asked for what the bundle cannot give: the user's error, said as such
+    except (UserError, KeyError, ValueError, TypeError) as exc:
+        report = CheckReport()
+        report.mismatches.append(f"the figures cannot be recomputed from the bundle: {exc}")
+        meta, run_id = {}, None
+    report.bundle = True
+    report.mismatches[:0] = bad
+    if described and run_id is not None:
+        _check_contents(rd, described, meta, run_id, report)
+    return report
+
+
+def _check_contents(rd: RunDir, described: dict[str, Any], meta: dict[str, Any], run_id: int,
+                    report: CheckReport) -> None:
+    """bundle.json and run.json against what the bundle holds."""
+    bad = report.mismatches
+    said = described.get("run") or {}
+    if said.get("id") != run_id or said.get("name") != meta.get("name"):
+        bad.append(f"{bundle.BUNDLE_FILE}: run {said.get('id')} ({said.get('name')!r}), but "
+                   f"run.json names run {run_id} ({meta.get('name')!r})")
+    held = {"trials": report.checked.get("trials"), "epochs": report.checked.get("epochs")}
+    for what, held_count in held.items():
+        if held_count is not None and described.get(what) != held_count:
+            bad.append(f"{bundle.BUNDLE_FILE}: {described.get(what)} {what}, but the records "
+                       f"hold {held_count}")
+    samples = (described.get("samples") or {}).get("included")
+    if "samples" in report.checked and samples != report.checked["samples"]:
+        bad.append(f"{bundle.BUNDLE_FILE}: {samples} samples, but the records hold "
+                   f"{report.checked['samples']}")
+    for trial in described.get("weights") or []:
+        if not (rd.trial(trial) / "weights.safetensors").exists():
+            bad.append(f"trials/{trial}/weights.safetensors is missing (listed in "
+                       f"{bundle.BUNDLE_FILE})")
+    r = report.result
+    best = r.get("best_trial")
+    if best is not None and not r.get("simulated") and r.get("dataset") != "synthetic" and \
+            best not in (described.get("weights") or []):
+        bad.append(f"the best trial's weights (trials/{best}/weights.safetensors) are not in "
+                   "the bundle: its accuracy cannot be re-measured")
+    store = meta.get("store")
+    if store and strip_password(store) != store:
+        bad.append("run.json: its store URL holds a password")
+
+
+def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) -> CheckReport:
     report = CheckReport()
     bad = report.mismatches
     config = _check_config(rd, store.run(run_id)["config"], bad)
@@ -102,11 +200,18 @@ def _check(rd: RunDir, run_id: int, store: Store) -> CheckReport:
     logged = _trial_logs(rd, trials)
     graphs = graphs_checked(bad)
     _check_epochs(epochs, graphs, logged, bad)
-    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged)}
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+    digest = sampled.result()
+    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged),
+                      "samples": digest.count}
     report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs,
-                                 sampled=sampled.result())
-    _check_result(rd, config, report.result, bad)
+                                 sampled=digest)
+    _check_result(rd, config, report.result, bad, options.data_dir)
+    if options.revalidate:
+        report.revalidation = remeasure(rd.path, store, run_id, config, report.result,
+                                        options.data_dir, options.device)
+        if report.revalidation.problem:
+            bad.append(f"revalidation: {report.revalidation.problem}")
     return report
 
 
@@ -247,7 +352,8 @@ def _check_epochs(epochs: list[EpochRecord], counts: dict[int, OpCount],
                                f"log has {line.get(name)!r}")
 
 
-def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[str]) -> None:
+def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[str],
+                  data_dir: Path | None = None) -> None:
     """result.json equals a fresh computation (score, totals, timeline, validity, violations)
     under the ruleset it names, and what the run recorded (see :func:`_check_records`)."""
     if not rd.result.exists():
@@ -267,7 +373,7 @@ def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[s
             bad.append(f"result.json: ruleset is {recorded['ruleset']!r}, but the run was "
                        f"started under {fresh['ruleset']!r}")
         _check_records(recorded, fresh, bad)
-        _check_data(config, fresh, bad)
+        _check_data(config, fresh, bad, data_dir)
         system_file = json.loads(rd.system.read_text()) if rd.system.exists() else {}
         if digest(system_file.get("provenance")) != digest(fresh.get("provenance")):
             bad.append(f"{rd.system}: provenance differs from the one recorded in the store")
@@ -324,10 +430,12 @@ def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[st
         bad.append("result.json: time_breakdown lists a different number of replicas")
 
 
-def _check_data(config: Config, fresh: dict[str, Any], bad: list[str]) -> None:
-    """Rescan the data folder when it is reachable: it must be the data the run used."""
+def _check_data(config: Config, fresh: dict[str, Any], bad: list[str],
+                data_dir: Path | None = None) -> None:
+    """Rescan the data folder (``data_dir``, else the run's) when it is reachable: it must be
+    the data the run used."""
     identity = fresh.get("dataset_identity")
-    folder = config.data.data_dir
+    folder = data_dir if data_dir is not None else config.data.data_dir
     if not identity or folder is None or not Path(folder).is_dir():
         return
     try:

@@ -172,6 +172,16 @@ def system_desc(system: dict[str, Any], result: dict[str, Any], org: str) -> dic
     }
 
 
+def read_system_desc(folder: Path) -> dict[str, Any]:
+    """The system description in ``folder`` (a run directory or a bundle); empty if it has
+    none, or none that reads."""
+    try:
+        data = json.loads((Path(folder) / SYSTEM_DESC_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def write_mlperf(run_dir: Path, store_url: str | None = None,
                  org: str = "unspecified") -> dict[str, Path | str]:
     """Write system_desc.json and (with mlperf-logging installed) mllog.txt into the run

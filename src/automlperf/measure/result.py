@@ -14,7 +14,8 @@ from automlperf.measure.breakdown import breakdown
 from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure.samples import SampleDigest
 from automlperf.measure.score import score_run
-from automlperf.store import EpochRecord, Store, TrialRecord, TrialStatus
+from automlperf.store import EpochRecord, TrialRecord, TrialStatus
+from automlperf.store.base import RunRecords
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -79,7 +80,7 @@ def simulated_detail(simulation: dict[str, Any]) -> str:
             "is a model's, not a measurement")
 
 
-def build_result(store: Store, run_id: int, config: Config, system: dict[str, Any],
+def build_result(store: RunRecords, run_id: int, config: Config, system: dict[str, Any],
                  interrupted: bool = False, trials: list[TrialRecord] | None = None,
                  epochs: list[EpochRecord] | None = None,
                  sampled: SampleDigest | None = None) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from typing import Any
 
 from automlperf.hardware import cores_available
 from automlperf.measure.samples import SampleDigest, sample_digest
-from automlperf.store import SQLStore, Store, open_store
+from automlperf.store import SQLStore, open_store
+from automlperf.store.base import RunRecords
 from automlperf.store.sql import bulk
 
 PARALLEL_FROM = 100_000
@@ -25,13 +26,14 @@ PARALLEL_FROM = 100_000
 class PendingDigest:
     """The samples' digest, being computed; :meth:`result` waits for it."""
 
-    def __init__(self, store: Store, run_id: int, segments: Sequence[Any],
+    def __init__(self, store: RunRecords, run_id: int, segments: Sequence[Any],
                  chart: bool = False) -> None:
         self._done: SampleDigest | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._parts: list[concurrent.futures.Future[SampleDigest]] = []
         self._segments = list(segments)
         self._chart = chart
+        # In other processes, each with its own connection: a database's samples only.
         counts = store.sample_nodes(run_id) if isinstance(store, SQLStore) else {}
         workers = min(cores_available(), len(counts))
         if sum(counts.values()) < PARALLEL_FROM or workers < 2:
@@ -45,6 +47,7 @@ class PendingDigest:
             load[k] += n
         self._pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"))
+        assert isinstance(store, SQLStore)
         url = store.url
         self._parts = [self._pool.submit(_share, url, run_id, self._segments, chart, share)
                        for share in shares]
@@ -71,7 +74,7 @@ def _share(url: str, run_id: int, segments: list[Any], chart: bool,
         store.close()
 
 
-def _digest(store: Store, run_id: int, segments: Sequence[Any], chart: bool,
+def _digest(store: RunRecords, run_id: int, segments: Sequence[Any], chart: bool,
             nodes: list[str] | None = None) -> SampleDigest:
     # The pass makes a few objects per sample and keeps none of them: left on, Python's cycle
     # collector would walk the whole heap again and again (two thirds of reading the samples).

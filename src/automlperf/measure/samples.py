@@ -213,3 +213,50 @@ def sample_digest(chunks: Iterable[Iterable[SampleFigures]], segments: Sequence[
     for chunk in chunks:
         out.feed(chunk)
     return out
+
+
+def energy_preserving(chunks: Iterable[Iterable[SampleFigures]], segments: Sequence[Any],
+                      total: int, limit: int) -> bytearray:
+    """Which of ``total`` samples (given as the store streams them) to keep so that about
+    ``limit`` remain while the energy :class:`SampleDigest` computes from them equals, to the
+    last bits of its sums, the energy it computes from all: ``keep[i]`` is 1 for the i-th.
+
+    Energy is a sum of counter differences between consecutive samples of a node in one
+    session, so it telescopes: dropping a sample whose neighbours are in its session, read
+    the same counters and never saw one go down (a reset or a wrap) changes no joule and no
+    second covered. Every such boundary is kept on both sides, with each node's last sample
+    and every k-th (k = ``total`` / ``limit``, rounded up); the mean utilisation of the kept
+    samples is not that of all."""
+    keep = bytearray(total)
+    if total <= limit:
+        return bytearray(b"\x01" * total)
+    every = -(-total // max(1, limit))
+    spans = [(s.started_at, s.end, int(s.index)) for s in segments]
+
+    def session(t: float) -> int | None:
+        for start, end, index in spans:
+            if start <= t <= end:
+                return index
+        return None
+
+    # per node: (index of its last sample, its position, its signature, its counters)
+    last: dict[str, tuple[int, int, Any, dict[Any, float]]] = {}
+    i = 0
+    for chunk in chunks:
+        for node, t, numbers, uuids, cpu_e in chunk:
+            energies = {("gpu", uuid): numbers[k] for uuid, k in
+                        zip(uuids, range(4, 4 + 4 * len(uuids), 4)) if numbers[k] == numbers[k]}
+            counters = {**energies, **{("cpu", d): v[0] for d, v in (cpu_e or {}).items()}}
+            signature = (session(t), frozenset(counters))
+            prev = last.get(node)
+            position = 0 if prev is None else prev[1] + 1
+            if prev is None or position % every == 0:
+                keep[i] = 1
+            if prev is not None and (prev[2] != signature or any(
+                    counters[c] < v for c, v in prev[3].items())):
+                keep[prev[0]] = keep[i] = 1
+            last[node] = (i, position, signature, counters)
+            i += 1
+    for index, *_ in last.values():
+        keep[index] = 1
+    return keep

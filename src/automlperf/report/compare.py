@@ -31,12 +31,14 @@ def row(run_dir: Path) -> dict[str, Any]:
         "score": result["score"], "regulated_score": result.get("regulated_score"),
         "ops_per_device": result.get("ops_per_s_per_device"),
         "fraction_of_peak": result.get("fraction_of_peak"),
+        "fraction_of_ceiling": result.get("fraction_of_ceiling"),
         "best_accuracy": result.get("best_accuracy"), "elapsed_s": result.get("elapsed_s"),
         "energy_j": result.get("energy_j"), "mean_power_w": result.get("mean_power_w"),
         "ops_per_watt": result.get("ops_per_watt"),
         "official": result.get("official"), "valid": result.get("valid"),
         "simulated": simulated, "simulation": result.get("simulation"),
-        "ruleset": result.get("ruleset"),
+        "ruleset": result.get("ruleset"), "started_at": result.get("started_at"),
+        "duration_s": result.get("duration_s"),
     }
 
 

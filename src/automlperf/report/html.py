@@ -21,10 +21,12 @@ from automlperf.measure.score import EpochLike, counted_epochs, timeline
 from automlperf.ops import count, layer_table
 from automlperf.report import charts
 from automlperf.store.rundir import RunDir, run_store, write_atomic
-from automlperf.store import EpochRecord, Store, TrialRecord, redact
+from automlperf.store import EpochRecord, TrialRecord, redact
+from automlperf.store.base import RunRecords
 
+# "j2": the templates are report.html.j2, and what a run recorded (names, reasons) is text.
 _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
-                          autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
+                          autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                           lstrip_blocks=True)
 _env.filters["ops"] = format_ops
 _env.filters["energy"] = format_energy
@@ -96,7 +98,7 @@ def gather(run_dir: Path, store_url: str | None = None) -> dict[str, Any]:
         return _gather(rd, store, store_url)
 
 
-def _gather(rd: RunDir, store: Store, store_url: str | None) -> dict[str, Any]:
+def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, Any]:
     run_id = int(rd.meta()["run_id"])
     config = Config.load(rd.config)
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
@@ -243,6 +245,12 @@ def trials_csv(trials: list[TrialRecord]) -> str:
                          t.hparams.get("kernel_size"), _morph_text(t.morphs), t.graph_hash,
                          t.reason])
     return out.getvalue()
+
+
+def render_records(run_dir: Path, records: RunRecords) -> str:
+    """The report of the run at ``run_dir`` drawn from ``records`` (a bundle's exported
+    records, read without a database)."""
+    return render(_gather(RunDir(Path(run_dir)), records, None))
 
 
 def write_report(run_dir: Path, store_url: str | None = None) -> Path:

@@ -72,7 +72,7 @@ def weak_scaling(run_dirs: list[Path]) -> list[dict[str, Any]]:
 
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.report", "templates"),
-                          autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
+                          autoescape=jinja2.select_autoescape(["html", "j2"]), trim_blocks=True,
                           lstrip_blocks=True)
 _env.filters["ops"] = format_ops
 

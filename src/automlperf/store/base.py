@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,7 +145,59 @@ class ReplicaRecord:
     reason: str = ""
 
 
-class Store(ABC):
+class RunRecords(ABC):
+    """What a finished run recorded, read-only: the part of the store that ``check``, the
+    result and the report read. A :class:`Store` is one; a submission bundle's exported
+    records (:class:`automlperf.store.records.ExportedRecords`) are another, read without
+    any database."""
+
+    @abstractmethod
+    def run(self, run_id: int) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def segments(self, run_id: int) -> list[SegmentRecord]: ...
+
+    @abstractmethod
+    def replicas(self, run_id: int) -> list[ReplicaRecord]: ...
+
+    @abstractmethod
+    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]: ...
+
+    @abstractmethod
+    def epochs(self, run_id: int) -> list[EpochRecord]: ...
+
+    @abstractmethod
+    def samples(self, run_id: int) -> list[dict[str, Any]]: ...
+
+    def sample_figure_chunks(self, run_id: int,
+                             nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
+        """The figures (:func:`sample_figures`) of the run's samples (of ``nodes``, or all)
+        with their node and time, in :meth:`samples`' order and in chunks: a long run's
+        million need not be held at once."""
+        yield [(s.get("node", ""), s["t"], *sample_figures(s)) for s in self.samples(run_id)
+               if nodes is None or s.get("node") in nodes]
+
+    def sample_nodes(self, run_id: int) -> dict[str, int]:
+        """How many samples each node stored."""
+        counts: dict[str, int] = {}
+        for s in self.samples(run_id):
+            counts[s.get("node", "")] = counts.get(s.get("node", ""), 0) + 1
+        return counts
+
+    def sample_texts(self, run_id: int) -> Iterator[list[tuple[str, str]]]:
+        """Each sample's node and the sample as the monitor recorded it (JSON text), in
+        :meth:`samples`' order and in chunks, for copying them out unparsed."""
+        yield [(s.get("node", ""), json.dumps({k: v for k, v in s.items() if k != "node"}))
+               for s in self.samples(run_id)]
+
+    @abstractmethod
+    def nodes(self, run_id: int) -> list[dict[str, Any]]:
+        """Every node description, oldest first, each with ``replica_index``, ``segment``,
+        ``host`` and ``recorded_at`` beside its own fields. Stores made before nodes were
+        recorded have none."""
+
+
+class Store(RunRecords):
     """The history of runs, replicas, trials, epochs and monitor samples.
 
     Contract (every backend, checked by one test class):
@@ -183,9 +236,6 @@ class Store(ABC):
                    duration_s: float, now: float) -> int: ...
 
     @abstractmethod
-    def run(self, run_id: int) -> dict[str, Any]: ...
-
-    @abstractmethod
     def start_segment(self, run_id: int, now: float, deadline_at: float) -> int: ...
 
     @abstractmethod
@@ -193,9 +243,6 @@ class Store(ABC):
 
     @abstractmethod
     def end_segment(self, run_id: int, index: int, ended_at: float) -> None: ...
-
-    @abstractmethod
-    def segments(self, run_id: int) -> list[SegmentRecord]: ...
 
     # replicas ------------------------------------------------------------------------------
     @abstractmethod
@@ -209,9 +256,6 @@ class Store(ABC):
     @abstractmethod
     def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
         """Record how a running replica ended; ``reason`` says why one gave up."""
-
-    @abstractmethod
-    def replicas(self, run_id: int) -> list[ReplicaRecord]: ...
 
     # trials --------------------------------------------------------------------------------
     @abstractmethod
@@ -230,9 +274,6 @@ class Store(ABC):
     def expire_leases(self, run_id: int, now: float) -> list[int]: ...
 
     @abstractmethod
-    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]: ...
-
-    @abstractmethod
     def trial(self, trial_id: int) -> TrialRecord: ...
 
     @abstractmethod
@@ -247,9 +288,6 @@ class Store(ABC):
     # epochs and samples --------------------------------------------------------------------
     @abstractmethod
     def record_epoch(self, epoch: EpochRecord) -> None: ...
-
-    @abstractmethod
-    def epochs(self, run_id: int) -> list[EpochRecord]: ...
 
     @abstractmethod
     def epochs_after(self, run_id: int, after: int,
@@ -267,35 +305,11 @@ class Store(ABC):
     @abstractmethod
     def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None: ...
 
-    @abstractmethod
-    def samples(self, run_id: int) -> list[dict[str, Any]]: ...
-
-    def sample_figure_chunks(self, run_id: int,
-                             nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
-        """The figures (:func:`sample_figures`) of the run's samples (of ``nodes``, or all)
-        with their node and time, in :meth:`samples`' order and in chunks: a long run's
-        million need not be held at once."""
-        yield [(s.get("node", ""), s["t"], *sample_figures(s)) for s in self.samples(run_id)
-               if nodes is None or s.get("node") in nodes]
-
-    def sample_nodes(self, run_id: int) -> dict[str, int]:
-        """How many samples each node stored."""
-        counts: dict[str, int] = {}
-        for s in self.samples(run_id):
-            counts[s.get("node", "")] = counts.get(s.get("node", ""), 0) + 1
-        return counts
-
     # nodes ---------------------------------------------------------------------------------
     @abstractmethod
     def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
                     description: dict[str, Any], now: float) -> None:
         """What a replica found on its node when it started (hardware, measured ceiling)."""
-
-    @abstractmethod
-    def nodes(self, run_id: int) -> list[dict[str, Any]]:
-        """Every node description, oldest first, each with ``replica_index``, ``segment``,
-        ``host`` and ``recorded_at`` beside its own fields. Stores made before nodes were
-        recorded have none."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -636,6 +636,15 @@ class SQLStore(Store):
                         out.append((node, t, *sample_figures(json.loads(data))))
                 yield out
 
+    def sample_texts(self, run_id: int) -> Iterator[list[tuple[str, str]]]:
+        # Streamed like sample_figure_chunks: a long run's samples are a gigabyte of text.
+        with self.engine.connect() as conn:
+            rows = conn.execution_options(yield_per=self.SAMPLE_CHUNK).execute(
+                sa.select(T_SAMPLES.c.node, T_SAMPLES.c.data)
+                .where(T_SAMPLES.c.run_id == run_id).order_by(T_SAMPLES.c.t, T_SAMPLES.c.id))
+            for part in rows.partitions():
+                yield [(node, data) for node, data in part]
+
     @retrying
     def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
                     description: dict[str, Any], now: float) -> None:

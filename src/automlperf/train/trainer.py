@@ -7,7 +7,6 @@ counts summed over all ranks and the operations they cost, and keeps the best we
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import os
@@ -27,6 +26,7 @@ from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
 from automlperf.train.data import DataError, Dataset, plan_steps
+from automlperf.train.evaluate import count_correct, precision_context
 from automlperf.train.inherit import inherit
 from automlperf.train.spec import TrialSpec
 
@@ -156,13 +156,7 @@ class _Run:
     def __init__(self, spec: TrialSpec, ctx: RankContext, graph: Graph) -> None:
         self.spec, self.ctx, self.data, self.device = spec, ctx, ctx.dataset, ctx.device
         self.precision = resolve_precision(spec.precision, self.device)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = self.precision == "tf32"
-            torch.backends.cudnn.allow_tf32 = self.precision == "tf32"
-            torch.backends.cudnn.benchmark = True
-        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        self.autocast: Any = (torch.autocast(self.device.type, dtype=amp_dtype) if amp_dtype
-                              else contextlib.nullcontext())
+        self.autocast: Any = precision_context(self.precision, self.device)
         self.channels_last = (spec.channels_last if spec.channels_last is not None
                               else self.device.type == "cuda")
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
@@ -292,18 +286,9 @@ class _Run:
     def validate(self) -> tuple[int, int]:
         """(correct, images) of this rank's validation shard."""
         self.average_buffers()
-        self.module.eval()
-        correct = torch.zeros((), dtype=torch.long, device=self.device)
-        seen = 0
-        # inference_mode, not no_grad: no autograd bookkeeping (version counters, views).
-        with torch.inference_mode():
-            for x, y in self.data.batches("val", self.ctx.rank, self.ctx.world, self.per_rank,
-                                          0, self.spec.seed, self.device):
-                with self.autocast:
-                    logits = self.module(x.contiguous(memory_format=self.memory_format))
-                correct += (logits.argmax(1) == y).sum()
-                seen += len(y)
-        return int(correct), seen
+        return count_correct(self.module, self.data.batches(
+            "val", self.ctx.rank, self.ctx.world, self.per_rank, 0, self.spec.seed, self.device),
+            self.autocast, self.memory_format)
 
     def average_buffers(self) -> None:
         """Every rank validates (and rank 0 saves) with the BatchNorm statistics averaged
