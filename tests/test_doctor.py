@@ -84,3 +84,34 @@ def test_the_cpu_memory_estimate_extrapolates_two_measured_batches(tmp_path, mon
     assert figures["per_image_bytes"] == 50
     assert figures["estimated_bytes"][figures["default_batch"]] == 1000 + 50 * figures["default_batch"]
     assert check.status == "pass"
+
+
+def _node(tmp_path, accelerated, eager):
+    node = doctor._Node(DoctorRequest(tmp_path))
+    node.accelerated, node.train_images_per_s = accelerated, eager
+    return node
+
+
+def test_a_variant_slower_than_eager_is_named_with_what_to_set(tmp_path):
+    gpu, cpu = _node(tmp_path, True, 1000.0), _node(tmp_path, False, 10.0)
+    assert "train.compile = false" in doctor._slower_than_eager(gpu, "x", 900.0, True, True)
+    # On an accelerator channels_last is the default, so a slower one must be turned off.
+    assert "train.channels_last = false" in doctor._slower_than_eager(gpu, "x", 900.0, True, False)
+    assert "leave train.channels_last unset" in doctor._slower_than_eager(cpu, "x", 9.0, True, False)
+    assert doctor._slower_than_eager(cpu, "x", 11.0, True, False) == ""
+
+
+def test_the_generated_folder_and_the_short_run_are_sized_from_the_measured_rate(tmp_path):
+    from automlperf.train.data.generate import write_photo_folder
+
+    slow, fast = _node(tmp_path, False, 4.5), _node(tmp_path, True, 3000.0)
+    classes, train, val = doctor._generated_size(slow)
+    assert (classes, train) == (doctor.CLASSES, doctor.MIN_PER_CLASS) and val == train // 4
+    assert doctor._generated_size(fast)[1] == doctor.MAX_PER_CLASS
+    middle = _node(tmp_path, False, 10.0)  # 30 s an epoch: 300 images, 30 a class
+    assert doctor._generated_size(middle)[1] == 30
+    write_photo_folder(tmp_path / "data", 2, 8, 2, size=(64, 48))  # 16 + 4 images
+    # 16 + 4/3 images at 0.1 img/s, two epochs after the start: longer than the default 150 s.
+    assert doctor._run_seconds(_node(tmp_path, False, 0.1), tmp_path / "data") == pytest.approx(
+        doctor.RUN_START_S + doctor.RUN_EPOCHS * (16 + 4 / 3) / 0.1)
+    assert doctor._run_seconds(slow, tmp_path / "data") == 150.0  # never below the request
