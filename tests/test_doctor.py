@@ -34,7 +34,9 @@ def test_the_quick_doctor_passes_on_this_machine_and_writes_every_item(tmp_path)
     eager = checks["train eager"]["figures"]
     assert eager["images_per_s"] > 0 and eager["fraction_of_ceiling"] > 0
     assert checks["train channels_last"]["figures"]["channels_last"] is True
-    assert checks["input pipeline"]["figures"]["needed_images_per_s"] == eager["images_per_s"]
+    # The pipeline is sized from the run's own layout: channels_last, the default here.
+    default = checks["train channels_last"]["figures"]["images_per_s"]
+    assert checks["input pipeline"]["figures"]["needed_images_per_s"] == default
     run = checks["official run"]["figures"]
     assert run["check_ok"] and run["epochs"] >= 1
     assert (tmp_path / "run" / "result.json").exists()
@@ -92,13 +94,17 @@ def _node(tmp_path, accelerated, eager):
     return node
 
 
-def test_a_variant_slower_than_eager_is_named_with_what_to_set(tmp_path):
-    gpu, cpu = _node(tmp_path, True, 1000.0), _node(tmp_path, False, 10.0)
-    assert "train.compile = false" in doctor._slower_than_eager(gpu, "x", 900.0, True, True)
-    # On an accelerator channels_last is the default, so a slower one must be turned off.
-    assert "train.channels_last = false" in doctor._slower_than_eager(gpu, "x", 900.0, True, False)
-    assert "leave train.channels_last unset" in doctor._slower_than_eager(cpu, "x", 9.0, True, False)
-    assert doctor._slower_than_eager(cpu, "x", 11.0, True, False) == ""
+def test_a_slower_layout_or_compilation_is_named_with_what_to_set(tmp_path):
+    node = _node(tmp_path, False, 10.0)
+    node.rates = {"train eager": 10.0, "train channels_last": 12.0}
+    node.channels_last = True  # the default on CPUs and CUDA GPUs
+    assert "train.compile = false" in doctor._layout_advice(node, 11.0, True, True)
+    assert doctor._layout_advice(node, 13.0, True, True) == ""
+    assert doctor._layout_advice(node, 12.0, True, False) == ""  # faster: the default stands
+    assert "train.channels_last = false" in doctor._layout_advice(node, 9.0, True, False)
+    node.channels_last = False  # a device whose default is the standard layout
+    assert "train.channels_last = true" in doctor._layout_advice(node, 12.0, True, False)
+    assert "train.compile = false" in doctor._layout_advice(node, 9.0, False, True)
 
 
 def test_the_generated_folder_and_the_short_run_are_sized_from_the_measured_rate(tmp_path):

@@ -142,7 +142,8 @@ class TrainConfig(_Section):
     patience_max: int = Field(20, ge=1)
     precision: Precision = Field("auto", description="auto: bf16 autocast on GPUs that have "
                                  "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
-    channels_last: bool | None = Field(None, description="Default: on for GPUs.")
+    channels_last: bool | None = Field(None, description="Default: on for CPUs and for NVIDIA "
+                                       "and AMD GPUs.")
     compile: bool = Field(False, description="Run the model through torch.compile.")
     parallelism: Literal["ddp"] = Field("ddp", description="Synchronous all-reduce data "
                                         "parallelism (DistributedDataParallel).")
@@ -346,12 +347,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "imagenet": {},
     "cifar10": {"data": {"image_size": 32}, "model": {"seed_model": "resnet_small"},
                 "train": {"batch_size": 128, "max_epochs": 30}},
-    # The default task widens the small seed four times and trains channels-last: its
-    # convolutions then fill a CPU's vector units (0.47 of the measured matmul ceiling over a
-    # 3-minute run, against 0.12 at width 1; bench/RESULTS.md). The digits stay the fastest.
-    "builtin": _merge(_BUILTIN_RECIPE, {"data": {"image_size": 12},
-                                        "model": {"seed_width": 4},
-                                        "train": {"channels_last": True}}),
+    # The default task widens the small seed four times: its convolutions then fill a CPU's
+    # vector units (about half of the measured matmul ceiling over a 3-minute run, against an
+    # eighth at width 1; bench/RESULTS.md). The digits stay the fastest.
+    "builtin": _merge(_BUILTIN_RECIPE, {"data": {"image_size": 12}, "model": {"seed_width": 4}}),
     "digits": {**_BUILTIN_RECIPE, "data": {"image_size": 8}},
     "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
                   "train": {"max_epochs": 4}},

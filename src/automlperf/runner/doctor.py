@@ -96,12 +96,14 @@ class _Node:
 
     def __init__(self, req: DoctorRequest) -> None:
         from automlperf.hardware import choose_devices, cores_available
+        from automlperf.train.trainer import channels_last_default
 
         self.req = req
         self.devices = choose_devices(req.devices)
         self.cores = cores_available()
         self.threads = max(1, self.cores // len(self.devices))
         self.accelerated = self.devices[0] != "cpu"
+        self.channels_last = channels_last_default(self.devices[0].split(":")[0])
         self.ceiling_ops: float | None = None
         self.train_images_per_s: float | None = None  # all devices, eager
         self.rates: dict[str, float] = {}  # images/s of each training item
@@ -220,7 +222,7 @@ def _train(node: _Node, shape: Shape, name: str, channels_last: bool, compile: b
     epoch_ops = last.ops / max(1e-9, last.ended_at - last.started_at)
     fraction = step_ops / node.ceiling_ops if node.ceiling_ops else None
     node.rates[name] = last.images_per_s
-    if not channels_last and not compile:
+    if not compile and channels_last == node.channels_last:  # the run's own layout
         node.train_images_per_s = last.images_per_s
     figures = {"model": shape.model, "image_size": shape.image_size, "batch": last.batch_size,
                "precision": last.precision, "images_per_s": last.images_per_s,
@@ -235,7 +237,7 @@ def _train(node: _Node, shape: Shape, name: str, channels_last: bool, compile: b
                "steps" + (f" = {fraction:.2g} of the ceiling" if fraction else ""))
     if compile and result.outcome.extra.get("compile_fallback"):
         return Check(name, "warn", summary, str(result.outcome.extra["compile_fallback"]), figures)
-    slower = _slower_than_eager(node, name, last.images_per_s, channels_last, compile)
+    slower = _layout_advice(node, last.images_per_s, channels_last, compile)
     if slower:
         return Check(name, "warn", summary, slower, figures)
     limit = TRAIN_FRACTION_WARN["accelerator" if node.accelerated else "cpu"]
@@ -246,21 +248,24 @@ def _train(node: _Node, shape: Shape, name: str, channels_last: bool, compile: b
     return Check(name, "pass", summary, figures=figures)
 
 
-def _slower_than_eager(node: _Node, name: str, rate: float, channels_last: bool,
-                       compile: bool) -> str:
-    """Advice when a variant the run would use by default, or one a site may turn on, is
-    slower here than plain eager training; empty otherwise."""
-    eager = node.train_images_per_s
-    if not eager or rate >= eager:
-        return ""
-    words = f"{rate:.3g} against {eager:.3g} img/s eager"
+def _layout_advice(node: _Node, rate: float, channels_last: bool, compile: bool) -> str:
+    """What to set when torch.compile is slower here than eager training in the run's
+    layout, or when the other layout is faster than the run's default; empty otherwise."""
+    standard = node.rates.get("train eager")
     if compile:
-        return f"torch.compile is slower than eager here ({words}): keep train.compile = false"
-    default_layout = node.accelerated  # train.channels_last's default: on for accelerators
-    if channels_last and default_layout:
-        return (f"channels_last, the default on accelerators, is slower here ({words}): set "
-                "train.channels_last = false")
-    return f"channels_last is slower here ({words}): leave train.channels_last unset"
+        eager = node.rates.get("train channels_last" if node.channels_last else "train eager")
+        if eager and rate < eager:
+            return (f"torch.compile is slower than eager here ({rate:.3g} against {eager:.3g} "
+                    "img/s): keep train.compile = false")
+        return ""
+    if not channels_last or not standard:
+        return ""
+    words = f"{rate:.3g} against {standard:.3g} img/s in the standard layout"
+    if rate < standard and node.channels_last:
+        return f"channels_last, the default here, is slower ({words}): set train.channels_last = false"
+    if rate > standard and not node.channels_last:
+        return f"channels_last is faster here ({words}): set train.channels_last = true"
+    return ""
 
 
 def _train_eager(node: _Node, shape: Shape) -> Check:
@@ -274,14 +279,14 @@ def _train_channels_last(node: _Node, shape: Shape) -> Check:
 def _train_compiled(node: _Node, shape: Shape) -> Check:
     if node.req.quick:
         return Check("train compiled", "skip", "not in quick mode (compilation takes minutes)")
-    return _train(node, shape, "train compiled", channels_last=node.accelerated, compile=True)
+    return _train(node, shape, "train compiled", channels_last=node.channels_last, compile=True)
 
 
 def _probe(shape: Shape, batch: int, device: str, node: _Node) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "automlperf.train.memprobe", "--model", shape.model,
            "--image-size", str(shape.image_size), "--classes", str(shape.classes),
            "--batch", str(batch), "--device", device, "--precision", node.req.precision,
-           "--threads", str(node.threads)] + (["--channels-last"] if node.accelerated else [])
+           "--threads", str(node.threads)] + (["--channels-last"] if node.channels_last else [])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
