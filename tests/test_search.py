@@ -239,3 +239,38 @@ def test_same_candidates_beside_cpu_burning_processes():
             p.wait(timeout=30)
     assert [row[:4] for row in loaded] == [row[:4] for row in alone]
     assert all(row[3] == SearchConfig().candidates_per_generation for row in alone)
+
+
+@pytest.mark.parametrize("strategy", ["random", "greedy"])
+def test_baseline_searches_morph_trained_models_and_repeat_with_the_seed(strategy):
+    from automlperf.search import NoCandidate, searcher_for
+
+    rng = random.Random(4)
+    hist = history_of(family(12, seed=4), rng)
+    hist.append(Model("running", morph(SMALL, "deepen", 3)[0], None, "running"))
+    searcher = searcher_for(SearchConfig(strategy=strategy))
+    assert searcher.strategy == strategy
+    taken = {m.content_hash for m in hist}
+    parents = []
+    for r in range(6):
+        cand = searcher.next_candidate(hist, SMALL, random.Random(r), kernel_size=5)
+        again = searcher_for(SearchConfig(strategy=strategy)).next_candidate(
+            hist, SMALL, random.Random(r), kernel_size=5)
+        assert (cand.graph, cand.parent_id, cand.morphs) == (again.graph, again.parent_id,
+                                                             again.morphs)
+        parent = next(m for m in hist if m.id == cand.parent_id)
+        assert parent.status == "completed" and cand.parent_accuracy == parent.accuracy
+        assert 1 <= len(cand.morphs) <= 3 and cand.graph.content_hash() not in taken
+        assert all(m["kernel"] == 5 for m in cand.morphs if m["op"] == "deepen")
+        assert cand.predicted_accuracy is None
+        parents.append(parent.id)
+    best = max(hist[:-1], key=lambda m: m.accuracy)
+    if strategy == "greedy":
+        assert set(parents) == {best.id}
+    else:
+        assert len(set(parents)) > 1
+    # Nothing trained yet: the seed, as the optimiser starts.
+    assert searcher.next_candidate([], SMALL, random.Random(0)).graph == SMALL
+    with pytest.raises(NoCandidate):
+        tiny = SearchConfig(strategy=strategy, max_layers=len(SMALL), max_params=1000)
+        searcher_for(tiny).next_candidate([Model(0, SMALL, 0.5)], SMALL, random.Random(0))

@@ -86,6 +86,9 @@ class Candidate:
     predicted_accuracy: float | None = None
     predicted_std: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    # The accuracy the search ranked the parent by when it chose this child: what the
+    # prediction above is to be held against.
+    parent_accuracy: float | None = None
 
 
 class NoCandidate(RuntimeError):
@@ -237,7 +240,8 @@ class Searcher:
         if best is None:
             return self._fallback(trained, taken, rng, kernel_size, stats)
         top_acq, top, top_mean, top_std = best
-        return Candidate(top.graph, top.father.id, top.morphs, top_acq, top_mean, top_std, stats)
+        return Candidate(top.graph, top.father.id, top.morphs, top_acq, top_mean, top_std, stats,
+                         top.father.accuracy)
 
     def _children(self, node: _Node, searched: set[str], rng: random.Random,
                   kernel_size: int, tries: int) -> list[tuple[Graph, dict[str, Any]]]:
@@ -262,17 +266,24 @@ class Searcher:
             stats["seconds"] = self.clock() - started
             return Candidate(seed_graph, None, [], stats=stats)
         for _ in range(100):
-            graph, records = seed_graph, []
-            for _ in range(rng.randint(1, self.config.max_morphs_per_child)):
-                try:
-                    graph, record = morph(graph, "random", rng, kernel_size, self.limits)
-                except MorphError:
-                    break
-                records.append(record.to_dict())
+            graph, records = self.random_morphs(seed_graph, rng, kernel_size)
             if records and graph.content_hash() not in taken:
                 stats["seconds"] = self.clock() - started
                 return Candidate(graph, None, records, stats=stats)
         raise NoCandidate("no new architecture within reach of the seed")
+
+    def random_morphs(self, graph: Graph, rng: random.Random,
+                      kernel_size: int) -> tuple[Graph, list[dict[str, Any]]]:
+        """1 to ``max_morphs_per_child`` random morphs of ``graph`` (fewer where one is
+        refused), and their records."""
+        records = []
+        for _ in range(rng.randint(1, self.config.max_morphs_per_child)):
+            try:
+                graph, record = morph(graph, "random", rng, kernel_size, self.limits)
+            except MorphError:
+                break
+            records.append(record.to_dict())
+        return graph, records
 
     def _fallback(self, trained: list[Model], taken: set[str], rng: random.Random,
                   kernel_size: int, stats: dict[str, Any]) -> Candidate:
@@ -285,7 +296,8 @@ class Searcher:
             except MorphError:
                 continue
             if graph.content_hash() not in taken:
-                return Candidate(graph, father.id, [record.to_dict()], stats=stats)
+                return Candidate(graph, father.id, [record.to_dict()], stats=stats,
+                                 parent_accuracy=father.accuracy)
         raise NoCandidate("every morph of the best models is taken or over the limits")
 
 
