@@ -274,3 +274,119 @@ def test_baseline_searches_morph_trained_models_and_repeat_with_the_seed(strateg
     with pytest.raises(NoCandidate):
         tiny = SearchConfig(strategy=strategy, max_layers=len(SMALL), max_params=1000)
         searcher_for(tiny).next_candidate([Model(0, SMALL, 0.5)], SMALL, random.Random(0))
+
+
+def test_the_descriptor_cache_stays_bounded_over_many_generations():
+    config = SearchConfig(gp_max_models=4, candidates_per_generation=8, neighbours=4)
+    searcher = Searcher(config)
+    hist = history_of(family(6, seed=2), random.Random(3))
+    sizes = []
+    for r in range(40):  # 320 candidates scored, more than the cache keeps
+        cand = searcher.next_candidate(hist, SMALL, random.Random(r))
+        hist.append(Model(len(hist), cand.graph, 0.3 + 0.01 * (r % 7)))
+        sizes.append(len(searcher._descriptors))
+    assert max(sizes) <= searcher.descriptor_cache_size == 20 * (4 + 8)
+    assert len(searcher._pairs) <= 50 * config.gp_max_models ** 2
+
+
+def grown_history(n, seed=0, max_depth=8):
+    """``n`` models, each a random morph of an earlier one at most ``max_depth`` morphs from
+    the small seed (so sizes stay alike however long the history), given to the search as a
+    replica reads them from the store: graph JSON and content hash, parsed only if needed."""
+    rng = random.Random(seed)
+    hist = [Model(0, graph_json=SMALL.to_json(None), content_hash=SMALL.content_hash(),
+                  accuracy=0.3)]
+    depth = [0]
+    growable = [0]
+    while len(hist) < n:
+        parent = hist[rng.choice(growable)]
+        child, _ = morph(parent.graph, "random", rng, kernel_size=rng.choice((3, 5, 7)))
+        hist.append(Model(len(hist), graph_json=child.to_json(None),
+                          content_hash=child.content_hash(),
+                          accuracy=min(0.99, max(0.05, parent.accuracy + rng.gauss(0.005, 0.02)))))
+        depth.append(depth[parent.id] + 1)
+        if depth[-1] < max_depth:
+            growable.append(len(hist) - 1)
+    # As read from a store: nothing parsed yet.
+    return [Model(m.id, graph_json=m._json, content_hash=m.content_hash, accuracy=m.accuracy)
+            for m in hist]
+
+
+@pytest.fixture(scope="module")
+def ten_thousand():
+    return grown_history(10_000, seed=21)
+
+
+class Counted:
+    """Counts the edit-distance rows the search computes."""
+
+    def __init__(self, fn):
+        self.fn, self.rows = fn, 0
+
+    def __call__(self, *args):
+        self.rows += 1
+        return self.fn(*args)
+
+
+def fresh(history):
+    return [Model(m.id, graph_json=m._json, content_hash=m.content_hash, accuracy=m.accuracy)
+            for m in history]
+
+
+@pytest.mark.slow
+def test_generation_work_on_ten_thousand_models_is_that_on_a_hundred(ten_thousand, monkeypatch):
+    """The work of a generation, counted (not timed): models parsed, edit-distance rows,
+    models fitted, architectures scored. With 10,000 models it is bounded by the settings,
+    as with 100: the history's length costs only its hashes."""
+    from automlperf.search import bo
+
+    rows = Counted(bo.distances)
+    monkeypatch.setattr(bo, "distances", rows)
+    config = SearchConfig()
+    bound = config.candidates_per_generation + config.gp_max_models
+    work = {}
+    for size in (100, 10_000):
+        hist = fresh(ten_thousand[:size])
+        searcher = Searcher(config)
+        for r in range(3):
+            rows.rows = 0
+            cand = searcher.next_candidate(hist, SMALL, random.Random(r))
+            assert cand.stats["evaluated"] == config.candidates_per_generation
+            assert cand.stats["fit_models"] == min(size, config.gp_max_models)
+            assert not cand.stats["capped"] and rows.rows <= bound
+            hist.append(Model(len(hist), cand.graph, 0.5))
+        parsed = sum(m._graph is not None for m in hist[:size])
+        # The fit set (best, recent and a stable sample: it barely moves) and the roots.
+        assert parsed <= config.gp_max_models + 2 * config.neighbours + 3
+        work[size] = (rows.rows, parsed)
+    assert work[10_000][0] <= bound and work[100][0] <= bound
+
+
+@pytest.mark.slow
+def test_ten_thousand_models_give_the_same_candidates_beside_cpu_burners(ten_thousand):
+    """The same history, seeds and settings, once on an idle machine and once with two
+    processes burning both cores: the same candidates. Nothing in the choice reads a clock."""
+    import subprocess
+    import sys
+
+    def candidates():
+        searcher = Searcher()
+        hist = fresh(ten_thousand)
+        out = []
+        for r in range(3):
+            cand = searcher.next_candidate(hist, SMALL, random.Random(r), kernel_size=5)
+            out.append((*fingerprint(cand), cand.stats["capped"]))
+            hist.append(Model(len(hist), cand.graph, 0.5))
+        return out
+
+    idle = candidates()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = candidates()
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait(timeout=30)
+    assert loaded == idle
+    assert not any(row[-1] for row in idle)
+    assert all(row[3] == SearchConfig().candidates_per_generation for row in idle)

@@ -35,6 +35,7 @@ from automlperf.search.gp import DistanceGP, ucb
 from automlperf.search.morph import Limits, MorphError, morph
 
 TRAINED = TrialStatus.COMPLETED
+DESCRIPTOR_GENERATIONS = 20
 log = logging.getLogger("automlperf.search")
 
 
@@ -119,8 +120,18 @@ class Searcher:
         key = graph.content_hash()
         d = self._descriptors.get(key)
         if d is None:
+            # Every candidate scored is described once; in a long run they would pile up
+            # without end, while only the fit set's are used again from call to call.
+            if len(self._descriptors) >= self.descriptor_cache_size:
+                self._descriptors.clear()
             d = self._descriptors[key] = describe(graph)
         return d
+
+    @property
+    def descriptor_cache_size(self) -> int:
+        """Descriptors kept between calls at most: twenty generations' worth."""
+        return DESCRIPTOR_GENERATIONS * (self.config.gp_max_models
+                                         + self.config.candidates_per_generation)
 
     def _gram(self, models: list[Model]) -> np.ndarray:
         """Pairwise distances of ``models``, computing only rows with uncached pairs."""
