@@ -10,8 +10,7 @@ import random
 from collections.abc import Sequence
 
 from automlperf.config import SearchConfig
-from automlperf.graph.graph import Graph
-from automlperf.search.bo import TRAINED, Candidate, Model, NoCandidate, Searcher
+from automlperf.search.bo import Candidate, Model, NoCandidate, Searcher
 
 # Children tried per parent before the next parent is taken.
 TRIES_PER_PARENT = 20
@@ -28,13 +27,8 @@ class RandomSearcher(Searcher):
         rng.shuffle(order)
         return order
 
-    def next_candidate(self, history: Sequence[Model], seed_graph: Graph, rng: random.Random,
-                       kernel_size: int = 3) -> Candidate:
-        started = self.clock()
-        taken = {m.content_hash for m in history}
-        trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
-        if not trained:
-            return self._cold_start(seed_graph, taken, rng, kernel_size, started)
+    def _choose(self, history: Sequence[Model], trained: list[Model], taken: set[str],
+                rng: random.Random, kernel_size: int, started: float) -> Candidate:
         tries = 0
         for parent in self.parents(trained, rng):
             for _ in range(TRIES_PER_PARENT):

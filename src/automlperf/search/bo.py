@@ -184,6 +184,11 @@ class Searcher:
         trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
         if not trained:
             return self._cold_start(seed_graph, taken, rng, kernel_size, started)
+        return self._choose(history, trained, taken, rng, kernel_size, started)
+
+    def _choose(self, history: Sequence[Model], trained: list[Model], taken: set[str],
+                rng: random.Random, kernel_size: int, started: float) -> Candidate:
+        """A child of a trained model: the annealing's best by the upper confidence bound."""
         fit = self.fit_set(trained)
         gp = DistanceGP().fit(self._gram(fit), np.array([m.accuracy for m in fit]))
         packed = pack([self.descriptor(m.graph) for m in fit])
