@@ -213,13 +213,30 @@ def wilcoxon_p(diffs: list[float]) -> float | None:
     return float(stats.wilcoxon(nonzero).pvalue)
 
 
-def summarise(results: list[dict[str, Any]], methods: list[str], budget: float) -> dict[str, Any]:
+def best_after(run: dict[str, Any], k: int) -> float:
+    """The best validation accuracy of a run's first ``k`` trials (all it has, when the
+    budget ended it sooner)."""
+    reached = [t["best"] for t in run["trial_rows"][:k] if t["best"] is not None]
+    return max(reached) if reached else 0.0
+
+
+def figures_of(budget: float, trials: int) -> list[tuple[str, str, Any]]:
+    """(name, column title, value of a run) of every figure compared."""
+    out: list[tuple[str, str, Any]] = [
+        (f"best@{int(q * 100)}%", f"{q * budget:.0f} s", lambda r, i=i: r["best_at"][i])
+        for i, q in enumerate(QUARTERS)]
+    out.append(("regulated", "regulated score (GOPS)", lambda r: r["regulated_score"]))
+    for k in (round(q * trials) for q in QUARTERS):
+        out.append((f"after{k}", f"{k} trials", lambda r, k=k: best_after(r, k)))
+    return out
+
+
+def summarise(results: list[dict[str, Any]], methods: list[str], budget: float,
+              trials: int) -> dict[str, Any]:
     by = {(r["method"], r["seed"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
-    out: dict[str, Any] = {"bench": "search_quality", "budget_s": budget, "methods": {}}
-    figures = [(f"best@{int(q * 100)}%", lambda r, i=i: r["best_at"][i])
-               for i, q in enumerate(QUARTERS)]
-    figures.append(("regulated", lambda r: r["regulated_score"]))
+    out: dict[str, Any] = {"bench": "search_quality", "budget_s": budget, "trials": trials,
+                           "methods": {}}
     for m in methods:
         runs = [by[(m, s)] for s in seeds if (m, s) in by]
         if not runs:
@@ -227,7 +244,7 @@ def summarise(results: list[dict[str, Any]], methods: list[str], budget: float) 
         row: dict[str, Any] = {"seeds": len(runs),
                                "trials": sorted(r["trials"] for r in runs),
                                "elapsed_s_median": statistics.median(r["elapsed_s"] for r in runs)}
-        for name, get in figures:
+        for name, _, get in figures_of(budget, trials):
             vals = [get(r) or 0.0 for r in runs]
             row[name] = dict(zip(("median", "low", "high"), median_ci(vals)))
             paired = [s for s in seeds if (m, s) in by and (BASELINE, s) in by]
@@ -240,62 +257,60 @@ def summarise(results: list[dict[str, Any]], methods: list[str], budget: float) 
                     "wins": sum(d > 0 for d in diffs), "ties": sum(d == 0 for d in diffs),
                     "losses": sum(d < 0 for d in diffs), "wilcoxon_p": wilcoxon_p(diffs)}
         above = sum(r.get("gp_ranked_above") or 0 for r in runs)
-        if above:
+        others = sum(r.get("others") or 0 for r in runs)
+        if above or others:
             row["gp_ranked_above_improved"] = [sum(r["gp_improved"] for r in runs), above]
-            row["others_improved"] = [sum(r["improved_otherwise"] for r in runs),
-                                      sum(r["others"] for r in runs)]
+            row["others_improved"] = [sum(r["improved_otherwise"] for r in runs), others]
         out["methods"][m] = row
     return out
 
 
+def _cell(c: dict[str, Any], name: str) -> str:
+    k = 1e-9 if name == "regulated" else 100
+    return f"{c['median'] * k:.2f} [{c['low'] * k:.2f}, {c['high'] * k:.2f}]"
+
+
 def print_tables(summary: dict[str, Any], methods: list[str]) -> None:
-    budget = summary["budget_s"]
-    acc = [f"best@{int(q * 100)}%" for q in QUARTERS]
-
-    def cell(c: dict[str, Any], pct: bool) -> str:
-        k = 100 if pct else 1e-9
-        unit = "" if pct else ""
-        return f"{c['median'] * k:.2f} [{c['low'] * k:.2f}, {c['high'] * k:.2f}]{unit}"
-
-    print(f"\nbest validation accuracy (%) by each share of the {budget:.0f} s budget, and the "
-          "regulated score (GOPS): median [95 % bootstrap interval] over seeds")
-    print("| method | seeds | trials (min–max) | " + " | ".join(
-        f"{int(q * budget)} s" for q in QUARTERS) + " | regulated score |")
-    print("|---|---|---|" + "---|" * (len(QUARTERS) + 1))
-    for m in methods:
-        row = summary["methods"].get(m)
-        if row is None:
-            continue
-        trials = row["trials"]
-        print(f"| {m} | {row['seeds']} | {trials[0]}–{trials[-1]} | "
-              + " | ".join(cell(row[a], True) for a in acc)
-              + f" | {cell(row['regulated'], False)} |")
-    print(f"\npaired by seed, method − {BASELINE}: median difference [95 % bootstrap interval], "
-          "wins/ties/losses, Wilcoxon p")
-    print("| method | " + " | ".join(f"{int(q * budget)} s (points)" for q in QUARTERS)
-          + " | regulated score (GOPS) |")
-    print("|---|" + "---|" * (len(QUARTERS) + 1))
-    for m in methods:
-        row = summary["methods"].get(m)
-        if row is None or m == BASELINE:
-            continue
-        cells = []
-        for name in acc + ["regulated"]:
-            c = row.get(f"{name} vs {BASELINE}")
-            if c is None:
-                cells.append("-")
+    figures = figures_of(summary["budget_s"], summary["trials"])
+    groups = [("best validation accuracy (%) by each share of the budget, and the regulated "
+               "score (GOPS)", figures[:5]),
+              ("best validation accuracy (%) of the first k trials", figures[5:])]
+    for title, group in groups:
+        print(f"\n{title}: median [95 % bootstrap interval] over seeds")
+        print("| method | seeds | trials (min–max) | " + " | ".join(t for _, t, _ in group)
+              + " |")
+        print("|---|---|---|" + "---|" * len(group))
+        for m in methods:
+            row = summary["methods"].get(m)
+            if row is None:
                 continue
-            p = "-" if c["wilcoxon_p"] is None else f"{c['wilcoxon_p']:.3f}"
-            cells.append(f"{cell(c, name != 'regulated')} {c['wins']}/{c['ties']}/"
-                         f"{c['losses']} p={p}")
-        print(f"| {m} | " + " | ".join(cells) + " |")
+            trials = row["trials"]
+            print(f"| {m} | {row['seeds']} | {trials[0]}–{trials[-1]} | "
+                  + " | ".join(_cell(row[n], n) for n, _, _ in group) + " |")
+        print(f"\npaired by seed, method − {BASELINE} (points of accuracy; GOPS): median "
+              "difference [95 % bootstrap interval], wins/ties/losses, Wilcoxon p")
+        print("| method | " + " | ".join(t for _, t, _ in group) + " |")
+        print("|---|" + "---|" * len(group))
+        for m in methods:
+            row = summary["methods"].get(m)
+            if row is None or m == BASELINE:
+                continue
+            cells = []
+            for name, _, _ in group:
+                c = row.get(f"{name} vs {BASELINE}")
+                if c is None:
+                    cells.append("-")
+                    continue
+                p = "-" if c["wilcoxon_p"] is None else f"{c['wilcoxon_p']:.3f}"
+                cells.append(f"{_cell(c, name)} {c['wins']}/{c['ties']}/{c['losses']} p={p}")
+            print(f"| {m} | " + " | ".join(cells) + " |")
     for m in methods:
         row = summary["methods"].get(m) or {}
         if "gp_ranked_above_improved" in row:
             a, n = row["gp_ranked_above_improved"]
             b, k = row["others_improved"]
-            print(f"{m}: children the GP ranked above their parent that improved on it: "
-                  f"{a} of {n} ({100 * a / n:.0f} %); the others: {b} of {k}"
+            print(f"{m}: children the GP ranked above their parent that beat it: {a} of {n}"
+                  + (f" ({100 * a / n:.0f} %)" if n else "") + f"; the others: {b} of {k}"
                   + (f" ({100 * b / k:.0f} %)" if k else ""))
 
 
@@ -326,7 +341,7 @@ def main() -> None:
         results = [r for r in load_log(Path(args.log)) if r["method"] in methods]
     else:
         results = run_all(args, methods, seeds)
-    summary = summarise(results, methods, args.budget)
+    summary = summarise(results, methods, args.budget, args.trials)
     print_tables(summary, methods)
     print(json.dumps(summary))
 

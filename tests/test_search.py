@@ -100,6 +100,27 @@ def test_gp_interpolates_and_keeps_all_data_when_cholesky_fails():
     assert 1 <= gp.stats.retries <= 12 and not gp.stats.projected and gp.stats.jitter > 1e-9
 
 
+def test_a_few_barely_trained_models_do_not_set_the_gps_scale():
+    """The seed after one short round sits far below the rest: the process's scale is the
+    spread of the many (median absolute deviation), so its uncertainty far from the data
+    stays of that order, and the outlier is held at three of those deviations."""
+    from automlperf.search.gp import robust_location_scale
+
+    y = np.array([0.30, 0.62, 0.90, 0.91, 0.92, 0.93, 0.935, 0.94, 0.945])
+    centre, scale = robust_location_scale(y)
+    assert centre == 0.92 and scale == pytest.approx(1.4826 * 0.02)
+    n = len(y)
+    d = np.abs(np.subtract.outer(np.arange(n), np.arange(n))).astype(float)
+    gp = DistanceGP().fit(d, y)
+    far_mean, far_std = gp.predict(np.full((1, n), 50.0))
+    assert far_std[0] == pytest.approx(scale, rel=1e-3) and far_std[0] < y.std() / 5
+    assert far_mean[0] == pytest.approx(centre, abs=1e-3)
+    near_mean, _ = gp.predict(d[-3:])
+    assert np.allclose(near_mean, y[-3:], atol=2e-3)  # the many are fitted as they are
+    assert robust_location_scale(np.array([0.5, 0.5, 0.5, 0.7])) == (0.5, pytest.approx(0.0866, abs=1e-4))
+    assert robust_location_scale(np.array([0.5, 0.5])) == (0.5, 1.0)
+
+
 def history_of(graphs, rng):
     return [Model(i, g, 0.3 + 0.5 * rng.random()) for i, g in enumerate(graphs)]
 
