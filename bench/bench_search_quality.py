@@ -268,6 +268,7 @@ def summarise(results: list[dict[str, Any]], methods: list[str], budget: float,
                     "median": med, "low": lo, "high": hi, "pairs": len(paired),
                     "wins": sum(d > 0 for d in diffs), "ties": sum(d == 0 for d in diffs),
                     "losses": sum(d < 0 for d in diffs), "wilcoxon_p": wilcoxon_p(diffs)}
+        row["behaviour"] = behaviour(runs)
         above = sum(r.get("gp_ranked_above") or 0 for r in runs)
         others = sum(r.get("others") or 0 for r in runs)
         if above or others:
@@ -275,6 +276,32 @@ def summarise(results: list[dict[str, Any]], methods: list[str], budget: float,
             row["others_improved"] = [sum(r["improved_otherwise"] for r in runs), others]
         out["methods"][m] = row
     return out
+
+
+def behaviour(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a method's children were: morphs per child, the kinds used, and (from round 3 on)
+    the gain over the parent in the search's own accuracy and how often it was positive."""
+    counts = [0, 0, 0, 0]
+    kinds: dict[str, int] = {}
+    gains = []
+    for r in runs:
+        search = {t["id"]: t["search"] for t in r["trial_rows"]}
+        for t in r["trial_rows"]:
+            if t["parent"] is None:
+                continue
+            counts[min(len(t["morphs"]), 3)] += 1
+            for op in t["morphs"]:
+                kinds[op] = kinds.get(op, 0) + 1
+            if t["round"] >= 3 and t["status"] == "completed" and t["search"] is not None \
+                    and search.get(t["parent"]) is not None:
+                gains.append(t["search"] - search[t["parent"]])
+    children = sum(counts)
+    return {"children": children,
+            "morphs_per_child": {k: counts[k] for k in (1, 2, 3)},
+            "kinds": dict(sorted(kinds.items())),
+            "mean_gain": statistics.mean(gains) if gains else None,
+            "beat_parent": sum(g > 0 for g in gains) / len(gains) if gains else None,
+            "gains": len(gains)}
 
 
 def _cell(c: dict[str, Any], name: str) -> str:
@@ -317,6 +344,17 @@ def print_tables(summary: dict[str, Any], methods: list[str]) -> None:
                     cells.append(f"{_cell(c, name)} {c['wins']}/{c['ties']}/{c['losses']} "
                                  f"p={p}")
                 print(f"| {m} − {ref} | " + " | ".join(cells) + " |")
+    print("\nchildren: morphs per child (1/2/3), morph kinds, and from round 3 on the mean "
+          "gain over the parent (points) and the share that beat it")
+    for m in methods:
+        b = (summary["methods"].get(m) or {}).get("behaviour")
+        if b is None or not b["children"]:
+            continue
+        per = "/".join(str(b["morphs_per_child"][k]) for k in (1, 2, 3))
+        gain = "-" if b["mean_gain"] is None else f"{100 * b['mean_gain']:+.2f}"
+        share = "-" if b["beat_parent"] is None else f"{100 * b['beat_parent']:.0f} %"
+        print(f"{m}: {b['children']} children, {per}; {b['kinds']}; gain {gain} over "
+              f"{b['gains']}, {share} beat their parent")
     for m in methods:
         row = summary["methods"].get(m) or {}
         if "gp_ranked_above_improved" in row:
