@@ -29,9 +29,10 @@ The task: the built-in MNIST sample (2,000 training and 3,000 validation images)
 (``--image-size``), the small ResNet seed, 2-epoch trials (``--epochs``: rounds 0-2 train 1,
 1 and 2 epochs, ranked by the predicted accuracy; every trial's learning rate decays over 2
 epochs), 20 trials (``--trials``) within 240 s (``--budget``). A trial takes a few seconds
-on one core, so 8 seeds of the 5 methods take about an hour at 2 runs at a time. On one
-core every run is deterministic given its seed (the same trials, the same accuracies): the
-machine's load moves only the time marks, and the figures after k trials not at all.
+on one core, so 8 seeds of the 5 methods take about an hour at 2 runs at a time. A run's
+choices follow from its seed and the order of its events, not from time, and training on one
+core is deterministic: the machine's load moves the time marks, not the figures after k
+trials (unless a run's budget ends before its k-th trial).
 
 Run: python bench/bench_search_quality.py --seeds 8 --trials 20 --budget 240 --epochs 2
 (a --log file keeps each run's figures as it ends; a second call with the same --log runs

@@ -156,10 +156,11 @@ def test_a_baseline_search_keeps_its_lineage_without_weights_or_tpe(tmp_path):
     assert all(spec.parent_weights is None and spec.parent_graph is None
                for spec in trainer.specs)
     for i, t in enumerate(trials[1:], 1):
-        # Greedy: each child's parent was the most accurate model trained when it was chosen,
-        # which (once anything is trained) is while the trial before it trains.
-        known = trials[:max(1, i - 1)]
-        assert t.hparams["parent_accuracy"] == max(u.search_accuracy for u in known)
+        # Greedy: each child's parent was the most accurate model trained when it was chosen:
+        # while the trial before it trained (once anything is trained), or just after, for a
+        # stand-in trainer done before the search thread read the history.
+        best_known = {max(u.search_accuracy for u in trials[:k]) for k in {max(1, i - 1), i}}
+        assert t.hparams["parent_accuracy"] in best_known
         assert t.hparams["parent_accuracy"] == store.trial(t.parent_id).search_accuracy
         assert t.hparams["predicted_mean"] is None
     store.close()

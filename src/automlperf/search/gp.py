@@ -9,10 +9,10 @@ Targets are standardised robustly: centred on their median and scaled by their m
 absolute deviation, with values beyond ``clip`` such deviations held at that bound. A search's
 history holds a few barely trained models (the seed after its first short round, far below
 the rest): centred on the mean and scaled by the standard deviation, those few set the
-process's prior scale, so the uncertainty far from the data, and the upper confidence bound's
-exploration term with it, came out ten times the spread among the models that matter. The
-search then chose, every time, the child farthest from anything trained, whatever the
-predicted accuracy (bench/RESULTS.md, "Search quality").
+process's prior scale, so its uncertainty far from the data, and the upper confidence bound's
+exploration term with it, came out about eight times the spread among the models that
+matter, outweighing any difference in predicted accuracy (bench/RESULTS.md, "Search
+quality").
 """
 
 from __future__ import annotations
