@@ -365,12 +365,39 @@ def size(run_dir: Path, url: str | None) -> dict[str, Any]:
     report = write_report(run_dir, url)
     out["report_s"], out["report_cpu_s"] = time.perf_counter() - t, cpu() - c
     out["report_mb"] = report.stat().st_size / 1e6
+    out.update(search_progress(run_dir, url))
     t = time.perf_counter()
     ranking([run_dir, run_dir])
     out["compare_s"] = time.perf_counter() - t
     out["result_mb"] = rd.result.stat().st_size / 1e6
     return out
 
+
+
+def search_progress(run_dir: Path, url: str | None) -> dict[str, Any]:
+    """The report's search-progress part on its own (its figures, then its three charts),
+    from the trials and counted epochs the report reads anyway."""
+    from automlperf.measure.score import counted_epochs
+    from automlperf.report import charts, progress
+    from automlperf.report.html import _ancestry, _morph_text
+    from automlperf.store.rundir import RunDir, run_store
+
+    rd = RunDir(run_dir)
+    run_id = int(rd.meta()["run_id"])
+    with run_store(run_dir, url) as store:
+        counted = counted_epochs(store.epochs(run_id), store.segments(run_id))
+        trials = {t.id: t for t in store.trials(run_id)}
+    best = json.loads(rd.result.read_text())["best_trial"]
+    t = time.perf_counter()
+    p = progress.progress(counted, trials, _ancestry(best, trials), True, _morph_text)
+    figures_s = time.perf_counter() - t
+    t = time.perf_counter()
+    charts.progress_chart(p["whole"], p["per_replica"])
+    charts.lineage_chart(p["lineage"], p["siblings"])
+    charts.ranking_chart(p["ranking"].points)
+    return {"progress_figures_s": figures_s, "progress_charts_s": time.perf_counter() - t,
+            "progress_lineage": len(p["lineage"]),
+            "progress_ranked": p["ranking"].ranked_above + p["ranking"].others}
 
 
 # --- part 3: the simulated benchmark on a real SLURM cluster, and weak scaling -----------------
@@ -836,7 +863,9 @@ def main() -> None:
         print(f"\n{made['trials']} trials, {made['epochs']} epochs, {made['samples']} samples "
               f"(PostgreSQL): result {sized['result_s']:.1f} s, check {sized['check_s']:.1f} s "
               f"({'verified' if sized['check_ok'] else 'MISMATCHES'}), report "
-              f"{sized['report_s']:.1f} s ({sized['report_mb']:.2f} MB), compare "
+              f"{sized['report_s']:.1f} s ({sized['report_mb']:.2f} MB; its search progress "
+              f"{sized['progress_figures_s']:.2f} s + charts {sized['progress_charts_s']:.2f} s), "
+              "compare "
               f"{sized['compare_s']:.2f} s")
     print(json.dumps({"bench": "scale", "generated": made, "size": sized, "load": loads}))
 

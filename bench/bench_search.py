@@ -1,4 +1,5 @@
-"""Candidate generation time as the history grows, and edit-distance time per pair.
+"""Candidate generation time as the history grows, edit-distance time per pair, and the
+same candidates on an idle and a loaded machine.
 
 The history is made of ResNet-50 (224x224, 1000 classes) descendants, each a random morph of
 an earlier model at most 8 morphs from the seed, so model sizes stay alike at every history
@@ -8,7 +9,11 @@ For each history size, several generations run with a warm searcher, on one core
 wall-clock time and the process's CPU time are reported: on a shared, loaded machine the wall
 clock includes time spent waiting for a core, the CPU time is what one core spends.
 
-Run: python bench/bench_search.py [--sizes 100,1000,10000] [--repeat 8]
+At the largest size the same generations run again, from the same history with a fresh
+searcher, while ``--burners`` processes keep every core busy: the candidates must be the same
+(nothing in the choice reads a clock), and the CPU time per candidate is reported beside.
+
+Run: python bench/bench_search.py [--sizes 100,1000,10000] [--repeat 8] [--burners 2]
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the design budgets it
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from automlperf.graph import seeds  # noqa: E402
+from automlperf.graph import Graph, seeds  # noqa: E402
 from automlperf.search import Model, MorphError, Searcher, morph  # noqa: E402
 from automlperf.search.distance import describe, distances, pack  # noqa: E402
 
@@ -57,6 +65,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="100,1000,10000")
     ap.add_argument("--repeat", type=int, default=8)
+    ap.add_argument("--burners", type=int, default=2, help="CPU burners beside the second "
+                    "pass at the largest size (0: no second pass)")
     args = ap.parse_args()
     rng = random.Random(0)
     seed = seeds.resnet50()
@@ -78,24 +88,11 @@ def main() -> None:
 
     print(f"{'history':>8}{'median s':>10}{'p95 s':>8}{'max s':>8}{'CPU med s':>10}"
           f"{'CPU p95 s':>10}{'evaluated':>10}{'CPU p95/budget':>15}")
-    for size in (int(s) for s in args.sizes.split(",")):
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for size in sizes:
         grow(history, depth, size, rng)
-        searcher = Searcher()
-        times, cpu, evaluated = [], [], []
-        first = None
-        for r in range(args.repeat + 1):
-            t0, c0 = time.perf_counter(), time.process_time()
-            cand = searcher.next_candidate(history, seed, random.Random(r), kernel_size=3)
-            elapsed, used = time.perf_counter() - t0, time.process_time() - c0
-            if r == 0:
-                first = elapsed  # cold caches: reported, not in the steady-state figures
-            else:
-                times.append(elapsed)
-                cpu.append(used)
-                evaluated.append(cand.stats.get("evaluated", 0))
-            # The replica adds each trained candidate to the history.
-            history.append(Model(len(history), cand.graph, history[-1].accuracy))
-            depth[len(history) - 1] = MAX_DEPTH
+        before = list(history)
+        times, cpu, evaluated, chosen, first = generations(history, depth, seed, args.repeat)
         med, p95 = statistics.median(times), pct(times, 0.95)
         cpu_med, cpu_p95 = statistics.median(cpu), pct(cpu, 0.95)
         out[f"history_{size}"] = {"median_s": round(med, 3), "p95_s": round(p95, 3),
@@ -106,7 +103,52 @@ def main() -> None:
         print(f"{size:>8}{med:>10.3f}{p95:>8.3f}{max(times):>8.3f}{cpu_med:>10.3f}"
               f"{cpu_p95:>10.3f}{statistics.median(evaluated):>10.0f}{cpu_p95 / 2.0:>15.2f}"
               f"   (cold: {first:.2f} s)")
+        if size == sizes[-1] and args.burners:
+            burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                       for _ in range(args.burners)]
+            try:
+                times_l, cpu_l, _, chosen_l, _ = generations(before, dict(depth), seed,
+                                                              args.repeat)
+            finally:
+                for p in burners:
+                    p.kill()
+                    p.wait()
+            same = sum(a == b for a, b in zip(chosen, chosen_l))
+            out[f"history_{size}_loaded"] = {
+                "burners": args.burners, "median_s": round(statistics.median(times_l), 3),
+                "cpu_median_s": round(statistics.median(cpu_l), 3),
+                "cpu_p95_s": round(pct(cpu_l, 0.95), 3),
+                "same_candidates": same, "of": len(chosen)}
+            print(f"{size:>8} beside {args.burners} CPU burners: median "
+                  f"{statistics.median(times_l):.3f} s wall, CPU median "
+                  f"{statistics.median(cpu_l):.3f} s, p95 {pct(cpu_l, 0.95):.3f} s; "
+                  f"same candidate as idle: {same} of {len(chosen)}")
     print(json.dumps(out))
+
+
+def generations(history: list[Model], depth: dict[object, int], seed: Graph,
+                repeat: int) -> tuple[list[float], list[float], list[int], list[Any], float]:
+    """``repeat`` + 1 generations with a fresh searcher, each candidate added to the history
+    as a replica adds what it trained: wall and CPU seconds and the candidates scored of
+    every generation after the first (cold caches), what each chose, and the first's time."""
+    searcher = Searcher()
+    times, cpu, evaluated, chosen = [], [], [], []
+    first = 0.0
+    for r in range(repeat + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        cand = searcher.next_candidate(history, seed, random.Random(r), kernel_size=3)
+        elapsed, used = time.perf_counter() - t0, time.process_time() - c0
+        chosen.append((cand.graph.content_hash(), cand.parent_id, cand.morphs))
+        if r == 0:
+            first = elapsed  # cold caches: reported, not in the steady-state figures
+        else:
+            times.append(elapsed)
+            cpu.append(used)
+            evaluated.append(cand.stats.get("evaluated", 0))
+        # The replica adds each trained candidate to the history.
+        history.append(Model(len(history), cand.graph, history[-1].accuracy))
+        depth[len(history) - 1] = MAX_DEPTH
+    return times, cpu, evaluated, chosen, first
 
 
 if __name__ == "__main__":

@@ -114,6 +114,10 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
     ``seed_model`` "resnet_small" makes smaller graphs, for a test that must be quick."""
     clock = time.perf_counter()
     rng = random.Random(seed)
+    # The search's predictions come from a stream of their own, so that the rest of the run
+    # is what it was before they were recorded.
+    predictions = random.Random(seed + 1)
+    search_of: dict[int, float] = {}  # what the search ranks each trial by
     rd = RunDir(Path(run_dir))
     rd.path.mkdir(parents=True, exist_ok=False)
     config = Config.for_dataset("imagenet", {"data": {"data_dir": "/generated/imagenet"},
@@ -175,6 +179,10 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
                    "tpe_trial": round_index - 3 if round_index >= 3 else None,
                    "world_size": DEVICES, "acquisition": "ucb", "generation_s": 1.2,
                    "candidate_wait_s": 0.0}
+        if parent_id is not None:
+            parent_accuracy = search_of[parent_id]
+            hparams.update(parent_accuracy=parent_accuracy, predicted_std=0.01,
+                           predicted_mean=parent_accuracy + predictions.gauss(0.005, 0.01))
         trial_id = store.claim_trial(run_id, replica_ids[r], r, graph.content_hash(),
                                      graph.to_json(None), parent_id, morphs, round_index,
                                      hparams, claimed_at, 60.0)
@@ -215,6 +223,7 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
         (folder / "graph.json").write_text(graph.to_json() + "\n")
         (folder / "log.jsonl").write_text("\n".join(lines) + "\n")
         predicted = best * 1.1 if round_index < config.search.hpo_start_round else None
+        search_of[trial_id] = best if predicted is None else predicted
         finishes.append((trial_id, str(status), start, best, predicted, extra))
         heapq.heappush(finishing, (start, trial_id))
         heapq.heappush(free, (start + 1.0, r))

@@ -8,7 +8,7 @@ from automlperf.config import Config
 from automlperf.events import EpochEvent, TrialOutcome, TrialStatus, read_jsonl
 from automlperf.runner import session as steps
 from automlperf.runner.replica import Placement, Replica
-from automlperf.search import Searcher
+from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch
 from automlperf.store import open_store
 from automlperf.train.spec import TrainerError
@@ -69,7 +69,7 @@ class FakeTrainer:
         self.closed = True
 
 
-def new_run(tmp_path, **run):
+def new_run(tmp_path, search="", **run):
     settings = {"heartbeat_s": 1, "lease_timeout_s": 600, "max_rounds": 5, **run}
     text = "[run]\n" + "".join(f"{k} = {v!r}\n" for k, v in settings.items()) + """
 [data]
@@ -81,7 +81,7 @@ batch_size = 64
 [search]
 tpe_startup_trials = 1
 candidates_per_generation = 16
-"""
+""" + search
     (tmp_path / "config.toml").write_text(text)
     config = Config.load(tmp_path / "config.toml")
     session = steps.prepare(config, tmp_path / "run", None, False, {})
@@ -97,7 +97,7 @@ def make_replica(session, trainer, clock=None):
     hpo = HyperSearch(store.url, "run-1-replica-0", (32, 128), cfg.kernel_sizes,
                       startup_trials=cfg.tpe_startup_trials)
     extra = {"clock": clock} if clock else {}
-    return Replica(place, store, trainer, Searcher(cfg), hpo, 64, **extra), store
+    return Replica(place, store, trainer, searcher_for(cfg), hpo, 64, **extra), store
 
 
 def test_the_loop_searches_records_and_tunes(tmp_path):
@@ -120,11 +120,14 @@ def test_the_loop_searches_records_and_tunes(tmp_path):
         epochs = read_jsonl(session.dir.trial(t.id) / "log.jsonl")
         assert [e["type"] for e in epochs] == ["epoch"] * spec.epochs + ["trial"]
         assert json.loads((session.dir.trial(t.id) / "graph.json").read_text())["layers"]
-    # Every child after the first inherits from a trained parent.
+    # Every child after the first inherits from a trained parent, and records what the
+    # Gaussian process predicted for it beside the parent's accuracy it was ranked against.
     assert trials[0].parent_id is None
     for t, spec in zip(trials[1:], trainer.specs[1:]):
         assert t.parent_id is not None
         assert spec.parent_weights == store.trial(t.parent_id).weights_path
+        assert 0 < t.hparams["predicted_mean"] < 1.5 and t.hparams["predicted_std"] >= 0
+        assert t.hparams["parent_accuracy"] == store.trial(t.parent_id).search_accuracy
     recorded = store.epochs(session.run_id)
     assert len(recorded) == sum(s.epochs for s in trainer.specs)
     assert {e.trial_id for e in recorded} == {t.id for t in trials}
@@ -134,6 +137,32 @@ def test_the_loop_searches_records_and_tunes(tmp_path):
     told = [(t.state.name, t.value) for t in replica.hpo.study.trials]
     assert told == [("COMPLETE", trials[3].best_accuracy), ("COMPLETE", trials[4].best_accuracy),
                     ("FAIL", None)]
+    store.close()
+
+
+def test_a_baseline_search_keeps_its_lineage_without_weights_or_tpe(tmp_path):
+    """The settings that measure the search: greedy choice of parent, children from fresh
+    weights, no TPE (default batch, smallest kernel) in every round."""
+    session = new_run(tmp_path, search='strategy = "greedy"\ninherit_weights = false\n'
+                      'hpo = "none"\n')
+    trainer = FakeTrainer()
+    replica, store = make_replica(session, trainer)
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert len(trials) == 5 and all(t.status == TrialStatus.COMPLETED for t in trials)
+    assert all(t.hparams["tpe_trial"] is None and t.hparams["batch_size"] == 64
+               and t.hparams["kernel_size"] == 3 for t in trials)
+    assert not replica.hpo.study.trials
+    assert all(spec.parent_weights is None and spec.parent_graph is None
+               for spec in trainer.specs)
+    for i, t in enumerate(trials[1:], 1):
+        # Greedy: each child's parent was the most accurate model trained when it was chosen:
+        # while the trial before it trained (once anything is trained), or just after, for a
+        # stand-in trainer done before the search thread read the history.
+        best_known = {max(u.search_accuracy for u in trials[:k]) for k in {max(1, i - 1), i}}
+        assert t.hparams["parent_accuracy"] in best_known
+        assert t.hparams["parent_accuracy"] == store.trial(t.parent_id).search_accuracy
+        assert t.hparams["predicted_mean"] is None
     store.close()
 
 

@@ -125,10 +125,14 @@ def test_the_report_renders_in_a_real_browser(run_dir, tmp_path):
     # Self-contained: nothing is loaded from elsewhere.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)|url\(\s*["']?https?:|@import""", html)
     dom = browser("--virtual-time-budget=3000", "--dump-dom", report.as_uri(), tmp_path=tmp_path).stdout
-    assert dom.count('class="chart"') == 4  # score, error, trials, resources
+    # score, error, trials, resources; the search's progress, lineage and ranking
+    assert dom.count('class="chart"') == 7
     for label in ("score and regulated score over time", "best error over time",
                   "trial accuracy over time, with lineage",
-                  "CPU utilisation and memory over time"):
+                  "CPU utilisation and memory over time",
+                  "best accuracy over time, whole run and per replica",
+                  "lineage of the best model: accuracy at birth and reached",
+                  "predicted against reached gain of each child over its parent"):
         assert f'aria-label="{label}"' in dom
     trials = json.loads((run_dir / "result.json").read_text())["trials"]
     body = dom[dom.index('<table id="trials">'):]
@@ -158,12 +162,63 @@ def test_the_report_traces_the_best_models_lineage(run_dir, tmp_path):
     table = dom[dom.index('<table id="lineage">'):]
     table = table[table.index("<tbody>"): table.index("</table>")]
     rows = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in table.split("<tr")[1:]]
-    # Every ancestor, first to last, each with the accuracy the store holds for it.
+    # Every ancestor, first to last, each with its parent, the accuracy it inherited at
+    # birth (its parent's best) and the accuracy the store holds for it.
     assert [int(r[0]) for r in rows] == chain
     for r in rows:
-        acc = trials[int(r[0])].best_accuracy
-        assert r[4] == ("-" if acc is None else f"{acc:.4f}")
+        t = trials[int(r[0])]
+        assert r[1] == ("-" if t.parent_id is None else str(t.parent_id))
+        birth = None if t.parent_id is None else trials[t.parent_id].best_accuracy
+        assert r[5] == ("fresh" if birth is None else f"{birth:.4f}")
+        assert r[6] == ("-" if t.best_accuracy is None else f"{t.best_accuracy:.4f}")
     assert "lineage of the best model" in dom and "parent → child" in dom
+
+
+@pytest.mark.browser
+def test_the_search_progress_charts_render(run_dir, tmp_path):
+    """The search-progress section in a real browser: its three charts laid out with a size,
+    the best model's trial on the lineage chart, and the ranking share as the store has it."""
+    from automlperf.report.progress import gp_ranking
+    from automlperf.store import open_store
+
+    store = open_store(run_dir=run_dir)
+    trials = store.trials(1)
+    store.close()
+    page = tmp_path / "progress.html"
+    probe = """<script>
+      document.title = Array.from(document.querySelectorAll('#search-progress svg.chart'))
+        .map(function (s) { var b = s.getBoundingClientRect();
+                            return s.getAttribute('aria-label') + '=' + Math.round(b.width)
+                                   + 'x' + Math.round(b.height); }).join('|');
+    </script></body>"""
+    page.write_text((run_dir / "report.html").read_text().replace("</body>", probe))
+    dom = browser("--window-size=1280,2400", "--dump-dom", page.as_uri(),
+                  tmp_path=tmp_path).stdout
+    sizes = dict(item.split("=") for item in
+                 re.search(r"<title>([^<]*)</title>", dom).group(1).split("|"))
+    assert list(sizes) == ["best accuracy over time, whole run and per replica",
+                           "lineage of the best model: accuracy at birth and reached",
+                           "predicted against reached gain of each child over its parent"]
+    for size in sizes.values():
+        width, height = map(int, size.split("x"))
+        assert width > 300 and height > 150
+    section = dom[dom.index('id="search-progress"'):dom.index('id="time"')]
+    best = json.loads((run_dir / "result.json").read_text())["best_trial"]
+    lineage_svg = section[section.index('id="lineage-chart"'):section.index('id="ranking-chart"')]
+    assert f"#{best}" in lineage_svg
+    ranking = gp_ranking(trials)
+    assert ranking.ranked_above + ranking.others >= 1  # the children after the seed
+    text = re.sub(r"<[^>]+>", "", section[section.index('id="gp-ranking"'):])
+    if ranking.ranked_above:
+        assert (f"Of {ranking.ranked_above} children the Gaussian process ranked above their "
+                f"parent") in text
+        assert f"{ranking.improved_when_above} (" in text
+    else:
+        assert f"predicted none of the {ranking.others} children it chose above" in text
+        assert f"{ranking.improved_otherwise} (" in text
+    shot = tmp_path / "progress.png"
+    browser("--window-size=1280,2400", f"--screenshot={shot}", page.as_uri(), tmp_path=tmp_path)
+    assert shot.stat().st_size > 50_000
 
 
 @pytest.mark.browser

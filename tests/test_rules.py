@@ -13,7 +13,8 @@ FIXED = rules.CURRENT.fixed
 def other_value(name, official):
     """A valid value different from the official one."""
     alternatives = {"data.dataset": "cifar10", "model.seed_model": "resnet_small",
-                    "search.nas": "random_search", "search.hpo": "random"}
+                    "search.nas": "random_search", "search.hpo": "none",
+                    "search.strategy": "random"}
     if name in alternatives:
         return alternatives[name]
     if isinstance(official, bool):

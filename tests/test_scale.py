@@ -246,6 +246,17 @@ def test_check_and_the_report_at_a_thousand_trials(tmp_path):
     body = html[html.index('<table id="trials">'):]
     assert body[: body.index("</table>")].count("<tr") == TABLE_ROWS + 1
     assert "most accurate others, 1,000 of 1,100" in html
+    # The search's progress over the whole run: every child with a prediction is counted.
+    from automlperf.report.progress import gp_ranking
+    from automlperf.store import open_store
+
+    store = open_store(run_dir=tmp_path / "run")
+    ranking = gp_ranking(store.trials(1))
+    store.close()
+    assert ranking.ranked_above + ranking.others > 1000
+    assert (f"Of {ranking.ranked_above:,} children the Gaussian process ranked above their "
+            "parent") in html
+    assert 'aria-label="lineage of the best model: accuracy at birth and reached"' in html
     assert report.stat().st_size < 2_000_000
     lines = (tmp_path / "run" / "trials.csv").read_text().splitlines()
     assert len(lines) == 1101 and lines[0].startswith("id,parent,replica")

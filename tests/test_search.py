@@ -100,6 +100,27 @@ def test_gp_interpolates_and_keeps_all_data_when_cholesky_fails():
     assert 1 <= gp.stats.retries <= 12 and not gp.stats.projected and gp.stats.jitter > 1e-9
 
 
+def test_a_few_barely_trained_models_do_not_set_the_gps_scale():
+    """The seed after one short round sits far below the rest: the process's scale is the
+    spread of the many (median absolute deviation), so its uncertainty far from the data
+    stays of that order, and the outlier is held at three of those deviations."""
+    from automlperf.search.gp import robust_location_scale
+
+    y = np.array([0.30, 0.62, 0.90, 0.91, 0.92, 0.93, 0.935, 0.94, 0.945])
+    centre, scale = robust_location_scale(y)
+    assert centre == 0.92 and scale == pytest.approx(1.4826 * 0.02)
+    n = len(y)
+    d = np.abs(np.subtract.outer(np.arange(n), np.arange(n))).astype(float)
+    gp = DistanceGP().fit(d, y)
+    far_mean, far_std = gp.predict(np.full((1, n), 50.0))
+    assert far_std[0] == pytest.approx(scale, rel=1e-3) and far_std[0] < y.std() / 5
+    assert far_mean[0] == pytest.approx(centre, abs=1e-3)
+    near_mean, _ = gp.predict(d[-3:])
+    assert np.allclose(near_mean, y[-3:], atol=2e-3)  # the many are fitted as they are
+    assert robust_location_scale(np.array([0.5, 0.5, 0.5, 0.7])) == (0.5, pytest.approx(0.0866, abs=1e-4))
+    assert robust_location_scale(np.array([0.5, 0.5])) == (0.5, 1.0)
+
+
 def history_of(graphs, rng):
     return [Model(i, g, 0.3 + 0.5 * rng.random()) for i, g in enumerate(graphs)]
 
@@ -239,3 +260,154 @@ def test_same_candidates_beside_cpu_burning_processes():
             p.wait(timeout=30)
     assert [row[:4] for row in loaded] == [row[:4] for row in alone]
     assert all(row[3] == SearchConfig().candidates_per_generation for row in alone)
+
+
+@pytest.mark.parametrize("strategy", ["random", "greedy"])
+def test_baseline_searches_morph_trained_models_and_repeat_with_the_seed(strategy):
+    from automlperf.search import NoCandidate, searcher_for
+
+    rng = random.Random(4)
+    hist = history_of(family(12, seed=4), rng)
+    hist.append(Model("running", morph(SMALL, "deepen", 3)[0], None, "running"))
+    searcher = searcher_for(SearchConfig(strategy=strategy))
+    assert searcher.strategy == strategy
+    taken = {m.content_hash for m in hist}
+    parents = []
+    for r in range(6):
+        cand = searcher.next_candidate(hist, SMALL, random.Random(r), kernel_size=5)
+        again = searcher_for(SearchConfig(strategy=strategy)).next_candidate(
+            hist, SMALL, random.Random(r), kernel_size=5)
+        assert (cand.graph, cand.parent_id, cand.morphs) == (again.graph, again.parent_id,
+                                                             again.morphs)
+        parent = next(m for m in hist if m.id == cand.parent_id)
+        assert parent.status == "completed" and cand.parent_accuracy == parent.accuracy
+        assert 1 <= len(cand.morphs) <= 3 and cand.graph.content_hash() not in taken
+        assert all(m["kernel"] == 5 for m in cand.morphs if m["op"] == "deepen")
+        assert cand.predicted_accuracy is None
+        parents.append(parent.id)
+    best = max(hist[:-1], key=lambda m: m.accuracy)
+    if strategy == "greedy":
+        assert set(parents) == {best.id}
+    else:
+        assert len(set(parents)) > 1
+    # Nothing trained yet: the seed, as the optimiser starts.
+    assert searcher.next_candidate([], SMALL, random.Random(0)).graph == SMALL
+    with pytest.raises(NoCandidate):
+        tiny = SearchConfig(strategy=strategy, max_layers=len(SMALL), max_params=1000)
+        searcher_for(tiny).next_candidate([Model(0, SMALL, 0.5)], SMALL, random.Random(0))
+
+
+def test_the_descriptor_cache_stays_bounded_over_many_generations():
+    config = SearchConfig(gp_max_models=4, candidates_per_generation=8, neighbours=4)
+    searcher = Searcher(config)
+    hist = history_of(family(6, seed=2), random.Random(3))
+    sizes = []
+    for r in range(40):  # 320 candidates scored, more than the cache keeps
+        cand = searcher.next_candidate(hist, SMALL, random.Random(r))
+        hist.append(Model(len(hist), cand.graph, 0.3 + 0.01 * (r % 7)))
+        sizes.append(len(searcher._descriptors))
+    assert max(sizes) <= searcher.descriptor_cache_size == 20 * (4 + 8)
+    assert len(searcher._pairs) <= 50 * config.gp_max_models ** 2
+
+
+def grown_history(n, seed=0, max_depth=8):
+    """``n`` models, each a random morph of an earlier one at most ``max_depth`` morphs from
+    the small seed (so sizes stay alike however long the history), given to the search as a
+    replica reads them from the store: graph JSON and content hash, parsed only if needed."""
+    rng = random.Random(seed)
+    hist = [Model(0, graph_json=SMALL.to_json(None), content_hash=SMALL.content_hash(),
+                  accuracy=0.3)]
+    depth = [0]
+    growable = [0]
+    while len(hist) < n:
+        parent = hist[rng.choice(growable)]
+        child, _ = morph(parent.graph, "random", rng, kernel_size=rng.choice((3, 5, 7)))
+        hist.append(Model(len(hist), graph_json=child.to_json(None),
+                          content_hash=child.content_hash(),
+                          accuracy=min(0.99, max(0.05, parent.accuracy + rng.gauss(0.005, 0.02)))))
+        depth.append(depth[parent.id] + 1)
+        if depth[-1] < max_depth:
+            growable.append(len(hist) - 1)
+    # As read from a store: nothing parsed yet.
+    return [Model(m.id, graph_json=m._json, content_hash=m.content_hash, accuracy=m.accuracy)
+            for m in hist]
+
+
+@pytest.fixture(scope="module")
+def ten_thousand():
+    return grown_history(10_000, seed=21)
+
+
+class Counted:
+    """Counts the edit-distance rows the search computes."""
+
+    def __init__(self, fn):
+        self.fn, self.rows = fn, 0
+
+    def __call__(self, *args):
+        self.rows += 1
+        return self.fn(*args)
+
+
+def fresh(history):
+    return [Model(m.id, graph_json=m._json, content_hash=m.content_hash, accuracy=m.accuracy)
+            for m in history]
+
+
+@pytest.mark.slow
+def test_generation_work_on_ten_thousand_models_is_that_on_a_hundred(ten_thousand, monkeypatch):
+    """The work of a generation, counted (not timed): models parsed, edit-distance rows,
+    models fitted, architectures scored. With 10,000 models it is bounded by the settings,
+    as with 100: the history's length costs only its hashes."""
+    from automlperf.search import bo
+
+    rows = Counted(bo.distances)
+    monkeypatch.setattr(bo, "distances", rows)
+    config = SearchConfig()
+    bound = config.candidates_per_generation + config.gp_max_models
+    work = {}
+    for size in (100, 10_000):
+        hist = fresh(ten_thousand[:size])
+        searcher = Searcher(config)
+        for r in range(3):
+            rows.rows = 0
+            cand = searcher.next_candidate(hist, SMALL, random.Random(r))
+            assert cand.stats["evaluated"] == config.candidates_per_generation
+            assert cand.stats["fit_models"] == min(size, config.gp_max_models)
+            assert not cand.stats["capped"] and rows.rows <= bound
+            hist.append(Model(len(hist), cand.graph, 0.5))
+        parsed = sum(m._graph is not None for m in hist[:size])
+        # The fit set (best, recent and a stable sample: it barely moves) and the roots.
+        assert parsed <= config.gp_max_models + 2 * config.neighbours + 3
+        work[size] = (rows.rows, parsed)
+    assert work[10_000][0] <= bound and work[100][0] <= bound
+
+
+@pytest.mark.slow
+def test_ten_thousand_models_give_the_same_candidates_beside_cpu_burners(ten_thousand):
+    """The same history, seeds and settings, once on an idle machine and once with two
+    processes burning both cores: the same candidates. Nothing in the choice reads a clock."""
+    import subprocess
+    import sys
+
+    def candidates():
+        searcher = Searcher()
+        hist = fresh(ten_thousand)
+        out = []
+        for r in range(3):
+            cand = searcher.next_candidate(hist, SMALL, random.Random(r), kernel_size=5)
+            out.append((*fingerprint(cand), cand.stats["capped"]))
+            hist.append(Model(len(hist), cand.graph, 0.5))
+        return out
+
+    idle = candidates()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = candidates()
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait(timeout=30)
+    assert loaded == idle
+    assert not any(row[-1] for row in idle)
+    assert all(row[3] == SearchConfig().candidates_per_generation for row in idle)

@@ -187,7 +187,17 @@ class TrainConfig(_Section):
 
 class SearchConfig(_Section):
     nas: Literal["network_morphism"] = Field("network_morphism", description="fixed.")
-    hpo: Literal["tpe"] = Field("tpe", description="fixed.")
+    strategy: Literal["bayesian", "greedy", "random"] = Field(
+        "bayesian", description="fixed: bayesian (a Gaussian process on the edit distance "
+        "ranks morphs of trained models). The others are baselines that measure it: greedy "
+        "morphs the most accurate model so far, random morphs a trained model drawn at "
+        "random.")
+    inherit_weights: bool = Field(True, description="fixed: true. A child starts from its "
+                                  "parent's trained weights; false trains each from fresh "
+                                  "weights (a baseline).")
+    hpo: Literal["tpe", "none"] = Field("tpe", description="fixed: tpe. none keeps the "
+                                        "default batch size and the smallest kernel size in "
+                                        "every round (a baseline).")
     hpo_start_round: int = Field(3, ge=0, description="fixed: 3 (the fourth round).")
     kernel_sizes: list[Literal[3, 5, 7]] = Field([3, 5, 7], min_length=1,
                                                  description="Kernel sizes TPE chooses from "

@@ -92,6 +92,10 @@ AIPERF_2021_1 = Ruleset(
         "model.seed_model": "resnet50",
         "model.seed_width": 1,
         "search.nas": "network_morphism",
+        # The two below name what this ruleset always required and no earlier automlperf
+        # could change (the search and its weight inheritance): no result is judged anew.
+        "search.strategy": "bayesian",
+        "search.inherit_weights": True,
         "search.hpo": "tpe",
         "search.hpo_start_round": 3,
         "search.beta": 2.576,

@@ -240,3 +240,162 @@ def scaling_chart(rows: list[dict[str, Any]]) -> str:
         ax.set_xlabel("devices")
     fig.tight_layout()
     return _svg(fig, "weak scaling: score and efficiency against the devices")
+
+
+# The search's charts show error on a log scale, better upwards: the climb from 70 % to 5 %
+# error and the gains from 5 % to 4 % are both visible.
+ERROR_FLOOR = 0.01  # per cent: a perfect accuracy still has a place on the axis
+ERROR_TICKS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+
+
+def _error(accuracy: float) -> float:
+    return max(100.0 * (1.0 - accuracy), ERROR_FLOOR)
+
+
+def _error_axis(ax: Any, errors: list[float], label: str) -> None:
+    if not errors:
+        return
+    low, high = min(errors) / 1.25, min(100.0, max(errors) * 1.25)
+    ax.set_yscale("log")
+    ax.set_ylim(high, low)  # inverted: better is up
+    ticks = [t for t in ERROR_TICKS if low <= t <= high]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylabel(label)
+
+
+def _steps_to(points: list[tuple[float, float]], end: float, tx: float) -> tuple[list[float],
+                                                                                 list[float]]:
+    """A best-so-far series as a step line of errors held to ``end``."""
+    xs = [t / tx for t, _ in points] + [end / tx]
+    ys = [_error(a) for _, a in points] + [_error(points[-1][1])]
+    return xs, ys
+
+
+def progress_chart(whole: list[tuple[float, float]],
+                   per_replica: dict[int, list[tuple[float, float]]]) -> str:
+    """The best validation accuracy reached so far (as error, log scale), by the whole run
+    (bold) and by each replica on its own (thin; beyond a palette's worth of replicas, all in
+    grey; with one replica, its line is the run's)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    end = max([t for t, _ in whole] + [1.0])
+    long_run = end > 2 * 3600
+    tx = 3600.0 if long_run else 60.0
+    labelled = len(per_replica) <= len(PALETTE)
+    grey = []
+    for replica, points in per_replica.items() if len(per_replica) > 1 else ():
+        if not points:
+            continue
+        xs, ys = _steps_to(points, end, tx)
+        if labelled:
+            ax.step(xs, ys, where="post", color=PALETTE[replica % len(PALETTE)], lw=1,
+                    alpha=0.85, label=f"replica {replica}")
+        else:
+            # A step line as segments: two per improvement.
+            grey.append([(x, y) for i in range(len(xs)) for x, y in
+                         ((xs[i], ys[max(0, i - 1)]), (xs[i], ys[i]))])
+    if grey:
+        ax.add_collection(LineCollection(grey, colors="#999", linewidths=0.5, alpha=0.5,
+                                         rasterized=len(grey) > 100))
+        ax.plot([], [], color="#999", lw=0.8, label=f"each of {len(per_replica)} replicas")
+    if whole:
+        xs, ys = _steps_to(whole, end, tx)
+        ax.step(xs, ys, where="post", color="#222", lw=2, label="whole run")
+        _error_axis(ax, [_error(a) for pts in [whole, *per_replica.values()] for _, a in pts],
+                    "best validation error (%, log)")
+        ax.set_xlim(0, end / tx * 1.01)
+        ax.legend(loc="lower right", frameon=False, fontsize=7, ncol=2 if labelled else 1)
+    else:
+        ax.text(0.5, 0.5, "no epoch completed", transform=ax.transAxes, ha="center",
+                color="#777")
+        ax.set_ylabel("best validation error (%, log)")
+    ax.set_xlabel(_time_label(long_run))
+    return _svg(fig, "best accuracy over time, whole run and per replica")
+
+
+def _morph_code(morphs: list[dict[str, Any]]) -> str:
+    """A child's morphs in a few letters, for a tick label."""
+    code = {"deepen": lambda m: f"D{m.get('kernel', '')}", "widen": lambda m: "W",
+            "skip": lambda m: "Sp" if m.get("projection") else "S"}
+    return " ".join(code.get(m["op"], lambda m: "?")(m) for m in morphs) or "seed"
+
+
+def lineage_chart(nodes: list[dict[str, Any]], siblings: list[list[tuple[int, float]]]) -> str:
+    """The best model's line of descent: one column per generation, the accuracy each
+    ancestor had at birth (inherited: its parent's best) and what it reached, linked by an
+    arrow; grey branches to the other children of the ancestor before it. Error on a log
+    scale, better upwards."""
+    n = len(nodes)
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    values = [_error(v) for d in nodes for v in (d["birth"], d["reached"]) if v is not None]
+    branches = []
+    for depth, others in enumerate(siblings, 1):
+        src = nodes[depth - 1]["reached"]
+        if src is None:
+            continue
+        for _, acc in others:
+            branches.append([(depth - 1, _error(src)), (depth, _error(acc))])
+            values.append(_error(acc))
+    if branches:
+        ax.add_collection(LineCollection(branches, colors="#bbb", linewidths=0.6, zorder=1))
+        ax.plot([b[1][0] for b in branches], [b[1][1] for b in branches], "o", color="#bbb",
+                ms=2.5, zorder=1, label="other children of the ancestor before")
+    labels = n <= 12
+    for d in nodes:
+        x, reached, birth = d["depth"], d["reached"], d["birth"]
+        if reached is None:
+            continue
+        if birth is not None:
+            ax.annotate("", xy=(x, _error(reached)), xytext=(x, _error(birth)),
+                        arrowprops={"arrowstyle": "-|>", "color": PALETTE[0], "lw": 1.4,
+                                    "shrinkA": 0, "shrinkB": 0}, zorder=3)
+            ax.plot(x, _error(birth), "_", color=PALETTE[0], ms=9, mew=1.4, zorder=3)
+        ax.plot(x, _error(reached), "o", color=PALETTE[1] if x == n - 1 else PALETTE[0],
+                ms=5, mfc="white" if birth is None else None, zorder=4)
+    spine = [(d["depth"], _error(d["reached"])) for d in nodes if d["reached"] is not None]
+    if len(spine) > 1:
+        ax.plot([p[0] for p in spine], [p[1] for p in spine], "-", color=PALETTE[0], lw=0.6,
+                alpha=0.5, zorder=2)
+    ax.plot([], [], "-", color=PALETTE[0], marker=">", ms=4, lw=1.4,
+            label="at birth (parent's best) → reached")
+    _error_axis(ax, values, "validation error (%, log)")
+    ax.set_xlim(-0.5, max(n, 1) - 0.5)
+    step = 1 if labels else max(1, n // 16)
+    ticks = list(range(0, n, step))
+    ax.set_xticks(ticks, [f"#{nodes[i]['id']}" + (f"\n{_morph_code(nodes[i]['morph_list'])}"
+                                                  if labels else "") for i in ticks],
+                  fontsize=7 if labels else 8)
+    ax.set_xlabel("generation: trial and its morphs (D3: deepen k3, W: widen, S: skip, "
+                  "Sp: skip with projection)" if labels else "generation (0: the first ancestor)",
+                  fontsize=8)
+    ax.legend(loc="lower right", frameon=False, fontsize=7)
+    return _svg(fig, "lineage of the best model: accuracy at birth and reached")
+
+
+def ranking_chart(points: list[tuple[float, float, int]]) -> str:
+    """Each child the Gaussian process scored: the gain over its parent it predicted against
+    the gain the child reached, in points of accuracy. Right of zero: ranked above the
+    parent; above zero: did beat it."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    if points:
+        xs = np.array([100 * p[0] for p in points])
+        ys = np.array([100 * p[1] for p in points])
+        won = ys > 0
+        many = len(points) > MANY_POINTS
+        ax.scatter(xs[won], ys[won], s=9, color=PALETTE[2], label="beat its parent",
+                   rasterized=many, zorder=3)
+        ax.scatter(xs[~won], ys[~won], s=9, color=PALETTE[1], label="did not",
+                   rasterized=many, zorder=3)
+        ax.axhline(0, color="#666", lw=0.8)
+        ax.axvline(0, color="#666", lw=0.8)
+        # Outliers (a child that diverged) would squeeze the rest into a line.
+        lo, hi = np.percentile(ys, [2, 98])
+        pad = max(0.5, 0.1 * (hi - lo))
+        ax.set_ylim(min(lo, 0) - pad, max(hi, 0) + pad)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no child with a Gaussian-process prediction", ha="center",
+                transform=ax.transAxes, color="#777")
+    ax.set_xlabel("predicted gain over the parent (points)")
+    ax.set_ylabel("reached gain (points)")
+    return _svg(fig, "predicted against reached gain of each child over its parent")

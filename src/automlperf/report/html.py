@@ -19,7 +19,7 @@ from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure.units import format_energy, format_ops
 from automlperf.measure.score import EpochLike, counted_epochs, timeline
 from automlperf.ops import count, layer_table
-from automlperf.report import charts
+from automlperf.report import charts, progress
 from automlperf.store.rundir import RunDir, run_store, write_atomic
 from automlperf.store import EpochRecord, TrialRecord, redact
 from automlperf.store.base import RunRecords
@@ -122,6 +122,12 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
     rows, graphs = _trial_rows(shown, epochs)
     row_by_id = {row["id"]: row for row in rows}
     lineage = [row_by_id[i] for i in chain]
+    # A simulated trainer starts a child where its curve model says, not from the parent.
+    search = progress.progress(counted, trial_by_id, chain,
+                               config.search.inherit_weights and not config.simulated,
+                               _morph_text)
+    for row, node in zip(lineage, search["lineage"]):
+        row["birth"] = node["birth"]
     replicas = store.replicas(run_id)
     sampled = pending.result()
     return {
@@ -129,6 +135,7 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
         "config_rows": _config_rows(config), "system": system,
         "curve": _score_curve(counted, config), "series": _accuracy_series(counted, trial_by_id),
         "rows": rows, "trial_count": len(trials), "best_trial": best_trial, "lineage": lineage,
+        "progress": search,
         "all_trials": trials if len(shown) < len(trials) else None,
         "best_graph": graphs[best_trial.id] if best_trial else None,
         "resources": sampled.columns(), "sample_count": sampled.count,
@@ -224,6 +231,11 @@ def render(data: dict[str, Any]) -> str:
         error_svg=charts.error_chart(data["curve"]),
         trials_svg=charts.trials_chart(data["series"], [t["id"] for t in data["lineage"]]),
         resource_svg=resource_svg, resource_note=resource_note,
+        progress_svg=charts.progress_chart(data["progress"]["whole"],
+                                           data["progress"]["per_replica"]),
+        lineage_svg=charts.lineage_chart(data["progress"]["lineage"],
+                                         data["progress"]["siblings"]),
+        ranking_svg=charts.ranking_chart(data["progress"]["ranking"].points),
         best_summary=layer_table(best_graph) if best_graph else None, best_ops=best_ops,
         kinds=best_ops.by_kind if best_ops else {})
 

@@ -339,7 +339,7 @@ class Replica:
         """The candidate of a round and its hyperparameters (in the search thread)."""
         assert self.seed_graph is not None
         search = self.config.search
-        if round_index >= search.hpo_start_round:
+        if search.hpo == "tpe" and round_index >= search.hpo_start_round:
             s = self.hpo.ask()
             batch, kernel, number = s.batch_size, s.kernel_size, s.number
         else:
@@ -364,6 +364,11 @@ class Replica:
                    "patience": self.config.train.patience(job.round),
                    "tpe_trial": job.hpo_number, "world_size": self.trainer.world,
                    "acquisition": job.candidate.acquisition,
+                   # What the search expected of this child, beside the parent's accuracy it
+                   # ranked by then: the report holds them against what the child reached.
+                   "predicted_mean": job.candidate.predicted_accuracy,
+                   "predicted_std": job.candidate.predicted_std,
+                   "parent_accuracy": job.candidate.parent_accuracy,
                    "generation_s": job.candidate.stats.get("seconds"),
                    "candidate_wait_s": round(job.waited_s, 6)}
         trial_id = self.store.claim_trial(
@@ -399,7 +404,7 @@ class Replica:
         graph = job.candidate.graph
         write_atomic(folder / "graph.json", graph.to_json() + "\n")
         parent_graph = parent_weights = None
-        if job.candidate.parent_id is not None:
+        if job.candidate.parent_id is not None and self.config.search.inherit_weights:
             parent = self.store.trial(job.candidate.parent_id)
             parent_graph = json.loads(parent.graph_json)
             parent_weights = parent.weights_path

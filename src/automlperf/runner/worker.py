@@ -18,7 +18,7 @@ from automlperf.config import Config
 from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
 from automlperf.measure.monitor import SampleCopier
 from automlperf.runner.replica import Placement, Replica
-from automlperf.search import Searcher
+from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch, batch_range
 from automlperf.store import open_store
 from automlperf.store.rundir import RUN_FILE, RunDir
@@ -111,7 +111,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         assert proc.stdout is not None
         return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
 
-    return Replica(place, store, trainer, Searcher(search), hpo, default_batch,
+    return Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
                    probe_node=probe, start_sampler=sampler if sample else None)
 
 

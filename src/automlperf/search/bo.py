@@ -35,6 +35,7 @@ from automlperf.search.gp import DistanceGP, ucb
 from automlperf.search.morph import Limits, MorphError, morph
 
 TRAINED = TrialStatus.COMPLETED
+DESCRIPTOR_GENERATIONS = 20
 log = logging.getLogger("automlperf.search")
 
 
@@ -86,6 +87,9 @@ class Candidate:
     predicted_accuracy: float | None = None
     predicted_std: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    # The accuracy the search ranked the parent by when it chose this child: what the
+    # prediction above is to be held against.
+    parent_accuracy: float | None = None
 
 
 class NoCandidate(RuntimeError):
@@ -116,8 +120,18 @@ class Searcher:
         key = graph.content_hash()
         d = self._descriptors.get(key)
         if d is None:
+            # Every candidate scored is described once; in a long run they would pile up
+            # without end, while only the fit set's are used again from call to call.
+            if len(self._descriptors) >= self.descriptor_cache_size:
+                self._descriptors.clear()
             d = self._descriptors[key] = describe(graph)
         return d
+
+    @property
+    def descriptor_cache_size(self) -> int:
+        """Descriptors kept between calls at most: twenty generations' worth."""
+        return DESCRIPTOR_GENERATIONS * (self.config.gp_max_models
+                                         + self.config.candidates_per_generation)
 
     def _gram(self, models: list[Model]) -> np.ndarray:
         """Pairwise distances of ``models``, computing only rows with uncached pairs."""
@@ -170,6 +184,11 @@ class Searcher:
         trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
         if not trained:
             return self._cold_start(seed_graph, taken, rng, kernel_size, started)
+        return self._choose(history, trained, taken, rng, kernel_size, started)
+
+    def _choose(self, history: Sequence[Model], trained: list[Model], taken: set[str],
+                rng: random.Random, kernel_size: int, started: float) -> Candidate:
+        """A child of a trained model: the annealing's best by the upper confidence bound."""
         fit = self.fit_set(trained)
         gp = DistanceGP().fit(self._gram(fit), np.array([m.accuracy for m in fit]))
         packed = pack([self.descriptor(m.graph) for m in fit])
@@ -237,7 +256,8 @@ class Searcher:
         if best is None:
             return self._fallback(trained, taken, rng, kernel_size, stats)
         top_acq, top, top_mean, top_std = best
-        return Candidate(top.graph, top.father.id, top.morphs, top_acq, top_mean, top_std, stats)
+        return Candidate(top.graph, top.father.id, top.morphs, top_acq, top_mean, top_std, stats,
+                         top.father.accuracy)
 
     def _children(self, node: _Node, searched: set[str], rng: random.Random,
                   kernel_size: int, tries: int) -> list[tuple[Graph, dict[str, Any]]]:
@@ -262,17 +282,24 @@ class Searcher:
             stats["seconds"] = self.clock() - started
             return Candidate(seed_graph, None, [], stats=stats)
         for _ in range(100):
-            graph, records = seed_graph, []
-            for _ in range(rng.randint(1, self.config.max_morphs_per_child)):
-                try:
-                    graph, record = morph(graph, "random", rng, kernel_size, self.limits)
-                except MorphError:
-                    break
-                records.append(record.to_dict())
+            graph, records = self.random_morphs(seed_graph, rng, kernel_size)
             if records and graph.content_hash() not in taken:
                 stats["seconds"] = self.clock() - started
                 return Candidate(graph, None, records, stats=stats)
         raise NoCandidate("no new architecture within reach of the seed")
+
+    def random_morphs(self, graph: Graph, rng: random.Random,
+                      kernel_size: int) -> tuple[Graph, list[dict[str, Any]]]:
+        """1 to ``max_morphs_per_child`` random morphs of ``graph`` (fewer where one is
+        refused), and their records."""
+        records = []
+        for _ in range(rng.randint(1, self.config.max_morphs_per_child)):
+            try:
+                graph, record = morph(graph, "random", rng, kernel_size, self.limits)
+            except MorphError:
+                break
+            records.append(record.to_dict())
+        return graph, records
 
     def _fallback(self, trained: list[Model], taken: set[str], rng: random.Random,
                   kernel_size: int, stats: dict[str, Any]) -> Candidate:
@@ -285,7 +312,8 @@ class Searcher:
             except MorphError:
                 continue
             if graph.content_hash() not in taken:
-                return Candidate(graph, father.id, [record.to_dict()], stats=stats)
+                return Candidate(graph, father.id, [record.to_dict()], stats=stats,
+                                 parent_accuracy=father.accuracy)
         raise NoCandidate("every morph of the best models is taken or over the limits")
 
 

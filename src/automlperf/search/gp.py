@@ -4,6 +4,15 @@ The kernel ``k(x, y) = exp(-d(x, y) / length)`` on an edit distance is not guara
 positive definite, so factorisation may fail. Then jitter grows tenfold and the factorisation
 is retried; if that still fails, the matrix is projected onto the nearest positive
 semi-definite one. Every observation is kept: nothing is dropped to make the numbers work.
+
+Targets are standardised robustly: centred on their median and scaled by their median
+absolute deviation, with values beyond ``clip`` such deviations held at that bound. A search's
+history holds a few barely trained models (the seed after its first short round, far below
+the rest): centred on the mean and scaled by the standard deviation, those few set the
+process's prior scale, so its uncertainty far from the data, and the upper confidence bound's
+exploration term with it, came out about eight times the spread among the models that
+matter, outweighing any difference in predicted accuracy (bench/RESULTS.md, "Search
+quality").
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ class DistanceGP:
 
     noise: float = 1e-3
     max_retries: int = 8
+    clip: float = 3.0  # robust standard deviations beyond which a target is held
     stats: GPStats = field(default_factory=GPStats)
 
     def fit(self, distance_matrix: np.ndarray, y: np.ndarray) -> DistanceGP:
@@ -41,9 +51,8 @@ class DistanceGP:
         length = float(np.median(positive)) if len(positive) else 1.0
         self.stats = GPStats(length=length)
         self._length = length
-        self._mean = float(y.mean()) if n else 0.0
-        self._scale = float(y.std()) if n > 1 and y.std() > 1e-12 else 1.0
-        target = (y - self._mean) / self._scale
+        self._mean, self._scale = robust_location_scale(y)
+        target = np.clip((y - self._mean) / self._scale, -self.clip, self.clip)
         k = np.exp(-d / length)
         self._chol = self._factor(k)
         self._alpha = cho_solve((self._chol, True), target)
@@ -74,6 +83,19 @@ class DistanceGP:
         v = solve_triangular(self._chol, ks.T, lower=True, check_finite=False)
         var = np.clip(1.0 - np.einsum("ij,ij->j", v, v), 1e-12, None)
         return mean * self._scale + self._mean, np.sqrt(var) * self._scale
+
+
+def robust_location_scale(y: np.ndarray) -> tuple[float, float]:
+    """Median and the standard deviation implied by the median absolute deviation (1.4826
+    times it, as for a normal sample), falling back on the standard deviation when more than
+    half the values are equal, and on 1 when all are."""
+    if not len(y):
+        return 0.0, 1.0
+    centre = float(np.median(y))
+    scale = 1.4826 * float(np.median(np.abs(y - centre)))
+    if scale <= 1e-12:
+        scale = float(y.std())
+    return centre, scale if scale > 1e-12 else 1.0
 
 
 def ucb(mean: np.ndarray, std: np.ndarray, beta: float) -> np.ndarray:
