@@ -86,7 +86,9 @@ def test_the_charts_draw_what_progress_gathers():
               3: trial(3, 1, 0.5, mean=0.55, parent_acc=0.6, replica=0)}
     counted = [(10.0, Epoch(1, 0.6)), (20.0, Epoch(2, 0.8)), (25.0, Epoch(3, 0.5))]
     p = progress(counted, trials, [1, 2], True, str)
-    svg = charts.progress_chart(p["whole"], p["per_replica"])
+    # The last improvement came at 20 s; the lines hold to the last counted epoch at 25 s.
+    assert p["whole"][-1][0] == 20.0 and p["end"] == 25.0
+    svg = charts.progress_chart(p["whole"], p["per_replica"], p["end"])
     assert 'aria-label="best accuracy over time, whole run and per replica"' in svg
     assert "replica 1" in svg and "whole run" in svg
     svg = charts.lineage_chart(p["lineage"], p["siblings"])

@@ -273,12 +273,12 @@ def _steps_to(points: list[tuple[float, float]], end: float, tx: float) -> tuple
 
 
 def progress_chart(whole: list[tuple[float, float]],
-                   per_replica: dict[int, list[tuple[float, float]]]) -> str:
+                   per_replica: dict[int, list[tuple[float, float]]], end: float = 0.0) -> str:
     """The best validation accuracy reached so far (as error, log scale), by the whole run
     (bold) and by each replica on its own (thin; beyond a palette's worth of replicas, all in
-    grey; with one replica, its line is the run's)."""
+    grey; with one replica, its line is the run's), held flat to ``end`` (seconds)."""
     fig, ax = plt.subplots(figsize=(6.4, 3.0))
-    end = max([t for t, _ in whole] + [1.0])
+    end = max([t for t, _ in whole] + [1.0, end])
     long_run = end > 2 * 3600
     tx = 3600.0 if long_run else 60.0
     labelled = len(per_replica) <= len(PALETTE)

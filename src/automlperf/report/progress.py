@@ -120,6 +120,8 @@ def progress(counted: Sequence[tuple[float, EpochLike]], trials: dict[int, Trial
     """What the report's search-progress section shows."""
     whole, per_replica = best_over_time(counted, {i: t.replica_index for i, t in trials.items()})
     nodes, siblings = lineage(chain, trials, inherit, morph_text)
-    return {"whole": whole, "per_replica": per_replica, "lineage": nodes,
+    # The lines run on to the last counted epoch: a flat stretch is time spent without gain.
+    end = max((t for t, _ in counted), default=0.0)
+    return {"whole": whole, "per_replica": per_replica, "end": end, "lineage": nodes,
             "siblings": siblings, "ranking": gp_ranking(list(trials.values())),
             "inherit": inherit, "siblings_shown": SIBLINGS_SHOWN}
