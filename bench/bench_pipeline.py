@@ -28,6 +28,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+# Before torch: the pure steps wait in OpenMP as a rank does (train/__init__.py sets it).
+import automlperf.train  # noqa: F401
 import torch
 
 from automlperf.config import Config
@@ -38,6 +40,7 @@ from automlperf.store import open_store
 from automlperf.train.builder import build_module
 from automlperf.train.data import builtin
 from automlperf.train.rankenv import keep_host_memory
+from automlperf.train.trainer import channels_last_default
 from automlperf.hardware import cores_available
 
 
@@ -93,8 +96,9 @@ def main() -> None:
         pure_time = 0.0
         for trial_id, ops in ops_by_trial.items():
             t = trials[trial_id]
+            layout = config.train.channels_last
             rate = pure_ops_per_s(Graph.from_json(t.graph_json), t.hparams["batch_size"], data,
-                                  bool(config.train.channels_last))
+                                  channels_last_default("cpu") if layout is None else layout)
             pure_time += ops / rate
         # Replicas train side by side: the run's pure time is shared among them.
         pure_time /= args.replicas

@@ -107,6 +107,16 @@ def test_a_slower_layout_or_compilation_is_named_with_what_to_set(tmp_path):
     assert "train.compile = false" in doctor._layout_advice(node, 9.0, False, True)
 
 
+def test_a_low_share_of_the_ceiling_is_judged_in_the_runs_own_layout(tmp_path):
+    node = _node(tmp_path, False, 10.0)
+    node.channels_last = True
+    limit = doctor.TRAIN_FRACTION_WARN["cpu"]
+    assert "below" in doctor._low_fraction_advice(node, limit - 0.01, True)
+    assert doctor._low_fraction_advice(node, limit + 0.01, True) == ""
+    assert doctor._low_fraction_advice(node, limit - 0.01, False) == ""  # only compared
+    assert doctor._low_fraction_advice(node, None, True) == ""  # no ceiling measured
+
+
 def test_the_generated_folder_and_the_short_run_are_sized_from_the_measured_rate(tmp_path):
     from automlperf.train.data.generate import write_photo_folder
 
