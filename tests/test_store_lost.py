@@ -19,13 +19,18 @@ from helpers import fast_config
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
-def test_a_wrong_store_url_at_the_start_is_the_users_error(tmp_path, monkeypatch):
+def test_a_wrong_store_url_at_the_start_is_the_users_error(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(sql, "RETRY_S", 1.0)
+    monkeypatch.setattr(sql, "OUTAGE_NOTICE_S", 0.0)  # the notice comes with the first retry
     url = f"postgresql+psycopg://nobody:pw@127.0.0.1:{free_port()}/none"
     done = CliRunner().invoke(app, ["run", "--store", url, "--run-dir", str(tmp_path / "r"),
                                     "--duration", "1m"])
     assert done.exit_code == 2, done.output
     assert "unreachable" in done.output and "Traceback" not in done.output
+    # Said while it waits, once, and the error names what to check; never the password.
+    notices = [r.getMessage() for r in caplog.records if r.name == "automlperf.store"]
+    assert len(notices) == 1 and "retrying for up to 1 s" in notices[0] and ":pw@" not in notices[0]
+    assert "check that its server is running" in done.output and ":pw@" not in done.output
 
 
 def test_a_store_lost_mid_run_fails_the_run_and_keeps_it(tmp_path, monkeypatch):

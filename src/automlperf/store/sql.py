@@ -8,6 +8,7 @@ import errno
 import functools
 import gc
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -146,6 +147,10 @@ R = TypeVar("R")
 # environment variable overrides it for every process of a run (replicas inherit it).
 RETRY_S = 120.0
 RETRY_ENV = "AUTOMLPERF_STORE_RETRY_S"
+# A call still failing after this long says so once, rather than waiting out retry_s in
+# silence; shorter hiccups (a lock, a reconnect) pass unremarked.
+OUTAGE_NOTICE_S = 5.0
+log = logging.getLogger("automlperf.store")
 
 
 def _retry_s() -> float:
@@ -205,8 +210,9 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
 
     @functools.wraps(method)
     def wrapper(self: SQLStore, *args: Any, **kwargs: Any) -> R:
-        delay, deadline = 0.1, time.monotonic() + self.retry_s
-        failed = False
+        started = time.monotonic()
+        delay, deadline = 0.1, started + self.retry_s
+        failed = noticed = False
         while True:
             try:
                 result = method(self, *args, **kwargs)
@@ -225,9 +231,15 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
                 if not _transient(exc) or time.monotonic() + delay > deadline:
                     if _transient(exc):
                         raise StoreError(f"store {redact(self.url)} unreachable for "
-                                         f"{self.retry_s:.0f} s: {_one_line(exc.orig)}") from None
+                                         f"{self.retry_s:.0f} s: {_one_line(exc.orig)}; check "
+                                         "that its server is running and the URL is right "
+                                         f"({RETRY_ENV} sets how long to wait)") from None
                     raise
                 failed = True
+                if not noticed and time.monotonic() - started >= OUTAGE_NOTICE_S:
+                    noticed = True
+                    log.warning("store %s unreachable (%s); retrying for up to %.0f s (%s)",
+                                redact(self.url), _one_line(exc.orig), self.retry_s, RETRY_ENV)
                 time.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
             else:
