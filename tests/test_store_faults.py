@@ -9,6 +9,7 @@ machine is."""
 import importlib.util
 import json
 import os
+import threading
 import time
 import types
 from pathlib import Path
@@ -64,6 +65,96 @@ def test_a_call_that_rides_out_an_outage_notes_when_the_store_came_back(pg_serve
     # Silence written before the outage counts from when every client could find it back.
     assert s.silent_since(before - 100) == s.restored_at + BACKOFF_MAX_S
     assert s.silent_since(s.restored_at + 60) == s.restored_at + 60
+
+
+class FakeClock:
+    """Time that passes only when the store backs off, or when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class DownUntil:
+    """A store whose server refuses connections until the clock reaches ``until``."""
+
+    retry_s = 120.0
+    restored_at = 0.0
+    _outage_said = False
+
+    def __init__(self, clock: FakeClock, until: float, url: str) -> None:
+        self.clock, self.until, self.url = clock, until, url
+
+    @sql.retrying
+    def call(self) -> str:
+        if self.clock.now < self.until:
+            raise sa.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
+        return "ok"
+
+
+PG_URL = "postgresql+psycopg://amp:secret@db.example:5432/run"
+
+
+@pytest.mark.parametrize("down_s, said", [(3.0, 0), (30.0, 1)])
+def test_an_outage_is_said_once_after_five_seconds_and_a_hiccup_not_at_all(monkeypatch, caplog,
+                                                                          down_s, said):
+    clock = FakeClock()
+    monkeypatch.setattr(sql, "time", clock)
+    store = DownUntil(clock, clock.now + down_s, PG_URL)
+    with caplog.at_level("WARNING", logger="automlperf.store"):
+        assert store.call() == "ok"
+    notices = [r.getMessage() for r in caplog.records if r.name == "automlperf.store"]
+    assert len(notices) == said
+    assert all("retrying for up to 120 s" in n and "secret" not in n for n in notices)
+    assert store.restored_at >= clock.now - sql.BACKOFF_MAX_S
+
+
+def test_calls_waiting_on_one_outage_say_so_once_and_the_next_outage_again(monkeypatch, caplog):
+    clock = FakeClock()
+    monkeypatch.setattr(sql, "time", clock)
+    store = DownUntil(clock, clock.now + 30.0, PG_URL)
+    notices = lambda: [r for r in caplog.records if r.name == "automlperf.store"]  # noqa: E731
+    second: list[str] = []
+    begun: list[bool] = []
+    back_off = clock.sleep
+
+    def sleep(seconds: float) -> None:
+        # Once the first call has said so, another thread's call waits on the same outage,
+        # to its end, while the first is backing off.
+        if notices() and not begun:
+            begun.append(True)
+            other = threading.Thread(target=lambda: second.append(store.call()))
+            other.start()
+            other.join()
+        back_off(seconds)
+
+    clock.sleep = sleep
+    with caplog.at_level("WARNING", logger="automlperf.store"):
+        assert store.call() == "ok"
+        assert second == ["ok"] and len(notices()) == 1
+        store.until = clock.now + 30.0  # a new outage, after the store came back
+        store.call()
+    assert len(notices()) == 2
+
+
+def test_an_outage_past_the_limit_names_what_to_check_for_each_kind_of_store(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(sql, "time", clock)
+    for url, advice in ((PG_URL, "check that its server is running"),
+                        ("sqlite:////data/run/history.db", "holds its file locked")):
+        store = DownUntil(clock, float("inf"), url)
+        with pytest.raises(StoreError, match="unreachable for 120 s") as raised:
+            store.call()
+        line = str(raised.value)
+        assert advice in line and "secret" not in line and "\n" not in line
 
 
 def test_leases_are_judged_a_full_lease_after_the_store_came_back(tmp_path):

@@ -105,7 +105,9 @@ class _Node:
         self.accelerated = self.devices[0] != "cpu"
         self.channels_last = channels_last_default(self.devices[0].split(":")[0])
         self.ceiling_ops: float | None = None
-        self.train_images_per_s: float | None = None  # all devices, eager
+        # All devices, uncompiled, in the layout a run trains in (any uncompiled rate if
+        # that item failed), for sizing the pipeline's need and the official run.
+        self.train_images_per_s: float | None = None
         self.rates: dict[str, float] = {}  # images/s of each training item
 
 
@@ -222,7 +224,7 @@ def _train(node: _Node, shape: Shape, name: str, channels_last: bool, compile: b
     epoch_ops = last.ops / max(1e-9, last.ended_at - last.started_at)
     fraction = step_ops / node.ceiling_ops if node.ceiling_ops else None
     node.rates[name] = last.images_per_s
-    if not compile and channels_last == node.channels_last:  # the run's own layout
+    if not compile and (channels_last == node.channels_last or node.train_images_per_s is None):
         node.train_images_per_s = last.images_per_s
     figures = {"model": shape.model, "image_size": shape.image_size, "batch": last.batch_size,
                "precision": last.precision, "images_per_s": last.images_per_s,

@@ -40,7 +40,10 @@ def engine_kwargs() -> dict[str, Any]:
     """SQLAlchemy pool settings of a PostgreSQL store (see the module's description)."""
     return {"pool_size": POOL_SIZE, "max_overflow": MAX_OVERFLOW, "pool_pre_ping": True,
             # Waiting for the one pooled connection is normal under load, not an error.
-            "pool_timeout": 600}
+            "pool_timeout": 600,
+            # A server whose host drops packets would hold a connect for the kernel's TCP
+            # timeout (minutes), past the store's retry limit and its notice.
+            "connect_args": {"connect_timeout": 10}}
 
 
 def needed(replicas: int) -> int:

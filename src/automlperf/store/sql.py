@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -203,6 +204,16 @@ def _one_line(error: BaseException | None) -> str:
     return " ".join(str(error).split())[:200]
 
 
+def _waiting_advice(url: str) -> str:
+    if url.startswith("sqlite"):
+        return "check that no other program holds its file locked and that its folder is reachable"
+    return "check that its server is running and the URL is right"
+
+
+# One notice per store and outage, whichever of a process's threads waits first.
+_notice_lock = threading.Lock()
+
+
 def retrying(method: Callable[..., R]) -> Callable[..., R]:
     """Retry a store method on transient failures (server restarting, network hiccup,
     database locked) with exponential back-off, for up to the store's ``retry_s``. A call
@@ -212,7 +223,7 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
     def wrapper(self: SQLStore, *args: Any, **kwargs: Any) -> R:
         started = time.monotonic()
         delay, deadline = 0.1, started + self.retry_s
-        failed = noticed = False
+        failed = False
         while True:
             try:
                 result = method(self, *args, **kwargs)
@@ -228,29 +239,37 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
                     raise StoreError(f"store {redact(self.url)} cannot be written: {read_only} "
                                      f"is on a read-only file system ({_one_line(exc.orig)[:100]}); "
                                      "make it writable again") from None
-                if not _transient(exc) or time.monotonic() + delay > deadline:
-                    if _transient(exc):
-                        raise StoreError(f"store {redact(self.url)} unreachable for "
-                                         f"{self.retry_s:.0f} s: {_one_line(exc.orig)}; check "
-                                         "that its server is running and the URL is right "
-                                         f"({RETRY_ENV} sets how long to wait)") from None
+                if not _transient(exc):
                     raise
                 failed = True
-                if not noticed and time.monotonic() - started >= OUTAGE_NOTICE_S:
-                    noticed = True
-                    log.warning("store %s unreachable (%s); retrying for up to %.0f s (%s)",
-                                redact(self.url), _one_line(exc.orig), self.retry_s, RETRY_ENV)
+                if time.monotonic() - started >= OUTAGE_NOTICE_S:
+                    with _notice_lock:
+                        first, self._outage_said = not self._outage_said, True
+                    if first:
+                        log.warning("store %s unavailable (%s); retrying for up to %.0f s "
+                                    "(%s sets how long)", redact(self.url),
+                                    _one_line(exc.orig), self.retry_s, RETRY_ENV)
+                if time.monotonic() + delay > deadline:
+                    raise StoreError(f"store {redact(self.url)} unreachable for "
+                                     f"{self.retry_s:.0f} s: {_one_line(exc.orig)}; "
+                                     f"{_waiting_advice(self.url)} ({RETRY_ENV} sets how "
+                                     "long to wait)") from None
                 time.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
             else:
                 if failed:
                     self.restored_at = time.time()
+                    with _notice_lock:
+                        self._outage_said = False
                 return result
 
     return wrapper
 
 
 class SQLStore(Store):
+    # Whether the current outage has been announced (see ``retrying``).
+    _outage_said = False
+
     def __init__(self, url: str, create: bool = False, retry_s: float | None = None) -> None:
         self.url = normalise_url(url)
         self.retry_s = _retry_s() if retry_s is None else retry_s

@@ -14,7 +14,9 @@ from typing import Any
 # an idle machine. Measured on 2 cores (train steps, img/s, idle / beside two busy loops):
 # resnet_small 8px batch 128: passive 4005 / 2021, default 8782 / 690, 10,000 spins 7888 / 1829;
 # resnet_small x4 12px: 505 / 232, 680 / 170, 631 / 237; ResNet-50 224: 8.7 / 4.2,
-# 9.5 / 3.0, 9.2 / 4.1. A wait policy or spin count the user sets wins.
+# 9.5 / 3.0, 9.2 / 4.1. A wait policy or spin count the user sets wins. Only libgomp reads
+# GOMP_SPINCOUNT: builds on LLVM's or Intel's runtime (macOS, conda) keep their own
+# KMP_BLOCKTIME, which was not measured here.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
