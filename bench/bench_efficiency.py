@@ -33,7 +33,7 @@ from automlperf.ops import count
 
 
 def ceiling(threads: int, seconds: float = 3.0) -> float:
-    """The node's dense matmul rate as a run measures it, in a process of its own."""
+    """The node's ceiling as a run measures it, in a process of its own."""
     done = subprocess.run([sys.executable, "-m", "automlperf.measure.ceiling", "--devices", "cpu",
                            "--threads", str(threads), "--seconds", str(seconds)],
                           capture_output=True, text=True, check=True)

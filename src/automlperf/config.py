@@ -230,7 +230,8 @@ class SearchConfig(_Section):
 class MonitorConfig(_Section):
     interval_s: float = Field(30.0, gt=0, description="Resource sampling period, seconds.")
     ceiling_s: float = Field(2.0, ge=0.05, le=60, description="How long each replica measures "
-                             "its devices' dense matrix-multiply rate at start, seconds.")
+                             "its devices' dense rate at start (a GPU's matrix product; a CPU's matrix product "
+                             "and 3x3 convolution, half each, the faster counting), seconds.")
 
 
 class SimulationConfig(_Section):
