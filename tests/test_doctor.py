@@ -107,6 +107,17 @@ def test_a_slower_layout_or_compilation_is_named_with_what_to_set(tmp_path):
     assert "train.compile = false" in doctor._layout_advice(node, 9.0, False, True)
 
 
+def test_a_clear_gain_from_compilation_is_named_with_its_cost(tmp_path):
+    node = _node(tmp_path, False, 10.0)
+    node.rates = {"train eager": 10.0, "train channels_last": 12.0}
+    node.channels_last = True
+    said = doctor._compile_gain(node, 13.2, 58.0)
+    assert "10% faster" in said and "train.compile = true" in said and "58 s" in said
+    assert doctor._compile_gain(node, 12.3, 58.0) == ""  # within 5 %: not worth a word
+    node.rates = {}
+    assert doctor._compile_gain(node, 13.2, 58.0) == ""  # nothing to compare with
+
+
 def test_a_low_share_of_the_ceiling_is_judged_in_the_runs_own_layout(tmp_path):
     node = _node(tmp_path, False, 10.0)
     node.channels_last = True
