@@ -359,8 +359,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cifar10": {"data": {"image_size": 32}, "model": {"seed_model": "resnet_small"},
                 "train": {"batch_size": 128, "max_epochs": 30}},
     # The default task widens the small seed four times: its convolutions then fill a CPU's
-    # vector units (about half of the measured matmul ceiling over a 3-minute run, against an
-    # eighth at width 1; bench/RESULTS.md). The digits stay the fastest.
+    # vector units (0.5-0.6 of the measured ceiling over a 3-minute run, against an eighth
+    # at width 1; bench/RESULTS.md). The digits stay the fastest.
     "builtin": _merge(_BUILTIN_RECIPE, {"data": {"image_size": 12}, "model": {"seed_width": 4}}),
     "digits": {**_BUILTIN_RECIPE, "data": {"image_size": 8}},
     "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
