@@ -27,22 +27,29 @@ SIDE = {"cpu": 2048, "cuda": 8192}
 CONV = (32, 256, 14)
 
 
-def matmul_rate(device: str, precision: str, seconds: float = 2.0) -> dict[str, Any]:
-    """Operations per second of n x n matrix products (2 n^3 each) on ``device``."""
+def _operands(dev: Any, precision: str, *shapes: tuple[int, ...]) -> tuple[str, list[Any]]:
+    """The run's precision resolved for ``dev``, and seeded random tensors of ``shapes`` there
+    in it (made on the CPU, so that every device measures the same numbers)."""
     import torch
 
     from automlperf.train.trainer import resolve_precision
 
-    dev = torch.device(device)
     resolved = resolve_precision(precision, dev)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolved, torch.float32)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    return resolved, [torch.randn(*s, generator=gen).to(dev, dtype) for s in shapes]
+
+
+def matmul_rate(device: str, precision: str, seconds: float = 2.0) -> dict[str, Any]:
+    """Operations per second of n x n matrix products (2 n^3 each) on ``device``."""
+    import torch
+
+    dev = torch.device(device)
+    n = SIDE.get(dev.type, 2048)
+    resolved, (a, b) = _operands(dev, precision, (n, n), (n, n))
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = resolved == "tf32"
-    n = SIDE.get(dev.type, 2048)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(dev, dtype)
-    b = torch.randn(n, n, generator=gen).to(dev, dtype)
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -69,15 +76,8 @@ def conv_rate(device: str, precision: str, seconds: float = 2.0) -> dict[str, An
     import torch
     import torch.nn.functional as F
 
-    from automlperf.train.trainer import resolve_precision
-
-    dev = torch.device(device)
-    resolved = resolve_precision(precision, dev)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolved, torch.float32)
     n, c, side = CONV
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(n, c, side, side, generator=gen).to(dev, dtype)
-    w = torch.randn(c, c, 3, 3, generator=gen).to(dev, dtype)
+    resolved, (x, w) = _operands(torch.device(device), precision, (n, c, side, side), (c, c, 3, 3))
     x, w = (v.contiguous(memory_format=torch.channels_last) for v in (x, w))
     with torch.inference_mode():
         F.conv2d(x, w, padding=1)  # warm-up: the kernel's code generation

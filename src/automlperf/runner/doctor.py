@@ -251,11 +251,16 @@ def _train(node: _Node, shape: Shape, name: str, channels_last: bool, compile: b
     return Check(name, "pass", summary, gain, figures)
 
 
+def _eager_rate(node: _Node) -> float | None:
+    """Images/s of uncompiled training in the layout a run trains in, once measured."""
+    return node.rates.get("train channels_last" if node.channels_last else "train eager")
+
+
 def _compile_gain(node: _Node, rate: float, first_epoch_s: float) -> str:
     """What torch.compile would gain, where it trains clearly faster than eager in the run's
     layout: off by default because every trial of a search is a new architecture, compiled
     anew, so it repays only where trials are long."""
-    eager = node.rates.get("train channels_last" if node.channels_last else "train eager")
+    eager = _eager_rate(node)
     if not eager or rate < eager * (1 + COMPILE_GAIN):
         return ""
     return (f"torch.compile trains {rate / eager - 1:.0%} faster here ({rate:.3g} against "
@@ -279,7 +284,7 @@ def _layout_advice(node: _Node, rate: float, channels_last: bool, compile: bool)
     layout, or when the other layout is faster than the run's default; empty otherwise."""
     standard = node.rates.get("train eager")
     if compile:
-        eager = node.rates.get("train channels_last" if node.channels_last else "train eager")
+        eager = _eager_rate(node)
         if eager and rate < eager:
             return (f"torch.compile is slower than eager here ({rate:.3g} against {eager:.3g} "
                     "img/s): keep train.compile = false")
