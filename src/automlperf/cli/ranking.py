@@ -1,0 +1,141 @@
+"""Commands over several results: the verified results list and the ranking of runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from automlperf.cli.common import app, err, out, user_errors
+
+
+@app.command("list")
+@user_errors
+def list_results(
+    entries: Annotated[list[Path], typer.Argument(help="Bundles (.tar.gz or folders) and run "
+                                                  "directories.")],
+    html: Annotated[Optional[Path], typer.Option(help="Write the list as one HTML page (its "
+                                                 "entries' reports in PAGE-reports/ beside "
+                                                 "it).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the entries as "
+                                                     "JSON (- for standard output).")] = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write the entries as CSV "
+                                                    "(- for standard output).")] = None,
+    title: Annotated[str, typer.Option(help="The page's title.")] = "automlperf results",
+    verify: Annotated[bool, typer.Option(help="Verify every entry first (--no-verify lists "
+                                         "them unverified, unranked).")] = True,
+) -> None:
+    """The results list, TOP500-style: every entry verified, official valid results ranked by
+    score, the others shown apart with why."""
+    from automlperf.measure.units import format_ops
+    from automlperf.report.listing import SECTIONS, publish, to_csv, to_json
+
+    def progress(path: Path, entry: dict[str, Any]) -> None:
+        err.print(f"{path}: {', '.join(entry['labels'])}", highlight=False)
+
+    rows = publish(entries, html, verify, progress, title)
+    for target, text in ((json_out, to_json), (csv_out, to_csv)):
+        if target is not None:
+            if str(target) == "-":
+                print(text(rows), end="")
+            else:
+                target.write_text(text(rows))
+                err.print(f"written: {target}", highlight=False)
+    if html is not None:
+        err.print(f"page: {html}", highlight=False)
+    if str(json_out) == "-" or str(csv_out) == "-":
+        return
+    for key, heading in SECTIONS.items():
+        mine = [r for r in rows if r["section"] == key]
+        if not mine:
+            continue
+        table = Table(title=heading)
+        for col in ("#", "system", "accelerators", "devices", "nodes", "score", "regulated",
+                    "per device", "best acc.", "labels"):
+            table.add_column(col, justify="right" if col in ("#", "devices", "nodes") else "left")
+        for r in mine:
+            table.add_row("-" if r["rank"] is None else str(r["rank"]), str(r["system"]),
+                          str(r["accelerators"] or "-"), str(r["devices"] or "-"),
+                          str(r["nodes"] or "-"), format_ops(r["score"]),
+                          format_ops(r["regulated_score"]), format_ops(r["ops_per_device"]),
+                          "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
+                          ", ".join(r["labels"]))
+            for problem in r["problems"][:3]:
+                table.add_row("", f"[red]{escape(problem)}[/]", "", "", "", "", "", "", "", "")
+        out.print(table)
+
+
+def _scaling(run_dirs: list[Path], html: Path, as_json: bool) -> None:
+    from automlperf.measure.units import format_ops
+    from automlperf.report.scaling import scaling
+
+    rows, page = scaling(run_dirs, html)
+    if as_json:
+        print(json.dumps({"runs": rows, "html": str(page)}, indent=1))
+        return
+    simulated = rows[0]["simulated"]
+    table = Table(title="automlperf weak scaling" + (" (SIMULATED)" if simulated else ""))
+    for col in ("run", "devices", "nodes", "score", "per device", "efficiency"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for r in rows:
+        table.add_row(r["name"] or r["run"], str(r["devices"]), str(r["nodes"]),
+                      format_ops(r["score"]), format_ops(r["ops_per_device"]),
+                      f"{r['efficiency']:.4f}")
+    out.print(table)
+    if simulated:
+        out.print("SIMULATED: the devices were modelled; these figures are not measurements.",
+                  style="bold red", highlight=False)
+    out.print(f"page: {page}", highlight=False)
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """The validity column of a ranking row."""
+    if row.get("simulated"):
+        return "no (SIMULATED)"
+    return "yes" if row["valid"] else ("no" if row["official"] else "no (unofficial)")
+
+
+@app.command()
+@user_errors
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to rank.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    scaling: Annotated[bool, typer.Option("--scaling", help="Weak scaling instead of a "
+                                          "ranking: OPS per device of each run relative to "
+                                          "the smallest, as a table and an HTML page.")] = False,
+    html: Annotated[Path, typer.Option(help="Where --scaling writes its page.")] =
+        Path("scaling.html"),
+) -> None:
+    """Rank several runs: system, accelerators, score, regulated score, OPS per device and
+    per watt, energy. With --scaling: their weak-scaling efficiency (AIPerf's Fig. 6)."""
+    from automlperf.measure.units import format_energy, format_ops
+    from automlperf.report.compare import ranking
+
+    if scaling:
+        _scaling(run_dirs, html, as_json)
+        return
+    rows = ranking(run_dirs)
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    table = Table(title="automlperf ranking")
+    for col in ("#", "run", "system", "accelerators", "devices", "score", "regulated",
+                "per device", "of peak", "per watt", "energy", "best acc.", "valid"):
+        table.add_column(col, justify="right" if col in ("#", "devices") else "left")
+    for r in rows:
+        table.add_row(str(r["rank"]), r["name"] or r["run"], r["system"], r["accelerators"],
+                      str(r["devices"]), format_ops(r["score"]), format_ops(r["regulated_score"]),
+                      format_ops(r["ops_per_device"]),
+                      "-" if r["fraction_of_peak"] is None else f"{100 * r['fraction_of_peak']:.1f} %",
+                      "-" if r["ops_per_watt"] is None else f"{format_ops(r['ops_per_watt'])}/W",
+                      format_energy(r["energy_j"]),
+                      "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
+                      verdict(r), style="red" if r["simulated"] else None)
+    out.print(table)
+    if any(r["simulated"] for r in rows):
+        out.print("SIMULATED: runs marked so modelled their accelerators; their figures are not "
+                  "measurements.", style="bold red", highlight=False)
