@@ -41,8 +41,9 @@ class Counting:
         def counted(*args, **kwargs):
             out = attr(*args, **kwargs)
             self.calls[name] += 1
-            if isinstance(out, list):
-                self.rows[name] += len(out)
+            rows = getattr(out, "rows", out)  # a list, or Changes
+            if isinstance(rows, list):
+                self.rows[name] += len(rows)
             return out
 
         return counted
@@ -67,7 +68,7 @@ def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
     session = Session(RunDir(tmp_path), counting, run_id, Config(), seg, now - 100, now + 3500, 0.0)
     view = LiveView(session)
     view.view(now, ["up"] * 4)
-    assert counting.rows["epochs_after"] == 320
+    assert counting.rows["epochs_after"] == 320 and counting.rows["changes"] == 8
     later = [store.claim_trial(run_id, reps[i], i, f"new{i}", "{}", None, [], 1, {}, now, 600.0)
              for i in range(2)]
     for t in later:
@@ -76,9 +77,9 @@ def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
     counting.calls.clear()
     counting.rows.clear()
     shown = view.view(now + 5, ["up"] * 4)
-    # What is new, and a few rows of counts: nothing that grows with the history.
-    assert set(counting.calls) == {"epochs_after", "tally"}
-    assert counting.rows["epochs_after"] == 6 and counting.rows["tally"] <= 4 * 2
+    # What is new: nothing that grows with the history.
+    assert set(counting.calls) == {"epochs_after", "changes"}
+    assert counting.rows["epochs_after"] == 6 and counting.rows["changes"] == 2
     epochs = store.epochs(run_id)
     assert view.epochs == len(epochs) == 326  # all inside the session: every one counts
     assert view.ops == sum(e.ops for e in epochs) and view.best == 0.9
@@ -98,12 +99,12 @@ def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
     store.close()
 
 
-def test_a_replica_holds_one_connection(pg_url):
-    """A replica's threads share one pooled connection (a second only while two overlap);
-    its TPE study connects only while it asks or tells. The connections are counted as the
-    client opens and closes them (exact at every instant); the server's view is checked at
-    the end, once its backends have had time to exit."""
-    from automlperf.search.hpo import HyperSearch, prepare_storage
+def test_a_replica_holds_one_connection(pg_url, tmp_path):
+    """A store's threads share one pooled connection (a second only while two overlap); a
+    TPE study is a journal file and opens none. The connections are counted as the client
+    opens and closes them (exact at every instant); the server's view is checked at the end,
+    once its backends have had time to exit."""
+    from automlperf.search.hpo import HyperSearch, journal_path
 
     lock = threading.Lock()
     count = {"open": 0, "peak": 0}
@@ -121,8 +122,7 @@ def test_a_replica_holds_one_connection(pg_url):
     sa.event.listen(sa.pool.Pool, "close", closed)
     try:
         store = open_store(pg_url, create=True)
-        prepare_storage(store.url)
-        hpo = HyperSearch(store.url, "s", (32, 128), [3, 5], startup_trials=1)
+        hpo = HyperSearch(journal_path(tmp_path, 0), "s", (32, 128), [3, 5], startup_trials=1)
         run_id = store.create_run("r", {}, {}, 60.0, 1.0)
         seg = store.start_segment(run_id, 1.0, 100.0)
         rep = store.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
@@ -133,7 +133,7 @@ def test_a_replica_holds_one_connection(pg_url):
             for i in range(20):
                 t = store.claim_trial(run_id, rep, 0, f"{k}-{i}", "{}", None, [], 0, {}, 1.0, 60.0)
                 store.record_epoch(epoch(run_id, t, 0, 50.0))
-                store.summaries(run_id)
+                store.changes(run_id, 0)
                 store.heartbeat(rep, 2.0, 60.0)
 
         workers = [threading.Thread(target=work, args=(k,)) for k in range(3)]
@@ -181,7 +181,7 @@ def test_a_store_too_small_for_the_run_is_refused_before_it_starts(tmp_path):
     for refused in (done, script):
         assert refused.returncode == 2
         (line,) = refused.stderr.strip().splitlines()
-        assert "raise max_connections to at least" in line and "8 replica(s) open up to 29" \
+        assert "raise max_connections to at least" in line and "8 replica(s) open up to 20" \
             in line, line
         assert small.password not in refused.stderr + refused.stdout
     # Nothing written: the same command can run again.
@@ -209,7 +209,7 @@ def test_connection_arithmetic():
     assert cap.available() == 35
     assert connections.shortfall(cap, 10) is None
     why = connections.shortfall(cap, 20)
-    assert "CONNECTION LIMIT 40" in why and "up to 65" in why
+    assert "CONNECTION LIMIT 40" in why and "up to 44" in why
 
 
 def test_the_samples_of_a_sampler_reach_the_store_through_its_replica(tmp_path):
@@ -260,3 +260,43 @@ def test_check_and_the_report_at_a_thousand_trials(tmp_path):
     assert report.stat().st_size < 2_000_000
     lines = (tmp_path / "run" / "trials.csv").read_text().splitlines()
     assert len(lines) == 1101 and lines[0].startswith("id,parent,replica")
+
+
+def test_a_replicas_history_reads_only_what_changed(store_url):
+    """A history refresh reads the trials claimed or ended since the last one (counted), and
+    the graphs the search asks for, once each while they are kept."""
+    from automlperf.graph import seeds
+    from automlperf.store.history import History
+
+    store = open_store(store_url, create=True)
+    run_id = store.create_run("r", {}, {}, 3600.0, 1.0)
+    seg = store.start_segment(run_id, 1.0, 3600.0)
+    reps = [store.register_replica(run_id, i, seg, f"n{i}", i, [], 1.0) for i in range(4)]
+    graph = seeds.seed("resnet_small", 10, 8, 1).to_json(None)
+    trials = [store.claim_trial(run_id, reps[i % 4], i % 4, f"h{i}", graph, None, [], 0, {},
+                                2.0, 600.0) for i in range(200)]
+    for t in trials[:150]:
+        store.finish_trial(t, "completed", 3.0, best_accuracy=0.5)
+    counting = Counting(store)
+    history = History(run_id)
+    assert history.refresh(counting) == 200 and counting.rows["changes"] == 200
+    assert history.completed == 150 and history.claimed[3] == 50 and len(history) == 200
+    # Ten trials claimed, five of them ended since: each read once, as it stands now (not
+    # the 210 trials).
+    later = [store.claim_trial(run_id, reps[0], 0, f"new{i}", graph, None, [], 1, {}, 4.0, 600.0)
+             for i in range(10)]
+    for t in later[:5]:
+        store.finish_trial(t, "completed", 5.0, best_accuracy=0.9)
+    counting.rows.clear()
+    assert history.refresh(counting) == 10 and counting.rows["changes"] == 10
+    models = history.models()
+    assert [m.id for m in models] == trials + later
+    assert [m.accuracy for m in models[-10:]] == [0.9] * 5 + [None] * 5
+    assert history.refresh(counting) == 0
+    # Graphs: fetched when asked for, in one read, and kept.
+    assert counting.calls["graphs"] == 0
+    history.prefetch([m.id for m in models[:20]])
+    assert counting.calls["graphs"] == 1 and history.graphs_read == 20
+    assert models[3].graph.content_hash() == "h3"  # the stored hash, as the search knows it
+    assert counting.calls["graphs"] == 1
+    store.close()

@@ -292,8 +292,9 @@ def test_the_numbers_asked_for_again_are_bounded(tmp_path, monkeypatch):
 def test_a_postgres_store_from_before_epoch_numbers_gets_them(pg_url):
     s = open_store(pg_url, create=True)
     run_id, t = one_trial(s)
-    with s.engine.begin() as conn:
+    with s.engine.begin() as conn:  # as an automlperf before epoch numbers made it
         conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN seq")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
     s.record_epoch(epoch(run_id, t, 0))
     s.close()
     s = open_store(pg_url)
@@ -367,9 +368,37 @@ def test_a_store_from_before_node_descriptions_gets_their_table(tmp_path):
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)
     s.close()
     engine = sa.create_engine(url)
-    with engine.begin() as conn:
+    with engine.begin() as conn:  # as an automlperf before node descriptions made it
         conn.exec_driver_sql("DROP TABLE amp_nodes")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
     engine.dispose()
     s = open_store(url)
     assert s.nodes(run_id) == [] and s.run(run_id)["name"] == "r"
+    s.close()
+
+
+def test_a_store_from_before_change_numbers_gets_them(store_url):
+    """A store an earlier automlperf made (no change numbers, leases on the trials) opens,
+    numbers its trials and replicas, and keeps its running trials' leases."""
+    s = open_store(store_url, create=True)
+    run_id, t = one_trial(s)  # claimed at 1.0 with a lease of 60 s
+    with s.engine.begin() as conn:
+        for index in ("amp_trials_changed", "amp_trials_running", "amp_replicas_changed",
+                      "amp_samples_node"):
+            conn.exec_driver_sql(f"DROP INDEX {index}")
+        for table, column in (("amp_trials", "changed"), ("amp_replicas", "changed"),
+                              ("amp_replicas", "lease_until")):
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
+        if not s.url.startswith("sqlite"):
+            conn.exec_driver_sql("DROP SEQUENCE amp_changes")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
+    s.close()
+    s = open_store(store_url)
+    assert [c.id for c in s.changes(run_id, 0).rows] == [t]
+    (rep,) = s.replicas(run_id)
+    assert s.expire_leases(run_id, 50.0) == []  # the lease its trial had
+    assert s.heartbeat(rep.id, 50.0, 60.0).index == 0
+    assert s.expire_leases(run_id, 100.0) == []  # extended by the beat
+    assert s.expire_leases(run_id, 120.0) == [t]
+    assert [c.status for c in s.changes(run_id, 0).rows] == ["failed"]
     s.close()

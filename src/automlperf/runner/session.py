@@ -21,8 +21,8 @@ from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner.launch import Launcher, wait_all
-from automlperf.search.hpo import prepare_storage
-from automlperf.store import Store, TrialStatus, open_store, redact
+from automlperf.store import ReplicaRecord, Store, TrialStatus, open_store, redact
+from automlperf.store.feed import ReplicaFeed
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store.urls import strip_password
 
@@ -81,7 +81,6 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                                   config.run.duration_s, now)
         rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
         elapsed = 0.0
-    prepare_storage(store.url)
     remaining = max(0.0, config.run.duration_s - elapsed)
     segment = store.start_segment(run_id, now, now + remaining)
     return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
@@ -132,10 +131,11 @@ class Watch:
 
 
 def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None],
-            log_dir: Path) -> str | None:
+            log_dir: Path, replicas: list[ReplicaRecord] | None = None) -> str | None:
     """Why the run cannot go on, if it cannot: a replica gave up and recorded why, or every
-    replica exited with an error without saying why (it could not even start)."""
-    for rep in store.replicas(run_id):
+    replica exited with an error without saying why (it could not even start). ``replicas``:
+    the replicas to look at (those registered or ended since the last look), else all."""
+    for rep in store.replicas(run_id) if replicas is None else replicas:
         if rep.segment == segment and rep.status == TrialStatus.FAILED and rep.reason:
             return f"replica {rep.index} ({rep.host}): {rep.reason}"
     if exit_codes and all(code is not None and code != 0 for code in exit_codes):
@@ -157,6 +157,7 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
     turns out unable to train."""
     s = session
     view = LiveView(s)
+    changed = ReplicaFeed(s.store, s.run_id)
     tick = 1.0
     last_line = 0.0
     live = Live(console=console, refresh_per_second=2, transient=False,
@@ -176,7 +177,7 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
                 console.print(view.line(now, states), highlight=False)
                 last_line = now
             broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
-                             s.dir.logs)
+                             s.dir.logs, changed.read())
             if broken is not None:
                 return Watch("failed", broken)
             if now >= s.deadline_at or not any(x in ("up", "waiting") for x in states):

@@ -19,8 +19,8 @@ from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_av
 from automlperf.measure.monitor import SampleCopier
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
-from automlperf.search.hpo import HyperSearch, batch_range
-from automlperf.store import open_store
+from automlperf.search.hpo import HyperSearch, batch_range, journal_path
+from automlperf.store import history, open_store
 from automlperf.store.rundir import RUN_FILE, RunDir
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
@@ -72,7 +72,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     world = len(chosen)
     default_batch = config.train.per_device_batch(memory) * world
     search = config.search
-    hpo = HyperSearch(store.url, f"run-{run_id}-replica-{index}",
+    hpo = HyperSearch(journal_path(rd.path, index), f"run-{run_id}-replica-{index}",
                       batch_range(default_batch, search.batch_size_factors, world),
                       search.kernel_sizes, multiple=world, seed=config.run.seed + index,
                       startup_trials=search.tpe_startup_trials)
@@ -111,8 +111,12 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         assert proc.stdout is not None
         return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
 
-    return Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
-                   probe_node=probe, start_sampler=sampler if sample else None)
+    replica = Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
+                      probe_node=probe, start_sampler=sampler if sample else None,
+                      history=history.shared(store.url, run_id))
+    if isinstance(trainer, SimulatedTrainer):
+        trainer.waiter = replica.wait_stop  # a simulated epoch ends early only for a stop
+    return replica
 
 
 def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,

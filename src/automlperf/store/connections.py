@@ -8,12 +8,11 @@ Each process that uses the store keeps one small pool for all its threads:
   the heartbeat) each hold it for milliseconds, so one connection serves them nearly always.
 * ``MAX_OVERFLOW`` (1) more is opened only while two of them overlap (a history read while an
   epoch is recorded), and closed again, so an epoch never waits behind a long read.
-* The replica's TPE study (Optuna) connects only while it asks or tells, once per trial:
-  ``HPO`` (1) more at those moments, none held between.
+* The replica's TPE study (Optuna) is a journal file in the run directory: ``HPO`` (0).
 * The node's resource sampler holds none: its replica copies the samples into the store.
 
-A replica therefore holds 1 connection and at most ``PER_REPLICA`` (3) at once; the primary
-at most ``PRIMARY`` (5). SQLite needs none of this.
+A replica therefore holds 1 connection and at most ``PER_REPLICA`` (2) at once; the primary
+at most ``PRIMARY`` (4). SQLite needs none of this.
 """
 
 from __future__ import annotations
@@ -24,12 +23,12 @@ from typing import Any
 
 POOL_SIZE = 1
 MAX_OVERFLOW = 1
-HPO = 1
+HPO = 0
 PER_PROCESS = POOL_SIZE + MAX_OVERFLOW
 PER_REPLICA = PER_PROCESS + HPO
-# The primary: its session's store and the TPE tables it creates once, and a second store
-# through which an external launcher (mpiexec, srun) watches the replicas it did not start.
-PRIMARY = PER_PROCESS + HPO + PER_PROCESS
+# The primary: its session's store, and a second store through which an external launcher
+# (mpiexec, srun) watches the replicas it did not start.
+PRIMARY = PER_PROCESS + PER_PROCESS
 # `check`, `report`, a person's psql and the like while the run goes on.
 TOOLS = 10
 # The size a private server always had; never smaller.
@@ -38,7 +37,9 @@ PRIVATE_MIN = 200
 
 def engine_kwargs() -> dict[str, Any]:
     """SQLAlchemy pool settings of a PostgreSQL store (see the module's description)."""
-    return {"pool_size": POOL_SIZE, "max_overflow": MAX_OVERFLOW, "pool_pre_ping": True,
+    # No liveness check on every checkout (a round trip each): a connection the server
+    # dropped fails its statement, which the store retries on a new one.
+    return {"pool_size": POOL_SIZE, "max_overflow": MAX_OVERFLOW,
             # Waiting for the one pooled connection is normal under load, not an error.
             "pool_timeout": 600,
             # A server whose host drops packets would hold a connect for the kernel's TCP
