@@ -300,3 +300,19 @@ def test_a_replicas_history_reads_only_what_changed(store_url):
     assert models[3].graph.content_hash() == "h3"  # the stored hash, as the search knows it
     assert counting.calls["graphs"] == 1
     store.close()
+
+
+def test_a_replica_stores_its_nodes_samples_in_batches(tmp_path):
+    """Ten minutes of samples every 30 s reach the store in two writes, not twenty-one: a
+    batch once it spans five minutes, and the rest when the sampler stops."""
+    from automlperf.measure.monitor import SampleCopier
+
+    store = open_store(f"sqlite:///{tmp_path / 'h.db'}", create=True)
+    run_id = store.create_run("r", {}, {}, 60.0, 1.0)
+    counting = Counting(store)
+    lines = [f'{{"t": {30.0 * i}, "cpu_percent": 5}}\n' for i in range(21)]
+    copier = SampleCopier(iter(lines), counting, run_id, "node1")
+    copier.join(timeout=60)
+    assert counting.calls["add_samples"] == 2 and copier.stored == 21
+    assert [s["t"] for s in store.samples(run_id)] == [30.0 * i for i in range(21)]
+    store.close()
