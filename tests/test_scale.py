@@ -144,7 +144,7 @@ def test_a_replica_holds_one_connection(pg_url, tmp_path):
             hpo.tell(s.number, 0.5)
         for w in workers:
             w.join()
-        assert count["peak"] <= connections.PER_REPLICA
+        assert count["peak"] <= connections.PER_PROCESS
         assert count["open"] == connections.POOL_SIZE  # none kept by the study
         assert len(store.epochs(run_id)) == 60
     finally:
@@ -168,7 +168,7 @@ def test_a_replica_holds_one_connection(pg_url, tmp_path):
 def test_a_store_too_small_for_the_run_is_refused_before_it_starts(tmp_path):
     from automlperf.store.pgserver import PostgresServer
 
-    small = PostgresServer(tmp_path / "small", max_connections=20)
+    small = PostgresServer(tmp_path / "small", max_connections=8)  # 3 kept for superusers
     url = small.start()
     try:
         done = cli("run", "--replicas", 8, "--store", url, "--run-dir", tmp_path / "run",
@@ -181,35 +181,57 @@ def test_a_store_too_small_for_the_run_is_refused_before_it_starts(tmp_path):
     for refused in (done, script):
         assert refused.returncode == 2
         (line,) = refused.stderr.strip().splitlines()
-        assert "raise max_connections to at least" in line and "8 replica(s) open up to 20" \
-            in line, line
+        assert "raise max_connections to at least" in line and "a run opens up to 6" in line \
+            and "however many replicas (8 here)" in line, line
         assert small.password not in refused.stderr + refused.stdout
     # Nothing written: the same command can run again.
     assert not (tmp_path / "run").exists() and not (tmp_path / "job").exists()
-    sized = PostgresServer(tmp_path / "sized", max_connections=connections.server_size(512))
+    sized = PostgresServer(tmp_path / "sized", max_connections=connections.server_size(10_000))
     url = sized.start()
     try:
         engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
         with engine.connect() as conn:
-            assert connections.shortfall(connections.capacity(conn), 512) is None
+            assert connections.shortfall(connections.capacity(conn), 10_000) is None
             assert conn.execute(sa.text("SHOW max_connections")).scalar() == \
-                str(connections.server_size(512))
+                str(connections.server_size(10_000))
         engine.dispose()
-        connections.check_room(url, 512)
+        connections.check_room(url, 10_000)
     finally:
         sized.stop()
 
 
 def test_connection_arithmetic():
-    assert connections.needed(512) == 512 * connections.PER_REPLICA + connections.PRIMARY
-    assert connections.server_size(1) == connections.PRIVATE_MIN
-    assert connections.server_size(512) >= 1.25 * connections.needed(512)
+    # The replicas reach the database through the run's store service: none of their own.
+    assert connections.needed(1) == connections.needed(10_000) == \
+        connections.SERVICE + connections.PRIMARY
+    assert connections.server_size(10_000) == connections.PRIVATE_MIN
     cap = connections.Capacity(max_connections=100, reserved=3, in_use=7, role_limit=-1,
                                database_limit=40, database_in_use=5, role_in_use=7)
     assert cap.available() == 35
-    assert connections.shortfall(cap, 10) is None
+    assert connections.shortfall(cap, 10_000) is None
+    cap.database_limit = 8
     why = connections.shortfall(cap, 20)
-    assert "CONNECTION LIMIT 40" in why and "up to 44" in why
+    assert "CONNECTION LIMIT 8" in why and "up to 6" in why
+
+
+@pytest.mark.slow
+def test_a_ten_thousand_replica_external_run_is_accepted(tmp_path, pg_url):
+    """10,000 replicas (the size measured) are accepted: the primary starts the store
+    service, waits for them and watches them until the deadline (nobody joins here); one more
+    is refused, in one line."""
+    (tmp_path / "c.toml").write_text('[run]\nduration_s = 8\nstop_grace_s = 5\n'
+                                     '[data]\ndataset = "digits"\n')
+    done = cli("run", "--launcher", "external", "--replicas", 10_000, "--config",
+               tmp_path / "c.toml", "--run-dir", tmp_path / "run", "--store", pg_url,
+               timeout=300)
+    assert "waiting for 10000 replica(s)" in done.stderr, done.stdout + done.stderr
+    assert done.returncode == 1 and "only 0 of 10000 replica(s) joined" in done.stderr
+    assert "replicas 10000 waiting" in done.stderr  # the watch: a count per state
+    assert (tmp_path / "run" / "logs" / "store-service.log").exists()
+    refused = cli("run", "--launcher", "external", "--replicas", 10_001, "--run-dir",
+                  tmp_path / "other", "--duration", "1m")
+    assert refused.returncode == 2 and "run.replicas: Input should be less than or equal to " \
+        "10000" in refused.stderr
 
 
 def test_the_samples_of_a_sampler_reach_the_store_through_its_replica(tmp_path):

@@ -271,3 +271,13 @@ def test_sqlite_on_a_full_disk_ends_the_run_in_one_line_and_resumes(tmp_path):
     assert found["half_written"] == []
     assert found["resume_exit"] == 0, found["resume_stderr"][-3000:]
     assert found["lost"] == 0 and found["check"] == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_store_service_killed_then_stopped_is_charged_to_no_replica(tmp_path):
+    found = campaign().service_killed_and_stopped(tmp_path, stop_s=30, lease_s=40, rounds=3)
+    assert found["exit"] == 0, found["stderr"][-3000:]
+    assert found["charged"] == 0 and found["silent"] == 0, found
+    assert found["lost"] == 0 and found["records_after"] > found["records_before"]
+    assert found["check"] == "pass"

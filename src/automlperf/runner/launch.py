@@ -170,12 +170,12 @@ class ExternalLauncher:
 
     def start(self) -> None:
         from automlperf.store.feed import ReplicaFeed
+        from automlperf.store.remote import open_run_store
         from automlperf.store.rundir import RunDir
-        from automlperf.store import open_store
 
         rd = RunDir(self.run_dir)
         self.run_id = int(rd.meta()["run_id"])
-        self.store = open_store(rd.store_url(self.store_url), run_dir=self.run_dir)
+        self.store = open_run_store(self.run_dir, rd.store_url(self.store_url))
         self.segment = self.store.segments(self.run_id)[-1]
         self.feed = ReplicaFeed(self.store, self.run_id)
         self.latest: dict[int, Any] = {}

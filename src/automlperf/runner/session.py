@@ -23,6 +23,8 @@ from automlperf.report.console import LiveView
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.store import ReplicaRecord, Store, TrialStatus, open_store, redact
 from automlperf.store.feed import ReplicaFeed
+from automlperf.store.remote import RemoteStore, served, service_file
+from automlperf.store.serviceproc import ServiceProcess
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store.urls import strip_password
 
@@ -40,15 +42,25 @@ class Session:
     started_at: float
     deadline_at: float
     elapsed_before: float
+    # The run's store service (a PostgreSQL store), which ``store`` reaches.
+    service: ServiceProcess | None = None
 
     @property
     def path(self) -> Path:
         return self.dir.path
 
+    def stop_service(self) -> None:
+        """Stop the store service once everything is written (a second call does nothing)."""
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+
 
 def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume: bool,
-            system: dict[str, Any]) -> Session:
-    """Create the run (or reopen it to resume) and open a new session with its deadline."""
+            system: dict[str, Any], listen_all: bool = False) -> Session:
+    """Create the run (or reopen it to resume) and open a new session with its deadline. A
+    run on a PostgreSQL server gets its store service, which replicas on other nodes reach
+    with ``listen_all``."""
     rd = RunDir(run_dir)
     # Scanning the data comes before the clock starts: it is not the benchmark's work.
     origin = record_origin(config) if config is not None and not resume else {}
@@ -83,7 +95,19 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         elapsed = 0.0
     remaining = max(0.0, config.run.duration_s - elapsed)
     segment = store.start_segment(run_id, now, now + remaining)
-    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
+    url = rd.store_url(store_url)
+    if not served(url):
+        return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
+    # Replicas (and this primary's session) reach the database through the run's store
+    # service; the finished run's records in bulk are read directly.
+    service = ServiceProcess(run_dir, store.url, listen_all)
+    service.start()
+    try:
+        remote = RemoteStore(service_file(run_dir), direct=store)
+    except BaseException:
+        service.stop()
+        raise
+    return Session(rd, remote, run_id, config, segment, now, now + remaining, elapsed, service)
 
 
 def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, Any]:

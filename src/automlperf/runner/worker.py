@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from automlperf.measure.monitor import SampleCopier
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch, batch_range, journal_path
-from automlperf.store import history, open_store
+from automlperf.store import history
+from automlperf.store.remote import open_run_store, served, service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
@@ -54,7 +56,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     rd = RunDir(Path(run_dir))
     run_id = int(rd.meta()["run_id"])
     url = rd.store_url(store_url)
-    store = open_store(url, run_dir=rd.path)
+    store = open_run_store(rd.path, url)
     config = Config.load(rd.config)
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
@@ -79,12 +81,9 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
 
     def probe() -> dict[str, Any]:
         if config.simulated:
-            from automlperf.measure.system import describe
-
             # Nothing to measure: the node's own description, with the modelled devices.
-            return {"system": describe(simulated=describe_devices(config.simulation, world)),
-                    "devices": chosen, "simulated": True,
-                    "error": "simulated accelerators: no ceiling is measured"}
+            return {"system": _simulated_node(config, world), "devices": chosen,
+                    "simulated": True, "error": "simulated accelerators: no ceiling is measured"}
         from automlperf.measure.ceiling import run_measurement
 
         return run_measurement(chosen, config.train.precision, per_device * world,
@@ -119,6 +118,22 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     return replica
 
 
+_described: dict[str, dict[str, Any]] = {}
+_described_lock = threading.Lock()
+
+
+def _simulated_node(config: Config, world: int) -> dict[str, Any]:
+    """This node's description with ``world`` modelled devices: the same for every replica a
+    process hosts, so described once."""
+    from automlperf.measure.system import describe
+
+    key = f"{config.simulation.model_dump_json()}/{world}"
+    with _described_lock:
+        if key not in _described:
+            _described[key] = describe(simulated=describe_devices(config.simulation, world))
+        return _described[key]
+
+
 def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
                      poll_s: float = 1.0) -> bool:
     """Wait until the run directory is prepared and its current session is open: a site's
@@ -128,9 +143,11 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
     store = None
     try:
         while True:
-            if (rd.path / RUN_FILE).exists():
+            url = rd.store_url(store_url) if (rd.path / RUN_FILE).exists() else None
+            # A run on a database is reached through its store service, once it listens.
+            if (rd.path / RUN_FILE).exists() and (not served(url) or service_file(rd.path).exists()):
                 if store is None:
-                    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+                    store = open_run_store(rd.path, url)
                 segments = store.segments(int(rd.meta()["run_id"]))
                 if segments and segments[-1].ended_at is None and \
                         segments[-1].deadline_at > time.time():

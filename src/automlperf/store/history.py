@@ -37,6 +37,7 @@ class History:
         self._models: list[Model] = []
         self._at: dict[int, int] = {}
         self._hashes: set[str] = set()
+        self._changed: dict[int, int] = {}  # trial -> the change number last taken in
         self._graphs: OrderedDict[int, Graph] = OrderedDict()
         self.claimed: Counter[int] = Counter()  # trials by replica index
         self.completed = 0
@@ -49,12 +50,22 @@ class History:
         with self._lock:
             self._store = store
             changes = self._feed.read(store)
-            for change in changes:
-                self._apply(change)
+            self.merge(changes)
             self.changes_read += len(changes)
             return len(changes)
 
+    def merge(self, changes: Sequence[TrialChange], store: Store | None = None) -> None:
+        """Take in changes a reader of its own read (a replica that keeps its own place in
+        the change log, sharing this history): those already taken in are skipped."""
+        with self._lock:
+            if store is not None:
+                self._store = store
+            for change in changes:
+                if self._changed.get(change.id, -1) < change.changed:
+                    self._apply(change)
+
     def _apply(self, c: TrialChange) -> None:
+        self._changed[c.id] = c.changed
         at = self._at.get(c.id)
         old = self._models[at] if at is not None else None
         graph_hash = c.graph_hash or (old.content_hash if old is not None else "")

@@ -353,12 +353,22 @@ class SQLStore(Store):
     def sample_nodes(self, run_id: int) -> dict[str, int]:
         return self._read(reads.sample_nodes, run_id)
 
+    @retrying
+    def _reachable(self) -> None:
+        """Ride out an outage before a streamed read (a connection the server dropped is
+        found here, not halfway through the stream)."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
     def sample_figure_chunks(self, run_id: int,
                              nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
-        # Not retried: chunks already handed out cannot be taken back; the reader starts again.
-        return reads.sample_figure_chunks(self.engine, run_id, nodes)  # a cursor: in a transaction
+        # Not retried once streaming: chunks already handed out cannot be taken back; the
+        # reader starts again. A cursor, so in a transaction.
+        self._reachable()
+        return reads.sample_figure_chunks(self.engine, run_id, nodes)
 
     def sample_texts(self, run_id: int) -> Iterator[list[tuple[str, str]]]:
+        self._reachable()
         return reads.sample_texts(self.engine, run_id)
 
     @retrying
@@ -385,12 +395,17 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def open_store(url: str | None = None, run_dir: Path | str | None = None,
-               create: bool = False) -> SQLStore:
-    """The store at ``url``, or the run directory's ``history.db``."""
+               create: bool = False) -> Store:
+    """The store at ``url`` (a database's, or ``store-service://FILE``: the run's store
+    service whose address is in FILE), or the run directory's ``history.db``."""
     if url is None:
         if run_dir is None:
             raise StoreError("no store: give a URL or a run directory")
         url = f"sqlite:///{Path(run_dir).resolve() / 'history.db'}"
+    if url.startswith("store-service://"):
+        from automlperf.store.remote import open_remote
+
+        return open_remote(url)
     try:
         return SQLStore(url, create=create)
     except ModuleNotFoundError as exc:
