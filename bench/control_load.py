@@ -1,27 +1,32 @@
 """Protocol-faithful simulated replicas: each calls the store exactly as a replica does
 (runner/replica.py, runner/worker.py), at a node's rates, with nothing behind the calls but
-waiting. Used by bench/bench_control.py (10,000 of them) and tests/test_scale.py (200).
+waiting. Used by bench/bench_control.py (10,000 of them) and tests/test_service.py (200).
 
 Per replica, as ``automlperf worker`` does: open the run's store (its store service, or a
-database), read the session, register, record the node; a heartbeat thread beating every
-``heartbeat_s`` (and, as the node's sample copier does, storing ``sample_batch_s`` worth of
-samples taken every ``sample_s``); a loop of trials: read the history's changes since its
-own last read (as one node's process does), fetch the graphs the Bayesian search parses (its
-fit set: the best, the most recent and a stable sample; its roots), claim a new architecture
-(a ResNet-50 graph's JSON), read the history again (the overlap check), read the parent
-trial (weights to inherit), record an epoch every ``epoch_s`` and finish after
+database), read the session, register, record the node; its heartbeat thread's beat every
+``heartbeat_s`` (and, as the node's sample copier does, ``sample_batch_s`` worth of samples
+taken every ``sample_s`` stored at once); a loop of trials: read the history's changes since
+its own last read (as one node's process does), fetch the graphs the Bayesian search parses
+(its fit set: the best, the most recent and a stable sample; its roots), claim a new
+architecture (a ResNet-50 graph's JSON), read the history again (the overlap check), read
+the parent trial (weights to inherit), record an epoch every ``epoch_s`` and finish after
 ``trial_epochs``; at the deadline or when the session ends, end the replica.
 
-The replicas of a process keep one History between them (10,000 histories of their own
-would not fit this machine's memory), each reading its own changes into it (its own place
-in the change log: what a node alone reads); with ``shared_reads`` they read through the
-History's own place instead, as the replicas one process hosts do.
-
-Every call's latency is kept, and what the store acknowledged (epochs, samples, claims), to
-be held against what the store holds."""
+A process hosts thousands of them as two sequences of events each (the loop's, the
+heartbeat's), kept in one schedule and carried out, when due, by a pool of threads that make
+the blocking calls: a thread per replica would leave 10,000 threads fighting over two cores.
+Every call's latency is kept, the lag of each event behind its schedule (what the hosting
+cost), and what the store acknowledged (epochs, samples, claims), to be held against what the
+store holds. The replicas of a process keep one History between them (10,000 histories would
+not fit this machine's memory), each reading its own changes into it (its own place in the
+change log: what a node alone reads); with ``shared_reads`` they read through the History's
+own place instead, as the replicas one process hosts do.
+"""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import random
 import threading
@@ -29,6 +34,7 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +44,8 @@ from automlperf.store.history import History
 
 OPS = ("open", "register", "heartbeat", "history", "graphs", "claim", "parent", "epoch",
        "finish", "samples", "end")
+# Threads per process that make the calls.
+THREADS = 48
 
 
 @dataclass
@@ -52,9 +60,13 @@ class Rates:
 
 @dataclass
 class Tally:
-    """What a process's replicas saw: latencies by call, and what the store acknowledged."""
+    """What a process's replicas saw: latencies by call, lag by event, and what the store
+    acknowledged."""
 
     latency: dict[str, array] = field(default_factory=lambda: {op: array("d") for op in OPS})
+    lag: dict[str, array] = field(default_factory=lambda: {k: array("d") for k in
+                                                           ("start", "trial", "epoch", "beat",
+                                                            "sample")})
     epochs: list[tuple[int, int]] = field(default_factory=list)
     samples: list[tuple[str, float]] = field(default_factory=list)
     claims: list[int] = field(default_factory=list)
@@ -87,96 +99,113 @@ def fit_ids(history: History) -> list[int]:
     return list(dict.fromkeys(m.id for m in (*best, *recent, *stable)))
 
 
+class Schedule:
+    """Events due at a time, carried out by a pool of threads in order of their time."""
+
+    def __init__(self, threads: int) -> None:
+        self.heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self.seq = itertools.count()
+        self.ready = threading.Condition()
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="replicas")
+        self.busy = threading.Semaphore(threads)
+        self.open = 0
+        self.closed = threading.Event()
+
+    def at(self, when: float, event: Callable[[float], None]) -> None:
+        with self.ready:
+            self.open += 1
+            heapq.heappush(self.heap, (when, next(self.seq), event))
+            self.ready.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.ready:
+                while True:
+                    if not self.heap and self.open == 0:
+                        self.pool.shutdown()
+                        return
+                    wait = self.heap[0][0] - time.time() if self.heap else None
+                    if wait is not None and wait <= 0:
+                        when, _, event = heapq.heappop(self.heap)
+                        break
+                    self.ready.wait(wait)
+            self.busy.acquire()  # a free thread, or the schedule waits for one
+            self.pool.submit(self._do, when, event)
+
+    def _do(self, when: float, event: Callable[[float], None]) -> None:
+        try:
+            event(when)
+        finally:
+            self.busy.release()
+            with self.ready:
+                self.open -= 1
+                self.ready.notify()
+
+
 class SimulatedReplica:
     def __init__(self, open_store: Callable[[], Store], run_id: int, index: int, rates: Rates,
-                 graph_json: str, tally: Tally, history: History | None = None,
-                 start: threading.Event | None = None) -> None:
+                 graph_json: str, tally: Tally, history: History, schedule: Schedule) -> None:
         self.open_store = open_store
         self.run_id = run_id
         self.index = index
         self.rates = rates
         self.graph_json = graph_json
         self.tally = tally
-        self.history = history if history is not None else History(run_id)
+        self.history = history
         self.feed: TrialFeed | None = TrialFeed(None, run_id)
-        self.start = start
+        self.schedule = schedule
         self.rng = random.Random(index)
-        self.stop = threading.Event()
         self.node = f"node{index:05d}"
-        self.deadline = 0.0
+        self.stopping = False
+        self.deadline = float("inf")
+        self.store: Store | None = None
+        self.rid = 0
+        self.epoch_s = rates.epoch_s * self.rng.uniform(0.95, 1.05)
+        self.k = 0
+        self.trial: int | None = None
+        self.epochs = 0
+        self.done = 0
+        self.began = 0.0
+        self.pending: list[dict[str, Any]] = []
+        self.beating = True
 
-    def _wait(self, until: float) -> bool:
-        """Wait until ``until`` (or the deadline); whether to stop."""
-        return self.stop.wait(max(0.0, min(until, self.deadline) - time.time())) or \
-            time.time() >= self.deadline
+    def _lag(self, kind: str, when: float) -> None:
+        with self.tally.lock:
+            self.tally.lag[kind].append(time.time() - when)
 
-    def run(self) -> None:
+    def _guard(self, what: str, fn: Callable[[], None]) -> bool:
         try:
-            self._run()
+            fn()
+            return True
         except Exception as exc:  # noqa: BLE001 - counted, not hidden
             with self.tally.lock:
-                self.tally.errors[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
-        finally:
-            self.stop.set()
+                self.tally.errors[f"{what}: {type(exc).__name__}: {str(exc)[:100]}"] += 1
+            return False
 
-    def _run(self) -> None:
+    # --- the loop's events ----------------------------------------------------------------
+    def start(self, when: float) -> None:
+        self._lag("start", when)
+        if not self._guard("start", self._start):
+            self.beating = False
+            return
+        now = time.time()
+        self.schedule.at(now + self.rates.heartbeat_s, self.beat)
+        self.schedule.at(now + self.rng.uniform(0, self.rates.sample_s), self.sample)
+        self.schedule.at(now, self.next_trial)
+
+    def _start(self) -> None:
         t = self.tally
-        if self.start is not None:
-            self.start.wait()
-        store = t.time("open", self.open_store)
+        store = self.store = t.time("open", self.open_store)
         seg = store.segments(self.run_id)[-1]
         self.deadline = seg.deadline_at
-        rid = t.time("register", store.register_replica, self.run_id, self.index, seg.index,
-                     self.node, os.getpid(), [f"cuda:{i}" for i in range(8)], time.time())
+        self.rid = t.time("register", store.register_replica, self.run_id, self.index,
+                          seg.index, self.node, os.getpid(), [f"cuda:{i}" for i in range(8)],
+                          time.time())
         with t.lock:
             t.registered.append(time.time())
         store.record_node(self.run_id, self.index, seg.index, self.node,
                           {"devices": [f"cuda:{i}" for i in range(8)], "simulated": True,
                            "ceiling_ops": None}, time.time())
-        agent = threading.Thread(target=self._agent, args=(store, rid), daemon=True)
-        agent.start()
-        try:
-            self._trials(store, rid)
-        finally:
-            self.stop.set()
-            agent.join()
-            t.time("end", store.end_replica, rid, "stopped", time.time(), "")
-            store.close()
-
-    def _agent(self, store: Store, rid: int) -> None:
-        """The heartbeat thread, and the node's sample copier."""
-        r, t = self.rates, self.tally
-        now = time.time()
-        beat = now + r.heartbeat_s
-        sample = now + self.rng.uniform(0, r.sample_s)
-        pending: list[dict[str, Any]] = []
-        while not self._wait(min(beat, sample)):
-            now = time.time()
-            if now >= beat:
-                beat += r.heartbeat_s
-                try:
-                    seg = t.time("heartbeat", store.heartbeat, rid, now, r.lease_s)
-                except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                    with t.lock:
-                        t.errors[f"heartbeat: {type(exc).__name__}"] += 1
-                    continue
-                if seg is None or seg.ended_at is not None:
-                    self.stop.set()
-            if now >= sample:
-                sample += r.sample_s
-                pending.append({"t": now, "cpu_percent": 40.0, "mem_used_gib": 900.0,
-                                "gpus": [{"index": i, "util": 95.0, "energy_mj": int(now * 1000),
-                                          "mem_used_gib": 60.0} for i in range(8)]})
-                if now - pending[0]["t"] >= r.sample_batch_s:
-                    self._samples(store, pending)
-                    pending = []
-        if pending:
-            self._samples(store, pending)
-
-    def _samples(self, store: Store, pending: list[dict[str, Any]]) -> None:
-        self.tally.time("samples", store.add_samples, self.run_id, self.node, pending)
-        with self.tally.lock:
-            self.tally.samples += [(self.node, s["t"]) for s in pending]
 
     def _refresh(self, store: Store) -> None:
         if self.feed is None:
@@ -184,79 +213,152 @@ class SimulatedReplica:
         else:
             self.history.merge(self.feed.read(store), store)
 
-    def _trials(self, store: Store, rid: int) -> None:
-        r, t = self.rates, self.tally
-        epoch_s = r.epoch_s * self.rng.uniform(0.95, 1.05)
-        k = 0
+    def next_trial(self, when: float) -> None:
+        self._lag("trial", when)
+        if self.stopping or time.time() >= self.deadline:
+            return self.end()
+        if not self._guard("trial", self._claim):
+            return self.end()
+        self.began = time.time()
+        self.epochs = max(1, round(self.rates.trial_epochs * self.rng.uniform(0.8, 1.2)))
+        self.done = 0
+        self.schedule.at(self.began + self.epoch_s, self.epoch)
+
+    def _claim(self) -> None:
+        t, store = self.tally, self.store
+        assert store is not None
         counted = getattr(store, "bytes_in", None)
-        while not self.stop.is_set() and time.time() < self.deadline:
-            before = Counter(counted) if counted is not None else Counter()
-            t.time("history", self._refresh, store)
-            ids = fit_ids(self.history)
-            if ids:
-                t.time("graphs", self.history.prefetch, ids)
-            parent = ids[0] if ids else None
-            while True:
-                k += 1
-                trial = t.time("claim", store.claim_trial, self.run_id, rid, self.index,
-                               f"sim-{self.index}-{k}-{self.rng.getrandbits(64):016x}",
-                               self.graph_json, parent, [{"kind": "deepen"}], k, {"batch_size": 1024},
-                               time.time(), r.lease_s)
-                if trial is not None:
-                    break
-                with t.lock:
-                    t.conflicts += 1
+        before = Counter(counted) if counted is not None else Counter()
+        t.time("history", self._refresh, store)
+        ids = fit_ids(self.history)
+        if ids:
+            t.time("graphs", self.history.prefetch, ids)
+        parent = ids[0] if ids else None
+        while True:
+            self.k += 1
+            trial = t.time("claim", store.claim_trial, self.run_id, self.rid, self.index,
+                           f"sim-{self.index}-{self.k}-{self.rng.getrandbits(64):016x}",
+                           self.graph_json, parent, [{"op": "deepen", "target": "relu", "kernel": 3}], self.k,
+                           {"batch_size": 1024}, time.time(), self.rates.lease_s)
+            if trial is not None:
+                break
             with t.lock:
-                t.claims.append(trial)
-            t.time("history", self._refresh, store)  # the overlap check
-            if parent is not None:
-                t.time("parent", store.trial, parent)
-            if counted is not None:
-                after = Counter(counted)
-                with t.lock:
-                    t.cycles.append((time.time(), after["changes"] - before["changes"],
-                                     after["graphs"] - before["graphs"],
-                                     sum(after.values()) - sum(before.values())))
-            epochs = max(1, round(r.trial_epochs * self.rng.uniform(0.8, 1.2)))
-            began = time.time()
-            done = 0
-            for e in range(epochs):
-                end = began + (e + 1) * epoch_s
-                if self._wait(end):
-                    break
-                now = time.time()
-                t.time("epoch", store.record_epoch, EpochRecord(
-                    trial, e, now - epoch_s, now, 1_281_167, 50_000, 1252, 3 * 10**16, 1.0,
-                    0.5 + 0.005 * e, "bf16", 1024, 8, 0.02, 40_000.0, run_id=self.run_id))
-                with t.lock:
-                    t.epochs.append((trial, e))
-                done += 1
-            status = "completed" if done == epochs else "stopped"
-            ok = t.time("finish", store.finish_trial, trial, status, time.time(), "",
-                        0.5 + 0.3 * self.rng.random() if done else None)
-            if not ok:
-                with t.lock:
-                    t.charged.append(trial)
+                t.conflicts += 1
+        with t.lock:
+            t.claims.append(trial)
+        self.trial = trial
+        t.time("history", self._refresh, store)  # the overlap check
+        if parent is not None:
+            t.time("parent", store.trial, parent)
+        if counted is not None:
+            after = Counter(counted)
+            with t.lock:
+                t.cycles.append((time.time(), after["changes"] - before["changes"],
+                                 after["graphs"] - before["graphs"],
+                                 sum(after.values()) - sum(before.values())))
+
+    def epoch(self, when: float) -> None:
+        self._lag("epoch", when)
+        if self.stopping or time.time() >= self.deadline:
+            return self.end()
+        t, store, e = self.tally, self.store, self.done
+        assert store is not None and self.trial is not None
+        now = time.time()
+        ok = self._guard("epoch", lambda: t.time("epoch", store.record_epoch, EpochRecord(
+            self.trial, e, now - self.epoch_s, now, 1_281_167, 50_000, 1252, 3 * 10**16, 1.0,
+            0.5 + 0.005 * e, "bf16", 1024, 8, 0.02, 40_000.0, run_id=self.run_id)))
+        if ok:
+            with t.lock:
+                t.epochs.append((self.trial, e))
+            self.done += 1
+        if self.done < self.epochs:
+            self.schedule.at(self.began + (e + 2) * self.epoch_s, self.epoch)
+            return None
+        self._finish("completed")
+        self.schedule.at(time.time(), self.next_trial)
+        return None
+
+    def _finish(self, status: str) -> None:
+        t, store, trial = self.tally, self.store, self.trial
+        assert store is not None
+        if trial is None:
+            return
+        self.trial = None
+        ok = t.time("finish", store.finish_trial, trial, status, time.time(), "",
+                    0.5 + 0.3 * self.rng.random() if self.done else None)
+        if not ok:
+            with t.lock:
+                t.charged.append(trial)
+
+    def end(self) -> None:
+        """The deadline, or the session ended: the trial cut short, the replica ended."""
+        self.stopping = True
+        self.beating = False
+        store = self.store
+        if store is None:
+            return
+        self._guard("finish", lambda: self._finish("stopped"))
+        self._flush()  # the sample copier's last, as its sampler stops
+        self._guard("end", lambda: self.tally.time("end", store.end_replica, self.rid,
+                                                   "stopped", time.time(), ""))
+
+    # --- the heartbeat's events -----------------------------------------------------------
+    def beat(self, when: float) -> None:
+        self._lag("beat", when)
+        if not self.beating:
+            return self._flush()
+        store = self.store
+        assert store is not None
+        seg: Any = None
+
+        def call() -> None:
+            nonlocal seg
+            seg = self.tally.time("heartbeat", store.heartbeat, self.rid, time.time(),
+                                  self.rates.lease_s)
+
+        if self._guard("heartbeat", call) and (seg is None or seg.ended_at is not None):
+            self.stopping = True
+        if time.time() < self.deadline:
+            self.schedule.at(when + self.rates.heartbeat_s, self.beat)
+        return None
+
+    def sample(self, when: float) -> None:
+        self._lag("sample", when)
+        if not self.beating:
+            return self._flush()
+        now = time.time()
+        self.pending.append({"t": now, "cpu_percent": 40.0, "mem_used_gib": 900.0,
+                             "gpus": [{"index": i, "util": 95.0, "energy_mj": int(now * 1000),
+                                       "mem_used_gib": 60.0} for i in range(8)]})
+        if now - self.pending[0]["t"] >= self.rates.sample_batch_s:
+            self._flush()
+        self.schedule.at(when + self.rates.sample_s, self.sample)
+        return None
+
+    def _flush(self) -> None:
+        pending, self.pending = self.pending, []
+        store = self.store
+        if not pending or store is None:
+            return
+        if self._guard("samples", lambda: self.tally.time("samples", store.add_samples,
+                                                          self.run_id, self.node, pending)):
+            with self.tally.lock:
+                self.tally.samples += [(self.node, s["t"]) for s in pending]
 
 
 def run_replicas(open_store: Callable[[], Store], run_id: int, indices: list[int], rates: Rates,
-                 graph_json: str, shared_reads: bool = False) -> Tally:
-    """Run these replicas as threads of this process, started together, until the session
-    ends; what they saw."""
-    threading.stack_size(512 * 1024)
+                 graph_json: str, shared_reads: bool = False, threads: int = THREADS) -> Tally:
+    """Run these replicas in this process, started together, until the session ends; what
+    they saw."""
     tally = Tally()
-    start = threading.Event()
+    schedule = Schedule(threads)
     shared = History(run_id)
-    replicas = [SimulatedReplica(open_store, run_id, i, rates, graph_json, tally, shared, start)
-                for i in indices]
-    if shared_reads:
-        for r in replicas:
-            r.feed = None
-    threads = [threading.Thread(target=r.run, name=f"replica-{r.index}", daemon=True)
-               for r in replicas]
-    for th in threads:
-        th.start()
-    start.set()
-    for th in threads:
-        th.join()
+    now = time.time()
+    for i in indices:
+        replica = SimulatedReplica(open_store, run_id, i, rates, graph_json, tally, shared,
+                                   schedule)
+        if shared_reads:
+            replica.feed = None
+        schedule.at(now, replica.start)
+    schedule.run()
     return tally
