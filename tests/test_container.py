@@ -14,7 +14,7 @@ from automlperf.runner.slurm import Container, SlurmError, SlurmLauncher
 def write(tmp_path, *extra):
     run_dir = tmp_path / "r"
     done = CliRunner().invoke(app, ["slurm", "--nodes", "2", "--duration", "2h", "--run-dir",
-                                    str(run_dir), "--store", "postgresql://u@db/x", *extra])
+                                    str(run_dir), "--store", "postgresql://u@db/x", "--small-task", *extra])
     return run_dir, done
 
 
@@ -84,6 +84,6 @@ def test_the_container_script_is_valid_for_sbatch(slurm_cluster, tmp_path):
 
     done = cli("slurm", "--nodes", 2, "--duration", "2h", "--run-dir", tmp_path / "r",
                "--container-image", "/sw/automlperf.sif", "--container-runtime", "apptainer",
-               "--test-only", env=slurm_cluster)
+               "--small-task", "--test-only", env=slurm_cluster)
     assert done.returncode == 0, done.stderr
     assert "to start at" in done.stdout

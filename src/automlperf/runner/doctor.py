@@ -406,10 +406,10 @@ def _run_seconds(node: _Node, root: Path) -> float:
     """How long the short run must last to train RUN_EPOCHS epochs of ``root`` at the
     measured rate (validation images cost a third of a training image)."""
     from automlperf.train.data import DataError
-    from automlperf.train.data.index import FileIndex
+    from automlperf.train.data.index import scan_image_folder
 
     try:
-        index = FileIndex.scan(root)
+        index = scan_image_folder(root)
     except DataError:
         return node.req.run_duration_s  # the run itself says what is wrong, in its words
     rate = node.train_images_per_s or 1.0

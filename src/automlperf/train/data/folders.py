@@ -22,7 +22,7 @@ import torch
 
 from automlperf.seeding import mix_seed
 from automlperf.train.data.base import IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
-from automlperf.train.data.index import FileIndex
+from automlperf.train.data.index import FileIndex, load_index, scan_image_folder
 
 
 def random_resized_crop_box(width: int, height: int, rng: random.Random,
@@ -367,7 +367,7 @@ class ImageFolderDataset(Dataset):
             raise DataError("imagenet needs --data-dir: a folder with train/<class>/*.JPEG and "
                             "val/<class>/*.JPEG")
         self.root = Path(root)
-        self.index = FileIndex.load(index_dir) if index_dir else FileIndex.scan(self.root)
+        self.index = load_index(index_dir, self.root) if index_dir else scan_image_folder(self.root)
         self.classes = self.index.classes
         self.name, self.num_classes, self.channels = name, len(self.classes), 3
         self.image_size, self.workers = image_size, workers
