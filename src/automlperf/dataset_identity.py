@@ -466,13 +466,14 @@ def check_data_here(index_dir: Path | str, data_dir: Path | str) -> FileIndex:
     the data raises :class:`DatasetIdentityError` naming the missing path."""
     import socket
 
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     index = FileIndex.load(index_dir, data_dir)
     for split in ("train", "val"):
         rows = index.rows(split)
         for path in [f"{index.root}/{split}", *(index.path(r) for r in (rows[0], rows[-1]))]:
             if not os.path.exists(path):
                 raise DatasetIdentityError(
-                    f"the dataset is not on this node ({socket.gethostname()}): {path} not "
+                    f"the dataset is not on this node ({node}): {path} not "
                     f"found, though the run's index lists {len(index):,} images under "
                     f"{index.root}; make the data folder reachable here, at the same path")
     return index

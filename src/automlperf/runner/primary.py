@@ -202,7 +202,7 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
         mode = "SIMULATED accelerators: never official"
     startup = session.startup
     if startup:
-        console.print(_startup_line(startup), highlight=False)
+        console.print(_startup_line(startup), highlight=False, soft_wrap=True)
     console.print(f"automlperf {'resuming' if req.resume else 'starting'} {run_dir}: "
                   f"{cfg.data.dataset}, {cfg.model.seed_model} seed, {count} replica(s), "
                   f"{fmt_duration(session.deadline_at - session.started_at)} to go "

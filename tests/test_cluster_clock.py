@@ -1,0 +1,53 @@
+"""A cluster job's clock: on the local SLURM cluster, `automlperf slurm --dataset imagenet
+--data-dir DIR` on a folder whose scan is slow (100,000 files on a file system that serves
+300 reads a second) ends with the run's whole duration and a written result, the data
+having changed after submission so that the job's primary scans it again before its clock.
+Simulated accelerators: the job's start-up and clock are the point, not the training."""
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from helpers import cli, sim_config
+from slowfs import SlowFileSystem, many_files
+from test_slurm import wait_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+DURATION_S = 40
+
+
+def test_a_slow_scan_costs_the_job_not_the_runs_clock(slurm_cluster, tmp_path):
+    with SlowFileSystem(tmp_path / "fs", reads_per_s=300) as fs:
+        data = fs.mount / "imagenet"
+        files = many_files(data, 100_000)
+        fs.cold()
+        # An epoch of ResNet-50 on ImageNet's 1.28 M images lasts about 2 s of the clock.
+        (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0))
+        run_dir = tmp_path / "run"
+        done = cli("slurm", "--nodes", 2, "--duration", f"{DURATION_S}s", "--dataset", "imagenet",
+                   "--data-dir", data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir,
+                   env=slurm_cluster, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"dataset: {files:,} files scanned in" in done.stdout
+        script = (run_dir / "automlperf.sbatch").read_text()
+        assert "#SBATCH --no-kill" in script and "--data-dir" not in script
+        # The data changes before the job starts, and nothing of it is cached: the job's
+        # primary walks the slow folder again, inside the job, before its clock.
+        (data / "train" / "n00000000" / "late.JPEG").write_bytes(b"x")
+        fs.cold()
+        job = subprocess.run(["sbatch", "--parsable", str(run_dir / "automlperf.sbatch")],
+                             env=slurm_cluster, capture_output=True, text=True, check=True
+                             ).stdout.strip().split(";")[0]
+        assert wait_job(job, slurm_cluster) == "COMPLETED"
+    out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert "automlperf primary finished with status 0" in out, out
+    startup = json.loads((run_dir / "system.json").read_text())["startup"]
+    assert startup["dataset_index"] == "built" and startup["dataset_s"] > 0
+    assert re.search(r"start-up before the clock: [\d.]+ s \(.*dataset index built", out)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["elapsed_s"] >= DURATION_S and not result["interrupted"]
+    assert result["dataset_identity"]["files"] == files + 1
+    assert (run_dir / "report.html").exists()
