@@ -106,7 +106,7 @@ def fake_torch(version, cuda=None, hip=None, warning=None):
 
     def is_available():
         if warning:
-            warnings.warn(warning)
+            warnings.warn(warning, stacklevel=2)
         return False
 
     return types.SimpleNamespace(__version__=version, version=types.SimpleNamespace(cuda=cuda, hip=hip),
