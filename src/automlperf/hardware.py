@@ -108,8 +108,8 @@ def missing_accelerators(torch: Any, env: Mapping[str, str],
     if not cuda and not hip and not other:
         return (f"accelerators were asked for, but this torch ({version}) is a CPU-only build: "
                 "install a CUDA (or ROCm) build of torch on the nodes (PyTorch's install "
-                "selector gives the pip command for the nodes' driver), or set "
-                "run.require_accelerators = false to train on CPUs")
+                "selector gives the pip command for the nodes' driver), or, to train on "
+                "CPUs, ask for none (--gpus-per-node 0, run.require_accelerators = false)")
     for name in HIDING:
         if name in env and env[name].strip() in ("", "-1", "NoDevFiles"):
             return (f"accelerators were asked for, but {name}={env[name]!r} hides every device "
