@@ -41,7 +41,7 @@ def test_a_dead_node_and_a_node_without_data_cost_one_replica_each(cluster, tmp_
     (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0,
                                                   lease_timeout_s=10, stop_grace_s=10))
     run_dir = tmp_path / "run"
-    done = cli("slurm", "--nodes", 3, "--duration", "100s", "--dataset", "imagenet", "--data-dir",
+    done = cli("slurm", "--nodes", 3, "--duration", "80s", "--dataset", "imagenet", "--data-dir",
                data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir, "--submit", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     job = re.search(r"submitted job (\d+)", done.stdout).group(1)
@@ -66,7 +66,7 @@ def test_a_dead_node_and_a_node_without_data_cost_one_replica_each(cluster, tmp_
                     rf"{data}/train not found", line), line
     result = json.loads((run_dir / "result.json").read_text())
     assert [r["replica"] for r in result["retired"]] == [2] and not result["failures"]
-    assert result["elapsed_s"] >= 100 and not result["interrupted"] and result["score"] > 0
+    assert result["elapsed_s"] >= 80 and not result["interrupted"] and result["score"] > 0
     with run_store(run_dir) as store:
         trials = store.trials(1)
     assert all(t.created_at < killed_at + 5 for t in trials if t.replica_index == 1)
