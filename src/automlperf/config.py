@@ -118,6 +118,16 @@ class ModelConfig(_Section):
         return value
 
 
+class CompileFiguresConfig(_Section):
+    """What compiling costs and gains on a node (``train.compiling.CompileFigures``)."""
+
+    compile_s: float = Field(ge=0, description="Seconds compilation added to the first steps.")
+    layers: int = Field(ge=1, description="Layers of the architecture it was measured on.")
+    eager_ops_per_s: float = Field(gt=0, description="Training OPS of eager steps.")
+    compiled_ops_per_s: float = Field(gt=0, description="Training OPS of compiled steps.")
+    source: str = Field("", description="Where the figures were measured.")
+
+
 class TrainConfig(_Section):
     batch_size: int | None = Field(None, ge=1, le=65536, description="Images per accelerator "
                                    "per step before HPO; default scales 448 per 32 GB of "
@@ -144,7 +154,14 @@ class TrainConfig(_Section):
                                  "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
     channels_last: bool | None = Field(None, description="Default: on for CPUs and for NVIDIA "
                                        "and AMD GPUs.")
-    compile: bool = Field(False, description="Run the model through torch.compile.")
+    compile: bool | None = Field(None, description="Run the model through torch.compile. "
+                                 "Default: when the trial's planned training repays the "
+                                 "measured cost of compiling it (figures from "
+                                 "compile_figures, else measured once per rank on "
+                                 "accelerators; a CPU without figures stays eager).")
+    compile_figures: CompileFiguresConfig | None = Field(
+        None, description="Measured compilation figures for the default compile decision, as "
+        "`automlperf doctor` prints them.")
     parallelism: Literal["ddp"] = Field("ddp", description="Synchronous all-reduce data "
                                         "parallelism (DistributedDataParallel).")
 

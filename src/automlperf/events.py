@@ -69,6 +69,7 @@ class EpochEvent:
     images_per_s: float
     skipped_images: int = 0  # unreadable training images
     val_skipped: int = 0  # unreadable validation images
+    compiled: bool = False  # trained through torch.compile (train.compiling decides)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -39,7 +39,8 @@ class TrialSpec:
     label_smoothing: float = _TRAIN.label_smoothing
     precision: str = _TRAIN.precision
     channels_last: bool | None = _TRAIN.channels_last
-    compile: bool = _TRAIN.compile
+    compile: bool | None = _TRAIN.compile  # None: decided by train.compiling's rule
+    compile_figures: dict[str, Any] | None = None  # given figures for that rule
     init: str = _MODEL.initial_weights
     seed: int = 0
     parent_graph: dict[str, Any] | None = None
@@ -63,7 +64,9 @@ class TrialSpec:
                    nesterov=train.nesterov, weight_decay=train.weight_decay,
                    warmup_epochs=train.warmup_epochs, label_smoothing=train.label_smoothing,
                    precision=train.precision, channels_last=train.channels_last,
-                   compile=train.compile, init=seed_init, **fields)
+                   compile=train.compile, init=seed_init,
+                   compile_figures=(train.compile_figures.model_dump()
+                                    if train.compile_figures else None), **fields)
 
 
 @dataclass
