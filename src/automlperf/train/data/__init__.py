@@ -23,6 +23,7 @@ from pathlib import Path
 
 from automlperf.train.data.base import _DATA, IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
 from automlperf.train.data.dali import DaliImageFolderDataset, dali_available
+from automlperf.train.data.transform import random_resized_crop_box, train_params, val_params
 from automlperf.train.data.folders import (
     CHUNK_IMAGES,
     SHARED_BUDGET,
@@ -30,7 +31,6 @@ from automlperf.train.data.folders import (
     LoaderPlan,
     fit_shared_budget,
     plan_loader,
-    random_resized_crop_box,
     shm_free,
 )
 from automlperf.train.data.index import FileIndex, prepare_index, scan_image_folder
@@ -41,7 +41,8 @@ __all__ = ["CHUNK_IMAGES", "IMAGENET_MEAN", "IMAGENET_STD", "SHARED_BUDGET", "Da
            "DataError", "Dataset", "FileIndex", "ImageFolderDataset", "LoaderPlan",
            "SyntheticDataset", "TensorDataset", "builtin", "cifar10", "dali_available", "digits",
            "fit_shared_budget", "load", "plan_loader", "plan_steps", "prepare_index",
-           "random_resized_crop_box", "scan_image_folder", "shm_free", "step_plan"]
+           "random_resized_crop_box", "scan_image_folder", "shm_free", "step_plan", "train_params",
+           "val_params"]
 
 
 def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,

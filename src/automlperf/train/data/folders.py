@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-import math
 import os
-import random
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,35 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from automlperf.seeding import mix_seed
 from automlperf.train.data.base import IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
 from automlperf.train.data.index import FileIndex
-
-
-def random_resized_crop_box(width: int, height: int, rng: random.Random,
-                            scale: tuple[float, float] = (0.08, 1.0),
-                            ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """The crop of the standard ImageNet training recipe: a random area and aspect ratio,
-    falling back to a centre crop after ten tries."""
-    area = width * height
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target = area * rng.uniform(*scale)
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            left, top = rng.randint(0, width - w), rng.randint(0, height - h)
-            return left, top, left + w, top + h
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w, h = width, int(round(width / ratio[0]))
-    elif in_ratio > ratio[1]:
-        h, w = height, int(round(height * ratio[1]))
-    else:
-        w, h = width, height
-    left, top = (width - w) // 2, (height - h) // 2
-    return left, top, left + w, top + h
+from automlperf.train.data.transform import decode_file
 
 
 # Decoded images in flight per rank, in shared memory between the decoding workers and the
@@ -130,10 +102,6 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
-def _seeded(seed: int, epoch: int, row: int) -> random.Random:
-    return random.Random(mix_seed(seed, epoch, row))
-
-
 class _FolderChunks(torch.utils.data.Dataset):
     """Decodes a chunk of images in a worker process into one NHWC uint8 tensor in shared
     memory; unreadable files are left out and counted."""
@@ -168,52 +136,7 @@ class _FolderChunks(torch.utils.data.Dataset):
 
     def _decode(self, row: int, train: bool, epoch: int, out: np.ndarray) -> str | None:
         """Decode one image into ``out``; None, or why it cannot be read."""
-        from PIL import Image, UnidentifiedImageError
-
-        size = self.size
-        bilinear = Image.Resampling.BILINEAR
-        try:
-            with Image.open(self.index.path(row)) as file:
-                width, height = file.size
-                if train:
-                    rng = _seeded(self.seed, epoch, row)
-                    left, top, right, bottom = random_resized_crop_box(width, height, rng)
-                    flip = rng.random() < 0.5
-                    # JPEG decodes at 1/2, 1/4 or 1/8 scale when the crop stays at least
-                    # `size` pixels wide and high: most of the decoding cost saved.
-                    file.draft("RGB", (math.ceil(width * size / (right - left)),
-                                       math.ceil(height * size / (bottom - top))))
-                    sx, sy = file.width / width, file.height / height
-                    img = _rgb(file).resize(
-                        (size, size), bilinear, box=(left * sx, top * sy, right * sx, bottom * sy))
-                    if flip:
-                        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-                else:
-                    short = round(size / 0.875)  # 256 for 224
-                    scale = short / min(width, height)
-                    file.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-                    img = _rgb(file)
-                    scale = short / min(img.width, img.height)
-                    img = img.resize((max(short, round(img.width * scale)),
-                                      max(short, round(img.height * scale))), bilinear)
-                    left = (img.width - size) // 2
-                    top = (img.height - size) // 2
-                    img = img.crop((left, top, left + size, top + size))
-                out[...] = np.asarray(img, dtype=np.uint8)
-        except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
-            return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        return None
-
-
-def _rgb(image: Any) -> Any:
-    """An image as 8-bit RGB. 16-bit greyscale (PNG, TIFF) is scaled to 8 bits: Pillow's own
-    conversion clips it, turning most such images white."""
-    if image.mode.startswith("I"):
-        from PIL import Image
-
-        wide = np.asarray(image).astype(np.int64)
-        return Image.fromarray(np.clip(wide >> 8, 0, 255).astype(np.uint8), "L").convert("RGB")
-    return image.convert("RGB")
+        return decode_file(self.index.path(row), self.size, train, self.seed, epoch, row, out)
 
 
 def _no_collate(chunk: Any) -> Any:
