@@ -1,0 +1,153 @@
+"""The input pipeline as a rank sees it, in a process set up as a rank (``python -m
+automlperf.train.loadprobe``): the rank's own loader (its transform, decoding workers,
+threads, per-rank batch and device) alone, then feeding training steps of the seed model,
+timing the waits for data as the trainer does. `automlperf doctor` predicts a run's data
+share from it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ProbeRequest:
+    data: dict[str, Any]  # DataArgs of the rank
+    device: str
+    threads: int
+    world: int  # ranks on the node: this rank loads its shard of 1/world
+    per_rank: int
+    model: str  # the seed trained beside the loader
+    precision: str = "auto"
+    channels_last: bool | None = None
+    alone_s: float = 8.0  # seconds of loading alone, after the first batch
+    beside_s: float = 15.0  # seconds of training beside it, after the first step
+    min_steps: int = 3  # measured training steps at least
+
+
+def rank_batches(dataset: Any, split: str, rank: int, world: int, per_rank: int, epoch: int,
+                 seed: int, device: Any) -> Iterator[tuple[Any, Any]]:
+    """The batches a rank's trainer takes from its loader (the one place this probe meets
+    the loader's interface)."""
+    return dataset.batches(split, rank, world, per_rank, epoch, seed, device)
+
+
+def _endless(dataset: Any, req: ProbeRequest, device: Any) -> Iterator[tuple[Any, Any]]:
+    """Training batches pass after pass (a small folder ends its pass before the clock)."""
+    epoch = 0
+    while True:
+        empty = True
+        for batch in rank_batches(dataset, "train", 0, req.world, req.per_rank, epoch, 0, device):
+            empty = False
+            yield batch
+        if empty:
+            return
+        epoch += 1
+
+
+def loader_alone(dataset: Any, req: ProbeRequest, device: Any) -> dict[str, Any]:
+    """Images per second the loader delivers on the device with nothing consuming them,
+    after its first batch (workers starting, page cache cold)."""
+    from automlperf.train.trainer import synchronize
+
+    batches = _endless(dataset, req, device)
+    next(batches)
+    synchronize(device)
+    started = time.perf_counter()
+    images = 0
+    for _, y in batches:
+        images += len(y)
+        if time.perf_counter() - started >= req.alone_s:
+            break
+    synchronize(device)
+    seconds = time.perf_counter() - started
+    dataset.release()
+    return {"images": images, "seconds": seconds, "images_per_s": images / max(seconds, 1e-9)}
+
+
+def beside_training(dataset: Any, req: ProbeRequest, device: Any) -> dict[str, Any]:
+    """The loader feeding training steps of the seed model as a trial's would: images per
+    second, and the share of the time spent waiting for the next batch (the trainer's
+    ``data_share``), after the first step (its warm-up)."""
+    from automlperf.config import Config
+    from automlperf.graph import Graph, seeds
+    from automlperf.train.spec import TrialSpec
+    from automlperf.train.trainer import RankContext, _Run, release_trial, synchronize
+
+    graph = seeds.seed(req.model, dataset.num_classes, dataset.image_size, dataset.channels)
+    train = Config().train
+    spec = TrialSpec.from_config(train, "kaiming_normal", trial_id="probe", graph=graph.to_dict(),
+                                 epochs=1, batch_size=req.per_rank * req.world, patience=1)
+    spec.precision, spec.channels_last, spec.compile = req.precision, req.channels_last, False
+    ctx = RankContext(0, req.world, device, dataset)
+    run = _Run(spec, ctx, Graph.from_dict(spec.graph))
+    run.module.train()
+    batches = _endless(dataset, req, device)
+    wait = 0.0
+    images = steps = 0
+    started = 0.0
+    try:
+        for step in range(1_000_000):
+            t0 = time.perf_counter()
+            item = next(batches, None)
+            if step > 0:
+                wait += time.perf_counter() - t0
+            if item is None:
+                break
+            x, y = item
+            run._step(x, y)
+            if step == 0:
+                synchronize(device)  # the warm-up step is not measured
+                started = time.perf_counter()
+                continue
+            images += len(y)
+            steps += 1
+            if steps >= req.min_steps and time.perf_counter() - started >= req.beside_s:
+                break
+        synchronize(device)
+    finally:
+        release_trial(ctx)
+    seconds = time.perf_counter() - started
+    return {"images": images, "steps": steps, "seconds": seconds,
+            "images_per_s": images / max(seconds, 1e-9),
+            "data_share": min(1.0, wait / max(seconds, 1e-9))}
+
+
+def probe(req: ProbeRequest) -> dict[str, Any]:
+    """Set this process up as a rank, then measure its loader alone and beside training."""
+    from automlperf.train.rankenv import keep_host_memory, set_rank_environment
+
+    set_rank_environment(req.threads, int(req.data.get("workers") or 0))
+    import torch
+
+    from automlperf.train import data as datasets
+
+    torch.set_num_threads(max(1, req.threads))
+    device = torch.device(req.device)
+    if device.type == "cpu":
+        keep_host_memory()
+    elif device.type == "cuda":
+        torch.cuda.set_device(device)
+    dataset = datasets.load(**req.data, device_type=device.type)
+    out: dict[str, Any] = {"decode_path": getattr(dataset, "decode_path", ""),
+                           "workers": req.data.get("workers"), "threads": req.threads,
+                           "per_rank": req.per_rank, "device": req.device, "world": req.world}
+    out["alone"] = loader_alone(dataset, req, device)
+    out["beside"] = beside_training(dataset, req, device)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A rank's input pipeline, alone and beside "
+                                     "training.")
+    parser.add_argument("request", help="the ProbeRequest as JSON")
+    req = ProbeRequest(**json.loads(parser.parse_args().request))
+    print(json.dumps(probe(req)))
+
+
+if __name__ == "__main__":
+    main()
