@@ -88,9 +88,14 @@ class DataConfig(_Section):
                             "training crop, pixels.")
     workers: int | None = Field(None, ge=0, description="Data-loading worker processes per "
                                 "accelerator; default: the spare CPU cores.")
-    gpu_decode: bool | None = Field(None, description="Decode images with NVIDIA DALI, on the "
-                                    "GPU (the `dali` extra); default: when DALI is installed "
-                                    "and the ranks train on GPUs.")
+    gpu_decode: bool | None = Field(None, description="Decode JPEGs on the GPU with nvJPEG "
+                                    "(the `nvjpeg` extra: torchcodec, else torchvision), "
+                                    "with the same crops, flips and resampling as the CPU "
+                                    "path; default: when the ranks train on NVIDIA GPUs and "
+                                    "a decoder imports.")
+    dali: bool = Field(False, description="Decode with NVIDIA DALI instead (the `dali` "
+                       "extra): its own random crops and flips, a different function from "
+                       "the reference, recorded as such; never chosen by default.")
     synthetic_images: int = Field(4096, ge=1, description="Training images per epoch of the "
                                   "synthetic dataset (validation gets a quarter).")
     synthetic_classes: int = Field(1000, ge=2, description="Classes of the synthetic dataset.")

@@ -70,6 +70,8 @@ class EpochEvent:
     skipped_images: int = 0  # unreadable training images
     val_skipped: int = 0  # unreadable validation images
     compiled: bool = False  # trained through torch.compile (train.compiling decides)
+    decode_path: str = ""  # what decoded the images, with its libraries' versions
+    cpu_decoded: int = 0  # images a GPU decoding path left to the CPU reference
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

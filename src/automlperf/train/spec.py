@@ -78,6 +78,7 @@ class DataArgs:
     image_size: int | None = None
     workers: int = 0
     gpu_decode: bool | None = _DATA.gpu_decode
+    dali: bool = _DATA.dali
     synthetic_images: int = _DATA.synthetic_images
     synthetic_classes: int = _DATA.synthetic_classes
     index_dir: str | None = None  # a scanned image-folder index (data.FileIndex)
@@ -91,8 +92,8 @@ class DataArgs:
         if workers is None:
             workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
         return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
-                   workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes,
-                   max_unreadable=data.max_unreadable)
+                   workers, data.gpu_decode, data.dali, data.synthetic_images,
+                   data.synthetic_classes, max_unreadable=data.max_unreadable)
 
 
 def plan_steps(n: int, world: int, per_rank: int) -> int:

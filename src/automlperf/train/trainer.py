@@ -440,15 +440,16 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
     for epoch in range(spec.epochs):
         started = time.time()
         skipped_before, data.unreadable = data.skipped, ""
+        cpu_before = data.cpu_decoded
         local_loss, local_images, local_steps, local_wait, seconds = run.train_epoch(epoch, emit)
         # Unreadable training images: what `check` needs to tie steps to images.
         local_skipped = data.skipped - skipped_before
         train_example, data.unreadable = data.unreadable, ""
         local_correct, local_seen = run.validate()
         local_val_skipped = data.skipped - skipped_before - local_skipped
-        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait = _reduce(
+        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait, cpu = _reduce(
             [local_loss, local_images, local_correct, local_seen, local_skipped,
-             local_val_skipped, local_wait], ctx)
+             local_val_skipped, local_wait, data.cpu_decoded - cpu_before], ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
         (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
         images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
@@ -469,7 +470,8 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             precision=run.precision, batch_size=run.batch, world_size=ctx.world,
             data_share=min(1.0, wait / ctx.world / max(seconds, 1e-9)),
             images_per_s=images / max(seconds, 1e-9), skipped_images=skipped,
-            val_skipped=val_skipped, compiled=run.compiled)
+            val_skipped=val_skipped, compiled=run.compiled, decode_path=data.decode_path,
+            cpu_decoded=int(cpu))
         outcome.epochs = epoch + 1
         if accuracy > best:
             best, stale = accuracy, 0

@@ -43,6 +43,13 @@ class Dataset(ABC):
     def __init__(self) -> None:
         self.skipped = 0
         self.unreadable = ""
+        # Images a GPU decoding path handed to the CPU reference instead, so far.
+        self.cpu_decoded = 0
+
+    @property
+    def decode_path(self) -> str:
+        """What decodes the images, with its libraries' versions (empty: none to decode)."""
+        return ""
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
