@@ -223,3 +223,24 @@ def test_a_trial_records_its_decode_path_and_the_images_decoded_on_the_cpu(odd_f
 def test_no_decoder_installed_means_none_is_offered(monkeypatch):
     monkeypatch.setattr(gpudecode, "DECODERS", ())
     assert gpudecode.gpu_decoder() is None
+
+
+def test_the_gpu_paths_images_conform_to_the_cpu_reference_on_imagenet_size_photos(tmp_path):
+    """bench/bench_gpu_decode.py's conformance measure, with the stand-in decoder: 500x375
+    photos at quality 90 through the GPU path's device stage against the CPU reference
+    (which may decode at reduced scale, draft, where the path resamples full size)."""
+    import importlib.util
+    from pathlib import Path
+
+    from automlperf.train.data.generate import write_photo_folder
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_gpu_decode", Path(__file__).resolve().parent.parent / "bench" / "bench_gpu_decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    write_photo_folder(tmp_path, 2, 12, 2)
+    paths, _ = bench.files_of(tmp_path, 24)
+    result = bench.conformance(PillowStandInDecoder(), paths, CPU)
+    for split in ("train", "val"):
+        assert result[split]["images"] == 24
+        assert max(result[split]["mean_abs"]) < 0.05 and max(result[split]["p99_9_abs"]) <= 1
