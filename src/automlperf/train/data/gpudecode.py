@@ -238,6 +238,8 @@ def decode_step(items: list[HostItem], decoder: JpegDecoder | None, device: torc
             cpu += 1
             out[n].copy_(torch.from_numpy(np.array(it.pixels, dtype=np.uint8)))
     labels = torch.tensor([items[i].label for i in keep], dtype=torch.long)
+    if device.type == "cuda":
+        labels = labels.pin_memory()  # its copy to the device is then truly asynchronous
     bad = [i for i, it in enumerate(items) if it.error]
     example = f"{paths[bad[-1]]}: {items[bad[-1]].error}" if bad else ""
     return DecodedStep(out, labels, len(bad), example, cpu, failed, len(gpu))
