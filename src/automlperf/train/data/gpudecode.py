@@ -42,7 +42,7 @@ import torch
 from automlperf.train.data import jpeghead
 from automlperf.train.data.base import DataError, step_plan
 from automlperf.train.data.folders import ImageFolderDataset
-from automlperf.train.data.resample import resample
+from automlperf.train.data.resample import apply, plan, upload
 from automlperf.train.data.transform import DECODE_ERRORS, Box, decode_box, train_params, val_params
 
 # Larger images go to the CPU path: a decoded 64-megapixel image is 192 MB on the device.
@@ -228,15 +228,18 @@ def decode_step(items: list[HostItem], decoder: JpegDecoder | None, device: torc
             cpu_reference(it, it.data or b"", train, seed, epoch, size)
     keep = [i for i, it in enumerate(items) if not it.error]
     out = torch.empty((len(keep), size, size, 3), dtype=torch.uint8, device=device)
+    on_gpu = [i for i in keep if by_index.get(i) is not None]
+    plans = {i: plan(items[i].box, items[i].flip, size, by_index[i].shape[-1],  # type: ignore[union-attr]
+                     by_index[i].shape[-2]) for i in on_gpu}  # type: ignore[union-attr]
+    weights = dict(zip(on_gpu, upload([plans[i] for i in on_gpu], device)))  # one copy a step
     cpu = 0
     for n, i in enumerate(keep):
-        it = items[i]
         image = by_index.get(i)
         if image is not None:
-            resample(image, it.box, it.flip, size, out[n])
+            apply(image, plans[i], *weights[i], size, out[n])
         else:
             cpu += 1
-            out[n].copy_(torch.from_numpy(np.array(it.pixels, dtype=np.uint8)))
+            out[n].copy_(torch.from_numpy(np.array(items[i].pixels, dtype=np.uint8)))
     labels = torch.tensor([items[i].label for i in keep], dtype=torch.long)
     if device.type == "cuda":
         labels = labels.pin_memory()  # its copy to the device is then truly asynchronous

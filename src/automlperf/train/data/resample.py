@@ -13,6 +13,7 @@ most (a few percent of them on some boxes; tests/test_gpudecode.py bounds it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,22 +48,53 @@ def _round8(x: Any) -> Any:
     return (x + 0.5).floor_().clamp_(0, 255)
 
 
-def resample(image: Any, box: Box, flip: bool, size: int, out: Any = None) -> Any:
-    """The ``size`` x ``size`` HWC uint8 image of ``box`` (left, top, right, bottom in source
-    pixels) in ``image`` (CHW uint8, 1 or 3 channels, on any device), flipped left to right
-    if ``flip``; written into ``out`` (HWC uint8, same device) when given."""
-    import torch
+@dataclass
+class Plan:
+    """Where a box's window starts in the source (x0, y0) and the weights of both passes."""
 
-    channels, height, width = image.shape
+    x0: int
+    y0: int
+    wx: np.ndarray  # (size, window width), rows reversed for a flip
+    wy: np.ndarray  # (size, window height)
+
+
+def plan(box: Box, flip: bool, size: int, width: int, height: int) -> Plan:
+    """The weights that resample ``box`` of a ``width`` x ``height`` image (host side)."""
     left, top, right, bottom = box
     x0, wx = triangle_weights(left, right, width, size)
     y0, wy = triangle_weights(top, bottom, height, size)
-    if flip:
-        wx = wx[::-1]
-    dev = image.device
-    kx = torch.from_numpy(np.ascontiguousarray(wx, dtype=np.float32)).to(dev, non_blocking=True)
-    ky = torch.from_numpy(np.ascontiguousarray(wy, dtype=np.float32)).to(dev, non_blocking=True)
-    region = image[:, y0:y0 + wy.shape[1], x0:x0 + wx.shape[1]].float()
+    return Plan(x0, y0, wx[::-1] if flip else wx, wy)
+
+
+def upload(plans: list[Plan], device: Any) -> list[tuple[Any, Any]]:
+    """Every plan's weights on ``device`` in one copy (from pinned memory on a GPU)."""
+    import torch
+
+    sizes = [(p.wx.size, p.wy.size) for p in plans]
+    flat = np.empty(sum(a + b for a, b in sizes), dtype=np.float32)
+    at = 0
+    for p, (a, b) in zip(plans, sizes):
+        flat[at:at + a] = p.wx.ravel()
+        flat[at + a:at + a + b] = p.wy.ravel()
+        at += a + b
+    host = torch.from_numpy(flat)
+    if getattr(device, "type", "cpu") == "cuda":
+        host = host.pin_memory()
+    moved = host.to(device, non_blocking=True)
+    out, at = [], 0
+    for p, (a, b) in zip(plans, sizes):
+        out.append((moved[at:at + a].view(p.wx.shape), moved[at + a:at + a + b].view(p.wy.shape)))
+        at += a + b
+    return out
+
+
+def apply(image: Any, p: Plan, kx: Any, ky: Any, size: int, out: Any = None) -> Any:
+    """Resample ``image`` (CHW uint8, 1 or 3 channels) by plan ``p`` with its weights ``kx``,
+    ``ky`` on the image's device: the HWC uint8 result, written into ``out`` when given."""
+    import torch
+
+    channels = image.shape[0]
+    region = image[:, p.y0:p.y0 + p.wy.shape[1], p.x0:p.x0 + p.wx.shape[1]].float()
     horizontal = _round8(region @ kx.T)  # (C, rows of the window, size)
     pixels = _round8(ky @ horizontal)  # (C, size, size)
     if channels == 1:  # greyscale as RGB, as Pillow's convert("RGB") gives it
@@ -72,3 +104,13 @@ def resample(image: Any, box: Box, flip: bool, size: int, out: Any = None) -> An
         return hwc.to(torch.uint8).contiguous()
     out.copy_(hwc)
     return out
+
+
+def resample(image: Any, box: Box, flip: bool, size: int, out: Any = None) -> Any:
+    """The ``size`` x ``size`` HWC uint8 image of ``box`` (left, top, right, bottom in source
+    pixels) in ``image`` (CHW uint8, 1 or 3 channels, on any device), flipped left to right
+    if ``flip``; written into ``out`` (HWC uint8, same device) when given."""
+    _, height, width = image.shape
+    p = plan(box, flip, size, width, height)
+    ((kx, ky),) = upload([p], image.device)
+    return apply(image, p, kx, ky, size, out)
