@@ -164,7 +164,9 @@ def test_the_generated_folder_and_the_short_run_are_sized_from_the_measured_rate
 
 
 def test_the_input_item_fails_below_1x_headroom_and_warns_below_1_2x_or_a_large_data_share():
-    assert pipeline.verdict(9.0, 10.0, 0.0)[0] == "fail"
+    status, advice = pipeline.verdict(9.0, 10.0, 0.0)
+    assert status == "fail" and "data side" in advice and "gpu_decode" in advice
+    assert "share this node's cores" in pipeline.verdict(9.0, 10.0, 0.0, accelerated=False)[1]
     status, advice = pipeline.verdict(11.0, 10.0, 0.0)
     assert status == "warn" and "1.2x" in advice
     assert pipeline.verdict(13.0, 10.0, 0.02) == ("pass", "")

@@ -52,18 +52,21 @@ def probe_request(node: Node, shape: Shape, root: Path) -> Any:
                         alone_s=2.0 if quick else 8.0, beside_s=2.0 if quick else 15.0)
 
 
-def verdict(alone: float, need: float | None, share: float) -> tuple[str, str]:
+def verdict(alone: float, need: float | None, share: float,
+            accelerated: bool = True) -> tuple[str, str]:
     """(status, advice) from the loader's rate alone against what training consumes (per
     rank) and the data share measured beside training."""
+    more = ("give each device more cores (data.workers) or decode on the GPU "
+            "(data.gpu_decode, the nvjpeg extra)" if accelerated else
+            "decoding and training share this node's cores: more cores, or smaller files")
     if need and alone < HEADROOM_FAIL * need:
-        return "fail", ("the loader cannot feed training: give each device more cores "
-                        "(data.workers), or decode on the GPU where the node has one")
+        return "fail", f"the loader alone cannot feed training (the data side limits): {more}"
     if need and alone < HEADROOM_WARN * need:
         return "warn", (f"less than {HEADROOM_WARN}x headroom: a busier node will starve the "
-                        "devices; give each device more cores or decode on the GPU")
+                        f"devices; {more}")
     if share > DATA_SHARE_WARN:
         return "warn", (f"training waits for data {share:.0%} of its time beside the loader "
-                        "(the data side limits): more decoding cores or GPU decoding")
+                        f"(the data side limits): {more}")
     return "pass", ""
 
 
@@ -95,5 +98,5 @@ def pipeline(node: Node, shape: Shape) -> Check:
                                         f"({need:.1f})" if need else "")
                + f"; beside training {beside['images_per_s']:.1f} img/s, data share "
                f"{beside['data_share']:.2f}: the run's will be about that")
-    status, advice = verdict(alone, need, beside["data_share"])
+    status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
     return Check("input pipeline", status, summary, advice, figures)
