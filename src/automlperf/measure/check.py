@@ -32,7 +32,7 @@ from typing import Any
 
 from automlperf import rules
 from automlperf.config import Config
-from automlperf.measure.breakdown import PARTS
+from automlperf.measure.breakdown import ADDED_PARTS, PARTS
 from automlperf.dataset_identity import DatasetIdentityError, scan
 from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
@@ -423,6 +423,8 @@ def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[st
             (f"replica {r.get('replica')}", r, f) for r, f in
             zip(mine_b.get("replicas", []), theirs_b["replicas"], strict=False)]:
         for part in (*PARTS, "session_s"):
+            if part in ADDED_PARTS and part not in a:
+                continue  # a result.json written before the part was
             if not _same(a.get(part), b.get(part)):
                 bad.append(f"result.json: time_breakdown {label} {part} is {a.get(part)!r}, "
                            f"recomputed {b.get(part)!r}")

@@ -1,13 +1,15 @@
 """The input pipeline as a rank sees it, in a process set up as a rank (``python -m
 automlperf.train.loadprobe``): the rank's own loader (its transform, decoding workers,
-threads, per-rank batch and device) alone, then feeding training steps of the seed model,
-timing the waits for data as the trainer does. `automlperf doctor` predicts a run's data
+threads, per-rank batch and device) alone, then feeding training steps of the seed model
+through the trainer's own epoch loop, its waits for data and for the device told apart as an
+epoch's are. `automlperf doctor` predicts a run's data
 share from it."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ class ProbeRequest:
     alone_s: float = 8.0  # seconds of loading alone, after the first batch
     beside_s: float = 15.0  # seconds of training beside it, after the first step
     min_steps: int = 3  # measured training steps at least
+    expected_images_per_s: float | None = None  # training alone, per rank: sizes the steps
 
 
 def rank_batches(dataset: Any, split: str, rank: int, world: int, per_rank: int, epoch: int,
@@ -70,51 +73,40 @@ def loader_alone(dataset: Any, req: ProbeRequest, device: Any) -> dict[str, Any]
 
 
 def beside_training(dataset: Any, req: ProbeRequest, device: Any) -> dict[str, Any]:
-    """The loader feeding training steps of the seed model as a trial's would: images per
-    second, and the share of the time spent waiting for the next batch (the trainer's
-    ``data_share``), after the first step (its warm-up)."""
+    """The loader feeding training steps of the seed model through the trainer's own epoch
+    loop (``train_epoch``, its first steps): images per second, and the shares of the time
+    spent waiting for data and on the device's side, as an epoch records them. A first
+    one-step pass warms up (workers, page cache, kernels) and is not counted; then about
+    ``beside_s`` of steps at the expected rate, at least ``min_steps``."""
     from automlperf.config import Config
     from automlperf.graph import Graph, seeds
     from automlperf.train.spec import TrialSpec
-    from automlperf.train.trainer import RankContext, _Run, release_trial, synchronize
+    from automlperf.train.trainer import RankContext, _Run, release_trial
 
     graph = seeds.seed(req.model, dataset.num_classes, dataset.image_size, dataset.channels)
     train = Config().train
     spec = TrialSpec.from_config(train, "kaiming_normal", trial_id="probe", graph=graph.to_dict(),
-                                 epochs=1, batch_size=req.per_rank * req.world, patience=1)
+                                 epochs=2, batch_size=req.per_rank * req.world, patience=1)
     spec.precision, spec.channels_last, spec.compile = req.precision, req.channels_last, False
     ctx = RankContext(0, req.world, device, dataset)
     run = _Run(spec, ctx, Graph.from_dict(spec.graph))
-    run.module.train()
-    batches = _endless(dataset, req, device)
-    wait = 0.0
-    images = steps = 0
-    started = 0.0
+    steps = req.min_steps
+    if req.expected_images_per_s:
+        steps = max(steps, math.ceil(req.beside_s * req.expected_images_per_s / req.per_rank))
     try:
-        for step in range(1_000_000):
-            t0 = time.perf_counter()
-            item = next(batches, None)
-            if step > 0:
-                wait += time.perf_counter() - t0
-            if item is None:
-                break
-            x, y = item
-            run._step(x, y)
-            if step == 0:
-                synchronize(device)  # the warm-up step is not measured
-                started = time.perf_counter()
-                continue
-            images += len(y)
-            steps += 1
-            if steps >= req.min_steps and time.perf_counter() - started >= req.beside_s:
-                break
-        synchronize(device)
+        run.train_epoch(0, _quiet, max_steps=1)
+        times = run.train_epoch(1, _quiet, max_steps=steps)
     finally:
         release_trial(ctx)
-    seconds = time.perf_counter() - started
-    return {"images": images, "steps": steps, "seconds": seconds,
-            "images_per_s": images / max(seconds, 1e-9),
-            "data_share": min(1.0, wait / max(seconds, 1e-9))}
+    seconds = max(times.seconds, 1e-9)
+    return {"images": times.images, "steps": times.steps, "seconds": times.seconds,
+            "images_per_s": times.images / seconds,
+            "data_share": min(1.0, times.data_wait / seconds),
+            "device_share": min(1.0, times.device_wait / seconds)}
+
+
+def _quiet(kind: str, payload: dict[str, Any]) -> None:
+    """The probe's steps report no progress."""
 
 
 def probe(req: ProbeRequest) -> dict[str, Any]:

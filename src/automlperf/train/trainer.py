@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -162,6 +162,17 @@ def release_trial(ctx: RankContext) -> None:
             host_empty()
 
 
+class EpochTimes(NamedTuple):
+    """What one rank's share of a training epoch did, and where its time went."""
+
+    loss_sum: float
+    images: int
+    steps: int
+    data_wait: float  # seconds waiting for the next batch's data
+    device_wait: float  # seconds on the device's side: its steps, and waiting for it
+    seconds: float
+
+
 class _Run:
     """The state of one trial on one rank: module, optimiser, schedule and precision."""
 
@@ -236,13 +247,19 @@ class _Run:
         return CompileFigures(compile_s / world, mine.layers, eager / world, compiled / world,
                               mine.source + (f", averaged over {world} ranks" if world > 1 else ""))
 
-    def train_epoch(self, epoch: int, emit: Emit) -> tuple[float, int, int, float, float]:
-        """(loss sum, images, optimiser steps, seconds waiting for data, seconds) of this
-        rank's share of one epoch."""
+    def train_epoch(self, epoch: int, emit: Emit, max_steps: int | None = None) -> EpochTimes:
+        """This rank's share of one epoch (its first ``max_steps`` steps, when given).
+
+        Its time is told apart as the training thread spends it: asking for the next batch
+        is waiting for data, except where the loader itself waited for the device (a slot's
+        copy still running); the steps, reading their loss and the epoch's final wait are
+        the device's side (a CPU runs the steps in this thread; an accelerator's are
+        launched here, and waited for where the host reads a result)."""
         self.module.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         images = steps = 0
-        data_wait = 0.0
+        data_wait = device_wait = 0.0
+        loader_device = self.data.device_wait_s
         started = last_report = time.perf_counter()
         batches = self.data.batches("train", self.ctx.rank, self.ctx.world, self.per_rank,
                                     epoch, self.spec.seed, self.device)
@@ -252,13 +269,18 @@ class _Run:
         # needs two) still takes its part in the step (see _placeholder_step).
         while True:
             t0 = time.perf_counter()
-            item = next(batches, None)
-            data_wait += time.perf_counter() - t0
+            item = next(batches, None) if max_steps is None or steps < max_steps else None
+            t1 = time.perf_counter()
+            on_device = self.data.device_wait_s - loader_device
+            loader_device += on_device
+            data_wait += t1 - t0 - on_device
+            device_wait += on_device
             if item is None:
                 break
             x, y = item
             if len(y) < 2:
                 self._placeholder_step()
+                device_wait += time.perf_counter() - t1
                 continue
             loss = self._step(x, y)
             loss_sum += loss * len(y)
@@ -268,13 +290,21 @@ class _Run:
             # The first step reports at once (a progress bar moves from the start), then
             # at most twice a second; only rank 0 reports, so only it reads the loss.
             if self.ctx.rank == 0 and (steps == 1 or now - last_report > 0.5):
-                last_report = now
+                value = float(loss)  # waits for the step
+                last_report = now = time.perf_counter()
                 emit("progress", {"trial_id": self.spec.trial_id, "epoch": epoch,
                                   "step": steps, "steps": self.steps_per_epoch,
-                                  "loss": float(loss),
+                                  "loss": value,
                                   "images_per_s": images * self.ctx.world / (now - started)})
+            device_wait += now - t1
+        close = getattr(batches, "close", None)
+        if max_steps is not None and close is not None:
+            close()
+        t0 = time.perf_counter()
         synchronize(self.device)  # the epoch ends when the device has done its work
-        return float(loss_sum), images, steps, data_wait, time.perf_counter() - started
+        ended = time.perf_counter()
+        device_wait += ended - t0
+        return EpochTimes(float(loss_sum), images, steps, data_wait, device_wait, ended - started)
 
     def _placeholder(self) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.zeros((2, *self.data.input_shape), device=self.device),
@@ -441,15 +471,19 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         started = time.time()
         skipped_before, data.unreadable = data.skipped, ""
         cpu_before = data.cpu_decoded
-        local_loss, local_images, local_steps, local_wait, seconds = run.train_epoch(epoch, emit)
+        local_loss, local_images, local_steps, local_wait, local_device, seconds = \
+            run.train_epoch(epoch, emit)
         # Unreadable training images: what `check` needs to tie steps to images.
         local_skipped = data.skipped - skipped_before
         train_example, data.unreadable = data.unreadable, ""
+        if epoch == spec.epochs - 1:
+            data.expect_next(None)  # the trial's last pass: nothing to decode after it
         local_correct, local_seen = run.validate()
         local_val_skipped = data.skipped - skipped_before - local_skipped
-        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait, cpu = _reduce(
-            [local_loss, local_images, local_correct, local_seen, local_skipped,
-             local_val_skipped, local_wait, data.cpu_decoded - cpu_before], ctx)
+        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait, on_device, cpu = \
+            _reduce([local_loss, local_images, local_correct, local_seen, local_skipped,
+                     local_val_skipped, local_wait, local_device, data.cpu_decoded - cpu_before],
+                    ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
         (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
         images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
@@ -469,6 +503,7 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             train_loss=loss_sum / max(1, images), val_accuracy=accuracy,
             precision=run.precision, batch_size=run.batch, world_size=ctx.world,
             data_share=min(1.0, wait / ctx.world / max(seconds, 1e-9)),
+            device_share=min(1.0, on_device / ctx.world / max(seconds, 1e-9)),
             images_per_s=images / max(seconds, 1e-9), skipped_images=skipped,
             val_skipped=val_skipped, compiled=run.compiled, decode_path=data.decode_path,
             cpu_decoded=int(cpu))

@@ -46,10 +46,12 @@ def probe_request(node: Node, shape: Shape, root: Path) -> Any:
     data = DataArgs.from_config(cfg.data, node.threads)
     per_rank = 16 if node.req.quick else cfg.train.per_device_batch(accelerator_memory_gib())
     quick = node.req.quick
+    expected = node.train_images_per_s / len(node.devices) if node.train_images_per_s else None
     return ProbeRequest(data=data.__dict__, device=node.devices[0], threads=node.threads,
                         world=len(node.devices), per_rank=per_rank, model=shape.model,
                         precision=node.req.precision, channels_last=node.channels_last,
-                        alone_s=2.0 if quick else 8.0, beside_s=2.0 if quick else 15.0)
+                        alone_s=2.0 if quick else 8.0, beside_s=2.0 if quick else 15.0,
+                        expected_images_per_s=expected)
 
 
 def verdict(alone: float, need: float | None, share: float,
@@ -97,6 +99,7 @@ def pipeline(node: Node, shape: Shape) -> Check:
                f"{alone:.1f} img/s" + (f", {headroom:.2f}x what training consumes "
                                         f"({need:.1f})" if need else "")
                + f"; beside training {beside['images_per_s']:.1f} img/s, data share "
-               f"{beside['data_share']:.2f}: the run's will be about that")
+               f"{beside['data_share']:.2f} (device {beside['device_share']:.2f}): the run's "
+               "will be about that")
     status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
     return Check("input pipeline", status, summary, advice, figures)
