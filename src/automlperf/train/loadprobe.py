@@ -111,15 +111,15 @@ def _quiet(kind: str, payload: dict[str, Any]) -> None:
 
 def probe(req: ProbeRequest) -> dict[str, Any]:
     """Set this process up as a rank, then measure its loader alone and beside training."""
-    from automlperf.train.rankenv import keep_host_memory, set_rank_environment
+    from automlperf.train.rankenv import keep_host_memory, rank_threads, set_rank_environment
 
     set_rank_environment(req.threads, int(req.data.get("workers") or 0))
     import torch
 
     from automlperf.train import data as datasets
 
-    torch.set_num_threads(max(1, req.threads))
     device = torch.device(req.device)
+    torch.set_num_threads(rank_threads(device.type, req.threads))  # as rank.py sets them
     if device.type == "cpu":
         keep_host_memory()
     elif device.type == "cuda":
