@@ -4,7 +4,13 @@ resampling (train/data/resample.py) applied to the decoded images on the device.
 
 The library is a seam (:class:`JpegDecoder`): torchcodec's ``decode_jpeg(device="cuda")``
 (the ``nvjpeg`` extra, imported lazily), else torchvision's, whichever imports first; tests
-put a CPU stand-in behind it. Per step of a pass:
+put a CPU stand-in behind it. torchcodec first: it is the maintained successor of
+torchvision's image decoders (deprecated since torchvision 0.29), batches a list in one
+nvJPEG call with the hardware engines, and its Linux wheel (about 10 MB) bundles nvJPEG for
+CUDA 13 and needs no FFmpeg for images; torchvision's is in many CUDA images already. NVIDIA
+nvImageCodec (beta) and DALI's decoder are measured beside them by
+bench/bench_gpu_decode.py; DALI as a whole weighs about 0.5 GB and draws its own crops
+(dali.py). Per step of a pass:
 
 * **Host stage** (a few threads): read each file, parse its header (train/data/jpeghead.py),
   draw its box and flip. Files a GPU decoder would refuse or decode as another function (not
