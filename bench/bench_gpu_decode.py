@@ -13,7 +13,7 @@ NVIDIA nvImageCodec, NVIDIA DALI's mixed decoder):
    (transform.py, Pillow) for training and validation boxes: per-channel mean and 99.9th
    percentile of |difference|, and its maximum.
 
-Then the path under training (train/loadprobe.py's measurement): the seed ResNet-50 at 224,
+Then the path under training (train/loaderprobe.py's measurement): the seed ResNet-50 at 224,
 eager channels-last, fed by the GPU path and by the CPU workers, against the same steps on one
 batch held on the device: images/s and the data share; and the GPU memory the decode path
 took. Everything goes to one JSON object (``--out``), each figure with its device, driver,
@@ -215,25 +215,25 @@ def conformance(decoder: Any, paths: list[str], device: torch.device, size: int 
     return out
 
 
-def under_training(root: Path, gpu: bool, per_rank: int, seconds: float) -> dict[str, Any]:
+def under_training(root: Path, gpu: bool, per_rank: int, steps: int) -> dict[str, Any]:
     """The seed ResNet-50 at 224, eager channels-last, fed by the GPU path or the CPU
-    workers: train/loadprobe.py's measurement, in this process."""
+    workers: train/loaderprobe.py's measurement (alone, then beside ``steps`` training
+    steps), in this process."""
+    from automlperf.graph import seeds
     from automlperf.hardware import cores_available
     from automlperf.train import data as datasets
-    from automlperf.train.loadprobe import ProbeRequest, beside_training, loader_alone
+    from automlperf.train.loaderprobe import probe_loader
 
     threads = cores_available()
-    req = ProbeRequest(data={}, device="cuda:0", threads=threads, world=1, per_rank=per_rank,
-                       model="resnet50", alone_s=seconds / 2, beside_s=seconds, min_steps=20)
     ds = datasets.load("imagenet", root, 224, workers=max(1, threads - 1), gpu_decode=gpu,
                        device_type="cuda")
     device = torch.device("cuda:0")
     torch.cuda.reset_peak_memory_stats(device)
-    out = {"path": ds.decode_path, "alone": loader_alone(ds, req, device),
-           "beside": beside_training(ds, req, device),
-           "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-           "cpu_decoded": ds.cpu_decoded}
-    ds.release()
+    path = ds.decode_path
+    out = probe_loader(ds, device, per_rank, seeds.resnet50().to_dict(), train_steps=steps,
+                       channels_last=True)
+    out.update({"path": path, "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                "cpu_decoded": ds.cpu_decoded})
     return out
 
 
@@ -316,7 +316,7 @@ def main() -> None:
         result["steps_alone"] = steps_alone(args.batch)
         for label, gpu in (("gpu_path", True), ("cpu_workers", False)):
             try:
-                result[label] = under_training(root, gpu, args.batch, args.seconds * 3)
+                result[label] = under_training(root, gpu, args.batch, steps=150)
             except Exception as exc:  # noqa: BLE001
                 result[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             print(label, json.dumps(result[label])[:400], flush=True)

@@ -39,9 +39,10 @@ def test_the_quick_doctor_passes_on_this_machine_and_writes_every_item(tmp_path)
     loader = checks["input pipeline"]["figures"]
     assert loader["needed_images_per_s_per_rank"] == default
     # The rank's own loader, alone and beside training, with the run's workers and batch.
-    assert loader["alone"]["images_per_s"] > 0 and loader["beside"]["steps"] >= 3
+    assert loader["alone"]["images_per_s"] > 0 and loader["training"]["steps"] >= 3
     assert 0 <= loader["predicted_data_share"] <= 1 and loader["per_rank"] == 16
     assert loader["workers"] == max(0, checks["devices"]["figures"]["threads_per_rank"] - 1)
+    assert loader["decode_path"].startswith("cpu-pillow ")
     run = checks["official run"]["figures"]
     assert run["check_ok"] and run["epochs"] >= 1
     assert run["speed"]["ratio"] > 0 and set(run["speed"]["lost_s"]) == {
@@ -197,25 +198,3 @@ def test_a_slow_whole_run_names_the_side_that_limits():
     device = official.judge_speed(_result(500, training_s=90.0, validation_s=5.0), 10.0)
     assert device["limit"] == "device" and device["lost_s"]["device"] == pytest.approx(40.0)
     assert official.judge_speed(_result(500), None) == {"ratio": None}
-
-
-def test_the_loader_probe_measures_a_ranks_loader_alone_and_beside_training(monkeypatch):
-    """train/loadprobe.py in this process, on the digits: the loader alone, then feeding at
-    least min_steps training steps after the warm-up step, waits timed as the trainer does."""
-    import torch
-
-    from automlperf.train.loadprobe import ProbeRequest, probe
-    from automlperf.train.rankenv import ALLOC_VAR, COMPILE_THREADS_VAR
-
-    for name in (ALLOC_VAR, COMPILE_THREADS_VAR):  # the probe sets them as a rank: restored
-        monkeypatch.setenv(name, "x")
-        monkeypatch.delenv(name)
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    req = ProbeRequest(data={"dataset": "digits"}, device="cpu", threads=1, world=1,
-                       per_rank=64, model="resnet_small", alone_s=0.0, beside_s=0.0,
-                       min_steps=3)
-    out = probe(req)
-    assert out["alone"]["images"] == 64 and out["alone"]["images_per_s"] > 0
-    beside = out["beside"]
-    assert beside["steps"] == 3 and beside["images"] == 3 * 64
-    assert 0 <= beside["data_share"] <= 1 and beside["images_per_s"] > 0

@@ -195,3 +195,27 @@ def test_the_ring_is_shared_memory_in_dev_shm_that_forked_workers_write(tmp_path
     os.waitpid(pid, 0)
     assert (ring.images[1, 2] == 7).all() and ring.labels[1, 2] == 5
     ring.close()
+
+
+def test_the_ranks_own_loader_is_probed_alone_and_beside_training(folder):
+    """What the doctor runs: a process set up as a rank, the run's data arguments, the
+    loader alone (delivered against its workers' decoding) and beside a few real steps
+    (the data and device shares a run's epochs record)."""
+    from automlperf.graph import seeds
+    from automlperf.train.loaderprobe import ProbeError, probe_in_rank_process
+    from automlperf.train.spec import DataArgs
+
+    data = DataArgs("imagenet", str(folder), image_size=16, workers=1)
+    graph = seeds.resnet_small(num_classes=3, image_size=16).to_dict()
+    out = probe_in_rank_process(data, "cpu", threads=1, per_rank=4, graph=graph, train_steps=4)
+    alone, training = out["alone"], out["training"]
+    assert out["workers"] == 1 and out["rank_threads"] == 1 and out["loader"]["slots"] >= 2
+    assert alone["images"] == 27 and alone["decode_images_per_s"] > 0
+    assert 0 < alone["delivered_over_decoded"] and 0 <= alone["worker_rate_spread"] <= 1
+    assert out["validation"]["images"] == 9
+    assert training["steps"] == 4 and training["images"] > 0
+    assert 0 <= training["data_share"] <= 1 and 0 <= training["device_share"] <= 1
+    assert training["data_share"] + training["device_share"] <= 1 + 1e-9
+    with pytest.raises(ProbeError, match="train not found"):
+        probe_in_rank_process(DataArgs("imagenet", str(folder / "nowhere"), workers=1), "cpu",
+                              threads=1, per_rank=4)

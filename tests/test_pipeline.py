@@ -51,8 +51,8 @@ def test_memory_stays_within_the_byte_budget_at_an_h100_batch():
     assert plan.slots == 3 and plan.pinned_bytes == plan.shared_bytes == 3 * 1114 * (image + 16)
     # A budget of one slot still decodes (one batch at a time); every worker gets chunks.
     tight = plan_loader(1112, 8, image, pinned=False, budget=1114 * (image + 16))
-    assert tight.slots == 1 and tight.pinned_bytes == 0 and tight.chunk == 32
-    assert plan_loader(16, 2, image, pinned=False).chunk == 9
+    assert tight.slots == 1 and tight.pinned_bytes == 0 and tight.chunk == datasets.CHUNK_IMAGES
+    assert plan_loader(16, 2, image, pinned=False, chunk=32).chunk == 9
     # Without workers: one slot of the rank's own memory (two on a GPU), nothing shared.
     alone = plan_loader(16, 0, image, pinned=True)
     assert (alone.slots, alone.shared_bytes, alone.pinned_bytes) == (2, 0, 2 * 18 * (image + 16))

@@ -1,14 +1,11 @@
 """The input pipeline as a run's rank has it: its own loader (transform, decoding workers,
 threads, per-rank batch, device) in a process set up as a rank, alone and feeding training
-steps (``train/loadprobe.py``). Alone against what training consumes gives the headroom;
+steps (``train/loaderprobe.py``). Alone against what training consumes gives the headroom;
 beside training, the data share the run will see."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from dataclasses import asdict
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,38 +17,36 @@ from automlperf.runner.doctor.official import dataset_dir
 HEADROOM_FAIL, HEADROOM_WARN = 1.0, 1.2
 # A predicted data share above which the run's training waits too long for its data.
 DATA_SHARE_WARN = 0.10
+# Seconds of training beside the loader, at the training item's rate, and steps at least.
+BESIDE_S, MIN_STEPS = 15.0, 3
 
 
-def run_probe(request: Any, timeout: float = 900) -> dict[str, Any]:
-    """The rank-like process's measurement (``train.loadprobe``)."""
-    cmd = [sys.executable, "-m", "automlperf.train.loadprobe", json.dumps(asdict(request))]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or ["no output"]
-        # A DataError's own line says what to repair; keep it whole.
-        last = next((line for line in reversed(lines) if "DataError" in line), lines[-1])
-        raise RuntimeError(f"the loader probe failed: {last[:400]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
+    """The rank's own loader measured in a process set up as a rank
+    (train/loaderprobe.py): a run's data arguments, threads, per-rank batch and device, the
+    seed trained beside it for about BESIDE_S of steps at the training item's rate."""
+    from dataclasses import replace
 
-
-def probe_request(node: Node, shape: Shape, root: Path) -> Any:
-    """What a run's rank on this node loads, and the seed it trains."""
     from automlperf.config import load_config
+    from automlperf.graph import seeds
     from automlperf.hardware import accelerator_memory_gib
-    from automlperf.train.loadprobe import ProbeRequest
+    from automlperf.train.loaderprobe import probe_in_rank_process
     from automlperf.train.spec import DataArgs
 
     cfg = load_config(None, "imagenet", {"data": {"data_dir": str(root),
                                                   "image_size": shape.image_size}})
-    data = DataArgs.from_config(cfg.data, node.threads)
+    data = replace(DataArgs.from_config(cfg.data, node.threads), index_dir=str(index))
     per_rank = 16 if node.req.quick else cfg.train.per_device_batch(accelerator_memory_gib())
-    quick = node.req.quick
-    expected = node.train_images_per_s / len(node.devices) if node.train_images_per_s else None
-    return ProbeRequest(data=data.__dict__, device=node.devices[0], threads=node.threads,
-                        world=len(node.devices), per_rank=per_rank, model=shape.model,
-                        precision=node.req.precision, channels_last=node.channels_last,
-                        alone_s=2.0 if quick else 8.0, beside_s=2.0 if quick else 15.0,
-                        expected_images_per_s=expected)
+    ranks = len(node.devices)
+    rate = (node.train_images_per_s or 0.0) / ranks
+    steps = max(MIN_STEPS, math.ceil((2.0 if node.req.quick else BESIDE_S) * rate / per_rank))
+    graph = seeds.seed(shape.model, shape.classes, shape.image_size, 3)
+    measured = probe_in_rank_process(data, node.devices[0], node.threads, per_rank,
+                                     graph.to_dict(), train_steps=steps,
+                                     precision=node.req.precision,
+                                     channels_last=node.channels_last)
+    measured["threads"] = node.threads
+    return measured
 
 
 def verdict(alone: float, need: float | None, share: float,
@@ -73,31 +68,27 @@ def verdict(alone: float, need: float | None, share: float,
 
 
 def pipeline(node: Node, shape: Shape) -> Check:
-    from automlperf.train.data import shm_free
-
-    from automlperf.train.data import prepare_index
+    from automlperf.train.data import prepare_index, shm_free
 
     root = dataset_dir(node, shape)
-    req = probe_request(node, shape, root)
     # Scanned here, once: a folder that cannot be used fails in its own words, and the
     # probe's rank maps the saved index as a run's ranks do.
     index = node.req.out / "index"
     prepare_index(str(root), str(index))
-    req.data["index_dir"] = str(index)
-    measured = run_probe(req)
+    measured = probe(node, shape, root, index)
     ranks = len(node.devices)
     alone = measured["alone"]["images_per_s"]
-    beside = measured["beside"]
+    beside = measured["training"]
     need = node.train_images_per_s / ranks if node.train_images_per_s else None
     headroom = alone / need if need else None
     figures: dict[str, Any] = {"data_dir": str(root), **measured,
                                "needed_images_per_s_per_rank": need, "headroom": headroom,
                                "predicted_data_share": beside["data_share"],
                                "shm_free_bytes": shm_free()}
-    summary = (f"rank loader ({measured['decode_path'] or 'cpu'}, {measured['workers']} "
-               f"worker(s), {req.threads} threads, batch {req.per_rank}, {req.device}): alone "
-               f"{alone:.1f} img/s" + (f", {headroom:.2f}x what training consumes "
-                                        f"({need:.1f})" if need else "")
+    summary = (f"rank loader ({measured.get('decode_path') or 'cpu'}, {measured['workers']} "
+               f"worker(s), {measured['rank_threads']} rank thread(s), batch "
+               f"{measured['per_rank']}, {measured['device']}): alone {alone:.1f} img/s"
+               + (f", {headroom:.2f}x what training consumes ({need:.1f})" if need else "")
                + f"; beside training {beside['images_per_s']:.1f} img/s, data share "
                f"{beside['data_share']:.2f} (device {beside['device_share']:.2f}): the run's "
                "will be about that")
