@@ -25,7 +25,7 @@ def cli_args(*args):
 
 
 def sim_config(sustained_ops=2e10, max_epochs=2, candidates=16, monitor_interval=5,
-               ceiling_s=0.3, **run) -> str:
+               ceiling_s=0.3, time_compression=1.0, **run) -> str:
     """A run of simulated devices on the small digits, with ``run`` settings: at the default
     rate an epoch of the small seed lasts a few seconds (its operations counted, as always)."""
     settings = {"accelerator": "simulated", "heartbeat_s": 1, **run}
@@ -45,6 +45,7 @@ candidates_per_generation = {candidates}
 [monitor]
 {monitor}[simulation]
 sustained_ops = {sustained_ops!r}
+time_compression = {time_compression!r}
 """
 
 

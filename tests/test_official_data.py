@@ -47,7 +47,10 @@ def test_an_unreadable_layout_is_refused_in_one_line(tmp_path):
     (root / "val").rename(root / "validation")
     with pytest.raises(ConfigError, match="official run refused: .*val not found"):
         record_origin(official(root), SMALL_RULES)
-    unofficial = Config.parse({"data": {"data_dir": str(root)}})
+    # Official settings alone hold a run to the data rule; declared unofficial, it goes on.
+    with pytest.raises(ConfigError, match="official run refused: .*val not found.*--unofficial"):
+        record_origin(Config.parse({"data": {"data_dir": str(root)}}), SMALL_RULES)
+    unofficial = Config.parse({"run": {"official": False}, "data": {"data_dir": str(root)}})
     assert "val not found" in record_origin(unofficial, SMALL_RULES)["dataset_identity"][
         "problems"][0]
 

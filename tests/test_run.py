@@ -264,8 +264,14 @@ def test_the_deadline_ends_everything(tmp_path, photos):
 def test_a_run_without_its_data_fails_loudly(tmp_path):
     run_dir = tmp_path / "run"
     env, mark = marked_env()
+    # With the official settings, the missing data is refused before anything starts ...
     done = cli("run", "--dataset", "imagenet", "--data-dir", tmp_path / "missing",
                "--duration", "10m", "--run-dir", run_dir, env=env)
+    assert done.returncode == 2 and not (run_dir / "run.json").exists()
+    assert done.stderr.startswith("error: official run refused: ") and "--unofficial" in done.stderr
+    # ... and a run declared unofficial starts, its replica naming what is missing.
+    done = cli("run", "--dataset", "imagenet", "--data-dir", tmp_path / "missing",
+               "--duration", "10m", "--run-dir", run_dir, "--unofficial", env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("error: the run cannot train: replica 0")

@@ -57,7 +57,12 @@ class RunConfig(_Section):
     devices_per_replica: int | None = Field(None, ge=1, description="Accelerators each replica "
                                             "trains on; default all visible (CPU: 1).")
     seed: int = Field(0, ge=0, description="Seed of the search, the HPO and weight init.")
-    official: bool = Field(False, description="Refuse to start if a fixed setting is changed.")
+    official: bool | None = Field(None, description="true: refuse to start unless the run can "
+                                  "be official (every fixed setting at its official value, real "
+                                  "accelerators, the data ImageNet-1k). false: an unofficial run, "
+                                  "never refused for its data. Unset: a run whose settings are "
+                                  "all official is held to the data rule too (refused on other "
+                                  "data); any other run is unofficial.")
     heartbeat_s: float = Field(5.0, gt=0, description="Replica heartbeat period, seconds.")
     lease_timeout_s: float = Field(60.0, gt=0, description="A trial whose replica is silent "
                                    "this long is marked failed, seconds.")
@@ -70,6 +75,9 @@ class RunConfig(_Section):
                                        "same reason after which a replica gives up and the run "
                                        "ends as failed. One failing architecture never stops "
                                        "a run.")
+    require_accelerators: bool = Field(False, description="A replica that sees no "
+                                       "accelerator stops, naming why (a CPU-only torch, no "
+                                       "visible device), instead of training on its CPUs.")
     accelerator: Literal["real", "simulated"] = Field(
         "real", description="real: train on this node's accelerators. simulated: model them "
         "([simulation]) to exercise the control plane at scale; such a result is labelled "
@@ -301,12 +309,15 @@ class Config(_Section):
 
     @classmethod
     def load(cls, path: Path | str, overrides: dict[str, Any] | None = None) -> Config:
-        """Read TOML; the preset of the dataset it names (default imagenet) fills the rest."""
-        path = Path(path)
+        """Read TOML (or a configuration shipped with automlperf, by name: ``official``);
+        the preset of the dataset it names (default imagenet) fills the rest."""
+        path = config_file(path)
         try:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file; pass an existing TOML file to --config") from None
+            raise ConfigError(f"{path}: no such file; pass an existing TOML file to --config, "
+                              f"or the name of one shipped with automlperf "
+                              f"({', '.join(shipped_names())})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         merged = _merge(data, overrides or {})
@@ -334,6 +345,14 @@ class Config(_Section):
     def simulated(self) -> bool:
         return self.run.accelerator == "simulated"
 
+    def strict(self) -> bool:
+        """Whether the run is held to every official rule before it starts: asked for
+        (``run.official = true``), or a real run whose every fixed setting is official,
+        unless it is declared unofficial (``run.official = false``)."""
+        if self.run.official is not None:
+            return self.run.official
+        return not self.simulated and not self.fixed_changes()
+
     def check_official(self) -> None:
         if self.run.official and self.simulated:
             raise ConfigError("official run refused: run.accelerator is \"simulated\", and a "
@@ -350,6 +369,27 @@ class Config(_Section):
         mine = self.model_dump(mode="json")
         return {f"{s}.{k}": v for s, sec in mine.items() for k, v in sec.items()
                 if base[s].get(k) != v}
+
+
+def shipped(name: str) -> Path | None:
+    """A configuration file shipped in the package's presets/ folder, by name."""
+    if not re.fullmatch(r"[a-z0-9_-]+", name):
+        return None
+    found = Path(__file__).parent / "presets" / f"{name}.toml"
+    return found if found.is_file() else None
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in (Path(__file__).parent / "presets").glob("*.toml"))
+
+
+def config_file(path: Path | str) -> Path:
+    """The file ``--config`` names: a path, or the name of a shipped configuration
+    (``official``) when no such file exists here."""
+    path = Path(path)
+    if not path.exists():
+        return shipped(str(path)) or path
+    return path
 
 
 FIXED = rules.CURRENT.fixed

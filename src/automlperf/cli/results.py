@@ -128,13 +128,18 @@ def submit(
     all_samples: Annotated[bool, typer.Option(help="Every monitor sample, even above the "
                                               "20,000 the bundle keeps otherwise.")] = False,
     store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
+    site_details: Annotated[bool, typer.Option(
+        help="Keep the site's host names, user, account, cluster and paths (the default); "
+             "--no-site-details replaces them with neutral names in every file, and the "
+             "bundle still verifies.")] = True,
 ) -> None:
     """Verify a finished run and write its submission bundle: result, configuration, system
     description, MLPerf-style files, records, graphs and logs, report, the best weights and
     a manifest of SHA-256 digests. Check it with `automlperf check BUNDLE`."""
     from automlperf.measure.submit import submit as write_bundle
 
-    done = write_bundle(run_dir, out_path, as_dir, org, system, all_weights, all_samples, store)
+    done = write_bundle(run_dir, out_path, as_dir, org, system, all_weights, all_samples, store,
+                        site_details=site_details)
     kept = ("all" if done.samples_included == done.samples_stored
             else f"{done.samples_included:,} of {done.samples_stored:,} (those energy needs)")
     out.print(f"bundle: {done.path} ({done.bytes / 1e6:.1f} MB, {done.files:,} files): "

@@ -112,9 +112,17 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         # A model of a machine never passes for a measurement of one.
         scored["violations"].insert(0, {"rule": "simulated", "detail": simulated_detail(simulation)})
         scored["official"] = scored["valid"] = False
-    # A replica that gave up says why; such a run did not do its job.
-    failures = [{"replica": rep.index, "host": rep.host, "reason": rep.reason}
-                for rep in replicas if rep.status == TrialStatus.FAILED and rep.reason]
+    # A replica that gave up says why. Beside replicas that went on, it was retired (a sick
+    # node costs its replica only); when every replica of a session gave up, the run did not
+    # do its job.
+    failures: list[dict[str, Any]] = []
+    retired: list[dict[str, Any]] = []
+    for rep in replicas:
+        if rep.status == TrialStatus.FAILED and rep.reason:
+            went_on = any(other.segment == rep.segment and other.status == TrialStatus.STOPPED
+                          for other in replicas)
+            (retired if went_on else failures).append(
+                {"replica": rep.index, "host": rep.host, "reason": rep.reason})
     for f in failures:
         scored["violations"].append({"rule": "run_failed",
                                      "detail": f"replica {f['replica']}: {f['reason']}"})
@@ -158,6 +166,7 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         **scored,
         "interrupted": interrupted,
         "failures": failures,
+        "retired": retired,
         "trials": len(trials),
         "trial_status": dict(sorted(status.items())),
         "best_trial_detail": None if best is None else {

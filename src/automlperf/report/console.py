@@ -163,6 +163,8 @@ def summary(result: dict[str, Any], run_dir: Path) -> Table:
             ("result", label)]
     for v in result["violations"]:
         rows.append(("", escape(f"{v['rule']}: {v['detail']}")))
+    for r in result.get("retired") or []:
+        rows.append(("retired", escape(f"replica {r['replica']} on {r['host']}: {r['reason']}")))
     for k, v in rows:
         table.add_row(k, v)
     return table

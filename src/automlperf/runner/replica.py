@@ -186,8 +186,8 @@ class Replica:
                     sampler.wait(timeout=30)
         except (CannotTrain, TrainerError) as exc:
             # A trainer that cannot start, or can no longer bring its accelerators back, and
-            # a failure that keeps repeating, are recorded for the primary, which ends the
-            # run and says why.
+            # a failure that keeps repeating, are recorded for the primary, which retires
+            # this replica in one line and ends the run only when no replica is left.
             reason = str(exc)
             log.error("replica %d gives up: %s", self.index, reason)
             return 1

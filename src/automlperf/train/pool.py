@@ -148,12 +148,21 @@ class DevicePool:
             raise
 
     def _prepare_data(self) -> None:
-        """Scan an image-folder dataset here, once: every rank start (and restart) maps the
-        saved index instead of walking a million files on a shared file system."""
-        if self.data.dataset != "imagenet" or self.data.index_dir:
+        """Scan an image-folder dataset here, once, unless the run's primary has (its index
+        in the run directory): every rank start (and restart) maps the saved index instead of
+        walking a million files on a shared file system."""
+        if self.data.dataset != "imagenet":
             return
         from automlperf.train.data import DataError, prepare_index
+        from automlperf.train.data.index import check_reachable
 
+        if self.data.index_dir:
+            # The run's own index, scanned once by its primary: the data need only be here.
+            try:
+                check_reachable(self.data.index_dir, self.data.data_dir)
+            except DataError as exc:
+                raise PoolError(str(exc)) from None
+            return
         folder = os.path.join(self._scratch, "index")
         try:
             prepare_index(self.data.data_dir, folder)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from automlperf.train.data.base import IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset
-from automlperf.train.data.index import FileIndex
+from automlperf.train.data.index import FileIndex, load_index, scan_image_folder
 from automlperf.train.data.loader import FolderLoader, close_open_loaders
 from automlperf.train.data.transform import decode_file
 
@@ -140,7 +140,7 @@ class ImageFolderDataset(Dataset):
             raise DataError("imagenet needs --data-dir: a folder with train/<class>/*.JPEG and "
                             "val/<class>/*.JPEG")
         self.root = Path(root)
-        self.index = FileIndex.load(index_dir) if index_dir else FileIndex.scan(self.root)
+        self.index = load_index(index_dir, self.root) if index_dir else scan_image_folder(self.root)
         self.classes = self.index.classes
         self.name, self.num_classes, self.channels = name, len(self.classes), 3
         self.image_size, self.workers = image_size, workers
