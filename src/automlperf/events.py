@@ -73,6 +73,9 @@ class EpochEvent:
     # (on an accelerator), and waiting for the device (a copy still running, a result read,
     # the epoch's end). None in epochs recorded before it was measured apart from data_share.
     device_share: float | None = None
+    compiled: bool = False  # trained through torch.compile (train.compiling decides)
+    decode_path: str = ""  # what decoded the images, with its libraries' versions
+    cpu_decoded: int = 0  # images a GPU decoding path left to the CPU reference
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -138,6 +138,7 @@ def _rank_process(conn: Connection, data: dict[str, Any], device_name: str, thre
         result = probe_loader(dataset, device, **kwargs)
         result["rank_threads"] = torch.get_num_threads()
         result["workers"] = int(data.get("workers") or 0)
+        result["decode_path"] = dataset.decode_path
         conn.send_bytes(json.dumps({"ok": result}).encode())
     except Exception as exc:  # noqa: BLE001 - reported to the caller
         conn.send_bytes(json.dumps({"error": f"{type(exc).__name__}: {exc}",

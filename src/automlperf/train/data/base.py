@@ -46,6 +46,13 @@ class Dataset(ABC):
         self.skipped = 0
         self.unreadable = ""
         self.device_wait_s = 0.0
+        # Images a GPU decoding path handed to the CPU reference instead, so far.
+        self.cpu_decoded = 0
+
+    @property
+    def decode_path(self) -> str:
+        """What decodes the images, with its libraries' versions (empty: none to decode)."""
+        return ""
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

@@ -151,6 +151,12 @@ class ImageFolderDataset(Dataset):
         self._std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
         self._loader: Any = None
 
+    @property
+    def decode_path(self) -> str:
+        import PIL
+
+        return f"cpu-pillow {PIL.__version__}"
+
     def loader(self, rank: int, world: int, per_rank: int, seed: int,
                device: torch.device) -> Any:
         """This trial's loader (a new one when the trial's shape changes)."""
