@@ -8,7 +8,8 @@ than they can be decoded:
    measured in the same rounds (a training pass, then validation, as an epoch runs them).
    1.0 means no worker ever waited. Rounds alternate old/new so machine noise hits both alike;
    the first pair warms the page cache and starts workers. Also per round: the spread of the
-   workers' own rates (slowest over fastest).
+   workers' own rates (slowest over fastest), and the seconds from the end of the training
+   pass to validation's first batch.
 2. The rank's side with decoding stubbed out (workers write a constant, read nothing): the
    rank's CPU microseconds, minor page faults and file descriptors received per batch, and
    the images per second the rank can take at most, at 1 and 2 intra-op threads.
@@ -85,10 +86,14 @@ def _round(loader: Any, epoch: int, new: bool, fds: _FdCount, splits: tuple[str,
     cpu, faults, fd0 = time.thread_time(), _faults(), fds.count
     began = time.perf_counter()
     images = batches = 0
+    first = 0.0  # seconds from the end of the training pass to validation's first batch
     for i, split in enumerate(splits):
         if new and i == len(splits) - 1:
             loader.expect(None)
+        asked = time.perf_counter()
         for _, labels, _, _ in loader.passes(split, epoch if split == "train" else 0):
+            if i and not first:
+                first = time.perf_counter() - asked
             images += len(labels)
             batches += 1
     wall = time.perf_counter() - began
@@ -106,7 +111,7 @@ def _round(loader: Any, epoch: int, new: bool, fds: _FdCount, splits: tuple[str,
             "spread": min(rates) / max(rates) if rates else 1.0,
             "rank_cpu_us_per_batch": 1e6 * (time.thread_time() - cpu) / batches,
             "faults_per_batch": (_faults() - faults) / batches,
-            "fds_per_batch": (fds.count - fd0) / batches}
+            "fds_per_batch": (fds.count - fd0) / batches, "val_first_batch_s": first}
 
 
 def _loaders(root: Path, workers: int, batch: int, stub: bool, chunk: int
@@ -235,8 +240,10 @@ def main() -> None:
             old, new = ratio["old"], ratio["new"]
             print(f"{workers} worker(s): delivered/decoded old {old['ratio']:.3f} "
                   f"({old['delivered']:.0f}/{old['decoded']:.0f} img/s, spread "
-                  f"{old['spread']:.2f}), new {new['ratio']:.3f} ({new['delivered']:.0f}/"
-                  f"{new['decoded']:.0f} img/s, spread {new['spread']:.2f})", flush=True)
+                  f"{old['spread']:.2f}, validation's first batch after "
+                  f"{old['val_first_batch_s']:.3f} s), new {new['ratio']:.3f} "
+                  f"({new['delivered']:.0f}/{new['decoded']:.0f} img/s, spread "
+                  f"{new['spread']:.2f}, {new['val_first_batch_s']:.3f} s)", flush=True)
             rank = rank_side(root, workers, args.batch, args.passes, fds, args.chunk)
             out[f"{workers}w_rank_side"] = rank
             for key, row in rank.items():

@@ -24,19 +24,19 @@ def collect(ds, split, world=1, batch=16, epoch=0):
 
 def test_builtin_mnist_sample_ships_with_the_package():
     ds = datasets.load("builtin")
-    assert (ds.train_size, ds.val_size, ds.num_classes, ds.input_shape) == (2000, 3000, 10, (1, 12, 12))
+    assert (ds.train_size, ds.val_size, ds.num_classes, ds.input_shape) == (4000, 1000, 10, (1, 12, 12))
     x, y = collect(ds, "val", batch=500)
-    assert x.shape == (3000, 1, 12, 12) and torch.bincount(y).tolist() == [300] * 10
+    assert x.shape == (1000, 1, 12, 12) and torch.bincount(y).tolist() == [100] * 10
     assert abs(float(x.mean())) < 0.3 and 0.6 < float(x.std()) < 1.4  # normalised
     tx, ty = collect(ds, "train", batch=500)
-    assert torch.bincount(ty).tolist() == [200] * 10
+    assert torch.bincount(ty).tolist() == [400] * 10
     full = datasets.load("builtin", image_size=28)
     assert full.input_shape == (1, 28, 28)
     # Validation and training images are disjoint (no image counted twice).
     vx, _ = collect(full, "val", batch=500)
-    train_rows = {bytes(r) for r in full._train[0].numpy().reshape(2000, -1)}
-    assert not any(bytes(r) in train_rows for r in full._val[0].numpy().reshape(3000, -1))
-    assert vx.shape == (3000, 1, 28, 28)
+    train_rows = {bytes(r) for r in full._train[0].numpy().reshape(4000, -1)}
+    assert not any(bytes(r) in train_rows for r in full._val[0].numpy().reshape(1000, -1))
+    assert vx.shape == (1000, 1, 28, 28)
 
 
 def test_digits_ship_with_the_package():

@@ -5,6 +5,7 @@ errors; every worker ends with its loader. Real JPEG files, real worker processe
 
 import errno
 import os
+from collections import deque
 import signal
 
 import numpy as np
@@ -219,3 +220,35 @@ def test_the_ranks_own_loader_is_probed_alone_and_beside_training(folder):
     with pytest.raises(ProbeError, match="train not found"):
         probe_in_rank_process(DataArgs("imagenet", str(folder / "nowhere"), workers=1), "cpu",
                               threads=1, per_rank=4)
+
+
+def test_a_pinned_slot_is_free_again_only_once_its_copy_has_finished():
+    """The CUDA hand-off's bookkeeping, with events that finish when the test says so: a
+    slot whose copy runs is held back, freed in order once done, or waited for."""
+    from automlperf.train.data.handoff import PinnedHandoff
+
+    class Event:
+        def __init__(self):
+            self.done = False
+            self.waited = False
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.waited = self.done = True
+
+    handoff = object.__new__(PinnedHandoff)  # no CUDA here: only the slot bookkeeping
+    handoff.copying, handoff._last = deque(), {}
+    events = {slot: Event() for slot in range(3)}
+    handoff._last.update(events)
+    assert [handoff.release(s) for s in range(3)] == [[], [], []] and handoff.busy
+    assert handoff.reclaim() == []
+    events[1].done = True
+    assert handoff.reclaim() == []  # in order: slot 0 is still being copied
+    events[0].done = True
+    assert handoff.reclaim() == [0, 1]
+    assert handoff.wait_oldest() == [2] and events[2].waited and not handoff.busy
+    handoff._last[0] = Event()
+    handoff._last[0].done = True
+    assert handoff.release(0) == [0]  # its copy had finished: free at once

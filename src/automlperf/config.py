@@ -423,7 +423,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The default task widens the small seed four times: its convolutions then fill a CPU's
     # vector units (0.5-0.6 of the measured ceiling over a 3-minute run, against an eighth
     # at width 1; bench/RESULTS.md). The digits stay the fastest.
-    "builtin": _merge(_BUILTIN_RECIPE, {"data": {"image_size": 12}, "model": {"seed_width": 4}}),
+    # Its epochs hold 4,000 training images, twice the digits', so its epoch-counted settings
+    # are halved: a trial trains as many steps, on the same schedule, validated half as often.
+    "builtin": _merge(_BUILTIN_RECIPE, {
+        "data": {"image_size": 12}, "model": {"seed_width": 4},
+        "train": {"max_epochs": 4, "warmup_epochs": 0.5, "patience_base": 2,
+                  "patience_max": 3}}),
     "digits": {**_BUILTIN_RECIPE, "data": {"image_size": 8}},
     "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
                   "train": {"max_epochs": 4}},

@@ -12,8 +12,9 @@ transform, workers and budget), and calls :func:`probe_loader`:
   workers' rates;
 * **beside training**: ``train_steps`` steps of ``graph`` (a trial spec's graph: the seed
   model a run starts from) through the trainer's own epoch loop, which books its time as a
-  run's epochs do: images per second, ``data_share`` (waiting for data) and
-  ``device_share`` (the device's side), the two figures each epoch of a run records.
+  run's epochs do, after two untimed steps of the same pass (kernels set up, the loader
+  running): images per second, ``data_share`` (waiting for data) and ``device_share`` (the
+  device's side), the two figures each epoch of a run records.
 
 Everything returned is plain JSON data.
 """
@@ -31,6 +32,7 @@ from typing import Any
 from automlperf.train.spec import DataArgs
 
 _ALONE_PASSES = 3
+WARM_STEPS = 2  # training steps before the probe's clocks start
 
 
 def _loader_figures(loader: Any, before: dict[str, Any] | None) -> dict[str, Any]:
@@ -98,11 +100,12 @@ def probe_loader(dataset: Any, device: Any, per_rank: int, graph: dict[str, Any]
             spec = TrialSpec("probe", graph, epochs=1, batch_size=per_rank, patience=1,
                              precision=precision, channels_last=channels_last, compile=compile)
             run = _Run(spec, RankContext(0, 1, device, dataset), Graph.from_dict(graph))
-            # A first step or two set the network's kernels up (and compile it): not timed.
-            run.train_epoch(0, lambda kind, msg: None, max_steps=2)
             loader = getattr(dataset, "_loader", None)
             before = _loader_figures(loader, None) if loader is not None else None
-            times = run.train_epoch(1, lambda kind, msg: None, max_steps=train_steps)
+            # The first steps set the network's kernels up (and compile it): untimed, in the
+            # same pass, so that the timed steps find the loader as a run's epochs do, running.
+            times = run.train_epoch(0, lambda kind, msg: None, max_steps=WARM_STEPS + train_steps,
+                                    untimed_steps=WARM_STEPS)
             seconds = max(times.seconds, 1e-9)
             out["training"] = {"steps": times.steps, "images": times.images,
                                "seconds": times.seconds, "images_per_s": times.images / seconds,

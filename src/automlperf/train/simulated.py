@@ -37,7 +37,7 @@ DEVICE_TYPE = "sim"
 # fixed splits (ImageNet-1k: the ruleset's counts, and synthetic: its settings).
 _SHAPES: dict[str, tuple[int, int, int, int]] = {  # classes, channels, train, validation
     "cifar10": (10, 3, 50_000, 10_000),
-    "builtin": (10, 1, 2_000, 3_000),
+    "builtin": (10, 1, 4_000, 1_000),
     "digits": (10, 1, 1_437, 360),
 }
 

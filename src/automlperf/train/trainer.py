@@ -247,8 +247,11 @@ class _Run:
         return CompileFigures(compile_s / world, mine.layers, eager / world, compiled / world,
                               mine.source + (f", averaged over {world} ranks" if world > 1 else ""))
 
-    def train_epoch(self, epoch: int, emit: Emit, max_steps: int | None = None) -> EpochTimes:
-        """This rank's share of one epoch (its first ``max_steps`` steps, when given).
+    def train_epoch(self, epoch: int, emit: Emit, max_steps: int | None = None,
+                    untimed_steps: int = 0) -> EpochTimes:
+        """This rank's share of one epoch (its first ``max_steps`` steps, when given); the
+        first ``untimed_steps`` steps warm up (the network's kernels, a compilation) and
+        neither their images, their loss nor their time count.
 
         Its time is told apart as the training thread spends it: asking for the next batch
         is waiting for data, except where the loader itself waited for the device (a slot's
@@ -286,6 +289,12 @@ class _Run:
             loss_sum += loss * len(y)
             images += len(y)
             steps += 1
+            if steps == untimed_steps:  # warmed up: the clocks start now
+                synchronize(self.device)
+                loss_sum.zero_()
+                images, data_wait, device_wait = 0, 0.0, 0.0
+                started = time.perf_counter()
+                continue
             now = time.perf_counter()
             # The first step reports at once (a progress bar moves from the start), then
             # at most twice a second; only rank 0 reports, so only it reads the loss.
@@ -304,7 +313,8 @@ class _Run:
         synchronize(self.device)  # the epoch ends when the device has done its work
         ended = time.perf_counter()
         device_wait += ended - t0
-        return EpochTimes(float(loss_sum), images, steps, data_wait, device_wait, ended - started)
+        return EpochTimes(float(loss_sum), images, steps - untimed_steps, data_wait, device_wait,
+                          ended - started)
 
     def _placeholder(self) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.zeros((2, *self.data.input_shape), device=self.device),
