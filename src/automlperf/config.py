@@ -140,6 +140,11 @@ class TrainConfig(_Section):
                                "min(base + per_round * r, max) epochs.")
     patience_per_round: int = Field(2, ge=0)
     patience_max: int = Field(20, ge=1)
+    early_stop_metric: Literal["val_loss", "val_accuracy"] = Field(
+        "val_accuracy", description="What early stopping watches: a trial stops after "
+        "`patience` epochs in a row without improving it by more than early_stop_min_delta.")
+    early_stop_min_delta: float = Field(0.0, ge=0, description="The least change of the "
+                                        "watched figure that counts as an improvement.")
     precision: Precision = Field("auto", description="auto: bf16 autocast on GPUs that have "
                                  "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
     channels_last: bool | None = Field(None, description="Default: on for CPUs and for NVIDIA "

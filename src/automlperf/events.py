@@ -69,6 +69,9 @@ class EpochEvent:
     images_per_s: float
     skipped_images: int = 0  # unreadable training images
     val_skipped: int = 0  # unreadable validation images
+    # Mean validation loss (what early stopping may watch); None in records written before
+    # it was kept, and where no validation image was read.
+    val_loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -111,7 +111,8 @@ T_EPOCHS = sa.Table(
     sa.Column("data_share", sa.Float, nullable=False),
     sa.Column("images_per_s", sa.Float, nullable=False),
     sa.Column("skipped_images", sa.BigInteger, nullable=False),
-    sa.Column("val_skipped", sa.BigInteger, nullable=False, server_default="0"))
+    sa.Column("val_skipped", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("val_loss", sa.Float))
 T_SAMPLES = sa.Table(
     "amp_samples", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -317,7 +318,8 @@ class SQLStore(Store):
             self._number_epochs(conn)
         self._add_columns("amp_samples", (("figures", "BLOB" if self._sqlite else "BYTEA"),
                                           ("figure_keys", "TEXT")))
-        self._add_columns("amp_epochs", (("val_skipped", "BIGINT NOT NULL DEFAULT 0"),))
+        self._add_columns("amp_epochs", (("val_skipped", "BIGINT NOT NULL DEFAULT 0"),
+                                         ("val_loss", "DOUBLE PRECISION")))
 
     def _add_columns(self, table: str, columns: tuple[tuple[str, str], ...]) -> None:
         """Columns added after a store was made: its existing rows get their default."""

@@ -26,9 +26,9 @@ from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
 from automlperf.train.data import DataError, Dataset, plan_steps
-from automlperf.train.evaluate import count_correct, precision_context
+from automlperf.train.evaluate import evaluate, precision_context
 from automlperf.train.inherit import inherit
-from automlperf.train.spec import TrialSpec
+from automlperf.train.spec import EarlyStopping, TrialSpec
 
 ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
 # Where linear scaling of the learning rate with the global batch stops: beyond it SGD on
@@ -290,12 +290,13 @@ class _Run:
             self.optimizer.step()
             self.schedule.step()
 
-    def validate(self) -> tuple[int, int]:
-        """(correct, images) of this rank's validation shard."""
+    def validate(self) -> tuple[int, int, float]:
+        """(correct, images, summed loss) of this rank's validation shard; the loss is the
+        training loss's (label smoothing included), as Keras' ``val_loss`` is."""
         self.average_buffers()
-        return count_correct(self.module, self.data.batches(
+        return evaluate(self.module, self.data.batches(
             "val", self.ctx.rank, self.ctx.world, self.per_rank, 0, self.spec.seed, self.device),
-            self.autocast, self.memory_format)
+            self.autocast, self.memory_format, self.loss_fn)
 
     def average_buffers(self) -> None:
         """Every rank validates (and rank 0 saves) with the BatchNorm statistics averaged
@@ -399,7 +400,8 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
                            f"{ctx.world} ranks")
     run = _Run(spec, ctx, graph)
     outcome.precision, outcome.batch_size = run.precision, run.batch
-    best, stale = -1.0, 0
+    best = -1.0
+    stopper = EarlyStopping(spec.early_stop_metric, spec.patience, spec.early_stop_min_delta)
     for epoch in range(spec.epochs):
         started = time.time()
         skipped_before, data.unreadable = data.skipped, ""
@@ -407,11 +409,11 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         # Unreadable training images: what `check` needs to tie steps to images.
         local_skipped = data.skipped - skipped_before
         train_example, data.unreadable = data.unreadable, ""
-        local_correct, local_seen = run.validate()
+        local_correct, local_seen, local_val_loss = run.validate()
         local_val_skipped = data.skipped - skipped_before - local_skipped
-        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait = _reduce(
-            [local_loss, local_images, local_correct, local_seen, local_skipped,
-             local_val_skipped, local_wait], ctx)
+        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait, val_loss_sum = \
+            _reduce([local_loss, local_images, local_correct, local_seen, local_skipped,
+                     local_val_skipped, local_wait, local_val_loss], ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
         (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
         images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
@@ -422,6 +424,7 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         if not math.isfinite(loss_sum):
             raise TrialFailure(FailureKind.NAN, f"the training loss became non-finite in epoch {epoch}")
         accuracy = correct / seen if seen else 0.0
+        val_loss = val_loss_sum / seen if seen else None
         event = EpochEvent(
             trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=time.time(),
             train_images=images, val_images=seen, steps=steps,
@@ -430,20 +433,20 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             precision=run.precision, batch_size=run.batch, world_size=ctx.world,
             data_share=min(1.0, wait / ctx.world / max(seconds, 1e-9)),
             images_per_s=images / max(seconds, 1e-9), skipped_images=skipped,
-            val_skipped=val_skipped)
+            val_skipped=val_skipped, val_loss=val_loss)
         outcome.epochs = epoch + 1
         if spec.compile and epoch == 0:
             _note_compilation(run, outcome)
+        # The weights kept are those of the best accuracy, whatever early stopping watches:
+        # the accuracy is what the trial reports and what `check --revalidate` re-measures.
         if accuracy > best:
-            best, stale = accuracy, 0
+            best = accuracy
             outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
             if ctx.rank == 0 and spec.weights_out:
                 save_weights(run.module, spec.weights_out)
                 outcome.weights = spec.weights_out
-        else:
-            stale += 1
         emit("epoch", event.to_dict())
-        if stale >= spec.patience:
+        if stopper.update(val_loss, accuracy):
             outcome.early_stopped = True
             break
     outcome.status = TrialStatus.COMPLETED
