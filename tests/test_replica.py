@@ -21,10 +21,15 @@ class FakeTrainer:
 
     world = 1
 
-    def __init__(self, fail: str | None = None, on_epoch=None, lost_after: int | None = None):
+    def __init__(self, fail: str | None = None, on_epoch=None, lost_after: int | None = None,
+                 clock=None, during_epoch=None):
         self.fail = fail
         self.lost_after = lost_after  # trials after which the accelerators cannot come back
         self.on_epoch = on_epoch or (lambda spec, epoch: None)
+        # While an epoch trains (a test moves its clock there), and the clock by which no
+        # epoch starts after the spec's finish_by, as the real trainer's ranks do.
+        self.during_epoch = during_epoch or (lambda spec, epoch: None)
+        self.clock = clock
         self.specs = []
         self.started = self.closed = False
 
@@ -45,7 +50,13 @@ class FakeTrainer:
             return outcome
         layers = len(spec.graph["layers"])
         for epoch in range(spec.epochs):
-            if should_stop is not None and should_stop():
+            late = self.clock is not None and spec.finish_by is not None and \
+                self.clock() >= spec.finish_by
+            if late or (should_stop is not None and should_stop()):
+                outcome.status, outcome.reason = "stopped", "deadline reached"
+                return outcome
+            self.during_epoch(spec, epoch)
+            if should_stop is not None and should_stop():  # the epoch in flight is lost
                 outcome.status, outcome.reason = "stopped", "deadline reached"
                 return outcome
             accuracy = min(0.99, 0.3 + 0.1 * epoch + 0.001 * layers)
@@ -186,7 +197,7 @@ def test_the_deadline_stops_a_trial_that_keeps_its_epochs(tmp_path):
         if spec.round == 2 and epoch == 0:
             now[0] = session.deadline_at + 1
 
-    trainer = FakeTrainer(on_epoch=pass_the_deadline)
+    trainer = FakeTrainer(on_epoch=pass_the_deadline, clock=lambda: now[0])
     replica, store = make_replica(session, trainer, clock=lambda: now[0])
     assert replica.run() == 0
     trials = store.trials(session.run_id)
@@ -194,6 +205,80 @@ def test_the_deadline_stops_a_trial_that_keeps_its_epochs(tmp_path):
     cut = trials[-1]
     assert cut.epochs_done == 1 and cut.best_accuracy is not None
     assert cut.finished_at == session.deadline_at + 1  # recorded by the replica's clock
+    assert all(spec.finish_by == session.deadline_at for spec in trainer.specs)
+    store.close()
+
+
+def test_the_epoch_in_flight_at_the_deadline_finishes_inside_the_grace(tmp_path):
+    """No epoch starts after the deadline, but the one in flight then finishes and is
+    recorded if it ends inside the run's grace (a quarter of the duration by default)."""
+    session = new_run(tmp_path)
+    assert session.config.run.grace_s == session.config.run.duration_s / 4
+    now = [session.started_at]
+
+    def cross_the_deadline(spec, epoch):
+        if spec.round == 2 and epoch == 0:
+            now[0] = session.deadline_at + session.config.run.grace_s - 1
+
+    trainer = FakeTrainer(during_epoch=cross_the_deadline, clock=lambda: now[0])
+    replica, store = make_replica(session, trainer, clock=lambda: now[0])
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.status for t in trials] == [TrialStatus.COMPLETED] * 2 + [TrialStatus.STOPPED]
+    assert trials[-1].epochs_done == 1  # ended in the grace; the next one never started
+    store.close()
+
+
+def test_an_epoch_in_flight_past_the_grace_is_stopped(tmp_path):
+    session = new_run(tmp_path, deadline_grace_s=30.0)
+    now = [session.started_at]
+
+    def overrun_the_grace(spec, epoch):
+        if spec.round == 2 and epoch == 0:
+            now[0] = session.deadline_at + 31
+
+    trainer = FakeTrainer(during_epoch=overrun_the_grace, clock=lambda: now[0])
+    replica, store = make_replica(session, trainer, clock=lambda: now[0])
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.status for t in trials] == [TrialStatus.COMPLETED] * 2 + [TrialStatus.STOPPED]
+    assert trials[-1].epochs_done == 0
+    store.close()
+
+
+def test_after_the_deadline_the_primary_waits_for_the_epochs_in_flight(tmp_path):
+    """The session stays alive (its last_seen moves) while a replica works, and the wait
+    ends when it stops, or once the grace and the stop's allowance are over."""
+    from rich.console import Console
+
+    session = new_run(tmp_path, deadline_grace_s=100.0, stop_grace_s=20.0)
+    store = session.store = open_store(None, run_dir=session.dir.path)
+    rep = store.register_replica(session.run_id, 0, session.segment, "node", 1, ["fake"],
+                                 session.started_at)
+    now = [session.deadline_at]
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+        store.heartbeat(rep, now[0], 600.0)
+        if len(slept) == 5:
+            store.end_replica(rep, TrialStatus.STOPPED, now[0], "")
+
+    steps.drain(session, Console(quiet=True), clock=lambda: now[0], sleep=sleep)
+    assert len(slept) == 5 and now[0] == session.deadline_at + 5
+    assert store.segments(session.run_id)[-1].last_seen == session.deadline_at + 5
+    # A replica that never stops: the wait ends at the deadline + grace + stop allowance.
+    other = store.register_replica(session.run_id, 1, session.segment, "node", 2, ["fake"],
+                                   now[0])
+    slept.clear()
+
+    def sleep_beating(seconds):
+        now[0] += seconds
+        store.heartbeat(other, now[0], 600.0)
+
+    steps.drain(session, Console(quiet=True), clock=lambda: now[0], sleep=sleep_beating)
+    assert now[0] == session.deadline_at + 120
     store.close()
 
 

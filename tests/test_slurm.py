@@ -57,7 +57,9 @@ def test_the_script_is_valid_for_sbatch(slurm_cluster, tmp_path):
     assert "to start at" in done.stdout
     script = (tmp_path / "r" / "automlperf.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=debug" in script
-    assert "#SBATCH --time=2:06:00" in script and "#SBATCH --signal=B:TERM@300" in script
+    # 2 h, the default grace of a quarter of it for epochs in flight, and a margin of 5 %
+    # of that to write the result; the signal comes after the grace.
+    assert "#SBATCH --time=2:38:00" in script and "#SBATCH --signal=B:TERM@390" in script
     assert script.count("2h") == 0 and "--duration 7200s" in script  # one place holds it
 
 
@@ -165,6 +167,11 @@ def test_a_short_time_limit_is_refused(tmp_path):
                                       "--time-limit", "1h", "--run-dir", str(tmp_path / "r"),
                                       "--store", "postgresql://u@db/x"])
     assert result.exit_code == 2 and "leaves no room" in result.output
+    # The epochs in flight at the deadline get their grace (a quarter of the duration).
+    result = CliRunner().invoke(app, ["slurm", "--nodes", "1", "--duration", "1h",
+                                      "--time-limit", "1h10m", "--run-dir", str(tmp_path / "r"),
+                                      "--store", "postgresql://u@db/x"])
+    assert result.exit_code == 2 and "(900 s of grace)" in result.output
 
 
 PROBE = """

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,6 +113,17 @@ def test_deadline_keeps_completed_epochs(pool):
     out = train_trial(pool, spec("deadline", epochs=6), rec, should_stop=lambda: len(rec.epochs) >= 1)
     assert out.status == "stopped" and len(rec.epochs) == 1
     assert train_trial(pool, spec("after-deadline", epochs=1)).status == "completed"
+
+
+def test_no_epoch_starts_after_the_deadline(pool):
+    rec = Recorder()
+    restarts = pool.restarts
+    out = train_trial(pool, spec("late", epochs=3, finish_by=time.time() - 1), rec)
+    assert out.status == "stopped" and out.reason == "deadline reached" and rec.epochs == []
+    # The ranks stopped themselves, together, at an epoch's start: nothing to restart.
+    assert pool.restarts == restarts
+    assert train_trial(pool, spec("in-time", epochs=1, finish_by=time.time() + 3600)).status \
+        == "completed"
 
 
 def test_graph_must_fit_the_data(pool):

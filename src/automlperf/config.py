@@ -62,7 +62,13 @@ class RunConfig(_Section):
     lease_timeout_s: float = Field(60.0, gt=0, description="A trial whose replica is silent "
                                    "this long is marked failed, seconds.")
     stop_grace_s: float = Field(20.0, ge=0, description="Time replicas get to stop after the "
-                                "deadline before they are killed, seconds.")
+                                "deadline (and its epoch grace) before they are killed, "
+                                "seconds.")
+    deadline_grace_s: float | None = Field(None, ge=0, description="How long after the "
+                                           "deadline an epoch in flight may take to finish "
+                                           "and still count (its replica is charged the time "
+                                           "it took), seconds; default: a quarter of "
+                                           "duration_s. No epoch starts after the deadline.")
     max_rounds: int | None = Field(None, ge=1, description="Trials each replica trains before "
                                    "it stops; unset: until the deadline. For smoke tests: a "
                                    "run that ends before its duration is not a valid one.")
@@ -79,6 +85,16 @@ class RunConfig(_Section):
     @classmethod
     def _duration(cls, value: Any) -> float:
         return parse_duration(value)
+
+    @field_validator("deadline_grace_s", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @property
+    def grace_s(self) -> float:
+        """The deadline's grace, in seconds."""
+        return self.duration_s / 4 if self.deadline_grace_s is None else self.deadline_grace_s
 
 
 class DataConfig(_Section):
@@ -326,6 +342,11 @@ class Config(_Section):
         if self.run.official and changes:
             raise ConfigError("official run refused: fixed setting(s) changed: "
                               + "; ".join(changes) + ". Restore them or set run.official = false")
+
+    def deadline_grace(self, ruleset: rules.Ruleset = rules.CURRENT) -> float:
+        """Seconds an epoch in flight at the deadline may take to finish and count: the
+        run's grace under a ruleset that charges each replica its own time, else none."""
+        return self.run.grace_s if ruleset.charge == "per_replica" else 0.0
 
     def customised(self) -> dict[str, Any]:
         """Dotted names of every setting that differs from the defaults, with its value."""

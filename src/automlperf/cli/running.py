@@ -123,8 +123,10 @@ def slurm(
 
     seconds = parse_duration(duration)
     limit = parse_duration(time_limit) if time_limit else None
+    grace = None
     if config is not None:
-        Config.load(config)  # a broken file is refused here, not in the queue
+        # A broken file is refused here, not in the queue.
+        grace = Config.load(config).run.deadline_grace_s
     url = resolve_store_url(store)
     box = None
     if container_image is not None:
@@ -133,7 +135,8 @@ def slurm(
     elif container_mount or container_option:
         raise UserError("--container-mount and --container-option need --container-image")
     script = write_script(ScriptOptions(
-        run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
+        run_dir=run_dir, nodes=nodes, duration_s=seconds, grace_s=grace,
+        gpus_per_node=gpus_per_node,
         cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
         time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [], container=box,
         exclusive=exclusive))

@@ -3,7 +3,9 @@ it, repeat until the run's deadline. One replica runs per node (or per local pro
 
 The next candidate is generated in a thread while the current one trains, so accelerators
 do not wait for the search. The replica stops on SIGTERM, at the deadline, or when the
-primary stops heart-beating; a trial cut short keeps the epochs it completed.
+primary stops heart-beating; a trial cut short keeps the epochs it completed. At the
+deadline no trial and no epoch starts, but under a ruleset that charges each replica its own
+time the epoch in flight finishes if it can within the run's grace (and counts).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from automlperf import rules
 from automlperf.config import Config
 from automlperf.events import EpochEvent, FailureKind, JsonlSink, TrialOutcome
 from automlperf.graph import Graph, seeds
@@ -154,6 +157,7 @@ class Replica:
         self.failures: list[str] = []  # reasons of the trials failed in a row
         self.replica_id: int | None = None
         self.seed_graph: Graph | None = None
+        self.grace_s = 0.0  # after the deadline, for the epoch in flight (set by run())
 
     # --- lifecycle ----------------------------------------------------------------------
     def run(self) -> int:
@@ -165,6 +169,8 @@ class Replica:
         replica_id = self.replica_id = self.store.register_replica(
             self.run_id, self.index, self.segment.index, socket.gethostname(), os.getpid(),
             self.place.devices, self.clock())
+        recorded = self.store.run(self.run_id)["system"].get("ruleset")
+        self.grace_s = self.config.deadline_grace(rules.get(recorded))
         beat = threading.Thread(target=self._heartbeat, args=(replica_id,), name="heartbeat",
                                 daemon=True)
         beat.start()
@@ -262,6 +268,10 @@ class Replica:
 
     def _should_stop(self) -> bool:
         return self.stop.is_set() or self.clock() >= self.segment.deadline_at
+
+    def _past_grace(self) -> bool:
+        """Whether the epoch in flight must stop now: a stop, or its grace is over."""
+        return self.stop.is_set() or self.clock() >= self.segment.deadline_at + self.grace_s
 
     def _rounds_left(self, round_index: int) -> bool:
         limit = self.config.run.max_rounds
@@ -386,7 +396,7 @@ class Replica:
         log.info("trial %d: training %d epochs at batch %d (round %d)", trial_id, spec.epochs,
                  job.batch_size, job.round)
         try:
-            outcome = self.trainer.train(spec, recorder, should_stop=self._should_stop)
+            outcome = self.trainer.train(spec, recorder, should_stop=self._past_grace)
         except TrainerError as exc:
             # The replica gives up; the trial it held ends with it, not left running.
             self.store.finish_trial(trial_id, TrialStatus.FAILED, self.clock(), reason=str(exc))
@@ -415,7 +425,8 @@ class Replica:
             patience=cfg.train.patience(job.round),
             seed=mix_seed(cfg.run.seed, trial_id), parent_graph=parent_graph,
             parent_weights=parent_weights, weights_out=str(folder / "weights.safetensors"),
-            round=job.round, horizon_epochs=cfg.train.max_epochs)
+            round=job.round, horizon_epochs=cfg.train.max_epochs,
+            finish_by=self.segment.deadline_at)
 
     def _conclude_trial(self, spec: TrialSpec, job: Job, outcome: TrialOutcome,
                         accuracies: list[float], upcoming: Future[Job]) -> None:

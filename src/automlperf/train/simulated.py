@@ -258,6 +258,9 @@ class SimulatedTrainer:
         for epoch in range(spec.epochs):
             started = began + epoch * plan.seconds
             ended = began + (epoch + 1) * plan.seconds
+            if spec.finish_by is not None and started >= spec.finish_by:
+                outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
+                return outcome
             if self._wait_until(ended, should_stop):
                 outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
                 return outcome

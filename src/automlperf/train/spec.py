@@ -50,6 +50,9 @@ class TrialSpec:
     horizon_epochs: int | None = None
     early_stop_metric: str = _TRAIN.early_stop_metric
     early_stop_min_delta: float = _TRAIN.early_stop_min_delta
+    # Wall-clock time (time.time()) from which no epoch starts: the run's deadline. The
+    # epoch in flight then finishes (the replica stops it only once the grace is over).
+    finish_by: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -404,6 +404,13 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
     stopper = EarlyStopping(spec.early_stop_metric, spec.patience, spec.early_stop_min_delta)
     for epoch in range(spec.epochs):
         started = time.time()
+        if spec.finish_by is not None:
+            # Every rank must agree, or one would wait for the others in a collective.
+            (late,) = _reduce([float(started >= spec.finish_by)], ctx,
+                              dist.ReduceOp.MAX if ctx.distributed else None)
+            if late:
+                outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
+                return
         skipped_before, data.unreadable = data.skipped, ""
         local_loss, local_images, local_steps, local_wait, seconds = run.train_epoch(epoch, emit)
         # Unreadable training images: what `check` needs to tie steps to images.
