@@ -30,6 +30,7 @@ class FakeTrainer:
         # epoch starts after the spec's finish_by, as the real trainer's ranks do.
         self.during_epoch = during_epoch or (lambda spec, epoch: None)
         self.clock = clock
+        self.batch_gain = 0.0  # accuracy per image of batch
         self.specs = []
         self.started = self.closed = False
 
@@ -59,15 +60,16 @@ class FakeTrainer:
             if should_stop is not None and should_stop():  # the epoch in flight is lost
                 outcome.status, outcome.reason = "stopped", "deadline reached"
                 return outcome
-            accuracy = min(0.99, 0.3 + 0.1 * epoch + 0.001 * layers)
+            accuracy = min(0.99, 0.3 + 0.1 * epoch + 0.001 * layers + self.batch_gain * spec.batch_size)
             sink.epoch(EpochEvent(
-                trial_id=spec.trial_id, epoch=epoch, started_at=1.0 + epoch, ended_at=2.0 + epoch,
+                trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=1.0 + epoch,
+                ended_at=2.0 + epoch,
                 train_images=1000, val_images=200, steps=8, ops=10**9, train_loss=1.0,
                 val_accuracy=accuracy, precision="fp32", batch_size=spec.batch_size,
                 world_size=1, data_share=0.1, images_per_s=1000.0))
             outcome.epochs = epoch + 1
-            if outcome.best_accuracy is None or accuracy > outcome.best_accuracy:
-                outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+            if accuracy > max(spec.save_above, outcome.best_accuracy or -1.0):
+                outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
                 Path(spec.weights_out).write_bytes(b"weights of the best epoch")
             self.on_epoch(spec, epoch)
         outcome.status = "completed"
@@ -174,6 +176,44 @@ def test_a_baseline_search_keeps_its_lineage_without_weights_or_tpe(tmp_path):
         assert t.hparams["parent_accuracy"] in best_known
         assert t.hparams["parent_accuracy"] == store.trial(t.parent_id).search_accuracy
         assert t.hparams["predicted_mean"] is None
+    store.close()
+
+
+def test_the_papers_order_trains_each_tuned_architecture_twice(tmp_path):
+    """hpo_order = "after_nas": from the fourth round each architecture is generated first
+    (3x3 deepen blocks), trained at its parent's batch size, then again from the parent's
+    weights at TPE's; the better training counts and its batch size goes to the children."""
+    session = new_run(tmp_path, search='hpo_order = "after_nas"\n', max_rounds=6)
+    trainer = FakeTrainer()
+    trainer.batch_gain = 0.001
+    replica, store = make_replica(session, trainer)
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.round for t in trials] == [0, 1, 2, 3, 4, 5]
+    assert all(t.status == TrialStatus.COMPLETED and t.hparams["kernel_size"] == 3
+               and t.hparams["tpe_trial"] is None for t in trials)
+    assert len(trainer.specs) == 3 + 2 * 3
+    by_id = {t.id: t for t in trials}
+    epochs = store.epochs(session.run_id)
+    for t in trials[3:]:
+        first, second = t.extra["trainings"]
+        # Trained first at the batch size its parent's better training had.
+        parent = by_id[t.parent_id]
+        assert first["batch_size"] == t.hparams["batch_size"] == \
+            parent.extra.get("hpo_batch", parent.hparams["batch_size"])
+        mine = sorted((e.epoch, e.batch_size) for e in epochs if e.trial_id == t.id)
+        assert [n for n, _ in mine] == list(range(first["epochs"] + second["epochs"]))
+        assert [b for _, b in mine] == [first["batch_size"]] * first["epochs"] + \
+            [second["batch_size"]] * second["epochs"]
+        better = second if second["best_accuracy"] > first["best_accuracy"] else first
+        assert t.extra["hpo_batch"] == better["batch_size"]
+        assert t.best_accuracy == max(first["best_accuracy"], second["best_accuracy"])
+    seconds = [s for s in trainer.specs if s.first_epoch > 0]
+    assert len(seconds) == 3 and all(s.save_above > 0 and s.parent_weights for s in seconds)
+    # The study learnt from both trainings: the ones it suggested and the ones it was told of.
+    states = [t.state.name for t in replica.hpo.study.trials]
+    assert states.count("COMPLETE") == 6 and all(
+        set(t.params) == {"batch_size"} for t in replica.hpo.study.trials)
     store.close()
 
 

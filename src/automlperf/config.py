@@ -220,6 +220,12 @@ class SearchConfig(_Section):
                                         "default batch size and the smallest kernel size in "
                                         "every round (a baseline).")
     hpo_start_round: int = Field(3, ge=0, description="fixed: 3 (the fourth round).")
+    hpo_order: Literal["with_nas", "after_nas"] = Field(
+        "with_nas", description="with_nas: from hpo_start_round TPE draws the batch size "
+        "and the kernel size of deepen blocks with each architecture, which trains once. "
+        "after_nas: the paper's order: each architecture is generated (3x3 deepen blocks), "
+        "trained with its parent's batch size, then trained again from the same weights with "
+        "TPE's; the better training counts and its batch size goes to its children.")
     kernel_sizes: list[Literal[3, 5, 7]] = Field([3, 5, 7], min_length=1,
                                                  description="Kernel sizes TPE chooses from "
                                                  "for deepen blocks.")

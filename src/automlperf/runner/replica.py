@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,6 +84,9 @@ class Job:
     kernel_size: int
     hpo_number: int | None
     waited_s: float = 0.0  # how long training waited for this candidate
+    # Trained again with TPE's batch size once trained with its parent's (search.hpo_order
+    # "after_nas", the paper's order).
+    retrain: bool = False
 
 
 class TrialRecorder:
@@ -349,7 +352,9 @@ class Replica:
         """The candidate of a round and its hyperparameters (in the search thread)."""
         assert self.seed_graph is not None
         search = self.config.search
-        if search.hpo == "tpe" and round_index >= search.hpo_start_round:
+        tuned = search.hpo == "tpe" and round_index >= search.hpo_start_round
+        after_nas = tuned and search.hpo_order == "after_nas"
+        if tuned and not after_nas:
             s = self.hpo.ask()
             batch, kernel, number = s.batch_size, s.kernel_size, s.number
         else:
@@ -361,10 +366,20 @@ class Replica:
             if number is not None:
                 self.hpo.tell(number, None)
             raise
+        if after_nas:
+            batch = self._inherited_batch(cand.parent_id)
         log.info("round %d: candidate from %s (%d morphs) in %.2f s, batch %d, kernel %d",
                  round_index, cand.parent_id, len(cand.morphs), cand.stats.get("seconds", 0.0),
                  batch, kernel)
-        return Job(cand, round_index, batch, kernel, number)
+        return Job(cand, round_index, batch, kernel, number, retrain=after_nas)
+
+    def _inherited_batch(self, parent_id: int | None) -> int:
+        """The batch size of the parent's better training (the default for the seed)."""
+        if parent_id is None:
+            return self.default_batch
+        parent = self.store.trial(parent_id)
+        return int(parent.extra.get("hpo_batch") or parent.hparams.get("batch_size")
+                   or self.default_batch)
 
     def _claim(self, job: Job) -> int | None:
         assert self.replica_id is not None
@@ -397,6 +412,9 @@ class Replica:
                  job.batch_size, job.round)
         try:
             outcome = self.trainer.train(spec, recorder, should_stop=self._past_grace)
+            if job.retrain and outcome.status == TrialStatus.COMPLETED and recorder.accuracies \
+                    and not self._should_stop():
+                outcome = self._retrain(spec, outcome, recorder, job.kernel_size)
         except TrainerError as exc:
             # The replica gives up; the trial it held ends with it, not left running.
             self.store.finish_trial(trial_id, TrialStatus.FAILED, self.clock(), reason=str(exc))
@@ -405,6 +423,40 @@ class Replica:
             raise
         recorder.trial(outcome)
         self._conclude_trial(spec, job, outcome, recorder.accuracies, upcoming)
+
+    def _retrain(self, spec: TrialSpec, first: TrialOutcome, recorder: TrialRecorder,
+                 kernel: int) -> TrialOutcome:
+        """The paper's HPO after NAS: the architecture, trained at its parent's batch size,
+        trains again from the same weights at the batch size TPE suggests, its epochs
+        numbered on. The trial's outcome is the better training's; both are recorded."""
+        best_first = max(recorder.accuracies)
+        self.hpo.observe(spec.batch_size, best_first)
+        s = self.hpo.ask(kernel=kernel)
+        again = replace(spec, batch_size=s.batch_size, first_epoch=len(recorder.accuracies),
+                        save_above=best_first)
+        log.info("trial %s: training again at batch %d (TPE trial %d)", spec.trial_id,
+                 s.batch_size, s.number)
+        try:
+            second = self.trainer.train(again, recorder, should_stop=self._past_grace)
+        except TrainerError:
+            self.hpo.tell(s.number, None)
+            raise
+        reached = recorder.accuracies[again.first_epoch:]
+        best_second = max(reached) if reached else None
+        self.hpo.tell(s.number, best_second if second.status == TrialStatus.COMPLETED else None)
+        better = best_second is not None and best_second > best_first
+        first.extra["trainings"] = [
+            {"batch_size": spec.batch_size, "epochs": first.epochs, "best_accuracy": best_first,
+             "early_stopped": first.early_stopped, "status": str(first.status)},
+            {"batch_size": s.batch_size, "tpe_trial": s.number, "epochs": second.epochs,
+             "best_accuracy": best_second, "early_stopped": second.early_stopped,
+             "status": str(second.status), "reason": second.reason}]
+        first.extra["hpo_batch"] = s.batch_size if better else spec.batch_size
+        first.epochs += second.epochs
+        if better:
+            first.best_accuracy, first.best_epoch = second.best_accuracy, second.best_epoch
+            first.weights = second.weights or first.weights
+        return first
 
     def _prepare_trial(self, trial_id: int, job: Job) -> TrialSpec:
         """The trial's folder with its graph, and the spec it trains by (inheriting its

@@ -248,7 +248,7 @@ class SimulatedTrainer:
         outcome.batch_size = plan.batch_size
         final = self.curves.final_accuracy(graph, plan.batch_size // self.world, spec.seed)
         horizon = spec.horizon_epochs or spec.epochs
-        best = -1.0
+        best = spec.save_above
         stopper = EarlyStopping(spec.early_stop_metric, spec.patience, spec.early_stop_min_delta)
         # Epoch ends are scheduled from the trial's start, not from the end of the previous
         # wait: a real device goes on training while its host records an epoch, so the time
@@ -269,7 +269,8 @@ class SimulatedTrainer:
             # The modelled curve has no loss of its own: the cross-entropy of its accuracy.
             loss = -math.log(max(accuracy, self.curves.chance))
             sink.epoch(EpochEvent(
-                trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=ended,
+                trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=started,
+                ended_at=ended,
                 train_images=plan.train_images, val_images=plan.val_images, steps=plan.steps,
                 ops=plan.ops, train_loss=loss, val_loss=loss,
                 val_accuracy=accuracy, precision=precision, batch_size=plan.batch_size,
@@ -278,7 +279,7 @@ class SimulatedTrainer:
             outcome.epochs = epoch + 1
             if accuracy > best:
                 best = accuracy
-                outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+                outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
             if stopper.update(loss, accuracy):
                 outcome.early_stopped = True
                 break

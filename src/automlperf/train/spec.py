@@ -53,6 +53,10 @@ class TrialSpec:
     # Wall-clock time (time.time()) from which no epoch starts: the run's deadline. The
     # epoch in flight then finishes (the replica stops it only once the grace is over).
     finish_by: float | None = None
+    # A second training of the same trial (the paper's HPO order): its epochs are numbered
+    # on from this one, and its weights are kept only where they beat this accuracy.
+    first_epoch: int = 0
+    save_above: float = -1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

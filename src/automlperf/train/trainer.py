@@ -400,7 +400,7 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
                            f"{ctx.world} ranks")
     run = _Run(spec, ctx, graph)
     outcome.precision, outcome.batch_size = run.precision, run.batch
-    best = -1.0
+    best = spec.save_above
     stopper = EarlyStopping(spec.early_stop_metric, spec.patience, spec.early_stop_min_delta)
     for epoch in range(spec.epochs):
         started = time.time()
@@ -433,7 +433,8 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         accuracy = correct / seen if seen else 0.0
         val_loss = val_loss_sum / seen if seen else None
         event = EpochEvent(
-            trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=time.time(),
+            trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=started,
+            ended_at=time.time(),
             train_images=images, val_images=seen, steps=steps,
             ops=epoch_ops(run.ops, images, steps, seen),
             train_loss=loss_sum / max(1, images), val_accuracy=accuracy,
@@ -448,7 +449,7 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         # the accuracy is what the trial reports and what `check --revalidate` re-measures.
         if accuracy > best:
             best = accuracy
-            outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+            outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
             if ctx.rank == 0 and spec.weights_out:
                 save_weights(run.module, spec.weights_out)
                 outcome.weights = spec.weights_out
