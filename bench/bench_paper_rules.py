@@ -28,7 +28,8 @@ variant order alternates from seed to seed. Printed: a table per study and one J
 
 Run: python bench/bench_paper_rules.py charge --seeds 2
      python bench/bench_paper_rules.py early-stop --seeds 4 --duration 180
-     python bench/bench_paper_rules.py hpo --seeds 3 --duration 600
+     python bench/bench_paper_rules.py hpo --seeds 3 --duration 600 \
+         --set 'train.early_stop_metric="val_loss"' --set train.early_stop_min_delta=0.001
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def charge_figures(run_dir: Path) -> dict[str, Any]:
             "in_grace": counted_late, "past_grace": len(late) - counted_late,
             "grace_used_s": max([e.ended_at - deadline for e in late], default=0.0),
             "start_s": (min((e.started_at for e in epochs), default=start) - start),
-            "epoch_s": statistics.median(e.ended_at - e.started_at for e in epochs),
+            "epoch_s": statistics.median([e.ended_at - e.started_at for e in epochs] or [0.0]),
             "last_epoch": last["score"], "own_last_epoch": own, "per_replica": mine["score"],
             "regulated_last_epoch": last["regulated_score"],
             "regulated_per_replica": mine["regulated_score"]}
@@ -162,7 +163,8 @@ def charge(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     for r in rows:
         print(f"{r['run']:<22}{r['epochs']:>7}{r['in_grace']:>9}{r['past_grace']:>6}"
               f"{r['epoch_s']:>9.1f}{r['last_epoch']:>13.4g}{r['own_last_epoch']:>13.4g}"
-              f"{r['per_replica']:>13.4g}{r['per_replica'] / r['last_epoch']:>8.4f}")
+              f"{r['per_replica']:>13.4g}"
+              f"{r['per_replica'] / r['last_epoch'] if r['last_epoch'] else float('nan'):>8.4f}")
     return rows
 
 
@@ -198,6 +200,9 @@ def paired(study: str, args: argparse.Namespace, work: Path) -> list[dict[str, A
             run_dir = work / f"{study}-{name}-s{seed}"
             tree = {"run": {"seed": seed, "duration_s": args.duration},
                     "data": {"dataset": "builtin"}}
+            for dotted, value in args.set:
+                section, key = dotted.split(".")
+                tree.setdefault(section, {})[key] = value
             for section, keys in VARIANTS[study][name].items():
                 tree.setdefault(section, {}).update(keys)
             procs.append((start(tree, run_dir, core=core % (os.cpu_count() or 1)), run_dir))
@@ -224,8 +229,12 @@ def main() -> None:
                     help="replica counts of the simulated official-shape runs (charge)")
     ap.add_argument("--sim-duration", type=float, default=180.0,
                     help="wall seconds of a simulated run (an hour modelled)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
+                    help="a setting for every run of a paired study, e.g. "
+                         "train.early_stop_metric='\"val_loss\"' (repeatable)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-paper-rules"))
     args = ap.parse_args()
+    args.set = [(k, json.loads(v)) for k, v in (item.split("=", 1) for item in args.set)]
     args.simulated = [int(n) for n in args.simulated.split(",") if n]
     args.work.mkdir(parents=True, exist_ok=True)
     began = time.time()
