@@ -66,6 +66,35 @@ def test_a_result_from_before_the_device_figure_reports_and_verifies(run_dir, tm
     assert "of which the device" in html
 
 
+def test_a_result_of_the_earlier_ruleset_is_checked_by_its_own_rule(run_dir, tmp_path):
+    """A run started under aiperf-2021.1 (whose results did not yet say how time was
+    charged) is scored and verified by that ruleset's rule: time to the last counted epoch."""
+    from automlperf.config import Config
+    from automlperf.measure.result import build_result, write_result
+    from automlperf.store import open_store
+
+    copy = tampered(run_dir, tmp_path)
+    with sqlite3.connect(copy / "history.db") as db:
+        (system,) = db.execute("SELECT system FROM amp_runs").fetchone()
+        db.execute("UPDATE amp_runs SET system = ?",
+                   (json.dumps({**json.loads(system), "ruleset": "aiperf-2021.1"}),))
+        epochs = db.execute("SELECT ended_at, ops FROM amp_epochs").fetchall()
+        (start,) = db.execute("SELECT started_at FROM amp_segments").fetchone()
+    store = open_store(run_dir=copy)
+    try:
+        old = build_result(store, 1, Config.load(copy / "config.toml"),
+                           json.loads((copy / "system.json").read_text()))
+    finally:
+        store.close()
+    assert old["ruleset"] == "aiperf-2021.1" and old["charging"]["rule"] == "last_epoch"
+    last = max(t for t, _ in epochs) - start
+    assert old["score"] == pytest.approx(sum(n for _, n in epochs) / last)
+    del old["charging"]
+    write_result(copy / "result.json", old)
+    done = cli("check", copy)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout
+
+
 def test_check_catches_an_edited_result(run_dir, tmp_path):
     copy = tampered(run_dir, tmp_path)
     result = json.loads((copy / "result.json").read_text())
@@ -296,7 +325,7 @@ def test_check_catches_edited_records(run_dir, tmp_path, edit, named):
 
 def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     result = read_result(run_dir / "result.json")
-    assert result["ruleset"] == "aiperf-2021.1"
+    assert result["ruleset"] == "aiperf-2021.2"
     prov = result["provenance"]
     assert prov["source_hash"].startswith("sha256:") and "torch" in prov["packages"]
     assert (prov["git"] or {}).get("commit") or prov["git"] is None
@@ -304,7 +333,12 @@ def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     assert node["ceiling"][0]["precision"] == "fp32" and node["ceiling_ops"] > 0
     assert result["fraction_of_ceiling"] == pytest.approx(result["score"] / result["ceiling_ops"])
     parts = result["time_breakdown"]["total"]
-    assert parts["session_s"] == pytest.approx(result["elapsed_s"])
+    # The replica is charged to the deadline, or to the end of an epoch that finished in the
+    # grace after it: the breakdown accounts for that time.
+    charged = result["charging"]["replica_s"]
+    assert result["charging"]["rule"] == "per_replica" and list(charged) == ["0"]
+    assert result["elapsed_s"] <= charged["0"] <= result["elapsed_s"] + result["charging"]["grace_s"]
+    assert parts["session_s"] == pytest.approx(charged["0"])
     assert parts["data_wait_s"] + parts["device_wait_s"] <= parts["training_s"] + 1e-6
     assert sum(v for k, v in parts.items() if k not in ("session_s", *OF_TRAINING)) == \
         pytest.approx(parts["session_s"])

@@ -178,6 +178,7 @@ def slurm(
         raise UserError("--container-mount and --container-option need --container-image")
     written = write_job(ScriptOptions(
         run_dir=run_dir, nodes=nodes, duration_s=settings.run.duration_s,
+        grace_s=settings.deadline_grace(),
         gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, store_url=url,
         partition=partition, account=account, time_limit_s=limit, settings=settings,
         sbatch_extra=sbatch_option or [], container=box, exclusive=exclusive,
@@ -190,6 +191,7 @@ def slurm(
                   highlight=False, soft_wrap=True)
     out.print(f"time limit {format_time(written.time_limit_s)}: start-up "
               f"{written.startup_s / 60:.0f} min, run {settings.run.duration_s / 60:.0f} min, "
+              f"epochs in flight {settings.deadline_grace() / 60:.0f} min, "
               f"result {(written.signal_lead_s + 60) / 60:.0f} min", highlight=False)
     _submit(written.script, run_dir, sbatch, submit, test_only, [])
 

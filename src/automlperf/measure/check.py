@@ -55,7 +55,8 @@ from automlperf.events import read_jsonl
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
             "epochs", "train_images", "val_images", "unreadable_images", "best_trial", "official", "valid", "trials",
             "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling",
-            "energy_j", "ops_per_watt", "decoding")
+            "energy_j", "ops_per_watt", "decoding",
+            "charging")
 # Recorded wholesale; compared by digest, named when they differ.
 RECORDS = ("dataset_identity", "provenance", "node_descriptions")
 EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",
@@ -379,7 +380,8 @@ def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[s
             bad.append(f"{rd.system}: provenance differs from the one recorded in the store")
     for name in COMPARED:
         if name not in recorded and name in ("peak_ops", "ceiling_ops", "fraction_of_ceiling",
-                                             "unreadable_images", "decoding"):
+                                             "unreadable_images", "decoding",
+                                             "charging"):
             continue  # absent from results of earlier versions
         if not _same(recorded.get(name), fresh.get(name)):
             bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "

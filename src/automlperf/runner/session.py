@@ -73,7 +73,8 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
     if process_start is not None:
         startup["before_clock_s"] = round(now - process_start, 3)
     if limit is not None and config is not None and not resume:
-        _check_fits(config.run.duration_s, now, limit, startup)
+        # The job must also hold the grace in which epochs in flight at the deadline finish.
+        _check_fits(config.run.duration_s + config.deadline_grace(), now, limit, startup)
     if resume:
         meta = rd.meta()
         run_id = int(meta["run_id"])
@@ -103,7 +104,8 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
     remaining = max(0.0, config.run.duration_s - elapsed)
     if limit is not None and resume:
         try:
-            _check_fits(remaining, now, limit, startup)
+            ruleset = rules.get(store.run(run_id)["system"].get("ruleset"))
+            _check_fits(remaining + config.deadline_grace(ruleset), now, limit, startup)
         except BaseException:
             store.close()
             raise
@@ -279,13 +281,49 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
             live.stop()
 
 
+def replicas_working(store: Store, run_id: int, segment: int, now: float, lease_s: float) -> int:
+    """Replicas of the session still at work: recorded as running, and heard from within a
+    lease (one that died without a word is not waited for)."""
+    return sum(1 for rep in store.replicas(run_id) if rep.segment == segment
+               and rep.status == TrialStatus.RUNNING and now - rep.last_heartbeat < lease_s)
+
+
+def drain(session: Session, console: Console, clock: Any = time.time,
+          sleep: Any = time.sleep) -> None:
+    """After the deadline, while the replicas finish their epochs in flight (inside the
+    run's grace) and stop: keep the session alive for them, until none is at work or the
+    grace and the stop's own allowance are over. Ctrl-C ends the wait."""
+    s = session
+    ruleset = rules.get(s.store.run(s.run_id)["system"].get("ruleset"))
+    grace = s.config.deadline_grace(ruleset)
+    until = s.deadline_at + grace + s.config.run.stop_grace_s
+    told = False
+    try:
+        while True:
+            now = clock()
+            s.store.touch_segment(s.run_id, s.segment, now)
+            working = replicas_working(s.store, s.run_id, s.segment, now,
+                                       s.config.run.lease_timeout_s)
+            if not working or now >= until:
+                return
+            if grace and not told:
+                console.print(f"deadline reached: {working} replica(s) finishing the epoch in "
+                              f"flight (grace {grace:.0f} s)", highlight=False)
+                told = True
+            sleep(min(1.0, max(0.0, until - now)))
+    except KeyboardInterrupt:
+        return
+
+
 def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
            system: dict[str, Any]) -> dict[str, Any]:
     """Stop the replicas, close the session and write result.json."""
     s = session
     s.store.touch_segment(s.run_id, s.segment, time.time())
     if watch.completed:
-        # At the deadline replicas stop by themselves, recording cut-short trials as stopped.
+        # At the deadline replicas stop by themselves (after the epoch in flight, inside
+        # the grace), recording cut-short trials as stopped.
+        drain(s, console)
         wait_all(launcher.procs, s.config.run.stop_grace_s)
     launcher.stop(s.config.run.stop_grace_s)
     end = min(time.time(), s.deadline_at)

@@ -48,9 +48,10 @@ def leaves_state_broken(outcome: dict[str, Any], device_type: str, world: int) -
     rank mid-step); on an accelerator, an error may be sticky (a CUDA error poisons the
     context). A non-finite loss is seen by all ranks alike after an all-reduce, and a data
     mismatch is found before any collective."""
-    if outcome.get("status") == TrialStatus.COMPLETED:
-        return False
     kind = outcome.get("extra", {}).get("failure")
+    if outcome.get("status") == TrialStatus.COMPLETED or (
+            outcome.get("status") == TrialStatus.STOPPED and kind is None):
+        return False  # completed, or stopped by every rank at an epoch's start (the deadline)
     if kind in (FailureKind.NAN, FailureKind.DATA):
         return False
     if kind == FailureKind.OOM:
