@@ -1,6 +1,7 @@
 """Results people can trust and read: check, report (in a real browser), monitor, compare."""
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -89,6 +90,17 @@ def test_check_catches_an_edited_graph(run_dir, tmp_path):
     shutil.copy(run_dir / "trials" / "1" / "graph.json", graph_file)
     done = cli("check", copy)
     assert done.returncode == 1 and "trial 1 epoch 0: recorded" in done.stdout
+
+
+def test_the_hint_to_install_mlperf_logging_keeps_its_brackets(run_dir, tmp_path):
+    """Without mlperf-logging the hint names the extra to install, brackets and all (the
+    console once took `[mlperf]` for markup and printed `pip install 'automlperf'`)."""
+    hidden = tmp_path / "hidden" / "mlperf_logging"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")]))
+    done = cli("mlperf", tampered(run_dir, tmp_path), env={**os.environ, "PYTHONPATH": path})
+    assert "pip install 'automlperf[mlperf]'" in done.stderr, done.stderr
 
 
 def test_the_monitor_samples_without_a_gpu(run_dir):

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from automlperf.cli.common import app, err, out, user_errors
 
@@ -65,7 +65,7 @@ def list_results(
                           "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
                           ", ".join(r["labels"]))
             for problem in r["problems"][:3]:
-                table.add_row("", f"[red]{escape(problem)}[/]", "", "", "", "", "", "", "", "")
+                table.add_row("", Text(problem, style="red"), "", "", "", "", "", "", "", "")
         out.print(table)
 
 

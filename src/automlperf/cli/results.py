@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from automlperf.cli.common import app, err, out, user_errors
+from automlperf.cli.common import app, err, out, styled, user_errors
 from automlperf.errors import UserError
 
 
@@ -83,27 +82,29 @@ def check(
                           "revalidation": again.to_dict() if again else None}))
     else:
         for m in rep.mismatches:
-            out.print(f"[red]mismatch:[/] {escape(m)}", highlight=False, soft_wrap=True)
+            out.print(styled(("mismatch:", "red"), " ", m), highlight=False, soft_wrap=True)
         state = "valid" if r.get("valid") else "not valid" + ("" if r.get("official") else ", unofficial")
         if r.get("simulated"):
             state += ", SIMULATED (not a measurement)"
-        verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
+        verdict = (("verified", "green") if rep.ok
+                   else (f"{len(rep.mismatches)} mismatch(es)", "red"))
         what = " bundle" if rep.bundle else ""
-        out.print(f"{verdict}{what}: {rep.checked.get('trials', 0)} trials, "
-                  f"{rep.checked.get('epochs', 0)} epochs recomputed; the result is {state}",
-                  highlight=False)
+        out.print(styled(verdict, f"{what}: {rep.checked.get('trials', 0)} trials, "
+                         f"{rep.checked.get('epochs', 0)} epochs recomputed; the result is "
+                         f"{state}"), highlight=False)
         if again is not None:
-            mark = "[green]accuracy re-measured[/]" if again.ok else "[red]accuracy NOT confirmed[/]"
-            out.print(f"{mark}: trial {again.trial} (epoch {again.epoch}) scores "
+            mark = (("accuracy re-measured", "green") if again.ok
+                    else ("accuracy NOT confirmed", "red"))
+            out.print(styled(mark, f": trial {again.trial} (epoch {again.epoch}) scores "
                       f"{again.measured:.4f} on {again.images:,} validation images "
                       f"({again.device}, {again.precision}); recorded {again.recorded:.4f}, "
-                      f"tolerance {again.tolerance:.4f}", highlight=False)
+                      f"tolerance {again.tolerance:.4f}"), highlight=False)
         unreadable = r.get("unreadable_images") or {}
         if unreadable.get("train") or unreadable.get("val"):
             out.print(f"  skipped: {unreadable['train']:,} training and {unreadable['val']:,} "
                       "validation images could not be read", highlight=False)
         for v in r.get("violations", []):
-            out.print(f"  {v['rule']}: {escape(v['detail'])}", highlight=False)
+            out.print(f"  {v['rule']}: {v['detail']}", highlight=False)
     if not rep.ok:
         raise typer.Exit(1)
     refusal = official_refusal(r) if official else None
