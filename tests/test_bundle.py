@@ -213,6 +213,26 @@ def test_a_forged_manifest_does_not_hide_an_edit(bundle_dir, tmp_path):
     assert any(m.startswith("trial 1 epoch 0: recorded") for m in report.mismatches)
 
 
+def test_a_bundle_whose_records_lost_an_epoch_its_log_holds_is_named(bundle_dir, tmp_path):
+    """An epoch taken out of the exported records (the manifest written again, as a forger
+    would) is still in its trial's log: named, as the other way round."""
+    from automlperf.measure.bundle import write_manifest
+
+    copy = copy_of(bundle_dir, tmp_path)
+    epochs = copy / "records" / "epochs" / "2.jsonl"
+    rows = epochs.read_text().splitlines(keepends=True)
+    epochs.write_text("".join(rows[1:]))
+    log = copy / "trials" / "1" / "log.jsonl"
+    log.write_text("".join(line for line in log.read_text().splitlines(keepends=True)
+                           if json.loads(line).get("type") != "epoch"
+                           or json.loads(line)["epoch"] != 0))
+    write_manifest(copy)
+    report = check_run(copy)
+    assert "trial 2 epoch 0 is in its trial's log but not in the store (lost on its way to " \
+           "the store)" in report.mismatches
+    assert "trial 1 epoch 0 is in the store but not in its trial's log" in report.mismatches
+
+
 def _swap_weights(bundle, trial, state):
     from safetensors.torch import save_file
 

@@ -5,7 +5,9 @@ What is checked:
   trial folder's graph.json is the same architecture;
 * each epoch's operations equal the analytical count of its graph for the images, steps and
   batch size it recorded, and its step count fits its image count;
-* the store's epochs and each trial's own log (trials/<id>/log.jsonl) agree;
+* the store's epochs and each trial's own log (trials/<id>/log.jsonl) agree, both ways:
+  an epoch a log holds and the store does not, one the store holds and its log does not,
+  and one a log holds twice are each named (:mod:`automlperf.store.ledger`);
 * the configuration file is the one the run was started with;
 * result.json's score, regulated score, accuracy, totals, timeline, validity and violations
   equal a fresh computation under the ruleset the result names (an unknown one is refused);
@@ -45,12 +47,12 @@ from automlperf.errors import UserError
 from automlperf.measure import bundle
 from automlperf.measure.revalidate import RevalidateError, Revalidation, revalidate as remeasure
 from automlperf.store.base import RunRecords
+from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
 from automlperf.store.rundir import RunDir, run_store
 from automlperf.store.sql import bulk
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.urls import strip_password
-from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
             "epochs", "train_images", "val_images", "unreadable_images", "best_trial", "official", "valid", "trials",
@@ -197,12 +199,14 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
     graphs_checked = _check_graphs(rd, trials)
     # Read while the graphs are checked in other processes.
     epochs = store.epochs(run_id)
-    logged = _trial_logs(rd, trials)
+    with bulk():
+        logs = read_logs(rd.trial, (t.id for t in trials))
     graphs = graphs_checked(bad)
-    _check_epochs(epochs, graphs, logged, bad)
+    _check_epochs(epochs, graphs, logs.epochs, bad)
+    bad.extend(ledger(epochs, trials, logs).problems())
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
     digest = sampled.result()
-    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged),
+    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logs.epochs),
                       "samples": digest.count}
     report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs,
                                  sampled=digest)
@@ -308,20 +312,6 @@ def _json_or_none(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
-
-
-def _trial_logs(rd: RunDir, trials: list[TrialRecord]) -> dict[tuple[int, int], dict[str, Any]]:
-    """The epochs of every trial's own log, by (trial, epoch)."""
-    logged: dict[tuple[int, int], dict[str, Any]] = {}
-    with bulk():
-        for t in trials:
-            log = rd.trial(t.id) / "log.jsonl"
-            if log.exists():
-                for rec in read_jsonl(log):
-                    if rec.get("type") == "epoch":
-                        rec.setdefault("val_skipped", 0)  # logs written before it was counted
-                        logged[(t.id, rec["epoch"])] = rec
-    return logged
 
 
 def _check_epochs(epochs: list[EpochRecord], counts: dict[int, OpCount],
