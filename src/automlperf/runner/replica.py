@@ -38,7 +38,8 @@ log = logging.getLogger("automlperf.replica")
 
 # What to do about a failure that repeats, by the trainer's failure kind.
 FIXES: dict[FailureKind, str] = {
-    FailureKind.OOM: "lower train.batch_size (or data.image_size) in the configuration",
+    FailureKind.OOM: "lower train.batch_size (or data.image_size) in the configuration, or "
+                     "give each replica more memory (a job's or container's memory limit)",
     FailureKind.NAN: "lower train.lr_per_256 or raise train.warmup_epochs in the configuration",
     FailureKind.DATA: "check the dataset: `automlperf train --dataset ... --data-dir ...` shows "
                       "the problem on its own",
