@@ -67,6 +67,28 @@ batch_size = 4096
 """
 
 
+# For a memory cgroup of 1.5 GiB (MemoryCgroup): a trial far larger than it, resnet_small at
+# batch 4,096 of 64 px images.
+KERNEL_OOM_CONFIG = """
+[run]
+duration_s = 900
+heartbeat_s = 1
+lease_timeout_s = 6
+[data]
+dataset = "synthetic"
+image_size = 64
+synthetic_images = 512
+synthetic_classes = 10
+[model]
+seed_model = "resnet_small"
+[train]
+max_epochs = 2
+batch_size = 4096
+[monitor]
+ceiling_s = 0.3
+"""
+
+
 def fast_config(**run) -> str:
     """A configuration that searches fast on the small digits at their native 8x8:
     1-, 1-, 2-epoch warm-up rounds, then 2-epoch TPE rounds."""

@@ -14,8 +14,8 @@ import pytest
 
 from automlperf.train.data import folders
 from automlperf.train.data import SHARED_BUDGET, DataError, fit_shared_budget, plan_loader
-from helpers import (MemoryCgroup, cli, cli_args, folder_config, marked_env, wait_for,
-                     wait_no_strays)
+from helpers import (KERNEL_OOM_CONFIG, MemoryCgroup, cli, cli_args, folder_config, marked_env,
+                     wait_for, wait_no_strays)
 
 IMAGE = 32 * 32 * 3  # bytes of one decoded 32 px image
 
@@ -155,28 +155,6 @@ def test_the_run_directory_turning_read_only(tmp_path, photos):
         subprocess.run(["umount", mount], check=False)
 
 
-# A trial far larger than the group's memory: resnet_small at batch 4,096 of 64 px images.
-KERNEL_OOM_CONFIG = """
-[run]
-duration_s = 900
-heartbeat_s = 1
-lease_timeout_s = 6
-max_repeated_failures = 1
-[data]
-dataset = "synthetic"
-image_size = 64
-synthetic_images = 512
-synthetic_classes = 10
-[model]
-seed_model = "resnet_small"
-[train]
-max_epochs = 2
-batch_size = 4096
-[monitor]
-ceiling_s = 0.3
-"""
-
-
 @pytest.mark.slow
 def test_a_rank_killed_by_the_kernels_oom_killer(tmp_path):
     """The run in a memory cgroup of 1.5 GiB, as a batch job's limit: the kernel's OOM
@@ -187,7 +165,8 @@ def test_a_rank_killed_by_the_kernels_oom_killer(tmp_path):
     if group is None:
         pytest.skip(why)
     config = tmp_path / "oom.toml"
-    config.write_text(KERNEL_OOM_CONFIG)
+    # One failed trial (and its retry) is enough to stop the run here.
+    config.write_text(KERNEL_OOM_CONFIG.replace("[run]\n", "[run]\nmax_repeated_failures = 1\n"))
     run_dir = tmp_path / "run"
     env, mark = marked_env()
     try:
