@@ -17,8 +17,10 @@ What is checked:
 
 A submission bundle (:mod:`automlperf.measure.bundle`) is checked the same way, its exported
 records standing for the store, after every file's digest is compared with its manifest and
-what bundle.json says it holds with what it holds. With ``revalidate``, the best trial's
-accuracy is measured again from its weights (:mod:`automlperf.measure.revalidate`).
+what bundle.json says it holds with what it holds, and the record of a re-measurement it
+carries, if any (:mod:`automlperf.measure.revalidated`). With ``revalidate``, the best
+trial's accuracy is measured again from its weights (:mod:`automlperf.measure.revalidate`);
+with ``record`` too, a bundle that verifies keeps that re-measurement as its record.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from automlperf.ops.count import OpCount
 from automlperf.errors import UserError
 from automlperf.measure import bundle
 from automlperf.measure.revalidate import RevalidateError, Revalidation, revalidate as remeasure
+from automlperf.measure.revalidated import read_record, verify_record, write_record
 from automlperf.store.base import RunRecords
 from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
@@ -71,6 +74,8 @@ class CheckReport:
     checked: dict[str, int] = field(default_factory=dict)
     bundle: bool = False
     revalidation: Revalidation | None = None
+    # A bundle's record of a re-measurement, once verified (or just written).
+    recorded: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -101,12 +106,14 @@ def official_refusal(result: dict[str, Any]) -> str | None:
 @dataclass
 class CheckOptions:
     """What else ``check`` does: re-measure the best accuracy (on ``device``), with the data
-    at ``data_dir`` (which then also stands for the run's data folder)."""
+    at ``data_dir`` (which then also stands for the run's data folder), and ``record`` the
+    re-measurement in the bundle."""
 
     store_url: str | None = None
     data_dir: Path | None = None
     revalidate: bool = False
     device: str | None = None
+    record: bool = False
 
 
 def check_run(path: Path, store_url: str | None = None,
@@ -121,8 +128,19 @@ def check_run(path: Path, store_url: str | None = None,
 def check_source(source: bundle.Source, options: CheckOptions) -> CheckReport:
     """Verify what ``source`` opened; files are named as the user knows them."""
     rd = RunDir(source.root)
+    if options.record and not (source.bundle and options.revalidate):
+        raise RevalidateError("--record keeps a re-measurement in a bundle: give a bundle "
+                              "(`automlperf submit` makes one) and --revalidate")
     if source.bundle:
         report = _check_bundle(rd, options)
+        again = report.revalidation
+        if options.record and report.ok and again is not None and again.ok:
+            meta = rd.meta()
+            report.recorded = write_record(rd.path, again, {"id": meta.get("run_id"),
+                                                            "name": meta.get("name")},
+                                           options.data_dir)
+            if source.archive is not None:
+                bundle.pack(rd.path, source.archive)
     else:
         run_id = int(rd.meta()["run_id"])
         with run_store(rd.path, options.store_url) as store:
@@ -143,7 +161,18 @@ def _check_bundle(rd: RunDir, options: CheckOptions) -> CheckReport:
     try:
         meta = rd.meta()
         run_id = int(meta["run_id"])
-        report = _check(rd, run_id, ExportedRecords(rd.path), options)
+        records = ExportedRecords(rd.path)
+        report = _check(rd, run_id, records, options)
+        try:
+            record = read_record(rd.path)
+        except bundle.BundleError as exc:
+            record = None
+            report.mismatches.append(str(exc))
+        if record is not None:
+            wrong = verify_record(rd.path, record, report.result, records.trials(run_id),
+                                  records.epochs(run_id))
+            report.mismatches += wrong
+            report.recorded = None if wrong else record
     except RevalidateError:
         raise  # asked for what the bundle cannot give: the user's error, said as such
     except (UserError, KeyError, ValueError, TypeError) as exc:
