@@ -6,9 +6,11 @@ session's epochs (when it finishes, and when a run is resumed) it records every 
 holds and the store does not, and finishes with its logged outcome each trial the store
 still holds running. ``check`` then finds both sides alike (store/ledger.py).
 
-Only trials whose log can be ahead are read: one that logged more epochs than the store
-holds for it, or whose store record is still running with an outcome logged (counted in the
-raw text, without parsing, so that a run of ten thousand trials costs a read of its logs).
+Only trials whose log can be ahead are read: those whose replica did not end them itself
+(still running in the store, or ended because their replica stopped heart-beating), since a
+replica ends a trial in the store only after every epoch it logged was stored. Of those,
+a log is parsed only when it logged more epochs than the store holds for the trial, or an
+outcome while the store holds it running (counted in the raw text).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from automlperf.config import Config
 from automlperf.events import TrialOutcome, TrialStatus, read_jsonl
 from automlperf.runner.replica import conclusion
 from automlperf.store import EpochRecord, Store, TrialRecord
-from automlperf.store.base import StoreError
+from automlperf.store.base import LEASE_EXPIRED, StoreError
 from automlperf.store.ledger import LOG, Logs
 from automlperf.store.rundir import RunDir
 
@@ -62,6 +64,8 @@ def recover(store: Store, rd: RunDir, run_id: int, config: Config) -> Recovered:
     """Give the store what the trial logs of run ``run_id`` hold and it lost."""
     done = Recovered()
     for trial in store.trials(run_id):
+        if trial.status != TrialStatus.RUNNING and trial.reason != LEASE_EXPIRED:
+            continue
         path = rd.trial(trial.id) / LOG
         if not _ahead(path, trial):
             continue
