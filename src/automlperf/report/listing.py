@@ -160,9 +160,9 @@ def _verify(source: Source, how: Remeasure) -> tuple[CheckReport, str | None]:
     if dataset in NEEDS_DATA:
         if dataset != "imagenet" or how.data_dir is None:
             return check_source(source, plain), (
-                f"the {dataset} validation set was not given to the list (--data-dir) and "
-                "the bundle carries no re-measurement that verifies (`automlperf check "
-                "--revalidate --record BUNDLE` where the data is)")
+                f"the {dataset} validation set was not given to the list (--data-dir), and no "
+                "verified re-measurement travels with the entry (a bundle keeps one: "
+                "`automlperf check --revalidate --record BUNDLE` where the data is)")
         data_dir = how.data_dir
     try:
         return check_source(source, CheckOptions(data_dir=data_dir, revalidate=True,
