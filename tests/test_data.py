@@ -155,14 +155,22 @@ def test_imagenet_folder_errors(tmp_path):
         datasets.load("imagenet", tmp_path)
 
 
-def test_gpu_decode_without_dali_says_how_to_get_it(tmp_path, monkeypatch):
+def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monkeypatch):
+    from automlperf.train.data import gpudecode
+
     make_image_folder(tmp_path, corrupt=False)
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # as if not installed
-    with pytest.raises(DataError, match=r"gpu_decode needs NVIDIA DALI: pip install 'automlperf\[dali\]'"):
+    with pytest.raises(DataError, match=r"data.dali needs NVIDIA DALI: pip install 'automlperf\[dali\]'"):
+        datasets.load("imagenet", tmp_path, image_size=32, dali=True)
+    monkeypatch.setattr(gpudecode, "DECODERS", ())  # neither torchcodec nor torchvision
+    with pytest.raises(DataError, match=r"gpu_decode needs an nvJPEG decoder: pip install "
+                                        r"'automlperf\[nvjpeg\]'"):
+        datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True, device_type="cuda")
+    with pytest.raises(DataError, match="gpu_decode needs the ranks to train on NVIDIA GPUs"):
         datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True)
-    # Unset, it is the GPUs' default only where DALI is installed.
+    # Unset, GPU ranks decode on the GPU only where a decoder imports.
     ds = datasets.load("imagenet", tmp_path, image_size=32, device_type="cuda")
-    assert type(ds) is datasets.ImageFolderDataset
+    assert type(ds) is datasets.ImageFolderDataset and ds.decode_path.startswith("cpu-pillow ")
 
 
 def test_random_resized_crop_box_stays_inside():

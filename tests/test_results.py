@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from automlperf.measure.breakdown import OF_TRAINING
 from automlperf.measure.result import RESULT_SCHEMA_VERSION, read_result
 from helpers import cli, fast_config
 
@@ -48,6 +49,22 @@ def test_check_verifies_a_genuine_run(run_dir):
     report = json.loads(cli("check", run_dir, "--json").stdout)
     assert report["ok"] and report["checked"]["epochs"] == report["checked"]["logged_epochs"] > 0
     assert cli("check", run_dir, "--official").returncode == 3
+
+
+def test_a_result_from_before_the_device_figure_reports_and_verifies(run_dir, tmp_path):
+    """A result.json written before the time breakdown told the device's side apart (no
+    device_wait_s): the report shows "-" there, and check does not call it edited."""
+    copy = tampered(run_dir, tmp_path)
+    result = json.loads((copy / "result.json").read_text())
+    breakdown = result["time_breakdown"]
+    assert breakdown["total"]["device_wait_s"] > 0
+    for part in (breakdown["total"], breakdown["shares"], *breakdown["replicas"]):
+        del part["device_wait_s"]
+    (copy / "result.json").write_text(json.dumps(result))
+    assert cli("check", copy).returncode == 0
+    assert cli("report", copy).returncode == 0
+    html = (copy / "report.html").read_text()
+    assert "of which the device" in html
 
 
 def test_check_catches_an_edited_result(run_dir, tmp_path):
@@ -355,5 +372,6 @@ def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     assert result["fraction_of_ceiling"] == pytest.approx(result["score"] / result["ceiling_ops"])
     parts = result["time_breakdown"]["total"]
     assert parts["session_s"] == pytest.approx(result["elapsed_s"])
-    assert sum(v for k, v in parts.items() if k not in ("session_s", "data_wait_s")) == \
+    assert parts["data_wait_s"] + parts["device_wait_s"] <= parts["training_s"] + 1e-6
+    assert sum(v for k, v in parts.items() if k not in ("session_s", *OF_TRAINING)) == \
         pytest.approx(parts["session_s"])

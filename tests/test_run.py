@@ -122,6 +122,12 @@ def test_an_image_folder_on_two_ranks(tmp_path, photos):
     assert all(e.world_size == 2 for e in epochs)
     assert all(e.train_images == counts["train"] and e.val_images == counts["val"] for e in epochs)
     assert all(e.skipped_images == 2 for e in epochs)  # the corrupt training files, every epoch
+    # What decoded each epoch, and that none ran compiled (a CPU without figures stays eager).
+    paths = {e.decode_path for e in epochs}
+    assert len(paths) == 1 and paths.pop().startswith("cpu-pillow ")
+    assert not any(e.compiled for e in epochs)
+    assert result["decoding"] == {"paths": {epochs[0].decode_path: len(epochs)},
+                                  "cpu_decoded_images": 0, "compiled_epochs": 0}
     assert cli("check", run_dir).returncode == 0
     wait_no_strays(mark)
 

@@ -373,3 +373,31 @@ def test_a_store_from_before_node_descriptions_gets_their_table(tmp_path):
     s = open_store(url)
     assert s.nodes(run_id) == [] and s.run(run_id)["name"] == "r"
     s.close()
+
+
+def test_a_store_from_before_the_device_share_gets_its_column(tmp_path):
+    """Epochs stored before the device's side was measured apart read as None (not measured);
+    the column is added when the store is opened, and later epochs keep their figure."""
+    import dataclasses
+
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = open_store(url, create=True)
+    run_id, t = one_trial(s)
+    s.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN device_share")
+        conn.exec_driver_sql(
+            "INSERT INTO amp_epochs (trial_id, epoch, run_id, started_at, ended_at, train_images,"
+            " val_images, steps, ops, train_loss, val_accuracy, precision, batch_size, world_size,"
+            " data_share, images_per_s, skipped_images, val_skipped) VALUES "
+            f"({t}, 0, {run_id}, 100, 101, 1000, 200, 8, 1000, 1.5, 0.5, 'bf16', 128, 2, 0.3,"
+            " 900, 0, 0)")
+    engine.dispose()
+    s = open_store(url)
+    s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), device_share=0.6))
+    assert [(e.epoch, e.data_share, e.device_share) for e in s.epochs(run_id)] == \
+        [(0, 0.3, None), (1, 0.01, 0.6)]
+    s.close()

@@ -88,9 +88,14 @@ class DataConfig(_Section):
                             "training crop, pixels.")
     workers: int | None = Field(None, ge=0, description="Data-loading worker processes per "
                                 "accelerator; default: the spare CPU cores.")
-    gpu_decode: bool | None = Field(None, description="Decode images with NVIDIA DALI, on the "
-                                    "GPU (the `dali` extra); default: when DALI is installed "
-                                    "and the ranks train on GPUs.")
+    gpu_decode: bool | None = Field(None, description="Decode JPEGs on the GPU with nvJPEG "
+                                    "(the `nvjpeg` extra: torchcodec, else torchvision), "
+                                    "with the same crops, flips and resampling as the CPU "
+                                    "path; default: when the ranks train on NVIDIA GPUs and "
+                                    "a decoder imports.")
+    dali: bool = Field(False, description="Decode with NVIDIA DALI instead (the `dali` "
+                       "extra): its own random crops and flips, a different function from "
+                       "the reference, recorded as such; never chosen by default.")
     synthetic_images: int = Field(4096, ge=1, description="Training images per epoch of the "
                                   "synthetic dataset (validation gets a quarter).")
     synthetic_classes: int = Field(1000, ge=2, description="Classes of the synthetic dataset.")
@@ -116,6 +121,16 @@ class ModelConfig(_Section):
             raise ValueError(f"applies to the resnet_small seed only; {seed} keeps its own "
                              "widths (set it to 1)")
         return value
+
+
+class CompileFiguresConfig(_Section):
+    """What compiling costs and gains on a node (``train.compiling.CompileFigures``)."""
+
+    compile_s: float = Field(ge=0, description="Seconds compilation added to the first steps.")
+    layers: int = Field(ge=1, description="Layers of the architecture it was measured on.")
+    eager_ops_per_s: float = Field(gt=0, description="Training OPS of eager steps.")
+    compiled_ops_per_s: float = Field(gt=0, description="Training OPS of compiled steps.")
+    source: str = Field("", description="Where the figures were measured.")
 
 
 class TrainConfig(_Section):
@@ -144,7 +159,14 @@ class TrainConfig(_Section):
                                  "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
     channels_last: bool | None = Field(None, description="Default: on for CPUs and for NVIDIA "
                                        "and AMD GPUs.")
-    compile: bool = Field(False, description="Run the model through torch.compile.")
+    compile: bool | None = Field(None, description="Run the model through torch.compile. "
+                                 "Default: when the trial's planned training repays the "
+                                 "measured cost of compiling it (figures from "
+                                 "compile_figures, else measured once per rank on "
+                                 "accelerators; a CPU without figures stays eager).")
+    compile_figures: CompileFiguresConfig | None = Field(
+        None, description="Measured compilation figures for the default compile decision, as "
+        "`automlperf doctor` prints them.")
     parallelism: Literal["ddp"] = Field("ddp", description="Synchronous all-reduce data "
                                         "parallelism (DistributedDataParallel).")
 

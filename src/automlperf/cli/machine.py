@@ -130,7 +130,8 @@ def train(
                 f"epoch {event.epoch + 1}: loss {event.train_loss:.4f}, val acc "
                 f"{event.val_accuracy:.4f}, {event.train_images} + {event.val_images} images, "
                 f"{event.ops:.3e} ops, {event.images_per_s:.0f} img/s, data "
-                f"{100 * event.data_share:.1f} % of step time", highlight=False)
+                f"{100 * event.data_share:.1f} % and device {100 * (event.device_share or 0):.1f} "
+                "% of training time", highlight=False)
 
     with progress:
         try:

@@ -4,8 +4,10 @@ For every replica and session, the session's run time is split without overlap o
 
 * ``start_to_first_epoch_s``: from the clock's start to the start of the replica's first
   counted epoch (launch, node measurement, process start, first candidate);
-* ``training_s`` and ``validation_s``: inside counted epochs (``data_wait_s`` is the part of
-  training spent waiting for the next batch);
+* ``training_s`` and ``validation_s``: inside counted epochs. Of the training, two parts
+  (not in the sum): ``data_wait_s``, waiting for the next batch's data, and
+  ``device_wait_s``, the device's side (running or launching the steps, waiting for the
+  device); None where no epoch measured the latter (recorded before it was);
 * ``candidate_wait_s``: after the first epoch, waiting for the search to hand over a candidate;
 * ``between_trials_s``: the rest of the time between counted epochs (building and inheriting
   the next model, saving weights, recording);
@@ -22,7 +24,11 @@ from typing import Any, Protocol
 from automlperf.measure.score import SegmentLike, segment_bounds
 
 PARTS = ("start_to_first_epoch_s", "training_s", "validation_s", "data_wait_s",
-         "candidate_wait_s", "between_trials_s", "lost_at_deadline_s")
+         "device_wait_s", "candidate_wait_s", "between_trials_s", "lost_at_deadline_s")
+# Parts of training_s: the others split the run time without overlap or gap.
+OF_TRAINING = ("data_wait_s", "device_wait_s")
+# Parts a result.json written before them does not have.
+ADDED_PARTS = ("device_wait_s",)
 
 
 class TimedEpoch(Protocol):
@@ -32,6 +38,7 @@ class TimedEpoch(Protocol):
     train_images: int
     images_per_s: float
     data_share: float
+    device_share: float | None
 
 
 class TrialTimes(Protocol):
@@ -45,7 +52,8 @@ def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], s
            end: float) -> dict[str, float]:
     """One replica's session [start, end] from its counted epochs (by start time) and its
     candidate waits as (claimed at, seconds waited)."""
-    out = dict.fromkeys(PARTS, 0.0)
+    out: dict[str, Any] = dict.fromkeys(PARTS, 0.0)
+    out["device_wait_s"] = None
     out["session_s"] = end - start
     if not epochs:
         out["start_to_first_epoch_s"] = end - start
@@ -60,6 +68,9 @@ def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], s
         out["training_s"] += train
         out["validation_s"] += seconds - train
         out["data_wait_s"] += train * min(1.0, max(0.0, e.data_share))
+        if e.device_share is not None:
+            out["device_wait_s"] = (out["device_wait_s"] or 0.0) + \
+                train * min(1.0, max(0.0, e.device_share))
         inside += seconds
     gaps = max(0.0, (last - first) - inside)
     waited = sum(s for at, s in waits if first < at <= last)
@@ -90,26 +101,34 @@ def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
             by_replica.setdefault(replica_of[e.trial_id], []).append(e)
     for replica in sorted(by_replica.keys() | waits.keys()):
         mine = sorted(by_replica.get(replica, []), key=lambda e: (e.started_at, e.ended_at))
-        total = dict.fromkeys((*PARTS, "session_s"), 0.0)
+        total: dict[str, Any] = dict.fromkeys((*PARTS, "session_s"), 0.0)
+        total["device_wait_s"] = None
         for start, end, _ in bounds:
             inside = [e for e in mine if start <= e.started_at and e.ended_at <= end]
             part = _split(inside, waits.get(replica, []), start, end)
-            for key, value in part.items():
-                total[key] += value
+            _add(total, part)
         per[replica] = total
-    overall = dict.fromkeys((*PARTS, "session_s"), 0.0)
+    overall: dict[str, Any] = dict.fromkeys((*PARTS, "session_s"), 0.0)
+    overall["device_wait_s"] = None
     for part in per.values():
-        for key, value in part.items():
-            overall[key] += value
+        _add(overall, part)
     return {"replicas": [{"replica": r, **_rounded(p)} for r, p in per.items()],
             "total": _rounded(overall),
-            "shares": {k: (overall[k] / overall["session_s"] if overall["session_s"] else None)
+            "shares": {k: (overall[k] / overall["session_s"]
+                           if overall["session_s"] and overall[k] is not None else None)
                        for k in PARTS},
             "utilisation": used if used is not None else utilisation(samples, bounds)}
 
 
-def _rounded(part: Mapping[str, float]) -> dict[str, float]:
-    return {k: round(v, 6) for k, v in part.items()}
+def _add(total: dict[str, Any], part: Mapping[str, Any]) -> None:
+    """Add ``part``'s seconds to ``total``'s; a part measured nowhere stays None."""
+    for key, value in part.items():
+        if value is not None:
+            total[key] = (total[key] or 0.0) + value
+
+
+def _rounded(part: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: None if v is None else round(v, 6) for k, v in part.items()}
 
 
 def utilisation(samples: Iterable[Mapping[str, Any]],

@@ -36,7 +36,7 @@ from typing import Any
 
 from automlperf import rules
 from automlperf.config import Config
-from automlperf.measure.breakdown import PARTS
+from automlperf.measure.breakdown import ADDED_PARTS, PARTS
 from automlperf.dataset_identity import DatasetIdentityError, scan
 from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
@@ -60,7 +60,7 @@ from automlperf.store.urls import strip_password
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
             "epochs", "train_images", "val_images", "unreadable_images", "best_trial", "official", "valid", "trials",
             "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling",
-            "energy_j", "ops_per_watt")
+            "energy_j", "ops_per_watt", "decoding")
 # Recorded wholesale; compared by digest, named when they differ.
 RECORDS = ("dataset_identity", "provenance", "node_descriptions")
 EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",
@@ -398,7 +398,7 @@ def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[s
             bad.append(f"{rd.system}: provenance differs from the one recorded in the store")
     for name in COMPARED:
         if name not in recorded and name in ("peak_ops", "ceiling_ops", "fraction_of_ceiling",
-                                             "unreadable_images"):
+                                             "unreadable_images", "decoding"):
             continue  # absent from results of earlier versions
         if not _same(recorded.get(name), fresh.get(name)):
             bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "
@@ -442,6 +442,8 @@ def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[st
             (f"replica {r.get('replica')}", r, f) for r, f in
             zip(mine_b.get("replicas", []), theirs_b["replicas"], strict=False)]:
         for part in (*PARTS, "session_s"):
+            if part in ADDED_PARTS and part not in a:
+                continue  # a result.json written before the part was
             if not _same(a.get(part), b.get(part)):
                 bad.append(f"result.json: time_breakdown {label} {part} is {a.get(part)!r}, "
                            f"recomputed {b.get(part)!r}")

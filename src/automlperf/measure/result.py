@@ -172,6 +172,7 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "ceiling_ops": ceiling,
         "fraction_of_ceiling": scored["score"] / ceiling if ceiling else None,
         "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation()),
+        "decoding": decoding(epochs),
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,
@@ -189,6 +190,16 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "system": {"host": system.get("host"), "cpu": system.get("cpu", {}).get("model"),
                    "accelerators": sorted(accelerators)},
     }
+
+
+def decoding(epochs: list[EpochRecord]) -> dict[str, Any]:
+    """How the epochs ran: epochs per decode path (what decoded the images, with its
+    libraries' versions), the images a GPU path left to the CPU reference, and the epochs
+    trained through torch.compile."""
+    paths = Counter(e.decode_path for e in epochs if e.decode_path)
+    return {"paths": dict(sorted(paths.items())),
+            "cpu_decoded_images": sum(e.cpu_decoded for e in epochs),
+            "compiled_epochs": sum(1 for e in epochs if e.compiled)}
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ _env.filters["ops"] = format_ops
 _env.filters["energy"] = format_energy
 _env.filters["pct"] = lambda v: "-" if v is None else f"{100 * v:.2f} %"
 _env.filters["num"] = lambda v: "-" if v is None else f"{v:,}"
+_env.filters["seconds"] = lambda v: "-" if v is None else f"{v:.1f} s"
 _env.filters["when"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -41,7 +42,8 @@ TABLE_ROWS = 1000
 CURVE_POINTS = 2000
 
 BREAKDOWN_LABELS = [("start_to_first_epoch_s", "start to first epoch"),
-                    ("training_s", "training"), ("data_wait_s", "of which data wait"),
+                    ("training_s", "training"), ("data_wait_s", "of which waiting for data"),
+                    ("device_wait_s", "of which the device's"),
                     ("validation_s", "validation"), ("candidate_wait_s", "waiting for a candidate"),
                     ("between_trials_s", "between epochs and trials"),
                     ("lost_at_deadline_s", "lost at the deadline")]

@@ -58,7 +58,7 @@ TYPES: dict[type, dict[str, tuple[type, ...]]] = {
                                    "val_skipped"), (int,)),
                   **dict.fromkeys(("started_at", "ended_at", "train_loss", "val_accuracy",
                                    "data_share", "images_per_s"), _NUMBER),
-                  "precision": (str,)},
+                  "device_share": _OPTIONAL_NUMBER, "precision": (str,)},
     TrialRecord: {"id": (int,), "replica_index": (int,), "graph_hash": (str,),
                   "parent_id": (int, type(None)), "morphs": (list,), "round": (int,),
                   "hparams": (dict,), "status": (str,), "reason": (str,),

@@ -112,7 +112,12 @@ T_EPOCHS = sa.Table(
     sa.Column("data_share", sa.Float, nullable=False),
     sa.Column("images_per_s", sa.Float, nullable=False),
     sa.Column("skipped_images", sa.BigInteger, nullable=False),
-    sa.Column("val_skipped", sa.BigInteger, nullable=False, server_default="0"))
+    sa.Column("val_skipped", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("device_share", sa.Float),
+    # Added after schema version 2 without changing it: older stores get it when opened.
+    sa.Column("compiled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("decode_path", sa.Text, nullable=False, server_default=""),
+    sa.Column("cpu_decoded", sa.BigInteger, nullable=False, server_default="0"))
 T_SAMPLES = sa.Table(
     "amp_samples", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -318,7 +323,11 @@ class SQLStore(Store):
             self._number_epochs(conn)
         self._add_columns("amp_samples", (("figures", "BLOB" if self._sqlite else "BYTEA"),
                                           ("figure_keys", "TEXT")))
-        self._add_columns("amp_epochs", (("val_skipped", "BIGINT NOT NULL DEFAULT 0"),))
+        self._add_columns("amp_epochs", (("val_skipped", "BIGINT NOT NULL DEFAULT 0"),
+                                         ("device_share", "FLOAT"),
+                                         ("compiled", "BOOLEAN NOT NULL DEFAULT FALSE"),
+                                         ("decode_path", "TEXT NOT NULL DEFAULT ''"),
+                                         ("cpu_decoded", "BIGINT NOT NULL DEFAULT 0")))
 
     def _add_columns(self, table: str, columns: tuple[tuple[str, str], ...]) -> None:
         """Columns added after a store was made: its existing rows get their default."""

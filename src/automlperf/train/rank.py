@@ -15,7 +15,7 @@ from typing import Any
 from automlperf import hardware
 from automlperf.procutil import die_with_parent
 from automlperf.train.oomkill import volunteer_for_oom_kill
-from automlperf.train.rankenv import keep_host_memory, set_rank_environment
+from automlperf.train.rankenv import keep_host_memory, rank_threads, set_rank_environment
 from automlperf.train.spec import TrialSpec
 
 
@@ -60,8 +60,8 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
         from automlperf.train import data as datasets
         from automlperf.train.trainer import RankContext, train_on_rank
 
-        torch.set_num_threads(max(1, threads))
         device = torch.device(device_name)
+        torch.set_num_threads(rank_threads(device.type, threads))
         if device.type == "cpu":
             keep_host_memory()
         elif device.type == "cuda":

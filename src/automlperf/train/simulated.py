@@ -267,7 +267,7 @@ class SimulatedTrainer:
                 train_images=plan.train_images, val_images=plan.val_images, steps=plan.steps,
                 ops=plan.ops, train_loss=-math.log(max(accuracy, self.curves.chance)),
                 val_accuracy=accuracy, precision=precision, batch_size=plan.batch_size,
-                world_size=self.world, data_share=0.0,
+                world_size=self.world, data_share=0.0, device_share=1.0,
                 images_per_s=plan.train_images / max(train_seconds, 1e-12)))
             outcome.epochs = epoch + 1
             if accuracy > best:

@@ -39,7 +39,8 @@ class TrialSpec:
     label_smoothing: float = _TRAIN.label_smoothing
     precision: str = _TRAIN.precision
     channels_last: bool | None = _TRAIN.channels_last
-    compile: bool = _TRAIN.compile
+    compile: bool | None = _TRAIN.compile  # None: decided by train.compiling's rule
+    compile_figures: dict[str, Any] | None = None  # given figures for that rule
     init: str = _MODEL.initial_weights
     seed: int = 0
     parent_graph: dict[str, Any] | None = None
@@ -63,7 +64,9 @@ class TrialSpec:
                    nesterov=train.nesterov, weight_decay=train.weight_decay,
                    warmup_epochs=train.warmup_epochs, label_smoothing=train.label_smoothing,
                    precision=train.precision, channels_last=train.channels_last,
-                   compile=train.compile, init=seed_init, **fields)
+                   compile=train.compile, init=seed_init,
+                   compile_figures=(train.compile_figures.model_dump()
+                                    if train.compile_figures else None), **fields)
 
 
 @dataclass
@@ -75,6 +78,7 @@ class DataArgs:
     image_size: int | None = None
     workers: int = 0
     gpu_decode: bool | None = _DATA.gpu_decode
+    dali: bool = _DATA.dali
     synthetic_images: int = _DATA.synthetic_images
     synthetic_classes: int = _DATA.synthetic_classes
     index_dir: str | None = None  # a scanned image-folder index (data.FileIndex)
@@ -88,8 +92,8 @@ class DataArgs:
         if workers is None:
             workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
         return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
-                   workers, data.gpu_decode, data.synthetic_images, data.synthetic_classes,
-                   max_unreadable=data.max_unreadable)
+                   workers, data.gpu_decode, data.dali, data.synthetic_images,
+                   data.synthetic_classes, max_unreadable=data.max_unreadable)
 
 
 def plan_steps(n: int, world: int, per_rank: int) -> int:
