@@ -1,6 +1,7 @@
 """Results people can trust and read: check, report (in a real browser), monitor, compare."""
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -135,6 +136,72 @@ def test_check_catches_an_edited_graph(run_dir, tmp_path):
     shutil.copy(run_dir / "trials" / "1" / "graph.json", graph_file)
     done = cli("check", copy)
     assert done.returncode == 1 and "trial 1 epoch 0: recorded" in done.stdout
+
+
+def test_the_hint_to_install_mlperf_logging_keeps_its_brackets(run_dir, tmp_path):
+    """Without mlperf-logging the hint names the extra to install, brackets and all (the
+    console once took `[mlperf]` for markup and printed `pip install 'automlperf'`)."""
+    hidden = tmp_path / "hidden" / "mlperf_logging"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")]))
+    done = cli("mlperf", tampered(run_dir, tmp_path), env={**os.environ, "PYTHONPATH": path})
+    assert "pip install 'automlperf[mlperf]'" in done.stderr, done.stderr
+
+
+def test_check_holds_the_logs_and_the_store_against_each_other(run_dir, tmp_path):
+    """An epoch the store lost (its trial's log has it), one its log lost, and one a log
+    holds twice: each named, both ways."""
+    copy = tampered(run_dir, tmp_path)
+    with sqlite3.connect(copy / "history.db") as db:
+        db.execute("DELETE FROM amp_epochs WHERE trial_id = 1 AND epoch = 0")
+    log = copy / "trials" / "2" / "log.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line).get("epoch") != 0]
+    log.write_text("".join(kept))
+    log3 = copy / "trials" / "3" / "log.jsonl"
+    log3.write_text(log3.read_text() + log3.read_text().splitlines(keepends=True)[0])
+    done = cli("check", copy)
+    text = done.stdout.replace("\n", " ")
+    assert done.returncode == 1
+    assert "trial 1 epoch 0 is in its trial's log but not in the store" in text
+    assert "trial 2 epoch 0 is in the store but not in its trial's log" in text
+    assert "trial 3 epoch 0 appears more than once in its trial's log" in text
+
+
+def test_what_the_store_lost_comes_back_from_the_logs(run_dir, tmp_path):
+    """A store that lost an epoch and a trial's outcome (it went down between the log and
+    the store): the primary gives them back from the logs, as the replica had them, and the
+    run verifies again."""
+    from automlperf.config import Config
+    from automlperf.runner.recovery import recover
+    from automlperf.store import open_store
+    from automlperf.store.rundir import RunDir
+
+    copy = tampered(run_dir, tmp_path)
+    store = open_store(run_dir=run_dir)
+    before = store.trial(3)
+    store.close()
+    with sqlite3.connect(copy / "history.db") as db:
+        db.execute("DELETE FROM amp_epochs WHERE trial_id = 3 AND epoch = 1")
+        db.execute("UPDATE amp_trials SET status = 'running', finished_at = NULL, "
+                   "best_accuracy = NULL, extra = '{}' WHERE id = 3")
+    assert "trial 3 epoch 1 is in its trial's log but not in the store" in cli("check", copy).stdout
+    store = open_store(run_dir=copy)
+    try:
+        rd = RunDir(copy)
+        found = recover(store, rd, 1, Config.load(rd.config))
+        again = store.trial(3)
+        assert (found.epochs, found.outcomes) == (1, 1)
+        assert recover(store, rd, 1, Config.load(rd.config)).epochs == 0  # nothing twice
+    finally:
+        store.close()
+    for name in ("status", "reason", "best_accuracy", "predicted_accuracy", "epochs_done",
+                 "extra"):
+        assert getattr(again, name) == getattr(before, name), name
+    assert Path(again.weights_path).name == Path(before.weights_path).name
+    done = cli("check", copy)
+    assert done.returncode == 0, done.stdout
 
 
 def test_the_monitor_samples_without_a_gpu(run_dir):

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from automlperf.cli.common import app, err, out, user_errors
+from automlperf.cli.common import app, err, out, say_error, user_errors
 from automlperf.errors import UserError
 
 
@@ -58,8 +57,7 @@ def run(
     for problem in outcome.problems:
         err.print(problem, highlight=False)
     if outcome.state == "failed":
-        err.print(f"[bold red]error:[/] the run cannot train: {escape(outcome.reason)}",
-                  highlight=False, soft_wrap=True)
+        say_error(f"the run cannot train: {outcome.reason}")
     elif outcome.state == "interrupted":
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir "
                   f"{outcome.run_dir}`", highlight=False)

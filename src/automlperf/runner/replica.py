@@ -41,7 +41,8 @@ log = logging.getLogger("automlperf.replica")
 
 # What to do about a failure that repeats, by the trainer's failure kind.
 FIXES: dict[FailureKind, str] = {
-    FailureKind.OOM: "lower train.batch_size (or data.image_size) in the configuration",
+    FailureKind.OOM: "lower train.batch_size (or data.image_size) in the configuration, or "
+                     "give each replica more memory (a job's or container's memory limit)",
     FailureKind.NAN: "lower train.lr_per_256 or raise train.warmup_epochs in the configuration",
     FailureKind.DATA: "check the dataset: `automlperf train --dataset ... --data-dir ...` shows "
                       "the problem on its own",
@@ -87,6 +88,28 @@ class Job:
     # Trained again with TPE's batch size once trained with its parent's (search.hpo_order
     # "after_nas", the paper's order).
     retrain: bool = False
+
+
+def conclusion(outcome: TrialOutcome, accuracies: list[float], weights_out: str | None,
+               round_index: int, config: Config) -> dict[str, Any]:
+    """What the store records of a trial that ended with ``outcome`` after the epochs of
+    ``accuracies``: the arguments of ``Store.finish_trial`` but the time. The replica records
+    it; the primary rebuilds it from the trial's log when the store lost it
+    (runner/recovery.py)."""
+    predicted = None
+    if round_index < config.search.hpo_start_round and accuracies:
+        predicted = predict_final(accuracies, config.train.max_epochs)
+    # A trial cut short (deadline, crash) still has the epochs it reported, and the weights
+    # saved at the best of them.
+    best = max(accuracies) if accuracies else None
+    weights = weights_out if accuracies and weights_out and Path(weights_out).exists() else None
+    extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
+             "batch_size": outcome.batch_size,
+             "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,
+             **outcome.extra}
+    return {"status": TrialStatus.of_outcome(outcome.status), "reason": outcome.reason,
+            "best_accuracy": best, "predicted_accuracy": predicted, "weights_path": weights,
+            "extra": extra}
 
 
 class TrialRecorder:
@@ -484,28 +507,14 @@ class Replica:
                         accuracies: list[float], upcoming: Future[Job]) -> None:
         """Record how the trial ended, tell the HPO study, and give up on a failure that
         repeats."""
-        cfg = self.config
         trial_id = int(spec.trial_id)
-        predicted = None
-        if job.round < cfg.search.hpo_start_round and accuracies:
-            predicted = predict_final(accuracies, cfg.train.max_epochs)
-        status = TrialStatus.of_outcome(outcome.status)
-        # A trial cut short (deadline, crash) still has the epochs it reported, and the
-        # weights saved at the best of them.
-        best = max(accuracies) if accuracies else None
-        saved = spec.weights_out
-        weights = saved if accuracies and saved and Path(saved).exists() else None
-        if weights is not None:
+        ending = conclusion(outcome, accuracies, spec.weights_out, job.round, self.config)
+        if ending["weights_path"] is not None:
             # Children inherit these weights by the path recorded below: it must not name a
             # file a later disk error leaves empty.
-            make_durable(weights)
-        extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
-                 "batch_size": outcome.batch_size,
-                 "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,
-                 **outcome.extra}
-        self.store.finish_trial(trial_id, status, self.clock(), reason=outcome.reason,
-                                best_accuracy=best, predicted_accuracy=predicted,
-                                weights_path=weights, extra=extra)
+            make_durable(ending["weights_path"])
+        status, best = ending["status"], ending["best_accuracy"]
+        self.store.finish_trial(trial_id, now=self.clock(), **ending)
         log.info("trial %d %s: best %s%s", trial_id, status,
                  "-" if best is None else f"{best:.4f}",
                  f" ({outcome.reason})" if outcome.reason else "")

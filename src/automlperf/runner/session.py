@@ -23,6 +23,7 @@ from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner.launch import Launcher, wait_all
+from automlperf.runner.recovery import Recovered, recover
 from automlperf.search.hpo import prepare_storage
 from automlperf.store import Store, TrialStatus, open_store, redact
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
@@ -46,6 +47,8 @@ class Session:
     deadline_at: float
     elapsed_before: float
     startup: dict[str, Any] = field(default_factory=dict)  # what came before the clock
+    # What the store took back from the trial logs when the run was resumed.
+    recovered: Recovered = field(default_factory=Recovered)
 
     @property
     def path(self) -> Path:
@@ -80,6 +83,9 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         run_id = int(meta["run_id"])
         store = open_store(rd.store_url(store_url), run_dir=run_dir)
         config = Config.load(rd.config)
+        # What the logs kept and the store lost goes back first: the epochs, and the
+        # outcome of a trial that ended while the store could not hear of it.
+        recovered = recover(store, rd, run_id, config)
         # Trials that were running when the run stopped are over; their epochs stay.
         store.expire_leases(run_id, math.inf)
         segments = store.segments(run_id)
@@ -100,6 +106,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                                   config.run.duration_s, now)
         rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
         elapsed = 0.0
+        recovered = Recovered()
     prepare_storage(store.url)
     remaining = max(0.0, config.run.duration_s - elapsed)
     if limit is not None and resume:
@@ -110,7 +117,8 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
             store.close()
             raise
     segment = store.start_segment(run_id, now, now + remaining)
-    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed, startup)
+    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed, startup,
+                   recovered)
 
 
 def _check_fits(remaining: float, now: float, limit: JobLimit, startup: dict[str, Any]) -> None:
@@ -328,6 +336,11 @@ def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
     launcher.stop(s.config.run.stop_grace_s)
     end = min(time.time(), s.deadline_at)
     s.store.end_segment(s.run_id, s.segment, end)
+    # A replica killed between its log and the store, or cut off by the store, left its log
+    # ahead: the store takes what the logs kept before anything is counted.
+    recovered = recover(s.store, s.dir, s.run_id, s.config)
+    if recovered:
+        console.print(recovered.describe(), highlight=False)
     # Anything a killed replica left running is over; its completed epochs count.
     s.store.expire_leases(s.run_id, math.inf)
     result = build_result(s.store, s.run_id, s.config, system,

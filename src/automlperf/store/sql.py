@@ -25,7 +25,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.events import TrialStatus
 from automlperf.store import connections
-from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, EpochRecord, ReplicaRecord,
+from automlperf.store.base import (BACKOFF_MAX_S, LEASE_EXPIRED, SCHEMA_VERSION, EpochRecord,
+                                   ReplicaRecord,
                                    SampleFigures, SchemaMismatch, SegmentRecord, Store,
                                    StoreError, TrialRecord, TrialSummary, TrialTally,
                                    sample_figures)
@@ -503,7 +504,7 @@ class SQLStore(Store):
                     (T_TRIALS.c.id == trial_id) & (T_TRIALS.c.status == RUNNING)
                     & (T_TRIALS.c.lease_until < now)).values(
                     status=TrialStatus.FAILED.value, finished_at=now, lease_until=None,
-                    reason="replica stopped heart-beating; completed epochs are kept"))
+                    reason=LEASE_EXPIRED))
                 if result.rowcount:
                     expired.append(trial_id)
         return expired
