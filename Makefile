@@ -30,7 +30,7 @@ $(VENV)/.ready: pyproject.toml scripts/setup-venv.sh
 	VENV=$(VENV) PYTHON=$(PYTHON) scripts/setup-venv.sh
 	touch $@
 
-# NVIDIA DALI (the `dali` extra, about 0.5 GB): GPU decoding, and the `dali` tests, which run
+# NVIDIA DALI (the `dali` extra, about 0.5 GB): its own GPU pipeline (data.dali), and the `dali` tests, which run
 # its CPU decoders on any machine; the whole suite installs it so those tests always run.
 setup-dali: setup
 	$(BIN)/python -m pip --disable-pip-version-check -q install -e ".[test,dali]"

@@ -60,7 +60,7 @@ def rank_main(rank: int, world: int, init: str, args: argparse.Namespace, out: s
             if mode == "join":
                 steps, seconds = joined_epoch(run, epoch)
             else:
-                _, _, steps, _, seconds = run.train_epoch(epoch, lambda kind, msg: None)
+                _, _, steps, _, _, seconds = run.train_epoch(epoch, lambda kind, msg: None)
             if epoch >= 2:
                 ms[mode].append(1000 * seconds / steps)
     if rank == 0:

@@ -99,7 +99,7 @@ def resnet50_share(root: Path, train_images: int, out: dict[str, object]) -> Non
     graph = seeds.resnet50(num_classes=ds.num_classes, image_size=224)
     spec = TrialSpec("bench", graph.to_dict(), epochs=1, batch_size=16, patience=2)
     run = _Run(spec, RankContext(0, 1, CPU, ds), graph)
-    _, images, steps, wait, seconds = run.train_epoch(0, lambda kind, msg: None)
+    _, images, steps, wait, _, seconds = run.train_epoch(0, lambda kind, msg: None)
     ds.release()
     out.update(resnet50_images_per_s=round(images / seconds, 3),
                resnet50_data_share=round(wait / seconds, 4), resnet50_steps=steps)

@@ -71,7 +71,7 @@ def main() -> None:
     trainer_rates, plain_rates, shares = [], [], []
     for epoch in range(args.epochs):
         def trainer(epoch: int = epoch) -> tuple[int, float, float]:
-            _, images, _, wait, seconds = run.train_epoch(epoch, lambda kind, msg: None)
+            _, images, _, wait, _, seconds = run.train_epoch(epoch, lambda kind, msg: None)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             return images, seconds, wait

@@ -13,7 +13,8 @@ _db_names = itertools.count()
 # processes): under pytest-xdist they stay on one worker, which sets it up once.
 SHARED_MODULE_FIXTURE = ("test_results", "test_trainer")
 # Modules that share a session fixture: one worker for all of them, which runs it once.
-SHARED_SESSION_FIXTURE = {"test_official_shape": "official_shape", "test_bundle": "official_shape"}
+SHARED_SESSION_FIXTURE = {"test_official_shape": "official_shape", "test_bundle": "official_shape",
+                          "test_identity": "imagenet_1k", "test_readme_cluster": "imagenet_1k"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -125,6 +126,18 @@ def slurm_cluster_8(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def imagenet_1k_tree(tmp_path_factory):
+    """ImageNet-1k's file list, once per session: the 1,000 ILSVRC-2012 class folders and
+    1,281,167 + 50,000 hard links to one small JPEG (test_identity.make_tree). Read it,
+    never write."""
+    from automlperf import rules
+    from test_identity import make_tree
+
+    return make_tree(tmp_path_factory.mktemp("imagenet_1k") / "imagenet", counts=(
+        rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images))
+
+
+@pytest.fixture(scope="session")
 def official_shape_run(tmp_path_factory):
     """The official shape end to end, once per session: the ResNet-50 seed at 224x224 on an
     ImageNet-layout tree of the 1,000 ILSVRC-2012 class folders, through `automlperf run`.
@@ -166,7 +179,9 @@ batch_size = 50
     run_dir = tmp_path / "run"
     env, mark = marked_env()
     # Minutes on an idle 2-core machine; the limit guards against a hang only.
-    done = cli("run", "--config", config, "--run-dir", run_dir, env=env, timeout=3000)
+    # Declared unofficial: official settings alone would refuse these image counts.
+    done = cli("run", "--config", config, "--run-dir", run_dir, "--unofficial", env=env,
+               timeout=3000)
     assert done.returncode == 0, done.stdout + done.stderr
     wait_no_strays(mark)
     return run_dir

@@ -97,3 +97,36 @@ def test_without_any_accelerator_training_runs_on_the_cpu(monkeypatch):
     ("NVIDIA H100 80GB HBM3", 989.4e12)])
 def test_the_peak_table_matches_device_names(name, peak):
     assert system.peak_for(name)[0] == peak
+
+
+def fake_torch(version, cuda=None, hip=None, warning=None):
+    """A torch module as far as the diagnosis reads it: its build and what its CUDA
+    initialisation says."""
+    import warnings
+
+    def is_available():
+        if warning:
+            warnings.warn(warning, stacklevel=2)
+        return False
+
+    return types.SimpleNamespace(__version__=version, version=types.SimpleNamespace(cuda=cuda, hip=hip),
+                                 cuda=types.SimpleNamespace(is_available=is_available))
+
+
+def test_a_replica_told_to_use_gpus_that_sees_none_says_why():
+    # This machine's own torch is a CPU-only build: the real thing, end to end.
+    with pytest.raises(hardware.DeviceError, match=r"this torch \(.*\) is a CPU-only build"):
+        hardware.choose_devices(None, require=True)
+    assert hardware.choose_devices(None) == ["cpu"]  # not asked for: CPU ranks, as before
+    # The other causes, through the seam: a variable that hides every device ...
+    cuda = fake_torch("2.8.0+cu128", cuda="12.8")
+    said = hardware.missing_accelerators(cuda, {"CUDA_VISIBLE_DEVICES": ""}, ["/dev/nvidia0"])
+    assert "CUDA_VISIBLE_DEVICES='' hides every device" in said
+    # ... a step given no GPU (no device file in its cgroup) ...
+    said = hardware.missing_accelerators(cuda, {}, [])
+    assert "torch 2.8.0+cu128 (CUDA 12.8) sees none" in said and "no /dev/nvidia<N>" in said
+    # ... and a driver torch cannot use, in torch's own words.
+    broken = fake_torch("2.8.0+cu128", cuda="12.8", warning="Found no NVIDIA driver on your system.")
+    said = hardware.missing_accelerators(broken, {}, ["/dev/nvidia0"])
+    assert "(torch says: Found no NVIDIA driver on your system.)" in said and "nvidia-smi" in said
+    assert all("\n" not in s for s in (said,))

@@ -77,3 +77,39 @@ def test_customised_settings_are_listed():
                                           ("1h30m", 5400), (45, 45), ("1.5h", 5400)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+def test_the_official_configuration_ships_and_holds_every_rule(tmp_path):
+    from automlperf.config import config_file
+
+    official = Config.load("official")
+    assert config_file("official").name == "official.toml"
+    assert official.run.official is True and official.strict() and not official.fixed_changes()
+    assert official.data.dataset == "imagenet" and official.run.duration_s == 3600
+    assert official.run.require_accelerators
+    # A file of that name in the working folder is what --config names.
+    (tmp_path / "official").write_text("[run]\nduration_s = 60\n")
+    assert config_file(tmp_path / "official") == tmp_path / "official"
+    with pytest.raises(ConfigError, match="no such file.*shipped with automlperf \\(official\\)"):
+        Config.load(tmp_path / "nothing.toml")
+
+
+def test_official_settings_hold_a_run_to_the_data_rule_unless_declared_unofficial():
+    assert Config().strict()  # every fixed setting official: the data must be ImageNet-1k
+    assert not Config.parse({"run": {"official": False}}).strict()
+    assert not Config.for_dataset("digits").strict()  # its settings already make it unofficial
+    assert not Config.parse({"run": {"accelerator": "simulated"}}).strict()
+    assert Config.parse({"run": {"official": True}, "data": {"image_size": 160}}).strict()
+
+
+def test_a_cluster_run_of_a_built_in_task_must_be_asked_for():
+    from automlperf.errors import UserError
+    from automlperf.runner.primary import check_cluster_task
+
+    digits = Config.for_dataset("digits")
+    with pytest.raises(UserError, match="a 4-node run of the digits task .*--small-task"):
+        check_cluster_task(digits, 4, asked=False)
+    check_cluster_task(digits, 4, asked=True)
+    check_cluster_task(digits, 1, asked=False)
+    check_cluster_task(Config.parse({"run": {"accelerator": "simulated"},
+                                     "data": {"dataset": "digits"}}), 4, asked=False)

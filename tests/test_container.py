@@ -14,7 +14,7 @@ from automlperf.runner.slurm import Container, SlurmError, SlurmLauncher
 def write(tmp_path, *extra):
     run_dir = tmp_path / "r"
     done = CliRunner().invoke(app, ["slurm", "--nodes", "2", "--duration", "2h", "--run-dir",
-                                    str(run_dir), "--store", "postgresql://u@db/x", *extra])
+                                    str(run_dir), "--store", "postgresql://u@db/x", "--small-task", *extra])
     return run_dir, done
 
 
@@ -84,6 +84,43 @@ def test_the_container_script_is_valid_for_sbatch(slurm_cluster, tmp_path):
 
     done = cli("slurm", "--nodes", 2, "--duration", "2h", "--run-dir", tmp_path / "r",
                "--container-image", "/sw/automlperf.sif", "--container-runtime", "apptainer",
-               "--test-only", env=slurm_cluster)
+               "--small-task", "--test-only", env=slurm_cluster)
     assert done.returncode == 0, done.stderr
     assert "to start at" in done.stdout
+
+
+def test_the_images_hold_what_installing_automlperf_needs(tmp_path):
+    """examples/container/Dockerfile (for pyxis through enroot, Docker, Kubernetes) and
+    examples/apptainer/automlperf.def copy the same files and run the same install: the
+    files copied are enough to build automlperf, and the build is the package the image
+    then imports. No container runtime runs here: the copy and the build do."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    docker = (repo / "examples/container/Dockerfile").read_text()
+    definition = (repo / "examples/apptainer/automlperf.def").read_text()
+    copied = re.findall(r"^COPY (.+) /opt/automlperf/", docker, re.M)
+    names = [n for line in copied for n in line.split()]
+    assert sorted(names) == sorted(re.findall(r"^\s+(\S+) /opt/automlperf/\S+$", definition, re.M))
+    install = 'python3 -m pip install --no-cache-dir --constraint /tmp/keep-torch.txt "/opt/automlperf[postgres]"'
+    assert install in docker and install in definition
+    assert docker.splitlines()[docker.splitlines().index(next(
+        line for line in docker.splitlines() if line.startswith("FROM")))].split()[1] == \
+        re.search(r"^From: (\S+)", definition, re.M).group(1).replace("docker://", "")
+    opt = tmp_path / "opt" / "automlperf"
+    opt.mkdir(parents=True)
+    for name in names:
+        source = repo / name
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, opt / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "-q", "-w", str(tmp_path / "wheel"), str(opt)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    wheel = next((tmp_path / "wheel").glob("automlperf-*.whl"))
+    import zipfile
+
+    inside = zipfile.ZipFile(wheel).namelist()
+    assert "automlperf/presets/official.toml" in inside and "automlperf/runner/slurm.sh.j2" in inside

@@ -29,7 +29,7 @@ def test_train_decodes_with_dali_and_counts_corrupt_files(tmp_path, photos, devi
     root, counts = photos
     env, mark = marked_env()
     config = tmp_path / "dali.toml"
-    config.write_text(f"[data]\nworkers = 1\ngpu_decode = true\n"
+    config.write_text(f"[data]\nworkers = 1\ndali = true\n"
                       f"max_unreadable = {TEST_MAX_UNREADABLE}\n")
     done = cli("train", "--config", config, "--epochs", 2, "--json", "--dataset", "imagenet",
                "--data-dir", root, "--model", "resnet_small", "--image-size", 32,
@@ -42,7 +42,7 @@ def test_train_decodes_with_dali_and_counts_corrupt_files(tmp_path, photos, devi
 
 def test_one_pipeline_per_split_and_trial_with_nhwc_uint8_output(photos, monkeypatch):
     root, counts = photos
-    ds = datasets.load("imagenet", root, image_size=32, workers=1, gpu_decode=True)
+    ds = datasets.load("imagenet", root, image_size=32, workers=1, dali=True)
     assert isinstance(ds, datasets.DaliImageFolderDataset)
     built: list[tuple[bool, int]] = []
     real_build = dali._DaliLoader._build
@@ -75,7 +75,7 @@ def test_one_pipeline_per_split_and_trial_with_nhwc_uint8_output(photos, monkeyp
 
 def test_a_trial_on_dali_images_through_the_trainer(photos):
     root, counts = photos
-    ds = datasets.load("imagenet", root, image_size=32, workers=1, gpu_decode=True,
+    ds = datasets.load("imagenet", root, image_size=32, workers=1, dali=True,
                        max_unreadable=TEST_MAX_UNREADABLE)
     graph = seeds.resnet_small(num_classes=3, image_size=32)
     spec = TrialSpec("dali", graph.to_dict(), epochs=2, batch_size=8, patience=5)
@@ -85,10 +85,13 @@ def test_a_trial_on_dali_images_through_the_trainer(photos):
     assert ds._loader is None  # released with the trial
 
 
-def test_dali_is_the_default_for_gpu_ranks_when_installed(photos):
+def test_dali_is_chosen_only_when_asked_and_labelled_a_different_function(photos, monkeypatch):
+    from automlperf.train.data import gpudecode
+
     root, _ = photos
-    assert isinstance(datasets.load("imagenet", root, device_type="cuda"),
-                      datasets.DaliImageFolderDataset)
+    monkeypatch.setattr(gpudecode, "DECODERS", ())  # no nvJPEG decoder: the CPU workers
+    assert type(datasets.load("imagenet", root, device_type="cuda")) is datasets.ImageFolderDataset
     assert type(datasets.load("imagenet", root, device_type="cpu")) is datasets.ImageFolderDataset
-    assert type(datasets.load("imagenet", root, device_type="cuda",
-                              gpu_decode=False)) is datasets.ImageFolderDataset
+    ds = datasets.load("imagenet", root, device_type="cpu", dali=True)
+    assert isinstance(ds, datasets.DaliImageFolderDataset)
+    assert ds.decode_path.startswith("dali-own-crops ") and "not the reference" in ds.decode_path

@@ -24,19 +24,19 @@ def collect(ds, split, world=1, batch=16, epoch=0):
 
 def test_builtin_mnist_sample_ships_with_the_package():
     ds = datasets.load("builtin")
-    assert (ds.train_size, ds.val_size, ds.num_classes, ds.input_shape) == (2000, 3000, 10, (1, 12, 12))
+    assert (ds.train_size, ds.val_size, ds.num_classes, ds.input_shape) == (4000, 1000, 10, (1, 12, 12))
     x, y = collect(ds, "val", batch=500)
-    assert x.shape == (3000, 1, 12, 12) and torch.bincount(y).tolist() == [300] * 10
+    assert x.shape == (1000, 1, 12, 12) and torch.bincount(y).tolist() == [100] * 10
     assert abs(float(x.mean())) < 0.3 and 0.6 < float(x.std()) < 1.4  # normalised
     tx, ty = collect(ds, "train", batch=500)
-    assert torch.bincount(ty).tolist() == [200] * 10
+    assert torch.bincount(ty).tolist() == [400] * 10
     full = datasets.load("builtin", image_size=28)
     assert full.input_shape == (1, 28, 28)
     # Validation and training images are disjoint (no image counted twice).
     vx, _ = collect(full, "val", batch=500)
-    train_rows = {bytes(r) for r in full._train[0].numpy().reshape(2000, -1)}
-    assert not any(bytes(r) in train_rows for r in full._val[0].numpy().reshape(3000, -1))
-    assert vx.shape == (3000, 1, 28, 28)
+    train_rows = {bytes(r) for r in full._train[0].numpy().reshape(4000, -1)}
+    assert not any(bytes(r) in train_rows for r in full._val[0].numpy().reshape(1000, -1))
+    assert vx.shape == (1000, 1, 28, 28)
 
 
 def test_digits_ship_with_the_package():
@@ -155,14 +155,22 @@ def test_imagenet_folder_errors(tmp_path):
         datasets.load("imagenet", tmp_path)
 
 
-def test_gpu_decode_without_dali_says_how_to_get_it(tmp_path, monkeypatch):
+def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monkeypatch):
+    from automlperf.train.data import gpudecode
+
     make_image_folder(tmp_path, corrupt=False)
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # as if not installed
-    with pytest.raises(DataError, match=r"gpu_decode needs NVIDIA DALI: pip install 'automlperf\[dali\]'"):
+    with pytest.raises(DataError, match=r"data.dali needs NVIDIA DALI: pip install 'automlperf\[dali\]'"):
+        datasets.load("imagenet", tmp_path, image_size=32, dali=True)
+    monkeypatch.setattr(gpudecode, "DECODERS", ())  # neither torchcodec nor torchvision
+    with pytest.raises(DataError, match=r"gpu_decode needs an nvJPEG decoder: pip install "
+                                        r"'automlperf\[nvjpeg\]'"):
+        datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True, device_type="cuda")
+    with pytest.raises(DataError, match="gpu_decode needs the ranks to train on NVIDIA GPUs"):
         datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True)
-    # Unset, it is the GPUs' default only where DALI is installed.
+    # Unset, GPU ranks decode on the GPU only where a decoder imports.
     ds = datasets.load("imagenet", tmp_path, image_size=32, device_type="cuda")
-    assert type(ds) is datasets.ImageFolderDataset
+    assert type(ds) is datasets.ImageFolderDataset and ds.decode_path.startswith("cpu-pillow ")
 
 
 def test_random_resized_crop_box_stays_inside():

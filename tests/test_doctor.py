@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from automlperf.runner import doctor
-from automlperf.runner.doctor import STATUSES, DoctorRequest
+from automlperf.runner.doctor import STATUSES, DoctorRequest, memory, official, pipeline, training
 
 ITEMS = ["devices", "ceiling", "train eager", "train channels_last", "train compiled",
          "memory", "input pipeline", "energy", "official run"]
@@ -34,11 +34,19 @@ def test_the_quick_doctor_passes_on_this_machine_and_writes_every_item(tmp_path)
     eager = checks["train eager"]["figures"]
     assert eager["images_per_s"] > 0 and eager["fraction_of_ceiling"] > 0
     assert checks["train channels_last"]["figures"]["channels_last"] is True
-    # The pipeline is sized from the run's own layout: channels_last, the default here.
+    # The pipeline is judged against the run's own layout: channels_last, the default here.
     default = checks["train channels_last"]["figures"]["images_per_s"]
-    assert checks["input pipeline"]["figures"]["needed_images_per_s"] == default
+    loader = checks["input pipeline"]["figures"]
+    assert loader["needed_images_per_s_per_rank"] == default
+    # The rank's own loader, alone and beside training, with the run's workers and batch.
+    assert loader["alone"]["images_per_s"] > 0 and loader["training"]["steps"] >= 3
+    assert 0 <= loader["predicted_data_share"] <= 1 and loader["per_rank"] == 16
+    assert loader["workers"] == max(0, checks["devices"]["figures"]["threads_per_rank"] - 1)
+    assert loader["decode_path"].startswith("cpu-pillow ")
     run = checks["official run"]["figures"]
     assert run["check_ok"] and run["epochs"] >= 1
+    assert run["speed"]["ratio"] > 0 and set(run["speed"]["lost_s"]) == {
+        "start-up", "data", "validation", "device", "between trials"}
     assert (tmp_path / "run" / "result.json").exists()
     assert "automlperf doctor (quick)" in done.stdout
 
@@ -76,12 +84,12 @@ def test_an_item_that_raises_is_a_failure_and_the_others_still_run(tmp_path, mon
 
 def test_the_cpu_memory_estimate_extrapolates_two_measured_batches(tmp_path, monkeypatch):
     peaks = {4: 1000 + 4 * 50, 8: 1000 + 8 * 50}
-    monkeypatch.setattr(doctor, "_probe", lambda shape, b, device, node: {
+    monkeypatch.setattr(memory, "probe", lambda shape, b, device, node: {
         "batch": b, "oom": False, "peak_bytes": peaks[b]})
-    node = doctor._Node(DoctorRequest(tmp_path, quick=True))
+    node = doctor.Node(DoctorRequest(tmp_path, quick=True))
     if node.accelerated:
         pytest.skip("the estimate is the CPU path")
-    check = doctor._memory(node, doctor.Shape("resnet_small", 32, 4, False))
+    check = memory.memory(node, doctor.Shape("resnet_small", 32, 4, False))
     figures = check.figures
     assert figures["per_image_bytes"] == 50
     assert figures["estimated_bytes"][figures["default_batch"]] == 1000 + 50 * figures["default_batch"]
@@ -89,7 +97,7 @@ def test_the_cpu_memory_estimate_extrapolates_two_measured_batches(tmp_path, mon
 
 
 def _node(tmp_path, accelerated, eager):
-    node = doctor._Node(DoctorRequest(tmp_path))
+    node = doctor.Node(DoctorRequest(tmp_path))
     node.accelerated, node.train_images_per_s = accelerated, eager
     return node
 
@@ -98,47 +106,95 @@ def test_a_slower_layout_or_compilation_is_named_with_what_to_set(tmp_path):
     node = _node(tmp_path, False, 10.0)
     node.rates = {"train eager": 10.0, "train channels_last": 12.0}
     node.channels_last = True  # the default on CPUs and CUDA GPUs
-    assert "train.compile = false" in doctor._layout_advice(node, 11.0, True, True)
-    assert doctor._layout_advice(node, 13.0, True, True) == ""
-    assert doctor._layout_advice(node, 12.0, True, False) == ""  # faster: the default stands
-    assert "train.channels_last = false" in doctor._layout_advice(node, 9.0, True, False)
+    assert "train.compile unset or false" in training.layout_advice(node, 11.0, True, True)
+    assert training.layout_advice(node, 13.0, True, True) == ""
+    assert training.layout_advice(node, 12.0, True, False) == ""  # faster: the default stands
+    assert "train.channels_last = false" in training.layout_advice(node, 9.0, True, False)
     node.channels_last = False  # a device whose default is the standard layout
-    assert "train.channels_last = true" in doctor._layout_advice(node, 12.0, True, False)
-    assert "train.compile = false" in doctor._layout_advice(node, 9.0, False, True)
+    assert "train.channels_last = true" in training.layout_advice(node, 12.0, True, False)
+    assert "train.compile unset or false" in training.layout_advice(node, 9.0, False, True)
 
 
-def test_a_clear_gain_from_compilation_is_named_with_its_cost(tmp_path):
+def test_the_compile_figures_come_from_the_first_epochs_and_give_the_rules_decision(tmp_path):
+    from automlperf.config import load_config
+    from automlperf.train.compiling import CompileFigures
+
     node = _node(tmp_path, False, 10.0)
-    node.rates = {"train eager": 10.0, "train channels_last": 12.0}
     node.channels_last = True
-    said = doctor._compile_gain(node, 13.2, 58.0)
-    assert "10% faster" in said and "train.compile = true" in said and "58 s" in said
-    assert doctor._compile_gain(node, 12.3, 58.0) == ""  # within 5 %: not worth a word
-    node.rates = {}
-    assert doctor._compile_gain(node, 13.2, 58.0) == ""  # nothing to compare with
+    assert training.compile_figures(node, 177) is None  # nothing measured yet
+    node.step_ops = {"train channels_last": 2e11, "train compiled": 2.4e11}
+    # The compiled first epoch took 40 s beyond its steady steps, the eager one 5 s.
+    node.first_overheads = {"train channels_last": 5.0, "train compiled": 45.0}
+    figures = training.compile_figures(node, 177)
+    assert figures == CompileFigures(40.0, 177, 2e11, 2.4e11, f"automlperf doctor, {node.devices[0]}")
+    said = training.compile_advice(node, figures, doctor.Shape("resnet50", 224, 1000, True))
+    # 15 epochs of ImageNet's 1,281,167 images at ~23 GOPs each: compiling pays.
+    assert "+20% against eager" in said and "it pays" in said
+    toml = said[said.index("train.compile_figures"):]
+    cfg = load_config(None, "imagenet", {"train": {"compile_figures": figures.to_dict()}})
+    assert CompileFigures(**cfg.train.compile_figures.model_dump()) == figures
+    assert "compile_s = 40.0" in toml and "layers = 177" in toml
+    slow = CompileFigures(4e5, 177, 2e11, 2.4e11)  # a compilation of days never pays
+    assert "does not pay" in training.compile_advice(node, slow, doctor.Shape("resnet50", 224, 1000, True))
 
 
 def test_a_low_share_of_the_ceiling_is_judged_in_the_runs_own_layout(tmp_path):
     node = _node(tmp_path, False, 10.0)
     node.channels_last = True
-    limit = doctor.TRAIN_FRACTION_WARN["cpu"]
-    assert "below" in doctor._low_fraction_advice(node, limit - 0.01, True)
-    assert doctor._low_fraction_advice(node, limit + 0.01, True) == ""
-    assert doctor._low_fraction_advice(node, limit - 0.01, False) == ""  # only compared
-    assert doctor._low_fraction_advice(node, None, True) == ""  # no ceiling measured
+    limit = training.TRAIN_FRACTION_WARN["cpu"]
+    assert "below" in training.low_fraction_advice(node, limit - 0.01, True)
+    assert training.low_fraction_advice(node, limit + 0.01, True) == ""
+    assert training.low_fraction_advice(node, limit - 0.01, False) == ""  # only compared
+    assert training.low_fraction_advice(node, None, True) == ""  # no ceiling measured
 
 
 def test_the_generated_folder_and_the_short_run_are_sized_from_the_measured_rate(tmp_path):
     from automlperf.train.data.generate import write_photo_folder
 
     slow, fast = _node(tmp_path, False, 4.5), _node(tmp_path, True, 3000.0)
-    classes, train, val = doctor._generated_size(slow)
-    assert (classes, train) == (doctor.CLASSES, doctor.MIN_PER_CLASS) and val == train // 4
-    assert doctor._generated_size(fast)[1] == doctor.MAX_PER_CLASS
+    classes, train, val = official.generated_size(slow)
+    assert (classes, train) == (official.CLASSES, official.MIN_PER_CLASS) and val == train // 4
+    assert official.generated_size(fast)[1] == official.MAX_PER_CLASS
     middle = _node(tmp_path, False, 10.0)  # 30 s an epoch: 300 images, 30 a class
-    assert doctor._generated_size(middle)[1] == 30
+    assert official.generated_size(middle)[1] == 30
     write_photo_folder(tmp_path / "data", 2, 8, 2, size=(64, 48))  # 16 + 4 images
     # 16 + 4/3 images at 0.1 img/s, two epochs after the start: longer than the default 150 s.
-    assert doctor._run_seconds(_node(tmp_path, False, 0.1), tmp_path / "data") == pytest.approx(
-        doctor.RUN_START_S + doctor.RUN_EPOCHS * (16 + 4 / 3) / 0.1)
-    assert doctor._run_seconds(slow, tmp_path / "data") == 150.0  # never below the request
+    assert official.run_seconds(_node(tmp_path, False, 0.1), tmp_path / "data") == pytest.approx(
+        official.RUN_START_S + official.RUN_EPOCHS * (16 + 4 / 3) / 0.1)
+    assert official.run_seconds(slow, tmp_path / "data") == 150.0  # never below the request
+
+
+def test_the_input_item_fails_below_1x_headroom_and_warns_below_1_2x_or_a_large_data_share():
+    status, advice = pipeline.verdict(9.0, 10.0, 0.0)
+    assert status == "fail" and "data side" in advice and "gpu_decode" in advice
+    assert "share this node's cores" in pipeline.verdict(9.0, 10.0, 0.0, accelerated=False)[1]
+    status, advice = pipeline.verdict(11.0, 10.0, 0.0)
+    assert status == "warn" and "1.2x" in advice
+    assert pipeline.verdict(13.0, 10.0, 0.02) == ("pass", "")
+    status, advice = pipeline.verdict(13.0, 10.0, 0.3)
+    assert status == "warn" and "30%" in advice and "data side" in advice
+    assert pipeline.verdict(13.0, None, 0.0) == ("pass", "")  # no training rate to compare
+
+
+def _result(images, **parts):
+    total = {"session_s": 100.0, "start_to_first_epoch_s": 0.0, "training_s": 0.0,
+             "data_wait_s": 0.0, "validation_s": 0.0, "between_trials_s": 0.0,
+             "candidate_wait_s": 0.0, "lost_at_deadline_s": 0.0, **parts}
+    return {"train_images": images, "time_breakdown": {"total": total}}
+
+
+def test_a_slow_whole_run_names_the_side_that_limits():
+    # The training item ran at 10 img/s: 1,000 images in the 100 s session would be 1.0.
+    fast = official.judge_speed(_result(900, training_s=95.0, start_to_first_epoch_s=5.0), 10.0)
+    assert fast["ratio"] == pytest.approx(0.9) and fast["limit"] is None
+    data = official.judge_speed(_result(500, training_s=80.0, data_wait_s=30.0,
+                                        start_to_first_epoch_s=10.0, validation_s=10.0), 10.0)
+    assert data["limit"] == "data" and "0.50" in data["advice"] and "30%" in data["advice"]
+    start = official.judge_speed(_result(500, training_s=50.0, start_to_first_epoch_s=40.0), 10.0)
+    assert start["limit"] == "start-up"
+    val = official.judge_speed(_result(400, training_s=45.0, validation_s=50.0), 10.0)
+    assert val["limit"] == "validation"
+    # Steps of 90 s for 500 images: 40 s beyond the item's rate (grown models).
+    device = official.judge_speed(_result(500, training_s=90.0, validation_s=5.0), 10.0)
+    assert device["limit"] == "device" and device["lost_s"]["device"] == pytest.approx(40.0)
+    assert official.judge_speed(_result(500), None) == {"ratio": None}

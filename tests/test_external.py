@@ -42,7 +42,8 @@ def test_replicas_started_by_mpiexec_complete_a_run_that_verifies(tmp_path):
     with open(tmp_path / "primary.log", "wb") as log:
         primary = subprocess.Popen(
             [sys.executable, "-m", "automlperf.cli", "run", "--launcher", "external",
-             "--config", config, "--run-dir", run_dir], stdout=log, stderr=subprocess.STDOUT)
+             "--config", config, "--run-dir", run_dir, "--small-task"], stdout=log,
+            stderr=subprocess.STDOUT)
     try:
         # The workers may start before the primary has prepared the run: they wait for it.
         with open(tmp_path / "mpiexec.log", "wb") as log:
@@ -103,7 +104,7 @@ def test_a_session_nobody_joins_ends_at_its_deadline_and_says_so(tmp_path):
     config = tmp_path / "fast.toml"
     config.write_text(fast_config(duration_s=3, replicas=2, stop_grace_s=5))
     done = cli("run", "--launcher", "external", "--config", config, "--run-dir",
-               tmp_path / "run", timeout=120)
+               tmp_path / "run", "--small-task", timeout=120)
     assert done.returncode == 1 and "only 0 of 2 replica(s) joined" in done.stderr
     assert json.loads((tmp_path / "run" / "result.json").read_text())["score"] == 0
 

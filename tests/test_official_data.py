@@ -22,7 +22,7 @@ def official(data_dir):
 def test_the_right_data_is_recorded_for_an_official_run(tmp_path):
     root = make_tree(tmp_path / "imagenet")
     origin = record_origin(official(root), SMALL_RULES)
-    assert origin["ruleset"] == "aiperf-2021.1"
+    assert origin["ruleset"] == rules.CURRENT.id == "aiperf-2021.2"
     assert origin["dataset_identity"]["problems"] == []
     assert origin["dataset_identity"]["fingerprint"].startswith("sha256:")
     assert origin["provenance"]["source_hash"].startswith("sha256:")
@@ -47,7 +47,10 @@ def test_an_unreadable_layout_is_refused_in_one_line(tmp_path):
     (root / "val").rename(root / "validation")
     with pytest.raises(ConfigError, match="official run refused: .*val not found"):
         record_origin(official(root), SMALL_RULES)
-    unofficial = Config.parse({"data": {"data_dir": str(root)}})
+    # Official settings alone hold a run to the data rule; declared unofficial, it goes on.
+    with pytest.raises(ConfigError, match="official run refused: .*val not found.*--unofficial"):
+        record_origin(Config.parse({"data": {"data_dir": str(root)}}), SMALL_RULES)
+    unofficial = Config.parse({"run": {"official": False}, "data": {"data_dir": str(root)}})
     assert "val not found" in record_origin(unofficial, SMALL_RULES)["dataset_identity"][
         "problems"][0]
 

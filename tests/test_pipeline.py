@@ -46,16 +46,20 @@ def test_memory_stays_within_the_byte_budget_at_an_h100_batch():
     plan = plan_loader(1112, 8, image, pinned=True)
     assert plan.shared_bytes <= datasets.SHARED_BUDGET
     assert plan.chunk <= datasets.CHUNK_IMAGES < 1112
-    # Pinned: two batches, allocated once per trial (not one per prefetched batch, rounded
-    # up to a power of two).
-    assert plan.pinned_bytes == 2 * 1114 * image
-    tight = plan_loader(1112, 8, image, pinned=False, budget=8 * 4 * image)
-    assert tight.shared_bytes <= 8 * 4 * image and tight.chunk == 4 and tight.pinned_bytes == 0
+    # The ring is the memory: whole batch slots, page-locked where they lie on a GPU (not a
+    # pinned copy beside them), made once per trial.
+    assert plan.slots == 3 and plan.pinned_bytes == plan.shared_bytes == 3 * 1114 * (image + 16)
+    # A budget of one slot still decodes (one batch at a time); every worker gets chunks.
+    tight = plan_loader(1112, 8, image, pinned=False, budget=1114 * (image + 16))
+    assert tight.slots == 1 and tight.pinned_bytes == 0 and tight.chunk == datasets.CHUNK_IMAGES
+    assert plan_loader(16, 2, image, pinned=False, chunk=32).chunk == 9
+    # Without workers: one slot of the rank's own memory (two on a GPU), nothing shared.
+    alone = plan_loader(16, 0, image, pinned=True)
+    assert (alone.slots, alone.shared_bytes, alone.pinned_bytes) == (2, 0, 2 * 18 * (image + 16))
 
 
 def worker_pids(ds):
-    loader = ds._loader
-    return {w.pid for w in loader.loader._iterator._workers}
+    return set(ds._loader.pool.pids)
 
 
 @pytest.mark.slow
@@ -94,7 +98,7 @@ def test_a_new_trial_shape_gets_a_new_loader(tmp_path):
     list(ds.batches("train", 0, 1, 4, 0, 0, CPU))
     old = ds._loader
     list(ds.batches("train", 0, 1, 2, 0, 0, CPU))  # a retry at half the batch
-    assert ds._loader is not old and old.loader is None
+    assert ds._loader is not old and old.pool is None
     ds.release()
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from automlperf.measure import provenance
-from automlperf.measure.breakdown import PARTS, breakdown
+from automlperf.measure.breakdown import OF_TRAINING, PARTS, breakdown
 
 
 def test_performance_variables_are_kept_and_secrets_redacted():
@@ -47,6 +47,7 @@ class Ep:
     train_images: int = 800
     images_per_s: float = 100.0  # 8 s of training
     data_share: float = 0.25
+    device_share: float | None = 0.5
 
 
 @dataclass
@@ -77,7 +78,8 @@ def test_the_breakdown_splits_each_replicas_run_time_without_gaps():
     assert r0["start_to_first_epoch_s"] == 10.0 and r0["lost_at_deadline_s"] == 55.0
     assert r0["training_s"] == 24.0 and r0["validation_s"] == 6.0 and r0["data_wait_s"] == 6.0
     assert r0["candidate_wait_s"] == 2.0 and r0["between_trials_s"] == 3.0
-    assert sum(r0[k] for k in PARTS if k != "data_wait_s") == pytest.approx(100.0)
+    assert r0["device_wait_s"] == 12.0  # half of each epoch's training
+    assert sum(r0[k] for k in PARTS if k not in OF_TRAINING) == pytest.approx(100.0)
     r1 = out["replicas"][1]
     assert (r1["start_to_first_epoch_s"], r1["lost_at_deadline_s"]) == (40.0, 50.0)
     assert out["total"]["session_s"] == 200.0

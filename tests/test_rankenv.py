@@ -44,3 +44,10 @@ def test_a_cpu_rank_keeps_freed_blocks_instead_of_faulting_them_back_in():
     pages = (2 * (64 << 20)) // 4096  # what the default pays in every repeat
     assert default["faults_per_repeat"] >= 0.9 * pages
     assert kept["faults_per_repeat"] < 0.05 * pages
+
+
+def test_an_accelerator_rank_leaves_its_cores_to_the_decoding_workers():
+    from automlperf.train.rankenv import rank_threads
+
+    assert rank_threads("cpu", 16) == 16 and rank_threads("cpu", 0) == 1
+    assert rank_threads("cuda", 16) == 1 and rank_threads("xpu", 8) == 1

@@ -37,7 +37,7 @@ def submit(tmp_path, env, run_dir, *extra, rounds=2):
     guard), so what the tests see does not depend on the machine's speed."""
     (tmp_path / "fast.toml").write_text(fast_config(lease_timeout_s=8, max_rounds=rounds))
     done = cli("slurm", "--nodes", 2, "--duration", "15m", "--run-dir", run_dir,
-               "--config", tmp_path / "fast.toml", "--submit", *extra, env=env)
+               "--config", tmp_path / "fast.toml", "--small-task", "--submit", *extra, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return re.search(r"submitted job (\d+)", done.stdout).group(1)
 
@@ -52,18 +52,23 @@ def stored(run_dir):
 
 def test_the_script_is_valid_for_sbatch(slurm_cluster, tmp_path):
     done = cli("slurm", "--nodes", 2, "--duration", "2h", "--run-dir", tmp_path / "r",
-               "--gpus-per-node", 0, "--partition", "debug", "--test-only", env=slurm_cluster)
+               "--gpus-per-node", 0, "--partition", "debug", "--small-task", "--test-only",
+               env=slurm_cluster)
     assert done.returncode == 0, done.stderr
     assert "to start at" in done.stdout
     script = (tmp_path / "r" / "automlperf.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=debug" in script
-    assert "#SBATCH --time=2:06:00" in script and "#SBATCH --signal=B:TERM@300" in script
+    # 5 min of start-up, the 2 h run, its grace for epochs in flight (a quarter: 30 min), the
+    # signal's lead (3 % of run and grace) and SLURM's minute.
+    assert "#SBATCH --time=2:41:00" in script and "#SBATCH --signal=B:TERM@270" in script
+    assert "#SBATCH --no-kill" in script and "AUTOMLPERF_JOB_MARGIN_S=330" in script
     assert script.count("2h") == 0 and "--duration 7200s" in script  # one place holds it
 
 
-def test_time_limits_leave_room_for_the_result():
-    assert margins(3600) == (3780, 120)
-    assert margins(7200 * 10) == (72000 + 3600, 3540)
+def test_time_limits_hold_the_start_up_and_leave_room_for_the_result():
+    assert margins(3600) == (300 + 3600 + 120 + 60, 120)
+    assert margins(7200 * 10) == (300 + 72000 + 2160 + 60, 2160)
+    assert margins(3600, startup_s=900) == (900 + 3600 + 120 + 60, 120)
     assert format_time(3780) == "1:03:00" and format_time(90000) == "1-01:00:00"
 
 
@@ -165,6 +170,11 @@ def test_a_short_time_limit_is_refused(tmp_path):
                                       "--time-limit", "1h", "--run-dir", str(tmp_path / "r"),
                                       "--store", "postgresql://u@db/x"])
     assert result.exit_code == 2 and "leaves no room" in result.output
+    # The epochs in flight at the deadline get their grace (a quarter of the duration).
+    result = CliRunner().invoke(app, ["slurm", "--nodes", "1", "--duration", "1h",
+                                      "--time-limit", "1h10m", "--run-dir", str(tmp_path / "r"),
+                                      "--store", "postgresql://u@db/x"])
+    assert result.exit_code == 2 and "(900 s of grace)" in result.output
 
 
 PROBE = """
@@ -207,7 +217,7 @@ def test_replica_steps_ask_for_their_nodes_cpus_and_memory(slurm_cluster, tmp_pa
 def test_a_script_with_the_users_memory_is_valid_for_sbatch(slurm_cluster, tmp_path):
     for name, args in (("m", ["--sbatch=--mem-per-cpu=100"]), ("s", ["--shared-nodes"])):
         done = cli("slurm", "--nodes", 2, "--duration", "1h", "--run-dir", tmp_path / name,
-                   "--test-only", *args, env=slurm_cluster)
+                   "--small-task", "--test-only", *args, env=slurm_cluster)
         assert done.returncode == 0, done.stderr
         assert "to start at" in done.stdout
 
@@ -217,7 +227,7 @@ def test_the_script_asks_for_whole_nodes(tmp_path):
 
     def script(name, *args):
         done = cli("slurm", "--nodes", 2, "--duration", "1h", "--run-dir", tmp_path / name,
-                   "--store", "postgresql://u@db/x", *args)
+                   "--store", "postgresql://u@db/x", "--small-task", *args)
         assert done.returncode == 0, done.stderr
         return (tmp_path / name / "automlperf.sbatch").read_text()
 

@@ -443,4 +443,56 @@ def test_a_store_from_before_change_numbers_gets_them(sql_url):
     assert s.expire_leases(run_id, 100.0) == []  # extended by the beat
     assert s.expire_leases(run_id, 120.0) == [t]
     assert [c.status for c in s.changes(run_id, 0).rows] == ["failed"]
+
+
+def test_a_store_from_before_the_device_share_gets_its_column(tmp_path):
+    """Epochs stored before the device's side was measured apart read as None (not measured);
+    the column is added when the store is opened, and later epochs keep their figure."""
+    import dataclasses
+
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = open_store(url, create=True)
+    run_id, t = one_trial(s)
+    s.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN device_share")
+        conn.exec_driver_sql(
+            "INSERT INTO amp_epochs (trial_id, epoch, run_id, started_at, ended_at, train_images,"
+            " val_images, steps, ops, train_loss, val_accuracy, precision, batch_size, world_size,"
+            " data_share, images_per_s, skipped_images, val_skipped) VALUES "
+            f"({t}, 0, {run_id}, 100, 101, 1000, 200, 8, 1000, 1.5, 0.5, 'bf16', 128, 2, 0.3,"
+            " 900, 0, 0)")
+    engine.dispose()
+    s = open_store(url)
+    s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), device_share=0.6))
+    assert [(e.epoch, e.data_share, e.device_share) for e in s.epochs(run_id)] == \
+        [(0, 0.3, None), (1, 0.01, 0.6)]
+    s.close()
+
+
+def test_a_store_from_before_validation_losses_gets_their_column(tmp_path):
+    """Epochs recorded before the validation loss was kept read back with none; new ones
+    keep theirs."""
+    import dataclasses
+
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = open_store(url, create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    seg = s.start_segment(run_id, 1.0, 61.0)
+    rep = s.register_replica(run_id, 0, seg, "node1", 42, ["cpu"], 1.0)
+    t = s.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    s.record_epoch(epoch(run_id, t, 0))
+    s.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN val_loss")
+    engine.dispose()
+    s = open_store(url)
+    s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), val_loss=0.875))
+    assert [e.val_loss for e in s.epochs(run_id)] == [None, 0.875]
     s.close()

@@ -1,25 +1,36 @@
 #!/bin/bash
 # automlperf on Flux (e.g. El Capitan): one replica per node started by `flux run`.
-# Submit with: flux batch --env=RUN_DIR=/p/lustre/automlperf/run1 automlperf.flux
+# Submit with:
+#   flux batch --env=RUN_DIR=/p/lustre/automlperf/run1 --env=DATA_DIR=/p/lustre/imagenet automlperf.flux
+# CONFIG (default: official, the configuration shipped with automlperf), DURATION (default
+# 1h) and PYTHON (default python3) may be passed the same way. Resubmitting the script
+# continues an interrupted run.
 #flux: -N 4
-#flux: -t 135m
+# The run, its start-up (the private server, the dataset scan before the clock) and the result.
+#flux: -t 80m
 #flux: --job-name=automlperf
 #flux: --output=automlperf-{{id}}.out
 
 set -uo pipefail
 : "${RUN_DIR:?pass --env=RUN_DIR=/shared/path/run1}"
-DURATION=${DURATION:-2h}
+: "${DATA_DIR:?pass --env=DATA_DIR=/shared/path/imagenet}"
+CONFIG=${CONFIG:-official}
+DURATION=${DURATION:-1h}
 PYTHON=${PYTHON:-python3}
 NNODES=$(flux resource list -no {nnodes})
-mkdir -p "$RUN_DIR/logs"
+mkdir -p "$RUN_DIR/logs" "$RUN_DIR/postgres"
 
 "$PYTHON" -m automlperf.store.pgserver start --dir "$RUN_DIR/postgres" --listen-all \
-    --host "$(hostname -f)" > "$RUN_DIR/postgres/url" || exit 1
+    --replicas "$NNODES" --host "$(hostname -f)" > "$RUN_DIR/postgres/url" || exit 1
 export AUTOMLPERF_STORE_URL="$(cat "$RUN_DIR/postgres/url")"
 export AUTOMLPERF_STORE_PASSWORD_FILE="$RUN_DIR/postgres/pg.password"
 trap '"$PYTHON" -m automlperf.store.pgserver stop --dir "$RUN_DIR/postgres"' EXIT
 
-if [ -f "$RUN_DIR/run.json" ]; then set -- --resume; else set -- --duration "$DURATION"; fi
+if [ -f "$RUN_DIR/run.json" ]; then
+    set -- --resume
+else
+    set -- --config "$CONFIG" --data-dir "$DATA_DIR" --duration "$DURATION"
+fi
 "$PYTHON" -m automlperf.cli run --launcher external --replicas "$NNODES" \
     --run-dir "$RUN_DIR" "$@" > "$RUN_DIR/logs/primary.log" 2>&1 &
 primary=$!
@@ -27,7 +38,8 @@ trap 'kill -TERM "$primary" 2>/dev/null' TERM INT
 
 # Each task learns its replica number from FLUX_TASK_RANK. Flux passes the environment on.
 flux run -N "$NNODES" -n "$NNODES" --exclusive \
-    "$PYTHON" -m automlperf.cli worker --run-dir "$RUN_DIR" > "$RUN_DIR/logs/replicas.log" 2>&1
+    "$PYTHON" -m automlperf.cli worker --run-dir "$RUN_DIR" --wait 1800 \
+    > "$RUN_DIR/logs/replicas.log" 2>&1
 
 status=0
 wait "$primary" || status=$?

@@ -58,12 +58,23 @@ class RunConfig(_Section):
     devices_per_replica: int | None = Field(None, ge=1, description="Accelerators each replica "
                                             "trains on; default all visible (CPU: 1).")
     seed: int = Field(0, ge=0, description="Seed of the search, the HPO and weight init.")
-    official: bool = Field(False, description="Refuse to start if a fixed setting is changed.")
+    official: bool | None = Field(None, description="true: refuse to start unless the run can "
+                                  "be official (every fixed setting at its official value, real "
+                                  "accelerators, the data ImageNet-1k). false: an unofficial run, "
+                                  "never refused for its data. Unset: a run whose settings are "
+                                  "all official is held to the data rule too (refused on other "
+                                  "data); any other run is unofficial.")
     heartbeat_s: float = Field(5.0, gt=0, description="Replica heartbeat period, seconds.")
     lease_timeout_s: float = Field(60.0, gt=0, description="A trial whose replica is silent "
                                    "this long is marked failed, seconds.")
     stop_grace_s: float = Field(20.0, ge=0, description="Time replicas get to stop after the "
-                                "deadline before they are killed, seconds.")
+                                "deadline (and its epoch grace) before they are killed, "
+                                "seconds.")
+    deadline_grace_s: float | None = Field(None, ge=0, description="How long after the "
+                                           "deadline an epoch in flight may take to finish "
+                                           "and still count (its replica is charged the time "
+                                           "it took), seconds; default: a quarter of "
+                                           "duration_s. No epoch starts after the deadline.")
     max_rounds: int | None = Field(None, ge=1, description="Trials each replica trains before "
                                    "it stops; unset: until the deadline. For smoke tests: a "
                                    "run that ends before its duration is not a valid one.")
@@ -71,6 +82,9 @@ class RunConfig(_Section):
                                        "same reason after which a replica gives up and the run "
                                        "ends as failed. One failing architecture never stops "
                                        "a run.")
+    require_accelerators: bool = Field(False, description="A replica that sees no "
+                                       "accelerator stops, naming why (a CPU-only torch, no "
+                                       "visible device), instead of training on its CPUs.")
     accelerator: Literal["real", "simulated"] = Field(
         "real", description="real: train on this node's accelerators. simulated: model them "
         "([simulation]) to exercise the control plane at scale; such a result is labelled "
@@ -81,6 +95,16 @@ class RunConfig(_Section):
     def _duration(cls, value: Any) -> float:
         return parse_duration(value)
 
+    @field_validator("deadline_grace_s", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @property
+    def grace_s(self) -> float:
+        """The deadline's grace, in seconds."""
+        return self.duration_s / 4 if self.deadline_grace_s is None else self.deadline_grace_s
+
 
 class DataConfig(_Section):
     dataset: Dataset = Field("imagenet", description="fixed: imagenet for official runs.")
@@ -89,9 +113,14 @@ class DataConfig(_Section):
                             "training crop, pixels.")
     workers: int | None = Field(None, ge=0, description="Data-loading worker processes per "
                                 "accelerator; default: the spare CPU cores.")
-    gpu_decode: bool | None = Field(None, description="Decode images with NVIDIA DALI, on the "
-                                    "GPU (the `dali` extra); default: when DALI is installed "
-                                    "and the ranks train on GPUs.")
+    gpu_decode: bool | None = Field(None, description="Decode JPEGs on the GPU with nvJPEG "
+                                    "(the `nvjpeg` extra: torchcodec, else torchvision), "
+                                    "with the same crops, flips and resampling as the CPU "
+                                    "path; default: when the ranks train on NVIDIA GPUs and "
+                                    "a decoder imports.")
+    dali: bool = Field(False, description="Decode with NVIDIA DALI instead (the `dali` "
+                       "extra): its own random crops and flips, a different function from "
+                       "the reference, recorded as such; never chosen by default.")
     synthetic_images: int = Field(4096, ge=1, description="Training images per epoch of the "
                                   "synthetic dataset (validation gets a quarter).")
     synthetic_classes: int = Field(1000, ge=2, description="Classes of the synthetic dataset.")
@@ -119,6 +148,16 @@ class ModelConfig(_Section):
         return value
 
 
+class CompileFiguresConfig(_Section):
+    """What compiling costs and gains on a node (``train.compiling.CompileFigures``)."""
+
+    compile_s: float = Field(ge=0, description="Seconds compilation added to the first steps.")
+    layers: int = Field(ge=1, description="Layers of the architecture it was measured on.")
+    eager_ops_per_s: float = Field(gt=0, description="Training OPS of eager steps.")
+    compiled_ops_per_s: float = Field(gt=0, description="Training OPS of compiled steps.")
+    source: str = Field("", description="Where the figures were measured.")
+
+
 class TrainConfig(_Section):
     batch_size: int | None = Field(None, ge=1, le=65536, description="Images per accelerator "
                                    "per step before HPO; default scales 448 per 32 GB of "
@@ -141,11 +180,23 @@ class TrainConfig(_Section):
                                "min(base + per_round * r, max) epochs.")
     patience_per_round: int = Field(2, ge=0)
     patience_max: int = Field(20, ge=1)
+    early_stop_metric: Literal["val_loss", "val_accuracy"] = Field(
+        "val_accuracy", description="What early stopping watches: a trial stops after "
+        "`patience` epochs in a row without improving it by more than early_stop_min_delta.")
+    early_stop_min_delta: float = Field(0.0, ge=0, description="The least change of the "
+                                        "watched figure that counts as an improvement.")
     precision: Precision = Field("auto", description="auto: bf16 autocast on GPUs that have "
                                  "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
     channels_last: bool | None = Field(None, description="Default: on for CPUs and for NVIDIA "
                                        "and AMD GPUs.")
-    compile: bool = Field(False, description="Run the model through torch.compile.")
+    compile: bool | None = Field(None, description="Run the model through torch.compile. "
+                                 "Default: when the trial's planned training repays the "
+                                 "measured cost of compiling it (figures from "
+                                 "compile_figures, else measured once per rank on "
+                                 "accelerators; a CPU without figures stays eager).")
+    compile_figures: CompileFiguresConfig | None = Field(
+        None, description="Measured compilation figures for the default compile decision, as "
+        "`automlperf doctor` prints them.")
     parallelism: Literal["ddp"] = Field("ddp", description="Synchronous all-reduce data "
                                         "parallelism (DistributedDataParallel).")
 
@@ -200,6 +251,12 @@ class SearchConfig(_Section):
                                         "default batch size and the smallest kernel size in "
                                         "every round (a baseline).")
     hpo_start_round: int = Field(3, ge=0, description="fixed: 3 (the fourth round).")
+    hpo_order: Literal["with_nas", "after_nas"] = Field(
+        "with_nas", description="with_nas: from hpo_start_round TPE draws the batch size "
+        "and the kernel size of deepen blocks with each architecture, which trains once. "
+        "after_nas: the paper's order: each architecture is generated (3x3 deepen blocks), "
+        "trained with its parent's batch size, then trained again from the same weights with "
+        "TPE's; the better training counts and its batch size goes to its children.")
     kernel_sizes: list[Literal[3, 5, 7]] = Field([3, 5, 7], min_length=1,
                                                  description="Kernel sizes TPE chooses from "
                                                  "for deepen blocks.")
@@ -280,12 +337,15 @@ class Config(_Section):
 
     @classmethod
     def load(cls, path: Path | str, overrides: dict[str, Any] | None = None) -> Config:
-        """Read TOML; the preset of the dataset it names (default imagenet) fills the rest."""
-        path = Path(path)
+        """Read TOML (or a configuration shipped with automlperf, by name: ``official``);
+        the preset of the dataset it names (default imagenet) fills the rest."""
+        path = config_file(path)
         try:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file; pass an existing TOML file to --config") from None
+            raise ConfigError(f"{path}: no such file; pass an existing TOML file to --config, "
+                              f"or the name of one shipped with automlperf "
+                              f"({', '.join(shipped_names())})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         merged = _merge(data, overrides or {})
@@ -313,6 +373,14 @@ class Config(_Section):
     def simulated(self) -> bool:
         return self.run.accelerator == "simulated"
 
+    def strict(self) -> bool:
+        """Whether the run is held to every official rule before it starts: asked for
+        (``run.official = true``), or a real run whose every fixed setting is official,
+        unless it is declared unofficial (``run.official = false``)."""
+        if self.run.official is not None:
+            return self.run.official
+        return not self.simulated and not self.fixed_changes()
+
     def check_official(self) -> None:
         if self.run.official and self.simulated:
             raise ConfigError("official run refused: run.accelerator is \"simulated\", and a "
@@ -323,12 +391,38 @@ class Config(_Section):
             raise ConfigError("official run refused: fixed setting(s) changed: "
                               + "; ".join(changes) + ". Restore them or set run.official = false")
 
+    def deadline_grace(self, ruleset: rules.Ruleset = rules.CURRENT) -> float:
+        """Seconds an epoch in flight at the deadline may take to finish and count: the
+        run's grace under a ruleset that charges each replica its own time, else none."""
+        return self.run.grace_s if ruleset.charge == "per_replica" else 0.0
+
     def customised(self) -> dict[str, Any]:
         """Dotted names of every setting that differs from the defaults, with its value."""
         base = Config().model_dump(mode="json")
         mine = self.model_dump(mode="json")
         return {f"{s}.{k}": v for s, sec in mine.items() for k, v in sec.items()
                 if base[s].get(k) != v}
+
+
+def shipped(name: str) -> Path | None:
+    """A configuration file shipped in the package's presets/ folder, by name."""
+    if not re.fullmatch(r"[a-z0-9_-]+", name):
+        return None
+    found = Path(__file__).parent / "presets" / f"{name}.toml"
+    return found if found.is_file() else None
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in (Path(__file__).parent / "presets").glob("*.toml"))
+
+
+def config_file(path: Path | str) -> Path:
+    """The file ``--config`` names: a path, or the name of a shipped configuration
+    (``official``) when no such file exists here."""
+    path = Path(path)
+    if not path.exists():
+        return shipped(str(path)) or path
+    return path
 
 
 FIXED = rules.CURRENT.fixed
@@ -362,7 +456,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The default task widens the small seed four times: its convolutions then fill a CPU's
     # vector units (0.5-0.6 of the measured ceiling over a 3-minute run, against an eighth
     # at width 1; bench/RESULTS.md). The digits stay the fastest.
-    "builtin": _merge(_BUILTIN_RECIPE, {"data": {"image_size": 12}, "model": {"seed_width": 4}}),
+    # Its epochs hold 4,000 training images, twice the digits', so its epoch-counted settings
+    # are halved: a trial trains as many steps, on the same schedule, validated half as often.
+    "builtin": _merge(_BUILTIN_RECIPE, {
+        "data": {"image_size": 12}, "model": {"seed_width": 4},
+        "train": {"max_epochs": 4, "warmup_epochs": 0.5, "patience_base": 2,
+                  "patience_max": 3}}),
     "digits": {**_BUILTIN_RECIPE, "data": {"image_size": 8}},
     "synthetic": {"run": {"duration_s": 600.0}, "data": {"image_size": 224},
                   "train": {"max_epochs": 4}},

@@ -65,10 +65,20 @@ class EpochEvent:
     precision: str
     batch_size: int
     world_size: int
-    data_share: float
+    data_share: float  # of the training time, waiting for the next batch's data
     images_per_s: float
     skipped_images: int = 0  # unreadable training images
     val_skipped: int = 0  # unreadable validation images
+    # Of the training time, the device's side: running the steps (on a CPU) or launching them
+    # (on an accelerator), and waiting for the device (a copy still running, a result read,
+    # the epoch's end). None in epochs recorded before it was measured apart from data_share.
+    device_share: float | None = None
+    compiled: bool = False  # trained through torch.compile (train.compiling decides)
+    decode_path: str = ""  # what decoded the images, with its libraries' versions
+    cpu_decoded: int = 0  # images a GPU decoding path left to the CPU reference
+    # Mean validation loss (what early stopping may watch); None in records written before
+    # it was kept, and where no validation image was read.
+    val_loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +72,62 @@ def visible_accelerators() -> list[str]:
     return [f"{kind}:{i}" for i in range(device_count(torch, kind))]
 
 
-def choose_devices(count: int | None) -> list[str]:
+def choose_devices(count: int | None, require: bool = False) -> list[str]:
     """The first ``count`` visible accelerators (default all); without any, ``count`` CPU
-    ranks (default 1), which share the host's cores."""
+    ranks (default 1), which share the host's cores, unless accelerators are ``require``d:
+    then :class:`DeviceError` says why none is seen."""
     gpus = visible_accelerators()
+    if not gpus and require:
+        import torch
+
+        raise DeviceError(missing_accelerators(torch, os.environ))
     if gpus:
         if count is not None and count > len(gpus):
             raise DeviceError(f"{count} devices requested but only {len(gpus)} accelerators "
                               "are visible")
         return gpus[: count or len(gpus)]
     return ["cpu"] * (count or 1)
+
+
+HIDING = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+          "ZE_AFFINITY_MASK", "ASCEND_RT_VISIBLE_DEVICES")
+
+
+def missing_accelerators(torch: Any, env: Mapping[str, str],
+                         device_files: list[str] | None = None) -> str:
+    """Why ``torch`` sees no accelerator on this node, in one line naming the fix: a build of
+    torch without GPU support, a visibility variable that hides every device, or a process
+    that was given none (a job step's cgroup without the device files, no driver)."""
+    import glob
+    import warnings
+
+    version = str(torch.__version__)
+    cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
+    other = any(getattr(getattr(torch, kind, None), "is_available", lambda: False)()
+                for kind in ("xpu", "npu", "mps"))
+    if not cuda and not hip and not other:
+        return (f"accelerators were asked for, but this torch ({version}) is a CPU-only build: "
+                "install a CUDA (or ROCm) build of torch on the nodes (PyTorch's install "
+                "selector gives the pip command for the nodes' driver), or, to train on "
+                "CPUs, ask for none (--gpus-per-node 0, run.require_accelerators = false)")
+    for name in HIDING:
+        if name in env and env[name].strip() in ("", "-1", "NoDevFiles"):
+            return (f"accelerators were asked for, but {name}={env[name]!r} hides every device "
+                    f"from this process: unset it, or ask the scheduler for GPUs "
+                    "(--gpus-per-node)")
+    said = ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.is_available()
+    if caught:
+        said = f" (torch says: {str(caught[0].message).strip().splitlines()[0]})"
+    files = glob.glob("/dev/nvidia[0-9]*") if device_files is None else device_files
+    build = f"CUDA {cuda}" if cuda else f"ROCm {hip}" if hip else "its accelerator plugin"
+    where = ("no /dev/nvidia<N> device file is visible here: the job step was given no GPU "
+             "(ask for --gpus-per-node) or its cgroup hides them"
+             if cuda and not files else "the driver or the devices are not usable here: check "
+             "the node with nvidia-smi (rocm-smi)")
+    return f"accelerators were asked for, but torch {version} ({build}) sees none{said}; {where}"
 
 
 def accelerator_memory_gib() -> float | None:

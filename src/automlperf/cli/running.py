@@ -6,16 +6,23 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from automlperf.cli.common import app, err, out, user_errors
+from automlperf.cli.common import app, err, out, say_error, user_errors
 from automlperf.errors import UserError
+
+
+CONFIG = typer.Option(help="TOML configuration, or the name of one shipped with automlperf: "
+                      "official (ImageNet-1k, every rule enforced before the clock starts).")
+UNOFFICIAL = typer.Option(help="Run on data (or settings) that an official run refuses, as an "
+                          "unofficial run: the result says so.")
+SMALL_TASK = typer.Option(help="Run the built-in or digits task on several nodes anyway (a check "
+                          "of the cluster's plumbing, not a benchmark of it).")
 
 
 @app.command()
 @user_errors
 def run(
-    config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
+    config: Annotated[Optional[Path], CONFIG] = None,
     duration: Annotated[Optional[str], typer.Option(help="Run length, e.g. 10m, 2h "
                                                     "(default: the dataset's preset).")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="builtin (default), digits, imagenet, cifar10, "
@@ -33,13 +40,16 @@ def run(
                                           "replica per node of the SLURM job; external: start "
                                           "none, the site's launcher runs `automlperf worker` "
                                           "--replicas times.")] = "local",
+    unofficial: Annotated[bool, UNOFFICIAL] = False,
+    small_task: Annotated[bool, SMALL_TASK] = False,
 ) -> None:
     """Run the benchmark: launch replicas, stop at the deadline, score, write the report."""
     from automlperf.runner.primary import RunRequest, run_benchmark
     from automlperf.report.console import summary
 
     outcome = run_benchmark(RunRequest(config, duration, dataset, data_dir, replicas,
-                                       devices_per_replica, run_dir, store, resume, launcher), err)
+                                       devices_per_replica, run_dir, store, resume, launcher,
+                                       unofficial, small_task), err)
     out.print(summary(outcome.result, outcome.run_dir))
     out.print(f"result: {outcome.result_path}", highlight=False)
     for what, where in outcome.written.items():
@@ -47,8 +57,7 @@ def run(
     for problem in outcome.problems:
         err.print(problem, highlight=False)
     if outcome.state == "failed":
-        err.print(f"[bold red]error:[/] the run cannot train: {escape(outcome.reason)}",
-                  highlight=False, soft_wrap=True)
+        say_error(f"the run cannot train: {outcome.reason}")
     elif outcome.state == "interrupted":
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir "
                   f"{outcome.run_dir}`", highlight=False)
@@ -71,22 +80,35 @@ def worker(
     wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for the primary to open "
                                         "the run's session (replicas started by a site "
                                         "launcher may come first).")] = 300.0,
+    require_accelerators: Annotated[bool, typer.Option(
+        help="Stop, naming why, when no accelerator is visible, rather than train on the "
+             "CPUs (set by `automlperf slurm --gpus-per-node N`).")] = False,
 ) -> None:
     """Run one replica: generate, train and record candidates until the deadline. Its index
     comes from --replica-index or the launcher's rank variable (PMIX_RANK,
     OMPI_COMM_WORLD_RANK, PMI_RANK, PALS_RANKID, FLUX_TASK_RANK, JOB_COMPLETION_INDEX, SLURM)."""
     from automlperf.runner.worker import run_worker
 
-    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor, wait))
+    raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor, wait,
+                                require_accelerators))
 
 
 @app.command()
 @user_errors
 def slurm(
-    nodes: Annotated[int, typer.Option(min=1, help="Nodes: one replica on each.")],
-    duration: Annotated[str, typer.Option(help="Run length, e.g. 2h.")],
     run_dir: Annotated[Path, typer.Option(help="Run directory on the shared filesystem.")],
-    gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per node (0: CPU nodes).")] = 0,
+    nodes: Annotated[Optional[int], typer.Option(min=1, help="Nodes: one replica on each.")] = None,
+    duration: Annotated[Optional[str], typer.Option(help="Run length, e.g. 2h (default: the "
+                                                    "configuration's).")] = None,
+    config: Annotated[Optional[Path], CONFIG] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="imagenet, cifar10, builtin (default), "
+                                                   "digits, synthetic.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder, at the path the "
+                                                     "compute nodes see it; scanned once, now.")] = None,
+    unofficial: Annotated[bool, UNOFFICIAL] = False,
+    small_task: Annotated[bool, SMALL_TASK] = False,
+    gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per node (0: CPU nodes); "
+                                               "a replica that sees none stops, saying why.")] = 0,
     cpus_per_task: Annotated[Optional[int], typer.Option(min=1, help="CPU cores per replica "
                                                          "(default: every core the job holds on its node).")] = None,
     exclusive: Annotated[bool, typer.Option(
@@ -97,14 +119,14 @@ def slurm(
                                                  "server in the run directory.")] = None,
     partition: Annotated[Optional[str], typer.Option()] = None,
     account: Annotated[Optional[str], typer.Option()] = None,
-    time_limit: Annotated[Optional[str], typer.Option(help="Job time limit (default: duration "
-                                                      "plus a margin to write the result).")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="TOML configuration.")] = None,
+    time_limit: Annotated[Optional[str], typer.Option(help="Job time limit (default: a start-up "
+                                                      "allowance, the duration, and the time "
+                                                      "to write the result).")] = None,
     sbatch_option: Annotated[Optional[list[str]], typer.Option(
         "--sbatch", help="Extra #SBATCH line, e.g. --sbatch=--qos=high (repeatable).")] = None,
     container_image: Annotated[Optional[str], typer.Option(
-        help="Run each node's replica in this image: an enroot/pyxis image "
-             "(nvcr.io#nvidia/pytorch:25.01-py3, a .sqsh file) or an Apptainer .sif.")] = None,
+        help="Run each node's replica in this image: an enroot/pyxis image (a .sqsh file "
+             "imported from examples/container/Dockerfile) or an Apptainer .sif.")] = None,
     container_runtime: Annotated[str, typer.Option(help="pyxis (srun --container-image) or "
                                                    "apptainer (srun apptainer exec).")] = "pyxis",
     container_mount: Annotated[Optional[list[str]], typer.Option(
@@ -113,18 +135,38 @@ def slurm(
     container_option: Annotated[Optional[list[str]], typer.Option(
         help="Extra option for the runtime, e.g. --container-option=--nv for Apptainer on "
              "NVIDIA GPUs, --rocm on AMD (repeatable).")] = None,
+    resume: Annotated[bool, typer.Option(help="Submit the run in --run-dir again, with a time "
+                                         "limit sized to the time it still needs.")] = False,
     submit: Annotated[bool, typer.Option(help="Submit the script with sbatch.")] = False,
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
-    from automlperf.config import Config, parse_duration
-    from automlperf.runner.slurm import Container, ScriptOptions, submit as sbatch, write_script
+    from automlperf.config import load_config, parse_duration, set_option
+    from automlperf.runner.slurm import (Container, ScriptOptions, format_time, resubmission,
+                                         submit as sbatch, write_job)
     from automlperf.store.urls import resolve_store_url
 
-    seconds = parse_duration(duration)
+    if resume:
+        needed, left = resubmission(run_dir)
+        script = run_dir.resolve() / "automlperf.sbatch"
+        options = [f"--time={format_time(needed)}"]
+        out.print(f"{left:.0f} s of the run left: time limit {format_time(needed)}", highlight=False)
+        _submit(script, run_dir, sbatch, submit, test_only, options)
+        return
+    if nodes is None:
+        raise UserError("--nodes is needed to write a new script (or pass --resume)")
+    tree: dict = {}
+    if duration is not None:
+        set_option(tree, "run.duration_s", parse_duration(duration))
+    set_option(tree, "data.data_dir", str(data_dir.resolve()) if data_dir else None)
+    set_option(tree, "run.official", False if unofficial else None)
+    # A broken file, or an official run on other data, is refused here, not in the queue.
+    settings = load_config(config, dataset, tree)
+    if settings.data.dataset in ("imagenet", "cifar10") and settings.data.data_dir is None \
+            and not settings.simulated:
+        raise UserError(f"{settings.data.dataset} needs --data-dir (or data.data_dir in the "
+                        "configuration)")
     limit = parse_duration(time_limit) if time_limit else None
-    if config is not None:
-        Config.load(config)  # a broken file is refused here, not in the queue
     url = resolve_store_url(store)
     box = None
     if container_image is not None:
@@ -132,17 +174,35 @@ def slurm(
                         container_option or [])
     elif container_mount or container_option:
         raise UserError("--container-mount and --container-option need --container-image")
-    script = write_script(ScriptOptions(
-        run_dir=run_dir, nodes=nodes, duration_s=seconds, gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task, store_url=url, partition=partition, account=account,
-        time_limit_s=limit, config=config, sbatch_extra=sbatch_option or [], container=box,
-        exclusive=exclusive))
+    written = write_job(ScriptOptions(
+        run_dir=run_dir, nodes=nodes, duration_s=settings.run.duration_s,
+        grace_s=settings.deadline_grace(),
+        gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, store_url=url,
+        partition=partition, account=account, time_limit_s=limit, settings=settings,
+        sbatch_extra=sbatch_option or [], container=box, exclusive=exclusive,
+        small_task=small_task))
+    if written.dataset:
+        d = written.dataset
+        out.print(f"dataset: {d['files']:,} files scanned in {d['scan_s']:.1f} s; index saved in "
+                  f"{d['index']} for the job"
+                  + (f" (not ImageNet-1k: {'; '.join(d['problems'])})" if d["problems"] else ""),
+                  highlight=False, soft_wrap=True)
+    out.print(f"time limit {format_time(written.time_limit_s)}: start-up "
+              f"{written.startup_s / 60:.0f} min, run {settings.run.duration_s / 60:.0f} min, "
+              f"epochs in flight {settings.deadline_grace() / 60:.0f} min, "
+              f"result {(written.signal_lead_s + 60) / 60:.0f} min", highlight=False)
+    _submit(written.script, run_dir, sbatch, submit, test_only, [])
+
+
+def _submit(script: Path, run_dir: Path, sbatch, submit: bool, test_only: bool,
+            options: list[str]) -> None:
     out.print(f"batch script: {script}", highlight=False)
     if test_only:
-        out.print(sbatch(script, test_only=True), highlight=False)
+        out.print(sbatch(script, test_only=True, options=options), highlight=False)
     elif submit:
-        job = sbatch(script)
+        job = sbatch(script, options=options)
         out.print(f"submitted job {job}; output: {run_dir.resolve()}/logs/slurm-{job}.out",
                   highlight=False)
     else:
-        out.print(f"submit it with: sbatch {script}", highlight=False)
+        shown = " ".join([*options, str(script)])
+        out.print(f"submit it with: sbatch {shown}", highlight=False)

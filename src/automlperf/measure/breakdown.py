@@ -4,12 +4,18 @@ For every replica and session, the session's run time is split without overlap o
 
 * ``start_to_first_epoch_s``: from the clock's start to the start of the replica's first
   counted epoch (launch, node measurement, process start, first candidate);
-* ``training_s`` and ``validation_s``: inside counted epochs (``data_wait_s`` is the part of
-  training spent waiting for the next batch);
+* ``training_s`` and ``validation_s``: inside counted epochs. Of the training, two parts
+  (not in the sum): ``data_wait_s``, waiting for the next batch's data, and
+  ``device_wait_s``, the device's side (running or launching the steps, waiting for the
+  device); None where no epoch measured the latter (recorded before it was);
 * ``candidate_wait_s``: after the first epoch, waiting for the search to hand over a candidate;
 * ``between_trials_s``: the rest of the time between counted epochs (building and inheriting
   the next model, saving weights, recording);
 * ``lost_at_deadline_s``: after the last counted epoch (epochs in flight at the deadline).
+
+Under a ruleset that charges each replica its own time (``grace_s`` > 0), an epoch in flight
+at a session's deadline that finished inside the grace counts, and its replica's session
+ends with it.
 
 Utilisation is the mean of the monitor's samples taken inside the sessions.
 """
@@ -22,7 +28,11 @@ from typing import Any, Protocol
 from automlperf.measure.score import SegmentLike, segment_bounds
 
 PARTS = ("start_to_first_epoch_s", "training_s", "validation_s", "data_wait_s",
-         "candidate_wait_s", "between_trials_s", "lost_at_deadline_s")
+         "device_wait_s", "candidate_wait_s", "between_trials_s", "lost_at_deadline_s")
+# Parts of training_s: the others split the run time without overlap or gap.
+OF_TRAINING = ("data_wait_s", "device_wait_s")
+# Parts a result.json written before them does not have.
+ADDED_PARTS = ("device_wait_s",)
 
 
 class TimedEpoch(Protocol):
@@ -32,6 +42,7 @@ class TimedEpoch(Protocol):
     train_images: int
     images_per_s: float
     data_share: float
+    device_share: float | None
 
 
 class TrialTimes(Protocol):
@@ -45,7 +56,8 @@ def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], s
            end: float) -> dict[str, float]:
     """One replica's session [start, end] from its counted epochs (by start time) and its
     candidate waits as (claimed at, seconds waited)."""
-    out = dict.fromkeys(PARTS, 0.0)
+    out: dict[str, Any] = dict.fromkeys(PARTS, 0.0)
+    out["device_wait_s"] = None
     out["session_s"] = end - start
     if not epochs:
         out["start_to_first_epoch_s"] = end - start
@@ -60,6 +72,9 @@ def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], s
         out["training_s"] += train
         out["validation_s"] += seconds - train
         out["data_wait_s"] += train * min(1.0, max(0.0, e.data_share))
+        if e.device_share is not None:
+            out["device_wait_s"] = (out["device_wait_s"] or 0.0) + \
+                train * min(1.0, max(0.0, e.device_share))
         inside += seconds
     gaps = max(0.0, (last - first) - inside)
     waited = sum(s for at, s in waits if first < at <= last)
@@ -71,7 +86,7 @@ def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], s
 def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
               segments: Sequence[SegmentLike],
               samples: Iterable[Mapping[str, Any]] = (),
-              used: dict[str, Any] | None = None) -> dict[str, Any]:
+              used: dict[str, Any] | None = None, grace_s: float = 0.0) -> dict[str, Any]:
     """Per replica and in total: the time parts above, in seconds and as shares of the
     replicas' run time; and the mean accelerator and CPU utilisation (``used``, when the
     caller has it from :class:`~automlperf.measure.samples.SampleDigest`, else from
@@ -90,26 +105,38 @@ def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
             by_replica.setdefault(replica_of[e.trial_id], []).append(e)
     for replica in sorted(by_replica.keys() | waits.keys()):
         mine = sorted(by_replica.get(replica, []), key=lambda e: (e.started_at, e.ended_at))
-        total = dict.fromkeys((*PARTS, "session_s"), 0.0)
-        for start, end, _ in bounds:
-            inside = [e for e in mine if start <= e.started_at and e.ended_at <= end]
-            part = _split(inside, waits.get(replica, []), start, end)
-            for key, value in part.items():
-                total[key] += value
+        total: dict[str, Any] = dict.fromkeys((*PARTS, "session_s"), 0.0)
+        total["device_wait_s"] = None
+        for seg, (start, end, _) in zip(segments, bounds):
+            # Epochs in flight at a reached deadline count if they ended inside the grace.
+            late = end + grace_s if grace_s > 0 and end >= seg.deadline_at else end
+            inside = [e for e in mine if start <= e.started_at and e.ended_at <= end
+                      or start <= e.started_at < end < e.ended_at <= late]
+            mine_end = max([end] + [e.ended_at for e in inside])
+            part = _split(inside, waits.get(replica, []), start, mine_end)
+            _add(total, part)
         per[replica] = total
-    overall = dict.fromkeys((*PARTS, "session_s"), 0.0)
+    overall: dict[str, Any] = dict.fromkeys((*PARTS, "session_s"), 0.0)
+    overall["device_wait_s"] = None
     for part in per.values():
-        for key, value in part.items():
-            overall[key] += value
+        _add(overall, part)
     return {"replicas": [{"replica": r, **_rounded(p)} for r, p in per.items()],
             "total": _rounded(overall),
-            "shares": {k: (overall[k] / overall["session_s"] if overall["session_s"] else None)
+            "shares": {k: (overall[k] / overall["session_s"]
+                           if overall["session_s"] and overall[k] is not None else None)
                        for k in PARTS},
             "utilisation": used if used is not None else utilisation(samples, bounds)}
 
 
-def _rounded(part: Mapping[str, float]) -> dict[str, float]:
-    return {k: round(v, 6) for k, v in part.items()}
+def _add(total: dict[str, Any], part: Mapping[str, Any]) -> None:
+    """Add ``part``'s seconds to ``total``'s; a part measured nowhere stays None."""
+    for key, value in part.items():
+        if value is not None:
+            total[key] = (total[key] or 0.0) + value
+
+
+def _rounded(part: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: None if v is None else round(v, 6) for k, v in part.items()}
 
 
 def utilisation(samples: Iterable[Mapping[str, Any]],

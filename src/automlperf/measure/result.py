@@ -100,10 +100,12 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
     ruleset = rules.get(recorded.get("ruleset"))
     identity = recorded.get("dataset_identity")
     official_data, why = dataset_is_official(config, trained, identity, ruleset)
+    replica_of = {t.id: t.replica_index for t in trials}
+    grace = config.deadline_grace(ruleset)
     scored = score_run(epochs, segments, dataset=config.data.dataset,
                        dataset_official=official_data, dataset_detail=why,
                        fixed_changes=config.fixed_changes(ruleset), accuracy_counts=not synthetic,
-                       ruleset=ruleset)
+                       ruleset=ruleset, replica_of=replica_of, grace_s=grace)
     if synthetic:
         scored["violations"].append({"rule": "accuracy", "detail": "synthetic data: throughput "
                                      "only, no accuracy-based score"})
@@ -112,9 +114,17 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         # A model of a machine never passes for a measurement of one.
         scored["violations"].insert(0, {"rule": "simulated", "detail": simulated_detail(simulation)})
         scored["official"] = scored["valid"] = False
-    # A replica that gave up says why; such a run did not do its job.
-    failures = [{"replica": rep.index, "host": rep.host, "reason": rep.reason}
-                for rep in replicas if rep.status == TrialStatus.FAILED and rep.reason]
+    # A replica that gave up says why. Beside replicas that went on, it was retired (a sick
+    # node costs its replica only); when every replica of a session gave up, the run did not
+    # do its job.
+    failures: list[dict[str, Any]] = []
+    retired: list[dict[str, Any]] = []
+    for rep in replicas:
+        if rep.status == TrialStatus.FAILED and rep.reason:
+            went_on = any(other.segment == rep.segment and other.status == TrialStatus.STOPPED
+                          for other in replicas)
+            (retired if went_on else failures).append(
+                {"replica": rep.index, "host": rep.host, "reason": rep.reason})
     for f in failures:
         scored["violations"].append({"rule": "run_failed",
                                      "detail": f"replica {f['replica']}: {f['reason']}"})
@@ -158,6 +168,7 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         **scored,
         "interrupted": interrupted,
         "failures": failures,
+        "retired": retired,
         "trials": len(trials),
         "trial_status": dict(sorted(status.items())),
         "best_trial_detail": None if best is None else {
@@ -171,7 +182,9 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "fraction_of_peak": scored["score"] / total_peak if total_peak else None,
         "ceiling_ops": ceiling,
         "fraction_of_ceiling": scored["score"] / ceiling if ceiling else None,
-        "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation()),
+        "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation(),
+                                    grace_s=grace),
+        "decoding": decoding(epochs),
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,
@@ -189,6 +202,16 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "system": {"host": system.get("host"), "cpu": system.get("cpu", {}).get("model"),
                    "accelerators": sorted(accelerators)},
     }
+
+
+def decoding(epochs: list[EpochRecord]) -> dict[str, Any]:
+    """How the epochs ran: epochs per decode path (what decoded the images, with its
+    libraries' versions), the images a GPU path left to the CPU reference, and the epochs
+    trained through torch.compile."""
+    paths = Counter(e.decode_path for e in epochs if e.decode_path)
+    return {"paths": dict(sorted(paths.items())),
+            "cpu_decoded_images": sum(e.cpu_decoded for e in epochs),
+            "compiled_epochs": sum(1 for e in epochs if e.compiled)}
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

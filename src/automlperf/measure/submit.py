@@ -62,9 +62,12 @@ class Submitted:
 def submit(run_dir: Path, out: Path | None = None, as_dir: bool = False,
            submitter: str | None = None, system_name: str | None = None,
            all_weights: bool = False, all_samples: bool = False,
-           store_url: str | None = None, sample_limit: int = SAMPLE_LIMIT) -> Submitted:
+           store_url: str | None = None, sample_limit: int = SAMPLE_LIMIT,
+           site_details: bool = True) -> Submitted:
     """Verify ``run_dir`` and write its bundle at ``out`` (a .tar.gz, or a folder with
-    ``as_dir``; by default beside the current folder, named after the run)."""
+    ``as_dir``; by default beside the current folder, named after the run). Without
+    ``site_details`` its host, user, account, cluster names and paths are replaced by
+    neutral names (:mod:`automlperf.measure.site`)."""
     rd = RunDir(Path(run_dir))
     if bundle.is_bundle(rd.path):
         raise SubmitError(f"{rd.path} is already a bundle: send it as it is")
@@ -89,6 +92,10 @@ def submit(run_dir: Path, out: Path | None = None, as_dir: bool = False,
         staging.mkdir(exist_ok=True)
         made = _fill(rd, meta, staging, submitter, system_name, all_weights, all_samples,
                      store_url, sample_limit)
+        if not site_details:
+            from automlperf.measure.site import leave_out, site_names
+
+            leave_out(staging, site_names(staging, rd.path))
         count = bundle.write_manifest(staging)
         if not as_dir:
             bundle.pack(staging, out)

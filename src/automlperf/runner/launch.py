@@ -52,8 +52,11 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
 
 
 def worker_command(run_dir: Path, index: int | None, threads: int | None,
-                   devices: int | None, monitor: bool = True) -> list[str]:
-    """The command every replica runs, locally or under srun."""
+                   devices: int | None, monitor: bool = True,
+                   require_accelerators: bool = False) -> list[str]:
+    """The command every replica runs, locally or under srun; ``require_accelerators`` when
+    the job was given GPUs, so that a replica seeing none says so instead of training on
+    its CPUs."""
     # Started after the primary opened the session: nothing to wait for.
     cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir),
            "--wait", "0"]
@@ -65,6 +68,8 @@ def worker_command(run_dir: Path, index: int | None, threads: int | None,
         cmd += ["--threads", str(threads)]
     if devices is not None:
         cmd += ["--devices", str(devices)]
+    if require_accelerators:
+        cmd.append("--require-accelerators")
     return cmd
 
 

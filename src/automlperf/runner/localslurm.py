@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -47,10 +50,17 @@ SBIN = "/usr/sbin/"
 
 
 def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
-                timeout_s: float = 300.0) -> dict[str, str]:
+                timeout_s: float = 300.0, slurmd_timeout_s: int | None = None,
+                hidden: dict[str, list[Path]] | None = None) -> dict[str, str]:
     """Start a cluster of ``nodes`` slurmd daemons (n1..nN) configured in ``base`` (an empty
     folder) and wait until every node is idle; the environment that points SLURM's commands
-    at it. Stop it with :func:`stop_slurm`."""
+    at it. Stop it with :func:`stop_slurm`.
+
+    ``slurmd_timeout_s`` is how soon the controller declares a silent node down (SLURM's
+    default is 5 minutes). ``hidden`` gives nodes a view of the file system of their own:
+    each listed folder appears empty to that node's slurmd and its job steps (a mount
+    namespace with an empty folder bound over it; needs root), as a node that lacks a
+    shared file system's data would see it."""
     for tool in ("slurmctld", "slurmd", "sbatch", "munge"):
         if shutil.which(tool) is None and not os.path.exists(SBIN + tool):
             raise SlurmError(f"{tool} is not installed (run scripts/setup-system.sh)")
@@ -59,8 +69,9 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     host = socket.gethostname()
     names = [f"n{i}" for i in range(1, nodes + 1)]
     conf = base / "slurm.conf"
+    extra = f"SlurmdTimeout={slurmd_timeout_s}\n" if slurmd_timeout_s else ""
     conf.write_text(SLURM_CONF.format(cluster=cluster, host=host, user=getpass.getuser(),
-                                      dir=base, ctld_port=free_port())
+                                      dir=base, ctld_port=free_port()) + extra
                     + "".join(SLURM_NODE.format(name=n, host=host, port=free_port(),
                                                 memory=memory_mb) for n in names)
                     + f"PartitionName=debug Nodes={','.join(names)} Default=YES "
@@ -70,8 +81,17 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     if alive.returncode != 0:
         subprocess.run(["/etc/init.d/munge", "start"], capture_output=True)
     subprocess.run([SBIN + "slurmctld", "-f", str(conf)], env=env, check=True)
+    empty = base / "hidden"
     for node in names:
-        subprocess.run([SBIN + "slurmd", "-f", str(conf), "-N", node], env=env, check=True)
+        cmd = [SBIN + "slurmd", "-f", str(conf), "-N", node]
+        folders = (hidden or {}).get(node, [])
+        if folders:
+            empty.mkdir(exist_ok=True)
+            binds = " && ".join(f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(f))}"
+                                for f in folders)
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   f"{binds} && exec {shlex.join(cmd)}"]
+        subprocess.run(cmd, env=env, check=True)
     deadline = time.monotonic() + timeout_s  # a guard: slurmd starts in seconds when idle
     while time.monotonic() < deadline:
         state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
@@ -82,6 +102,42 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     stop_slurm(env)
     raise SlurmError(f"the local SLURM cluster did not come up: {state.stdout} {state.stderr}; "
                      f"see {base}/slurmctld.log")
+
+
+def fail_node(env: dict[str, str], node: str) -> list[int]:
+    """Fail ``node`` as a machine fails: its slurmd and every job step on it die at once
+    (SIGKILL), the other nodes and the controller carry on; the controller finds it silent
+    and marks it down after SlurmdTimeout. The process ids killed."""
+    import psutil
+
+    conf = Path(env["SLURM_CONF"])
+    text = conf.read_text()
+    found = re.search(r"^SlurmdPidFile=(.*)/slurmd-%n\.pid$", text, re.M)
+    if found is None:
+        raise SlurmError(f"{conf} is not a local cluster's configuration")
+    base = Path(found.group(1))
+    victims = [int((base / f"slurmd-{node}.pid").read_text().split()[0])]
+    # A step's slurmstepd on this host names its step, [job.step]; squeue names its node.
+    steps = subprocess.run(["squeue", "-h", "-s", "-o", "%i %N"], env=env, capture_output=True,
+                           text=True).stdout.split("\n")
+    on_node = {f"[{line.split()[0]}]" for line in steps if line.split()[1:] == [node]}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if cmdline.startswith("slurmstepd:") and any(step in cmdline for step in on_node):
+            victims += [proc.pid] + [child.pid for child in proc.children(recursive=True)]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return victims
+
+
+def node_state(env: dict[str, str], node: str) -> str:
+    """The controller's word for a node: idle, allocated, mixed, down*, ..."""
+    done = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], env=env, capture_output=True,
+                          text=True)
+    return done.stdout.strip()
 
 
 def stop_slurm(env: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ import datetime
 import errno
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ class RunRequest:
     store: str | None = None
     resume: bool = False
     launcher: str = "local"
+    unofficial: bool = False  # run on data or settings an official run refuses, as unofficial
+    small_task: bool = False  # the built-in or digits task on several nodes, asked for
 
 
 @dataclass
@@ -87,6 +90,7 @@ def _config(req: RunRequest) -> Config | None:
     set_option(tree, "run.replicas", req.replicas)
     set_option(tree, "run.devices_per_replica", req.devices_per_replica)
     set_option(tree, "data.data_dir", str(req.data_dir) if req.data_dir else None)
+    set_option(tree, "run.official", False if req.unofficial else None)
     cfg = load_config(req.config, req.dataset, tree)
     # A simulated run reads no images: it only needs the dataset's shape and image counts.
     if cfg.data.dataset in ("imagenet", "cifar10") and cfg.data.data_dir is None and \
@@ -117,6 +121,33 @@ def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> t
                     f"not {req.launcher!r}")
 
 
+def check_cluster_task(cfg: Config, nodes: int, asked: bool) -> None:
+    """A run on several nodes benchmarks a cluster: the built-in tasks (a few thousand
+    small images, for one machine) are refused there unless asked for, so that no cluster
+    is measured on MNIST by a forgotten --dataset. Simulated runs model the devices and
+    read no images: they are exempt."""
+    if nodes > 1 and cfg.data.dataset in ("builtin", "digits") and not cfg.simulated and not asked:
+        raise UserError(f"a {nodes}-node run of the {cfg.data.dataset} task measures a cluster on "
+                        "a few thousand small images: give --dataset imagenet --data-dir DIR (or "
+                        "--config official --data-dir DIR), or pass --small-task to run it anyway")
+
+
+def _process_start() -> float:
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
+def _startup_line(startup: dict[str, Any]) -> str:
+    parts = [f"imports {startup['imports_s']:.1f} s", f"system description "
+             f"{startup['describe_s']:.1f} s"]
+    if "dataset_index" in startup:
+        parts.append(f"dataset index {startup['dataset_index']} ({startup['dataset_scan_s']:.1f} s "
+                     f"walk{' at its scan' if startup['dataset_index'] == 'loaded' else ''})")
+    return (f"start-up before the clock: {startup.get('before_clock_s', 0):.1f} s ("
+            + ", ".join(parts) + ")")
+
+
 def simulated_system(cfg: Config) -> list[dict[str, Any]] | None:
     """The simulated devices of one node of a simulated run (None for a real run)."""
     if not cfg.simulated:
@@ -141,14 +172,27 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     # is written.
     planned = Config.load(RunDir(run_dir).config) if cfg is None else cfg
     starter, count = _launcher(req, run_dir, replica_url, planned)
+    if cfg is not None and req.launcher != "local":
+        check_cluster_task(cfg, count, req.small_task)
     # A store that would refuse the replicas connections says so now, not mid-run.
     check_room(normalise_url(replica_url) if replica_url else None, count)
     # An external launcher may place several replicas on a node: result.json counts the
     # nodes from the hosts that replicas report.
+    described = time.time()
     system = describe(nodes=count if req.launcher == "slurm" else 1,
                       simulated=simulated_system(planned))
-    session = steps.prepare(cfg, run_dir, url, req.resume, system,
-                            listen_all=req.launcher != "local")
+    # How long this process took to reach its clock, part by part: a job's time limit must
+    # hold it besides the run's duration (README, "Running on a cluster").
+    started = _process_start()
+    system["startup"] = {"imports_s": round(described - started, 3),
+                         "describe_s": round(time.time() - described, 3)}
+    limit = None
+    if req.launcher == "slurm":
+        from automlperf.runner.slurm import job_limit
+
+        limit = job_limit()
+    session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
+                            process_start=started, listen_all=req.launcher != "local")
     try:
         return _run_session(req, session, starter, console, system, run_dir, url, count)
     finally:
@@ -161,13 +205,19 @@ def _run_session(req: RunRequest, session: steps.Session, starter: Any, console:
     cfg = session.config
     if session.deadline_at <= session.started_at:
         console.print("this run has used its whole duration; recomputing its result")
-    mode = ("official" if not cfg.fixed_changes() else "unofficial") + " settings"
+    # Official: every rule was checked before the clock (settings, and the data's identity).
+    mode = "official run" if cfg.strict() else "unofficial"
     if cfg.simulated:
         mode = "SIMULATED accelerators: never official"
+    startup = session.startup
+    if startup:
+        console.print(_startup_line(startup), highlight=False, soft_wrap=True)
     console.print(f"automlperf {'resuming' if req.resume else 'starting'} {run_dir}: "
                   f"{cfg.data.dataset}, {cfg.model.seed_model} seed, {count} replica(s), "
                   f"{fmt_duration(session.deadline_at - session.started_at)} to go "
                   f"({mode}), store {steps.redacted(url)}", highlight=False)
+    if session.recovered:
+        console.print(session.recovered.describe(), highlight=False)
     # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
     # stopped and the result is written.
     before = signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -7,20 +7,23 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 
 from automlperf import rules
 from automlperf.config import Config, ConfigError
-from automlperf.dataset_identity import DatasetIdentityError, identify
+from automlperf.errors import RunFailure
+from automlperf.dataset_identity import (SHARED_INDEX, DatasetIdentityError, build_shared_index,
+                                         load_shared_index, problems, scan)
 from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner.launch import Launcher, wait_all
+from automlperf.runner.recovery import Recovered, recover
 from automlperf.store import ReplicaRecord, Store, TrialStatus, open_store, redact
 from automlperf.store.feed import ReplicaFeed
 from automlperf.store.remote import RemoteStore, served, service_file
@@ -28,8 +31,11 @@ from automlperf.store.serviceproc import ServiceProcess
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store.urls import strip_password
 
+if TYPE_CHECKING:
+    from automlperf.runner.slurm import JobLimit
+
 PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password",
-            "container.json"}
+            "container.json", SHARED_INDEX}
 
 
 @dataclass
@@ -42,6 +48,9 @@ class Session:
     started_at: float
     deadline_at: float
     elapsed_before: float
+    startup: dict[str, Any] = field(default_factory=dict)  # what came before the clock
+    # What the store took back from the trial logs when the run was resumed.
+    recovered: Recovered = field(default_factory=Recovered)
     # The run's store service (a PostgreSQL store), which ``store`` reaches.
     service: ServiceProcess | None = None
 
@@ -57,19 +66,37 @@ class Session:
 
 
 def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume: bool,
-            system: dict[str, Any], listen_all: bool = False) -> Session:
-    """Create the run (or reopen it to resume) and open a new session with its deadline. A
-    run on a PostgreSQL server gets its store service, which replicas on other nodes reach
-    with ``listen_all``."""
+            system: dict[str, Any], limit: JobLimit | None = None,
+            process_start: float | None = None, listen_all: bool = False) -> Session:
+    """Create the run (or reopen it to resume) and open a new session with its deadline.
+    ``limit`` is the batch job's time limit: a session that could not run its full time
+    within it (less what the primary needs after the deadline) is refused before its clock
+    starts. A run on a PostgreSQL server gets its store service, which replicas on other
+    nodes reach with ``listen_all``."""
     rd = RunDir(run_dir)
+    if not resume and run_dir.exists() and any(p.name not in PREPARED for p in run_dir.iterdir()):
+        raise RunDirError(f"{run_dir} exists and is not empty: pass --resume to continue "
+                          "that run, or choose another --run-dir")
     # Scanning the data comes before the clock starts: it is not the benchmark's work.
-    origin = record_origin(config) if config is not None and not resume else {}
+    scanned = time.time()
+    origin = record_origin(config, run_dir=run_dir) if config is not None and not resume else {}
+    startup = {**system.get("startup", {}), **origin.pop("startup", {})}
+    if config is not None and config.data.data_dir is not None and not resume:
+        startup["dataset_s"] = round(time.time() - scanned, 3)
     now = time.time()
+    if process_start is not None:
+        startup["before_clock_s"] = round(now - process_start, 3)
+    if limit is not None and config is not None and not resume:
+        # The job must also hold the grace in which epochs in flight at the deadline finish.
+        _check_fits(config.run.duration_s + config.deadline_grace(), now, limit, startup)
     if resume:
         meta = rd.meta()
         run_id = int(meta["run_id"])
         store = open_store(rd.store_url(store_url), run_dir=run_dir)
         config = Config.load(rd.config)
+        # What the logs kept and the store lost goes back first: the epochs, and the
+        # outcome of a trial that ended while the store could not hear of it.
+        recovered = recover(store, rd, run_id, config)
         # Trials that were running when the run stopped are over; their epochs stay.
         store.expire_leases(run_id, math.inf)
         segments = store.segments(run_id)
@@ -81,10 +108,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         if config is None:
             raise ValueError("a new run needs a configuration")
         config.check_official()
-        if run_dir.exists() and any(p.name not in PREPARED for p in run_dir.iterdir()):
-            raise RunDirError(f"{run_dir} exists and is not empty: pass --resume to continue "
-                              "that run, or choose another --run-dir")
-        system = {**system, **origin}
+        system = {**system, **origin, "startup": startup}
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(rd.config, config.to_toml())
         write_atomic(rd.system, json.dumps(system, indent=1) + "\n")
@@ -93,11 +117,20 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                                   config.run.duration_s, now)
         rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
         elapsed = 0.0
+        recovered = Recovered()
     remaining = max(0.0, config.run.duration_s - elapsed)
+    if limit is not None and resume:
+        try:
+            ruleset = rules.get(store.run(run_id)["system"].get("ruleset"))
+            _check_fits(remaining + config.deadline_grace(ruleset), now, limit, startup)
+        except BaseException:
+            store.close()
+            raise
     segment = store.start_segment(run_id, now, now + remaining)
     url = rd.store_url(store_url)
     if not served(url):
-        return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed)
+        return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed,
+                       startup, recovered)
     # Replicas (and this primary's session) reach the database through the run's store
     # service; the finished run's records in bulk are read directly.
     service = ServiceProcess(run_dir, store.url, listen_all)
@@ -107,30 +140,71 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
     except BaseException:
         service.stop()
         raise
-    return Session(rd, remote, run_id, config, segment, now, now + remaining, elapsed, service)
+    return Session(rd, remote, run_id, config, segment, now, now + remaining, elapsed, startup,
+                   recovered, service)
 
 
-def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, Any]:
+def _check_fits(remaining: float, now: float, limit: JobLimit, startup: dict[str, Any]) -> None:
+    """Refuse to start a clock that the batch job's time limit would cut short."""
+    if now + remaining <= limit.must_end_by:
+        return
+    took = startup.get("before_clock_s")
+    raise RunFailure(f"the job's time limit leaves {max(0.0, limit.must_end_by - now):.0f} s "
+                     f"for a session that needs {remaining:.0f} s"
+                     + (f" (the primary's start-up took {took:.0f} s)" if took is not None else "")
+                     + f"; the clock was not started: {limit.advice(remaining, now)}")
+
+
+def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT,
+                  run_dir: Path | None = None) -> dict[str, Any]:
     """What a new run records beside the system description: the ruleset it is judged by,
-    its provenance, and the identity of its data (scanned once, here). An official run on
-    data that is not the ruleset's dataset is refused before anything is written."""
+    its provenance, and the identity of its data (scanned once, here: with ``run_dir``, the
+    scan's file index is saved there for the replicas, or loaded from there when an earlier
+    step saved it and the data has not changed since). A run that aims to be official
+    (:meth:`Config.strict`) on data that is not the ruleset's dataset is refused before
+    anything is written."""
     config.check_official()
     identity = None
+    index_note: dict[str, Any] = {}
     if config.data.dataset == ruleset.dataset.name and config.data.data_dir is not None:
         try:
-            identity = identify(config.data.data_dir, ruleset.dataset)
+            found, index_note = _dataset_scan(config.data.data_dir, run_dir)
+            identity = {**found.summary(), "problems": problems(found, ruleset.dataset)}
         except DatasetIdentityError as exc:
-            if config.run.official:
-                raise ConfigError(f"official run refused: {exc}") from None
+            if config.strict():
+                raise ConfigError(f"official run refused: {exc}; {UNOFFICIAL_HINT}") from None
             # An unofficial run goes on; its replicas say why they cannot read the data.
             identity = {"layout": None, "classes": 0, "train_images": 0, "val_images": 0,
                         "files": 0, "fingerprint": None, "problems": [str(exc)]}
-        if config.run.official and identity["problems"]:
+        if config.strict() and identity["problems"]:
             raise ConfigError(f"official run refused: {config.data.data_dir} is not "
                               f"{ruleset.dataset.name} as ruleset {ruleset.id} defines it: "
-                              + "; ".join(identity["problems"]))
-    return {"ruleset": ruleset.id, "provenance": provenance.collect(),
-            "dataset_identity": identity}
+                              + "; ".join(identity["problems"]) + f"; {UNOFFICIAL_HINT}")
+    origin = {"ruleset": ruleset.id, "provenance": provenance.collect(),
+              "dataset_identity": identity}
+    if index_note:
+        origin["startup"] = index_note
+    return origin
+
+
+UNOFFICIAL_HINT = "to run on it anyway as an unofficial run, pass --unofficial"
+
+
+def _dataset_scan(data_dir: Path, run_dir: Path | None) -> tuple[Any, dict[str, Any]]:
+    """The data folder's scan, and how it was had (``index``: built or loaded, and the
+    seconds the walk took), through the run's shared index when there is a run directory."""
+    if run_dir is None:
+        return scan(data_dir), {}
+    shared = load_shared_index(run_dir, data_dir)
+    if shared is None:
+        try:
+            shared = build_shared_index(data_dir, run_dir)
+        except DatasetIdentityError:
+            # A layout the identity reads but training cannot (a val class not in train/):
+            # the identity says what it can; the replicas name the rest.
+            return scan(data_dir), {}
+    return shared.found, {"dataset_index": "built" if shared.built else "loaded",
+                          "dataset_scan_s": round(shared.scan_s, 3)}
 
 
 def replica_states(launcher: Launcher) -> list[str]:
@@ -154,19 +228,44 @@ class Watch:
         return self.state == "completed"
 
 
+def gave_up(store: Store, run_id: int, segment: int,
+            replicas: list[ReplicaRecord] | None = None) -> list[Any]:
+    """The replicas of this session that stopped themselves, recording why they cannot
+    train (their trainer could not start on their node, the data is not there, trials keep
+    failing alike). ``replicas``: the run's replicas as last seen, else read from the
+    store."""
+    return [rep for rep in (store.replicas(run_id) if replicas is None else replicas)
+            if rep.segment == segment and rep.status == TrialStatus.FAILED and rep.reason]
+
+
 def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None],
-            log_dir: Path, replicas: list[ReplicaRecord] | None = None) -> str | None:
-    """Why the run cannot go on, if it cannot: a replica gave up and recorded why, or every
-    replica exited with an error without saying why (it could not even start). ``replicas``:
-    the replicas to look at (those registered or ended since the last look), else all."""
-    for rep in store.replicas(run_id) if replicas is None else replicas:
-        if rep.segment == segment and rep.status == TrialStatus.FAILED and rep.reason:
-            return f"replica {rep.index} ({rep.host}): {rep.reason}"
+            log_dir: Path, left: bool = False,
+            replicas: list[ReplicaRecord] | None = None) -> str | None:
+    """Why the run cannot go on, if it cannot: no replica is ``left`` to train and those that
+    gave up said why, or every replica exited with an error without saying why (it could
+    not even start). One replica that gives up on a sick node is retired, not the run's end:
+    the run ends only when the failure hits every replica. ``replicas``: the run's replicas
+    as last seen, else read from the store."""
+    if left:
+        return None
+    if replicas is None:
+        replicas = store.replicas(run_id)
+    given_up = gave_up(store, run_id, segment, replicas)
+    finished = any(rep.status == TrialStatus.STOPPED for rep in replicas
+                   if rep.segment == segment)
+    if given_up and not finished:
+        rep = given_up[0]
+        return f"replica {rep.index} ({rep.host}): {rep.reason}"
     if exit_codes and all(code is not None and code != 0 for code in exit_codes):
         codes = ", ".join(f"replica {i}: {code}" for i, code in enumerate(exit_codes))
         return (f"every replica exited with an error before the deadline ({codes}); see "
                 f"{log_dir}/replica-*.log")
     return None
+
+
+def retirement(rep: Any) -> str:
+    """The one line that says which replica stopped on which node, and why."""
+    return f"replica {rep.index} on {rep.host} retired: {rep.reason}"
 
 
 def leases_judged(store: Store, now: float, lease_s: float) -> bool:
@@ -182,8 +281,10 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
     s = session
     view = LiveView(s)
     changed = ReplicaFeed(s.store, s.run_id)
+    seen: dict[int, ReplicaRecord] = {}
     tick = 1.0
     last_line = 0.0
+    retired: set[int] = set()
     live = Live(console=console, refresh_per_second=2, transient=False,
                 auto_refresh=False) if console.is_terminal else None
     try:
@@ -200,11 +301,19 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
             elif now - last_line > 30:
                 console.print(view.line(now, states), highlight=False)
                 last_line = now
+            left = any(x in ("up", "waiting") for x in states)
+            # The replicas registered or ended since the last look: a tick reads those, not
+            # every replica's row.
+            seen.update((rep.id, rep) for rep in changed.read())
+            for rep in gave_up(s.store, s.run_id, s.segment, list(seen.values())):
+                if rep.id not in retired and left:
+                    retired.add(rep.id)
+                    console.print(retirement(rep), highlight=False, soft_wrap=True)
             broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
-                             s.dir.logs, changed.read())
+                             s.dir.logs, left, list(seen.values()))
             if broken is not None:
                 return Watch("failed", broken)
-            if now >= s.deadline_at or not any(x in ("up", "waiting") for x in states):
+            if now >= s.deadline_at or not left:
                 return Watch("completed")
             time.sleep(min(tick, max(0.05, s.deadline_at - now)))
     except KeyboardInterrupt:
@@ -214,17 +323,58 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
             live.stop()
 
 
+def replicas_working(store: Store, run_id: int, segment: int, now: float, lease_s: float) -> int:
+    """Replicas of the session still at work: recorded as running, and heard from within a
+    lease (one that died without a word is not waited for)."""
+    return sum(1 for rep in store.replicas(run_id) if rep.segment == segment
+               and rep.status == TrialStatus.RUNNING and now - rep.last_heartbeat < lease_s)
+
+
+def drain(session: Session, console: Console, clock: Any = time.time,
+          sleep: Any = time.sleep) -> None:
+    """After the deadline, while the replicas finish their epochs in flight (inside the
+    run's grace) and stop: keep the session alive for them, until none is at work or the
+    grace and the stop's own allowance are over. Ctrl-C ends the wait."""
+    s = session
+    ruleset = rules.get(s.store.run(s.run_id)["system"].get("ruleset"))
+    grace = s.config.deadline_grace(ruleset)
+    until = s.deadline_at + grace + s.config.run.stop_grace_s
+    told = False
+    try:
+        while True:
+            now = clock()
+            s.store.touch_segment(s.run_id, s.segment, now)
+            working = replicas_working(s.store, s.run_id, s.segment, now,
+                                       s.config.run.lease_timeout_s)
+            if not working or now >= until:
+                return
+            if grace and not told:
+                console.print(f"deadline reached: {working} replica(s) finishing the epoch in "
+                              f"flight (grace {grace:.0f} s)", highlight=False)
+                told = True
+            sleep(min(1.0, max(0.0, until - now)))
+    except KeyboardInterrupt:
+        return
+
+
 def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
            system: dict[str, Any]) -> dict[str, Any]:
     """Stop the replicas, close the session and write result.json."""
     s = session
     s.store.touch_segment(s.run_id, s.segment, time.time())
     if watch.completed:
-        # At the deadline replicas stop by themselves, recording cut-short trials as stopped.
+        # At the deadline replicas stop by themselves (after the epoch in flight, inside
+        # the grace), recording cut-short trials as stopped.
+        drain(s, console)
         wait_all(launcher.procs, s.config.run.stop_grace_s)
     launcher.stop(s.config.run.stop_grace_s)
     end = min(time.time(), s.deadline_at)
     s.store.end_segment(s.run_id, s.segment, end)
+    # A replica killed between its log and the store, or cut off by the store, left its log
+    # ahead: the store takes what the logs kept before anything is counted.
+    recovered = recover(s.store, s.dir, s.run_id, s.config)
+    if recovered:
+        console.print(recovered.describe(), highlight=False)
     # Anything a killed replica left running is over; its completed epochs count.
     s.store.expire_leases(s.run_id, math.inf)
     result = build_result(s.store, s.run_id, s.config, system,

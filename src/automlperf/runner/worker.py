@@ -6,6 +6,7 @@ is runner/replica.py."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -16,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.config import Config
-from automlperf.hardware import accelerator_memory_gib, choose_devices, cores_available
+from automlperf.dataset_identity import SHARED_INDEX, DatasetIdentityError, FileIndex, check_data_here
+from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
 from automlperf.measure.monitor import SampleCopier
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch, batch_range, journal_path
-from automlperf.store import history
+from automlperf.store import TrialStatus, history
 from automlperf.store.remote import open_run_store, served, service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
 from automlperf.train.pool import PoolTrainer
@@ -49,15 +51,21 @@ class NodeSampler:
 
 
 def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int | None = None,
-                 threads: int | None = None, sample: bool = True) -> Replica:
+                 threads: int | None = None, sample: bool = True,
+                 require_accelerators: bool = False) -> Replica:
     """The replica of a run directory with the collaborators of a real run: the run's store,
     a pool of training processes on this node's accelerators (or, in a simulated run,
     simulated devices, and then nothing loads torch), the search and its TPE study."""
     rd = RunDir(Path(run_dir))
     run_id = int(rd.meta()["run_id"])
     url = rd.store_url(store_url)
-    store = open_run_store(rd.path, url)
     config = Config.load(rd.config)
+    shared = rd.path / SHARED_INDEX
+    if config.data.dataset == "imagenet" and config.data.data_dir is not None and \
+            (shared / FileIndex.META).exists():
+        # The primary's scan serves every replica: the data need only be on this node.
+        check_data_here(shared, config.data.data_dir)
+    store = open_run_store(rd.path, url)
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
     if config.simulated:
@@ -66,9 +74,12 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         trainer = SimulatedTrainer(chosen, config)
         memory: float | None = config.simulation.memory_gib
     else:
-        chosen = choose_devices(wanted)
+        chosen = choose_devices(wanted, require_accelerators or config.run.require_accelerators)
         per_device = max(1, (threads or cores_available()) // len(chosen))
-        trainer = PoolTrainer(chosen, DataArgs.from_config(config.data, per_device), per_device)
+        data = DataArgs.from_config(config.data, per_device)
+        if config.data.dataset == "imagenet" and (shared / FileIndex.META).exists():
+            data.index_dir = str(shared)  # the primary's scan: no replica walks the folder
+        trainer = PoolTrainer(chosen, data, per_device)
         memory = accelerator_memory_gib()
     place = Placement(rd, run_id, config, index, store.segments(run_id)[-1], chosen, per_device)
     world = len(chosen)
@@ -161,7 +172,8 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
 
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
-               threads: int | None, sample: bool = True, wait_s: float = 0.0) -> int:
+               threads: int | None, sample: bool = True, wait_s: float = 0.0,
+               require_accelerators: bool = False) -> int:
     """Entry point of ``automlperf worker``; identity from the launcher's environment when
     not given."""
     from automlperf.runner.identity import local_rank, replica_identity
@@ -179,6 +191,30 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
         log.error("no open session of a run in %s after %.0f s: start `automlperf run "
                   "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
         return 1
-    replica = open_replica(run_dir, store_url, index, devices, threads, sample)
+    try:
+        replica = open_replica(run_dir, store_url, index, devices, threads, sample,
+                               require_accelerators)
+    except (DeviceError, DatasetIdentityError) as exc:
+        # This node cannot train: said through the store, so that the primary retires this
+        # replica in one line (and ends the run only when no replica is left).
+        log.error("replica %d cannot start: %s", index, exc)
+        record_cannot_start(run_dir, store_url, index, str(exc))
+        return 1
     signal.signal(signal.SIGTERM, lambda *_: replica.stop.set())
     return replica.run()
+
+
+def record_cannot_start(run_dir: Path, store_url: str | None, index: int, reason: str) -> None:
+    """Register this replica in the run's current session as one that gave up at its start,
+    with the reason."""
+    rd = RunDir(Path(run_dir))
+    store = open_run_store(rd.path, rd.store_url(store_url))
+    try:
+        run_id = int(rd.meta()["run_id"])
+        segment = store.segments(run_id)[-1].index
+        now = time.time()
+        rep = store.register_replica(run_id, index, segment, socket.gethostname(), os.getpid(),
+                                     [], now)
+        store.end_replica(rep, TrialStatus.FAILED, now, reason)
+    finally:
+        store.close()

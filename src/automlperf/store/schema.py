@@ -100,7 +100,12 @@ T_EPOCHS = sa.Table(
     sa.Column("data_share", sa.Float, nullable=False),
     sa.Column("images_per_s", sa.Float, nullable=False),
     sa.Column("skipped_images", sa.BigInteger, nullable=False),
-    sa.Column("val_skipped", sa.BigInteger, nullable=False, server_default="0"))
+    sa.Column("val_skipped", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("device_share", sa.Float),
+    sa.Column("compiled", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("decode_path", sa.Text, nullable=False, server_default=""),
+    sa.Column("cpu_decoded", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("val_loss", sa.Float))
 T_SAMPLES = sa.Table(
     "amp_samples", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -139,9 +144,11 @@ EPOCH_FIELDS = tuple(f.name for f in dataclasses.fields(EpochRecord) if f.name !
 
 # The tables' layout within schema version 2: what was added without changing the version
 # (nodes, sample figures, epoch numbers, skipped validation images: layout 1; change numbers,
-# leases on the replica, the running-trials and sample indexes: layout 2). A store opened
-# with an older layout is brought up to date; with the current one, opening it is one query.
-LAYOUT = 2
+# leases on the replica, the running-trials and sample indexes: layout 2; each epoch's device
+# share, compilation, decoding path, CPU-decoded images and validation loss: layout 3). A
+# store opened with an older layout is brought up to date; with the current one, opening it
+# is one query.
+LAYOUT = 3
 
 
 def open_check(engine: sa.Engine, url: str, create: bool) -> None:
@@ -191,7 +198,12 @@ def _update_layout(engine: sa.Engine, sqlite: bool) -> None:
             conn.exec_driver_sql("CREATE SEQUENCE IF NOT EXISTS amp_changes")
     _add_columns(engine, sqlite, "amp_samples", (("figures", "BLOB" if sqlite else "BYTEA"),
                                                  ("figure_keys", "TEXT")))
-    _add_columns(engine, sqlite, "amp_epochs", (("val_skipped", "BIGINT NOT NULL DEFAULT 0"),))
+    _add_columns(engine, sqlite, "amp_epochs", (("val_skipped", "BIGINT NOT NULL DEFAULT 0"),
+                                                ("device_share", "FLOAT"),
+                                                ("compiled", "BOOLEAN NOT NULL DEFAULT FALSE"),
+                                                ("decode_path", "TEXT NOT NULL DEFAULT ''"),
+                                                ("cpu_decoded", "BIGINT NOT NULL DEFAULT 0"),
+                                                ("val_loss", "DOUBLE PRECISION")))
     _add_columns(engine, sqlite, "amp_trials", (("changed", "BIGINT"),))
     _add_columns(engine, sqlite, "amp_replicas", (("changed", "BIGINT"), ("lease_until", "FLOAT")))
     with engine.begin() as conn:

@@ -7,10 +7,12 @@ many replicas run) and serves the store's calls to every replica and to the prim
   still means "on disk" and nothing acknowledged is lost if the service dies.
 * Heartbeats, leases, the history's change log, tallies and the replicas' states are kept in
   memory (store/servicestate.py) and answered without the database; heartbeats and the
-  session's ``last_seen`` are written in bulk every ``FLUSH_S`` (asynchronous commit: losing
-  the last few costs nothing, the service's restart grants a full lease of grace).
+  session's ``last_seen`` are written in bulk every ``servicenet.FLUSH_S`` (asynchronous
+  commit: losing the last few costs nothing, the service's restart grants a full lease of
+  grace).
 * Graphs are kept in a bounded cache; other reads go to the database in reader threads.
 
+Its network side (listening, greeting clients, the heartbeats' flush) is store/servicenet.py.
 The primary starts it (store/serviceproc.py) and restarts it if it dies; it writes where it
 listens, with a token only the run's user can read, to a file in the run directory that the
 clients read."""
@@ -19,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-import signal
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -39,17 +39,12 @@ from automlperf.store.urls import redact
 
 log = logging.getLogger("automlperf.store.service")
 
-# How often heartbeats and the session's last_seen are written to the database.
-FLUSH_S = 5.0
 # Graphs kept in memory (a ResNet-50 descendant's is ~10 KB of JSON).
 GRAPH_CACHE_BYTES = 256 << 20
 # A history read far behind is sent the run's whole history (see op_changes), encoded at
 # most every SNAPSHOT_S, when it is behind by over 2 * SNAPSHOT_MIN changes.
 SNAPSHOT_S = 10.0
 SNAPSHOT_MIN = 64
-# An event loop that stalls this long (a SIGSTOP, the machine swapping) is an outage: the
-# heartbeats it could not take are not held against anyone.
-STALL_S = 5.0
 
 
 class Service:
@@ -74,6 +69,7 @@ class Service:
         self.graph_bytes = 0
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="store-reader")
         self.clients: set[asyncio.StreamWriter] = set()
+        self.writer: Writer  # the group commit's thread, started by servicenet.serve
         self.calls = 0
         self.ops: dict[str, Callable[[list[Any], bool], Awaitable[Any]]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
@@ -400,30 +396,7 @@ class Service:
     async def op_nodes(self, args: list[Any], again: bool) -> Any:
         return await self.read(reads.nodes, args[0])
 
-    # --- serving ----------------------------------------------------------------------------
-    async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.clients.add(writer)
-        try:
-            hello = await _read(reader)
-            if not isinstance(hello, dict) or hello.get("hello") != wire.PROTOCOL:
-                await _send(writer, {"e": "protocol", "m": "this store service speaks protocol "
-                                     f"{wire.PROTOCOL}: use the automlperf that started it"})
-                return
-            if not secrets.compare_digest(str(hello.get("token", "")), self.token):
-                await _send(writer, {"e": "protocol", "m": "wrong token for this store service"})
-                return
-            await _send(writer, {"v": {"schema": SCHEMA_VERSION}})
-            while True:
-                message = await _read(reader)
-                writer.write(await self.handle(message))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, wire.ProtocolError,
-                asyncio.CancelledError):
-            pass
-        finally:
-            self.clients.discard(writer)
-            writer.close()
-
+    # --- a call ------------------------------------------------------------------------
     async def handle(self, message: dict[str, Any]) -> bytes:
         """The answer's frame."""
         self.calls += 1
@@ -449,63 +422,6 @@ class Service:
         if isinstance(value, bytes):
             return value  # an answer encoded before, for several callers
         return wire.answer(value, self.came_back)
-
-    async def serve(self, host: str, port: int, on_listening: Callable[[int], None]) -> None:
-        loop = asyncio.get_running_loop()
-        self.writer = Writer(self.db, loop)
-        self.writer.start()
-        with self.db.engine.connect() as conn:
-            for table in (schema.T_TRIALS, schema.T_REPLICAS):
-                self._changed(conn.execute(sa.select(sa.func.max(table.c.changed))).scalar() or 0)
-        server = await asyncio.start_server(self.client, host, port, backlog=16384)
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        on_listening(server.sockets[0].getsockname()[1])
-        ticker = asyncio.create_task(self._tick(stop))
-        await stop.wait()
-        server.close()
-        for client in list(self.clients):  # their calls end; the clients find the next service
-            client.close()
-        await server.wait_closed()
-        ticker.cancel()
-        await self.flush()
-        self.writer.stop()
-        self.writer.join()
-        self.readers.shutdown()
-        self.db.close()
-
-    async def _tick(self, stop: asyncio.Event) -> None:
-        """Flush heartbeats every FLUSH_S; notice a stalled loop (SIGSTOP) as an outage."""
-        last = time.monotonic()
-        flushed = last
-        while not stop.is_set():
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
-            if now - last > STALL_S:
-                log.warning("the store service was stalled for %.0f s", now - last)
-                self.restored_at = time.time()
-            last = now
-            if now - flushed >= FLUSH_S:
-                flushed = now
-                try:
-                    await self.flush()
-                except StoreError:
-                    log.warning("heartbeats could not be written; kept for the next flush",
-                                exc_info=True)
-
-
-async def _read(reader: asyncio.StreamReader) -> Any:
-    head = await reader.readexactly(wire.HEADER.size)
-    length, flags = wire.HEADER.unpack(head)
-    if length > wire.MAX_FRAME:
-        raise wire.ProtocolError(f"a frame of {length} bytes")
-    return wire.decode(flags, await reader.readexactly(length))
-
-
-async def _send(writer: asyncio.StreamWriter, message: Any) -> None:
-    writer.write(wire.encode(message))
-    await writer.drain()
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def serve() -> None:
     import asyncio
 
     from automlperf.procutil import die_with_parent
-    from automlperf.store import wire
+    from automlperf.store import servicenet, wire
     from automlperf.store.rundir import write_atomic
     from automlperf.store.service import Service, log
     from automlperf.store.urls import redact, resolve_store_url
@@ -184,5 +184,5 @@ def serve() -> None:
                      + "\n")
         log.info("serving %s on %s:%d", redact(service.url), args.host, port)
 
-    asyncio.run(service.serve("0.0.0.0" if args.listen_all else args.host, args.port,
-                              listening))
+    asyncio.run(servicenet.serve(service, "0.0.0.0" if args.listen_all else args.host,
+                                 args.port, listening))

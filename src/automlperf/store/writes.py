@@ -13,13 +13,13 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from automlperf.events import TrialStatus
-from automlperf.store.base import EpochRecord, SegmentRecord, StoreError, sample_figures
+from automlperf.store.base import (LEASE_EXPIRED, EpochRecord, SegmentRecord, StoreError,
+                                   sample_figures)
 from automlperf.store.schema import (EPOCH_FIELDS, T_EPOCHS, T_NODES, T_REPLICAS, T_RUNS,
                                      T_SAMPLES, T_SEGMENTS, T_TRIALS)
 from automlperf.store.values import packed
 
 RUNNING = TrialStatus.RUNNING.value
-EXPIRED = "replica stopped heart-beating; completed epochs are kept"
 
 
 class Writes:
@@ -186,7 +186,7 @@ class Writes:
             changed = conn.execute(T_TRIALS.update().where(
                 (T_TRIALS.c.id == trial_id) & (T_TRIALS.c.status == RUNNING)).values(
                 status=TrialStatus.FAILED.value, finished_at=now, lease_until=None,
-                reason=EXPIRED, changed=self.next_change(T_TRIALS, run_id))
+                reason=LEASE_EXPIRED, changed=self.next_change(T_TRIALS, run_id))
                 .returning(T_TRIALS.c.changed)).scalar()
             if changed is not None:
                 expired.append((int(trial_id), int(changed)))

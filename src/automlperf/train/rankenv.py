@@ -36,6 +36,14 @@ def compile_threads(rank_threads: int, decode_workers: int) -> int:
     return max(1, rank_threads - decode_workers)
 
 
+def rank_threads(device_type: str, threads: int) -> int:
+    """Intra-op threads of a rank with ``threads`` cores: all of them on a CPU, whose steps
+    run in them; one on an accelerator, whose CPU math is the loader's hand-over of a batch
+    and a trial's set-up: more would spin beside the decoding workers, which need the
+    cores (torchrun sets OMP_NUM_THREADS=1 for the same reason)."""
+    return max(1, threads) if device_type == "cpu" else 1
+
+
 def set_rank_environment(rank_threads: int, decode_workers: int,
                          env: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Put the allocator and compile-thread defaults into ``env`` (``os.environ``) unless the

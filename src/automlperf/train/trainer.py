@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -25,10 +25,12 @@ from automlperf.events import EpochEvent, FailureKind, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
+from automlperf.train.compiling import (CompileDecision, CompileFigures, compile_module,
+                                        decide_compile, measure_compile)
 from automlperf.train.data import DataError, Dataset, plan_steps
-from automlperf.train.evaluate import count_correct, precision_context
+from automlperf.train.evaluate import evaluate, precision_context
 from automlperf.train.inherit import inherit
-from automlperf.train.spec import TrialSpec
+from automlperf.train.spec import EarlyStopping, TrialSpec
 
 ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
 # Where linear scaling of the learning rate with the global batch stops: beyond it SGD on
@@ -52,6 +54,9 @@ class RankContext:
     device: torch.device
     dataset: Dataset
     distributed: bool = False
+    # Compilation figures this rank measured at its first trial that needed them (kept for
+    # the trials after it); "failed" when that measurement failed.
+    compile_figures: CompileFigures | str | None = None
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
@@ -157,6 +162,17 @@ def release_trial(ctx: RankContext) -> None:
             host_empty()
 
 
+class EpochTimes(NamedTuple):
+    """What one rank's share of a training epoch did, and where its time went."""
+
+    loss_sum: float
+    images: int
+    steps: int
+    data_wait: float  # seconds waiting for the next batch's data
+    device_wait: float  # seconds on the device's side: its steps, and waiting for it
+    seconds: float
+
+
 class _Run:
     """The state of one trial on one rank: module, optimiser, schedule and precision."""
 
@@ -167,12 +183,16 @@ class _Run:
         self.channels_last = (spec.channels_last if spec.channels_last is not None
                               else channels_last_default(self.device.type))
         self.memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        self.module = _initial_module(spec, graph).to(self.device,
-                                                      memory_format=self.memory_format)  # type: ignore[call-overload]
         self.per_rank = spec.batch_size // ctx.world
         self.batch = self.per_rank * ctx.world
         self.ops = count(graph, batch_size=self.batch)
         self.steps_per_epoch = plan_steps(self.data.train_size, ctx.world, self.per_rank)
+        # Decided (and, the first time on an accelerator, measured) before this trial's own
+        # model takes its memory.
+        self.decision = self._decide_compile(graph)
+        self.compiled = self.decision.compile
+        self.module = _initial_module(spec, graph).to(self.device,
+                                                      memory_format=self.memory_format)  # type: ignore[call-overload]
         total = max(1, max(spec.epochs, spec.horizon_epochs or 0) * self.steps_per_epoch)
         warmup = min(int(spec.warmup_epochs * self.steps_per_epoch), total // 2)
         # Scaling with the batch stops at MAX_LR (a rate set above it per 256 images stays).
@@ -181,8 +201,8 @@ class _Run:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total, warmup))
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
-        self.graphs_before = compiled_graphs() if spec.compile else 0
-        runner: Any = _compiled(self.module, self.device) if spec.compile else self.module
+        self.graphs_before = compiled_graphs() if self.compiled else 0
+        runner: Any = compile_module(self.module) if self.compiled else self.module
         if ctx.distributed:
             # Buffers (BatchNorm statistics) are averaged once before validation, not
             # broadcast from rank 0 at every forward pass.
@@ -192,13 +212,57 @@ class _Run:
         self.runner = runner
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
 
-    def train_epoch(self, epoch: int, emit: Emit) -> tuple[float, int, int, float, float]:
-        """(loss sum, images, optimiser steps, seconds waiting for data, seconds) of this
-        rank's share of one epoch."""
+    def _decide_compile(self, graph: Graph) -> CompileDecision:
+        """Whether this trial compiles (see train.compiling): the setting, else the rule with
+        the given figures, else with figures this rank measures once on an accelerator. The
+        figures are averaged over the ranks, so that every rank decides alike."""
+        spec, ctx = self.spec, self.ctx
+        per_rank_images = spec.epochs * self.data.train_size / ctx.world
+        planned = (per_rank_images * (self.ops.forward + self.ops.backward_grad)
+                   + spec.epochs * self.steps_per_epoch * self.ops.update_per_step)
+        figures: CompileFigures | None = None
+        if spec.compile is None and spec.compile_figures:
+            figures = CompileFigures.from_dict(spec.compile_figures)
+        elif spec.compile is None and measures_compile(self.device):
+            if ctx.compile_figures is None:
+                ctx.compile_figures = self._measure_compile(graph)
+            if not isinstance(ctx.compile_figures, CompileFigures):
+                return CompileDecision(False, "measuring compilation failed", planned)
+            figures = ctx.compile_figures
+        return decide_compile(spec.compile, planned, len(graph), figures)
+
+    def _measure_compile(self, graph: Graph) -> CompileFigures | str:
+        """This rank's compilation figures averaged over all ranks ("failed" on every rank
+        when the measurement failed on any)."""
+        try:
+            mine = measure_compile(graph, self.per_rank, self.device, self.autocast,
+                                   self.memory_format)
+            values = [1.0, mine.compile_s, mine.eager_ops_per_s, mine.compiled_ops_per_s]
+        except Exception:  # noqa: BLE001 - the trial still trains, eagerly
+            mine, values = None, [0.0, 0.0, 0.0, 0.0]
+        ok, compile_s, eager, compiled = _reduce(values, self.ctx)
+        if mine is None or ok < self.ctx.world:
+            return "failed"
+        world = self.ctx.world
+        return CompileFigures(compile_s / world, mine.layers, eager / world, compiled / world,
+                              mine.source + (f", averaged over {world} ranks" if world > 1 else ""))
+
+    def train_epoch(self, epoch: int, emit: Emit, max_steps: int | None = None,
+                    untimed_steps: int = 0) -> EpochTimes:
+        """This rank's share of one epoch (its first ``max_steps`` steps, when given); the
+        first ``untimed_steps`` steps warm up (the network's kernels, a compilation) and
+        neither their images, their loss nor their time count.
+
+        Its time is told apart as the training thread spends it: asking for the next batch
+        is waiting for data, except where the loader itself waited for the device (a slot's
+        copy still running); the steps, reading their loss and the epoch's final wait are
+        the device's side (a CPU runs the steps in this thread; an accelerator's are
+        launched here, and waited for where the host reads a result)."""
         self.module.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         images = steps = 0
-        data_wait = 0.0
+        data_wait = device_wait = 0.0
+        loader_device = self.data.device_wait_s
         started = last_report = time.perf_counter()
         batches = self.data.batches("train", self.ctx.rank, self.ctx.world, self.per_rank,
                                     epoch, self.spec.seed, self.device)
@@ -208,29 +272,49 @@ class _Run:
         # needs two) still takes its part in the step (see _placeholder_step).
         while True:
             t0 = time.perf_counter()
-            item = next(batches, None)
-            data_wait += time.perf_counter() - t0
+            item = next(batches, None) if max_steps is None or steps < max_steps else None
+            t1 = time.perf_counter()
+            on_device = self.data.device_wait_s - loader_device
+            loader_device += on_device
+            data_wait += t1 - t0 - on_device
+            device_wait += on_device
             if item is None:
                 break
             x, y = item
             if len(y) < 2:
                 self._placeholder_step()
+                device_wait += time.perf_counter() - t1
                 continue
             loss = self._step(x, y)
             loss_sum += loss * len(y)
             images += len(y)
             steps += 1
+            if steps == untimed_steps:  # warmed up: the clocks start now
+                synchronize(self.device)
+                loss_sum.zero_()
+                images, data_wait, device_wait = 0, 0.0, 0.0
+                started = time.perf_counter()
+                continue
             now = time.perf_counter()
             # The first step reports at once (a progress bar moves from the start), then
             # at most twice a second; only rank 0 reports, so only it reads the loss.
             if self.ctx.rank == 0 and (steps == 1 or now - last_report > 0.5):
-                last_report = now
+                value = float(loss)  # waits for the step
+                last_report = now = time.perf_counter()
                 emit("progress", {"trial_id": self.spec.trial_id, "epoch": epoch,
                                   "step": steps, "steps": self.steps_per_epoch,
-                                  "loss": float(loss),
+                                  "loss": value,
                                   "images_per_s": images * self.ctx.world / (now - started)})
+            device_wait += now - t1
+        close = getattr(batches, "close", None)
+        if max_steps is not None and close is not None:
+            close()
+        t0 = time.perf_counter()
         synchronize(self.device)  # the epoch ends when the device has done its work
-        return float(loss_sum), images, steps, data_wait, time.perf_counter() - started
+        ended = time.perf_counter()
+        device_wait += ended - t0
+        return EpochTimes(float(loss_sum), images, steps - untimed_steps, data_wait, device_wait,
+                          ended - started)
 
     def _placeholder(self) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.zeros((2, *self.data.input_shape), device=self.device),
@@ -290,12 +374,13 @@ class _Run:
             self.optimizer.step()
             self.schedule.step()
 
-    def validate(self) -> tuple[int, int]:
-        """(correct, images) of this rank's validation shard."""
+    def validate(self) -> tuple[int, int, float]:
+        """(correct, images, summed loss) of this rank's validation shard; the loss is the
+        training loss's (label smoothing included), as Keras' ``val_loss`` is."""
         self.average_buffers()
-        return count_correct(self.module, self.data.batches(
+        return evaluate(self.module, self.data.batches(
             "val", self.ctx.rank, self.ctx.world, self.per_rank, 0, self.spec.seed, self.device),
-            self.autocast, self.memory_format)
+            self.autocast, self.memory_format, self.loss_fn)
 
     def average_buffers(self) -> None:
         """Every rank validates (and rank 0 saves) with the BatchNorm statistics averaged
@@ -314,28 +399,19 @@ class _Run:
             offset += b.numel()
 
 
+def measures_compile(device: torch.device) -> bool:
+    """Whether a rank on ``device`` measures compilation itself when no figures are given:
+    on accelerators, where a compilation is a small share of a run; not on a CPU, where it
+    would take a large share of a short run."""
+    return device.type != "cpu"
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work, so a clock read after it includes that work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type != "cpu":
         torch.accelerator.synchronize(device.index)
-
-
-def _compiled(module: nn.Module, device: torch.device) -> Any:
-    """``torch.compile`` for one trial. Every architecture runs the same forward code, so
-    trials in one rank would pile guards on one code object until Dynamo's recompile limit,
-    then silently run eagerly: each trial starts from a clean cache. Compile workers share
-    the rank's cores with its decoding workers (the rank sets their number when it starts)
-    instead of starting one per core of the node."""
-    import torch._dynamo
-    import torch._inductor.config
-
-    from automlperf.train.rankenv import configured_compile_threads
-
-    torch._dynamo.reset()
-    torch._inductor.config.compile_threads = configured_compile_threads(torch.get_num_threads())
-    return torch.compile(module)
 
 
 def compiled_graphs() -> int:
@@ -345,14 +421,15 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _note_compilation(run: _Run, outcome: TrialOutcome) -> None:
+def _note_compilation(run: _Run, outcome: TrialOutcome) -> bool:
     """Record how many graphs the trial's first epoch compiled: none means Dynamo ran the
     trial eagerly (a recompile limit, an unsupported construct), which would otherwise pass
-    unseen as a slow compiled trial."""
+    unseen as a slow compiled trial. Whether the trial ran compiled."""
     graphs = compiled_graphs() - run.graphs_before
     outcome.extra["compiled_graphs"] = graphs
     if graphs == 0:
         outcome.extra["compile_fallback"] = "eager: torch.compile compiled no graph for this trial"
+    return graphs > 0
 
 
 def _reduce(values: list[float], ctx: RankContext, op: Any = None) -> list[float]:
@@ -399,19 +476,33 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
                            f"{ctx.world} ranks")
     run = _Run(spec, ctx, graph)
     outcome.precision, outcome.batch_size = run.precision, run.batch
-    best, stale = -1.0, 0
+    outcome.extra["compile_decision"] = run.decision.to_dict()
+    best = spec.save_above
+    stopper = EarlyStopping(spec.early_stop_metric, spec.patience, spec.early_stop_min_delta)
     for epoch in range(spec.epochs):
         started = time.time()
+        if spec.finish_by is not None:
+            # Every rank must agree, or one would wait for the others in a collective.
+            (late,) = _reduce([float(started >= spec.finish_by)], ctx,
+                              dist.ReduceOp.MAX if ctx.distributed else None)
+            if late:
+                outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
+                return
         skipped_before, data.unreadable = data.skipped, ""
-        local_loss, local_images, local_steps, local_wait, seconds = run.train_epoch(epoch, emit)
+        cpu_before = data.cpu_decoded
+        local_loss, local_images, local_steps, local_wait, local_device, seconds = \
+            run.train_epoch(epoch, emit)
         # Unreadable training images: what `check` needs to tie steps to images.
         local_skipped = data.skipped - skipped_before
         train_example, data.unreadable = data.unreadable, ""
-        local_correct, local_seen = run.validate()
+        if epoch == spec.epochs - 1:
+            data.expect_next(None)  # the trial's last pass: nothing to decode after it
+        local_correct, local_seen, local_val_loss = run.validate()
         local_val_skipped = data.skipped - skipped_before - local_skipped
-        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait = _reduce(
-            [local_loss, local_images, local_correct, local_seen, local_skipped,
-             local_val_skipped, local_wait], ctx)
+        (loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait, on_device, cpu,
+         val_loss_sum) = _reduce([local_loss, local_images, local_correct, local_seen,
+                                  local_skipped, local_val_skipped, local_wait, local_device,
+                                  data.cpu_decoded - cpu_before, local_val_loss], ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
         (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
         images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
@@ -422,28 +513,32 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         if not math.isfinite(loss_sum):
             raise TrialFailure(FailureKind.NAN, f"the training loss became non-finite in epoch {epoch}")
         accuracy = correct / seen if seen else 0.0
+        if run.compiled and epoch == 0:
+            run.compiled = _note_compilation(run, outcome)
+        val_loss = val_loss_sum / seen if seen else None
         event = EpochEvent(
-            trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=time.time(),
+            trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=started,
+            ended_at=time.time(),
             train_images=images, val_images=seen, steps=steps,
             ops=epoch_ops(run.ops, images, steps, seen),
             train_loss=loss_sum / max(1, images), val_accuracy=accuracy,
             precision=run.precision, batch_size=run.batch, world_size=ctx.world,
             data_share=min(1.0, wait / ctx.world / max(seconds, 1e-9)),
+            device_share=min(1.0, on_device / ctx.world / max(seconds, 1e-9)),
             images_per_s=images / max(seconds, 1e-9), skipped_images=skipped,
-            val_skipped=val_skipped)
+            val_skipped=val_skipped, compiled=run.compiled, decode_path=data.decode_path,
+            cpu_decoded=int(cpu), val_loss=val_loss)
         outcome.epochs = epoch + 1
-        if spec.compile and epoch == 0:
-            _note_compilation(run, outcome)
+        # The weights kept are those of the best accuracy, whatever early stopping watches:
+        # the accuracy is what the trial reports and what `check --revalidate` re-measures.
         if accuracy > best:
-            best, stale = accuracy, 0
-            outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+            best = accuracy
+            outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
             if ctx.rank == 0 and spec.weights_out:
                 save_weights(run.module, spec.weights_out)
                 outcome.weights = spec.weights_out
-        else:
-            stale += 1
         emit("epoch", event.to_dict())
-        if stale >= spec.patience:
+        if stopper.update(val_loss, accuracy):
             outcome.early_stopped = True
             break
     outcome.status = TrialStatus.COMPLETED

@@ -7,7 +7,8 @@ the images it actually delivered.
 * ``cifar10``: the CIFAR-10 binary or python batches from a local folder (read as data; the
   python batches go through an unpickler that only admits NumPy arrays).
 * ``imagenet``: ``train/<class>/*.JPEG`` and ``val/<class>/*.JPEG``, decoded by worker
-  processes (or by NVIDIA DALI, on the GPU, when it is installed), random-resized-crop + flip for training,
+  processes (or on NVIDIA GPUs by nvJPEG, with the same boxes and flips: gpudecode.py; or, when
+  asked, by NVIDIA DALI's own pipeline), random-resized-crop + flip for training,
   resize + centre crop for validation. The file index is scanned once and shared as arrays;
   one loader per trial keeps its workers for every pass, decodes in small chunks within a
   byte budget, and hands over NHWC uint8 (channels-last on the device at no cost).
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from automlperf.train.data.base import _DATA, IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
 from automlperf.train.data.dali import DaliImageFolderDataset, dali_available
+from automlperf.train.data.transform import random_resized_crop_box, train_params, val_params
 from automlperf.train.data.folders import (
     CHUNK_IMAGES,
     SHARED_BUDGET,
@@ -30,39 +32,41 @@ from automlperf.train.data.folders import (
     LoaderPlan,
     fit_shared_budget,
     plan_loader,
-    random_resized_crop_box,
     shm_free,
 )
+from automlperf.train.data.gpudecode import GpuImageFolderDataset, gpu_decoder
 from automlperf.train.data.index import FileIndex, prepare_index, scan_image_folder
 from automlperf.train.data.memory import SyntheticDataset, TensorDataset, builtin, cifar10, digits
 from automlperf.train.spec import plan_steps
 
 __all__ = ["CHUNK_IMAGES", "IMAGENET_MEAN", "IMAGENET_STD", "SHARED_BUDGET", "DaliImageFolderDataset",
-           "DataError", "Dataset", "FileIndex", "ImageFolderDataset", "LoaderPlan",
+           "DataError", "Dataset", "FileIndex", "GpuImageFolderDataset", "ImageFolderDataset", "LoaderPlan",
            "SyntheticDataset", "TensorDataset", "builtin", "cifar10", "dali_available", "digits",
-           "fit_shared_budget", "load", "plan_loader", "plan_steps", "prepare_index",
-           "random_resized_crop_box", "scan_image_folder", "shm_free", "step_plan"]
+           "fit_shared_budget", "gpu_decoder", "load", "plan_loader", "plan_steps", "prepare_index",
+           "random_resized_crop_box", "scan_image_folder", "shm_free", "step_plan", "train_params",
+           "val_params"]
 
 
 def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
-         workers: int = 4, gpu_decode: bool | None = _DATA.gpu_decode,
+         workers: int = 4, gpu_decode: bool | None = _DATA.gpu_decode, dali: bool = _DATA.dali,
          synthetic_images: int = _DATA.synthetic_images,
          synthetic_classes: int = _DATA.synthetic_classes, index_dir: str | None = None,
          max_unreadable: float = _DATA.max_unreadable, device_type: str = "cpu") -> Dataset:
     """A dataset by name (see :func:`_load`), allowed ``max_unreadable`` of its images
     unreadable per split and epoch."""
-    data = _load(dataset, data_dir, image_size, workers, gpu_decode, synthetic_images,
+    data = _load(dataset, data_dir, image_size, workers, gpu_decode, dali, synthetic_images,
                  synthetic_classes, index_dir, device_type)
     data.max_unreadable = max_unreadable
     return data
 
 
 def _load(dataset: str, data_dir: Path | str | None, image_size: int | None, workers: int,
-          gpu_decode: bool | None, synthetic_images: int, synthetic_classes: int,
+          gpu_decode: bool | None, dali: bool, synthetic_images: int, synthetic_classes: int,
           index_dir: str | None, device_type: str) -> Dataset:
     """A dataset by name; raises DataError naming what is missing. Image folders are decoded
-    by DALI when ``gpu_decode`` is set, or unset with DALI installed and a GPU
-    (``device_type``) to train on."""
+    by DALI when ``dali`` is set; else on the GPU with nvJPEG when ``gpu_decode`` is set, or
+    unset with a CUDA device (``device_type``) and a decoder that imports; else by the CPU
+    workers."""
     if dataset == "builtin":
         return builtin(image_size or 12)
     if dataset == "digits":
@@ -70,9 +74,14 @@ def _load(dataset: str, data_dir: Path | str | None, image_size: int | None, wor
     if dataset == "cifar10":
         return cifar10(data_dir, image_size or 32)
     if dataset == "imagenet":
+        if dali:
+            return DaliImageFolderDataset(data_dir, image_size or 224, workers, index_dir=index_dir)
         if gpu_decode is None:
-            gpu_decode = device_type == "cuda" and dali_available()
-        cls = DaliImageFolderDataset if gpu_decode else ImageFolderDataset
+            gpu_decode = device_type == "cuda" and gpu_decoder() is not None
+        elif gpu_decode and device_type != "cuda":
+            raise DataError("gpu_decode needs the ranks to train on NVIDIA GPUs (nvJPEG); set "
+                            "data.gpu_decode = false on this node")
+        cls = GpuImageFolderDataset if gpu_decode else ImageFolderDataset
         return cls(data_dir, image_size or 224, workers, index_dir=index_dir)
     if dataset == "synthetic":
         return SyntheticDataset(image_size or 224, synthetic_classes, synthetic_images)

@@ -28,7 +28,9 @@ class Dataset(ABC):
     """Shards and batches of one dataset; ``skipped`` counts unreadable images so far and
     ``unreadable`` names the last one seen and why (empty while every image was read);
     ``max_unreadable`` is the share of a split's images that may be unreadable in an epoch
-    before a trial fails for its data."""
+    before a trial fails for its data. ``device_wait_s`` counts the seconds that asking for
+    a batch spent waiting for the device rather than for data (a slot of pinned memory still
+    being copied): the trainer books them as waits for the device."""
 
     name: str
     num_classes: int
@@ -43,6 +45,14 @@ class Dataset(ABC):
     def __init__(self) -> None:
         self.skipped = 0
         self.unreadable = ""
+        self.device_wait_s = 0.0
+        # Images a GPU decoding path handed to the CPU reference instead, so far.
+        self.cpu_decoded = 0
+
+    @property
+    def decode_path(self) -> str:
+        """What decodes the images, with its libraries' versions (empty: none to decode)."""
+        return ""
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -52,6 +62,12 @@ class Dataset(ABC):
     def batches(self, split: str, rank: int, world: int, batch_size: int, epoch: int,
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's batches, the same number on every rank (see :func:`step_plan`)."""
+
+    def expect_next(self, after: tuple[str, int] | None) -> None:
+        """Say which pass, as (split, epoch), follows the next one asked for (None: none, the
+        trial ends), where the usual order (validation after a training epoch, the next
+        epoch after validation) does not hold: a loader decodes ahead into it."""
+        return None
 
     def release(self) -> None:
         """Free what one trial's passes hold (worker processes, pinned buffers)."""

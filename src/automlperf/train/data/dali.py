@@ -1,5 +1,10 @@
 """The same folders decoded by NVIDIA DALI (the ``dali`` extra): on the GPU (nvJPEG) when
-the rank has one, else with DALI's CPU decoders."""
+the rank has one, else with DALI's CPU decoders.
+
+Not the reference's function (train/data/transform.py): DALI draws its own random crops and
+flips and resizes with its own filter, so it is chosen only when asked (``data.dali``) and
+its epochs record a decode path that says so. The nvJPEG path (gpudecode.py) computes the
+reference's function on the GPU."""
 
 from __future__ import annotations
 
@@ -154,9 +159,17 @@ class DaliImageFolderDataset(ImageFolderDataset):
     def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
                  index_dir: Path | str | None = None) -> None:
         if not dali_available():
-            raise DataError("gpu_decode needs NVIDIA DALI: pip install 'automlperf[dali]' "
-                            "(or set data.gpu_decode = false)")
+            raise DataError("data.dali needs NVIDIA DALI: pip install 'automlperf[dali]' "
+                            "(CUDA 13; 'automlperf[dali-cuda12]' for CUDA 12), or set "
+                            "data.dali = false")
         super().__init__(root, image_size, workers, "imagenet", index_dir)
+
+    @property
+    def decode_path(self) -> str:
+        import nvidia.dali
+
+        return (f"dali-own-crops {nvidia.dali.__version__} (DALI's own crops, flips and "
+                "resizing: not the reference function)")
 
     def _new_loader(self, rank: int, world: int, per_rank: int, seed: int,
                     device: torch.device) -> Any:

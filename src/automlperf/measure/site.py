@@ -1,0 +1,98 @@
+"""What a bundle says about the site that ran it, and how ``submit --no-site-details`` leaves
+it out: host names (each replica's, node description's and sample's, the store's URL), the
+scheduler's user, account, partition, cluster and node lists (recorded with the job's
+``SLURM_*`` variables in the provenance), and the paths of the run directory, the data and
+the submission folder. Each such value becomes a neutral name (``node-1``, ``user``,
+``RUN_DIR``, ...) in every file that can hold it, the same name everywhere, so that the
+bundle still verifies: hosts map one to one (the node count stays), and the records, the
+result and the system description change alike."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+# Scheduler variables that name people or places, and what stands for their values.
+IDENTIFYING = {"SLURM_JOB_USER": "user", "SLURM_JOB_ACCOUNT": "account",
+               "SLURM_JOB_PARTITION": "partition", "SLURM_CLUSTER_NAME": "cluster",
+               "SLURM_JOB_NODELIST": "nodes", "SLURM_NODELIST": "nodes",
+               "SLURM_STEP_NODELIST": "nodes", "SLURM_SUBMIT_DIR": "SUBMIT_DIR",
+               "SLURM_WORKING_DIR": "SUBMIT_DIR", "SLURM_TOPOLOGY_ADDR": "nodes",
+               "SLURM_JOB_UID": "uid", "SLURM_JOB_GID": "gid"}
+HOST_VARIABLES = ("SLURM_SUBMIT_HOST", "SLURMD_NODENAME", "SLURM_LAUNCH_NODE_IPADDR")
+# The files a site's names can be in; graphs, trial logs, epochs and weights hold none.
+SCRUBBED = ("result.json", "system.json", "system_desc.json", "mllog.txt", "config.toml",
+            "run.json", "report.html", "trials.csv", "bundle.json", "records/run.json",
+            "records/replicas.jsonl", "records/nodes.jsonl", "records/samples.jsonl")
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def site_names(bundle: Path, run_dir: Path) -> dict[str, str]:
+    """Every site detail found in a bundle being written, and the neutral name for it."""
+    system = json.loads((bundle / "system.json").read_text())
+    env = (system.get("provenance") or {}).get("environment") or {}
+    hosts: list[str] = []
+
+    def host(name: Any) -> None:
+        if isinstance(name, str) and name and name not in hosts:
+            hosts.append(name)
+
+    host(system.get("host"))
+    for rep in _jsonl(bundle / "records" / "replicas.jsonl"):
+        host(rep.get("host"))
+    for node in _jsonl(bundle / "records" / "nodes.jsonl"):
+        host(node.get("host"))
+        host((node.get("system") or {}).get("host"))
+    for sample in _jsonl(bundle / "records" / "samples.jsonl"):
+        host(sample.get("node"))
+    names = {h: f"node-{i}" for i, h in enumerate(hosts, start=1)}
+    for var in HOST_VARIABLES:
+        if env.get(var) and env[var] not in names:
+            names[env[var]] = f"host-{len(names) + 1}"
+    slurm = {**(system.get("slurm") or {}), **env}
+    for var, neutral in IDENTIFYING.items():
+        value = slurm.get(var)
+        if value and value not in names and value != "***":
+            names[value] = neutral
+    names.setdefault(getpass.getuser(), "user")
+    names[str(run_dir.resolve())] = "RUN_DIR"
+    config = tomllib.loads((bundle / "config.toml").read_text())
+    data_dir = (config.get("data") or {}).get("data_dir")
+    if data_dir:
+        names[str(data_dir)] = "DATA_DIR"
+    home = str(Path.home())
+    if home not in ("/", ""):
+        names.setdefault(home, "HOME")
+    # Job ids and the like are numbers: nothing to hide, and too easily met elsewhere.
+    return {k: v for k, v in names.items() if len(k) >= 2 and not k.isdigit()}
+
+
+def leave_out(bundle: Path, names: dict[str, str]) -> list[str]:
+    """Replace every site name in the bundle's files that can hold one; the files changed.
+    A name is replaced where it stands as a word (a host in a URL or a path, a path's
+    prefix), never inside another word."""
+    if not names:
+        return []
+    pattern = re.compile("|".join(
+        rf"(?<![\w.-]){re.escape(k)}(?![\w-])" if not k.startswith("/") else re.escape(k)
+        for k in sorted(names, key=len, reverse=True)))
+    changed = []
+    for rel in SCRUBBED:
+        path = bundle / rel
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        new = pattern.sub(lambda m: names[m.group(0)], text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(rel)
+    return changed

@@ -1,0 +1,96 @@
+"""The input pipeline as a run's rank has it: its own loader (transform, decoding workers,
+threads, per-rank batch, device) in a process set up as a rank, alone and feeding training
+steps (``train/loaderprobe.py``). Alone against what training consumes gives the headroom;
+beside training, the data share the run will see."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from automlperf.runner.doctor.common import Check, Node, Shape
+from automlperf.runner.doctor.official import dataset_dir
+
+# The loader alone over what training consumes: below 1 the devices starve; below this they
+# would starve on a node a little busier than now.
+HEADROOM_FAIL, HEADROOM_WARN = 1.0, 1.2
+# A predicted data share above which the run's training waits too long for its data.
+DATA_SHARE_WARN = 0.10
+# Seconds of training beside the loader, at the training item's rate, and steps at least.
+BESIDE_S, MIN_STEPS = 15.0, 3
+
+
+def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
+    """The rank's own loader measured in a process set up as a rank
+    (train/loaderprobe.py): a run's data arguments, threads, per-rank batch and device, the
+    seed trained beside it for about BESIDE_S of steps at the training item's rate."""
+    from dataclasses import replace
+
+    from automlperf.config import load_config
+    from automlperf.graph import seeds
+    from automlperf.hardware import accelerator_memory_gib
+    from automlperf.train.loaderprobe import probe_in_rank_process
+    from automlperf.train.spec import DataArgs
+
+    cfg = load_config(None, "imagenet", {"data": {"data_dir": str(root),
+                                                  "image_size": shape.image_size}})
+    data = replace(DataArgs.from_config(cfg.data, node.threads), index_dir=str(index))
+    per_rank = 16 if node.req.quick else cfg.train.per_device_batch(accelerator_memory_gib())
+    ranks = len(node.devices)
+    rate = (node.train_images_per_s or 0.0) / ranks
+    steps = max(MIN_STEPS, math.ceil((2.0 if node.req.quick else BESIDE_S) * rate / per_rank))
+    graph = seeds.seed(shape.model, shape.classes, shape.image_size, 3)
+    measured = probe_in_rank_process(data, node.devices[0], node.threads, per_rank,
+                                     graph.to_dict(), train_steps=steps,
+                                     precision=node.req.precision,
+                                     channels_last=node.channels_last)
+    measured["threads"] = node.threads
+    return measured
+
+
+def verdict(alone: float, need: float | None, share: float,
+            accelerated: bool = True) -> tuple[str, str]:
+    """(status, advice) from the loader's rate alone against what training consumes (per
+    rank) and the data share measured beside training."""
+    more = ("give each device more cores (data.workers) or decode on the GPU "
+            "(data.gpu_decode, the nvjpeg extra)" if accelerated else
+            "decoding and training share this node's cores: more cores, or smaller files")
+    if need and alone < HEADROOM_FAIL * need:
+        return "fail", f"the loader alone cannot feed training (the data side limits): {more}"
+    if need and alone < HEADROOM_WARN * need:
+        return "warn", (f"less than {HEADROOM_WARN}x headroom: a busier node will starve the "
+                        f"devices; {more}")
+    if share > DATA_SHARE_WARN:
+        return "warn", (f"training waits for data {share:.0%} of its time beside the loader "
+                        f"(the data side limits): {more}")
+    return "pass", ""
+
+
+def pipeline(node: Node, shape: Shape) -> Check:
+    from automlperf.train.data import prepare_index, shm_free
+
+    root = dataset_dir(node, shape)
+    # Scanned here, once: a folder that cannot be used fails in its own words, and the
+    # probe's rank maps the saved index as a run's ranks do.
+    index = node.req.out / "index"
+    prepare_index(str(root), str(index))
+    measured = probe(node, shape, root, index)
+    ranks = len(node.devices)
+    alone = measured["alone"]["images_per_s"]
+    beside = measured["training"]
+    need = node.train_images_per_s / ranks if node.train_images_per_s else None
+    headroom = alone / need if need else None
+    figures: dict[str, Any] = {"data_dir": str(root), **measured,
+                               "needed_images_per_s_per_rank": need, "headroom": headroom,
+                               "predicted_data_share": beside["data_share"],
+                               "shm_free_bytes": shm_free()}
+    summary = (f"rank loader ({measured.get('decode_path') or 'cpu'}, {measured['workers']} "
+               f"worker(s), {measured['rank_threads']} rank thread(s), batch "
+               f"{measured['per_rank']}, {measured['device']}): alone {alone:.1f} img/s"
+               + (f", {headroom:.2f}x what training consumes ({need:.1f})" if need else "")
+               + f"; beside training {beside['images_per_s']:.1f} img/s, data share "
+               f"{beside['data_share']:.2f} (device {beside['device_share']:.2f}): the run's "
+               "will be about that")
+    status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
+    return Check("input pipeline", status, summary, advice, figures)

@@ -1,0 +1,159 @@
+"""Whether a trial trains through ``torch.compile``: when its planned training repays what
+compiling it costs, judged from measured figures.
+
+Every trial of a search is a new architecture, compiled anew, so compilation pays only where
+the trial's planned steps are long enough. The rule (:func:`decide_compile`) compares the
+planned training's time eagerly, ``ops / eager_ops_per_s``, with its time compiled,
+``compile_s * layers / measured_layers + ops / compiled_ops_per_s``, and compiles when that
+saves at least ``MARGIN`` of the eager time. Rates are in operations per second so that
+figures measured on one architecture serve the next (a grown morph, another resolution); the
+compilation's cost grows with the graph, so it is scaled by the layer count.
+
+The figures come from a doctor run (``train.compile_figures``, which `automlperf doctor`
+prints) or, on accelerators, from :func:`measure_compile`, run once per rank process on its
+first trial's architecture (about one compilation's time). A CPU rank without given figures
+does not measure (a compilation takes a large share of a short CPU run) and stays eager.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Compiled training must save at least this share of the eager time: within it, measurement
+# noise (a rate measured over a few steps) could decide either way.
+MARGIN = 0.05
+# Steps of each kind the measurement times, after its warm-up steps.
+PROBE_STEPS = 8
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class CompileFigures:
+    """What compilation costs and gains on a node, measured on one architecture."""
+
+    compile_s: float  # seconds compiling added to the first steps (its batch and a smaller one)
+    layers: int  # layers of the architecture measured
+    eager_ops_per_s: float  # training operations per second of its steps, eagerly
+    compiled_ops_per_s: float  # the same, compiled
+    source: str = ""  # where they were measured
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompileFigures:
+        return cls(float(data["compile_s"]), int(data["layers"]), float(data["eager_ops_per_s"]),
+                   float(data["compiled_ops_per_s"]), str(data.get("source", "")))
+
+
+@dataclass(frozen=True)
+class CompileDecision:
+    """Whether a trial compiles, and the figures that decided it."""
+
+    compile: bool
+    reason: str
+    planned_ops: float = 0.0  # the trial's planned training operations on this rank
+    eager_s: float | None = None  # the planned training's time eagerly, estimated
+    compiled_s: float | None = None  # the same compiled, the compilation included
+    figures: CompileFigures | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["figures"] = self.figures.to_dict() if self.figures else None
+        return out
+
+
+def decide_compile(setting: bool | None, planned_ops: float, layers: int,
+                   figures: CompileFigures | None) -> CompileDecision:
+    """The decision for a trial of ``layers`` layers planned to train ``planned_ops``
+    operations: ``setting`` (``train.compile``) when it is set, else the rule above."""
+    if setting is not None:
+        return CompileDecision(setting, "train.compile = " + ("true" if setting else "false"),
+                               planned_ops, figures=figures)
+    if figures is None:
+        return CompileDecision(False, "no measured compilation figures", planned_ops)
+    if figures.eager_ops_per_s <= 0 or figures.compiled_ops_per_s <= 0:
+        return CompileDecision(False, "the measured rates are not positive", planned_ops,
+                               figures=figures)
+    cost = figures.compile_s * layers / max(1, figures.layers)
+    eager = planned_ops / figures.eager_ops_per_s
+    compiled = cost + planned_ops / figures.compiled_ops_per_s
+    pays = compiled <= eager * (1 - MARGIN)
+    words = (f"planned training {eager:.0f} s eager against {compiled:.0f} s compiled "
+             f"({cost:.0f} s of it compiling)")
+    return CompileDecision(pays, ("compiling repays itself: " if pays else "compiling does not "
+                                  "repay itself: ") + words, planned_ops, eager, compiled, figures)
+
+
+def compile_module(module: Any) -> Any:
+    """``torch.compile`` for one trial. Every architecture runs the same forward code, so
+    trials in one rank would pile guards on one code object until Dynamo's recompile limit,
+    then silently run eagerly: each trial starts from a clean cache. Compile workers share
+    the rank's cores with its decoding workers (the rank sets their number when it starts)
+    instead of starting one per core of the node."""
+    import torch
+    import torch._dynamo
+    import torch._inductor.config
+
+    from automlperf.train.rankenv import configured_compile_threads
+
+    torch._dynamo.reset()
+    torch._inductor.config.compile_threads = configured_compile_threads(torch.get_num_threads())
+    return torch.compile(module)
+
+
+def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
+                    memory_format: Any, steps: int = PROBE_STEPS) -> CompileFigures:
+    """Compilation's cost and both step rates of ``graph`` on ``device`` at ``per_rank``
+    images a step, on random images with a model and optimiser of its own (the trial's are
+    untouched). The cost is the time the compiled model's first step, and its first step at
+    a smaller batch (the last step of most epochs), took beyond a compiled step's time."""
+    import torch
+    from torch import nn
+
+    from automlperf.ops.count import count
+    from automlperf.train.builder import build_module
+    from automlperf.train.trainer import synchronize
+
+    batch = max(2, per_rank)
+    module = build_module(graph, seed=0).to(device, memory_format=memory_format)  # type: ignore[call-overload]
+    shape = (batch, *graph.input_shape)
+    x = torch.randn(shape, device=device).contiguous(memory_format=memory_format)
+    y = torch.randint(0, graph.num_classes, (batch,), device=device)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def timed(runner: Any, optimizer: Any, n: int, images: Any = x, labels: Any = y) -> float:
+        synchronize(device)
+        started = time.perf_counter()
+        for _ in range(n):
+            with autocast:
+                loss = loss_fn(runner(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        synchronize(device)
+        return time.perf_counter() - started
+
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
+    timed(module, optimizer, WARMUP_STEPS)
+    eager = timed(module, optimizer, steps) / steps
+    compiled = compile_module(module)
+    small = max(2, batch // 2)
+    first = timed(compiled, optimizer, 1)
+    first_small = timed(compiled, optimizer, 1, x[:small], y[:small])
+    timed(compiled, optimizer, WARMUP_STEPS)
+    step = timed(compiled, optimizer, steps) / steps
+    step_small = timed(compiled, optimizer, 1, x[:small], y[:small])
+    import torch._dynamo
+
+    torch._dynamo.reset()  # the trial compiles its own model from a clean cache
+    ops = count(graph)
+    per_image = ops.forward + ops.backward_grad
+    per_step = per_image * batch + ops.update_per_step
+    return CompileFigures(
+        compile_s=max(0.0, first - step) + max(0.0, first_small - step_small),
+        layers=len(graph), eager_ops_per_s=per_step / max(eager, 1e-9),
+        compiled_ops_per_s=per_step / max(step, 1e-9),
+        source=f"measured on {device} at batch {batch}, {len(graph)} layers")

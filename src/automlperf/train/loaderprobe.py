@@ -1,0 +1,187 @@
+"""The rank's own loader, measured alone and beside training, as a run's rank would run it.
+
+:func:`probe_in_rank_process` starts a process set up as a training rank is
+(train/rank.py: its environment, intra-op threads, device and host allocator), loads the
+dataset with the run's own arguments (:class:`~automlperf.train.spec.DataArgs`: the same
+transform, workers and budget), and calls :func:`probe_loader`:
+
+* **alone**: training passes (the first starts the workers and warms the page cache; the
+  last is reported) and a validation pass, delivered on the device as the trainer receives
+  them (normalised, channels-last), each ended by a device synchronisation: images per
+  second, the workers' own decoding rate while decoding, their ratio, and the spread of the
+  workers' rates;
+* **beside training**: ``train_steps`` steps of ``graph`` (a trial spec's graph: the seed
+  model a run starts from) through the trainer's own epoch loop, which books its time as a
+  run's epochs do, after two untimed steps of the same pass (kernels set up, the loader
+  running): images per second, ``data_share`` (waiting for data) and ``device_share`` (the
+  device's side), the two figures each epoch of a run records.
+
+Everything returned is plain JSON data.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+import traceback
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from typing import Any
+
+from automlperf.train.spec import DataArgs
+
+_ALONE_PASSES = 3
+WARM_STEPS = 2  # training steps before the probe's clocks start
+
+
+def _loader_figures(loader: Any, before: dict[str, Any] | None) -> dict[str, Any]:
+    """The loader's worker figures since ``before`` (a summary taken earlier), or None where
+    the dataset has no such loader (in-memory data, DALI)."""
+    stats = getattr(loader, "stats", None)
+    if stats is None:
+        return {}
+    now = stats.summary()
+    if before is None:
+        return now
+    rates = []
+    for n1, s1, n0, s0 in zip(now["worker_images"], now["worker_busy_s"],
+                              before["worker_images"], before["worker_busy_s"]):
+        if s1 - s0 > 0:
+            rates.append((n1 - n0) / (s1 - s0))
+    return {"decode_images_per_s": sum(rates),
+            "worker_rate_spread": min(rates) / max(rates) if rates else None,
+            "loader_data_wait_s": now["data_wait_s"] - before["data_wait_s"],
+            "loader_device_wait_s": now["device_wait_s"] - before["device_wait_s"]}
+
+
+def _timed_pass(dataset: Any, split: str, epoch: int, per_rank: int, device: Any,
+                then: tuple[str, int] | None) -> dict[str, Any]:
+    from automlperf.train.trainer import synchronize
+
+    loader = dataset.loader(0, 1, per_rank, 0, device) if hasattr(dataset, "loader") else None
+    before = _loader_figures(loader, None) if loader is not None else None
+    dataset.expect_next(then)
+    began, images = time.perf_counter(), 0
+    for _, y in dataset.batches(split, 0, 1, per_rank, epoch, 0, device):
+        images += len(y)
+    synchronize(device)
+    seconds = time.perf_counter() - began
+    out = {"images": images, "seconds": seconds, "images_per_s": images / max(seconds, 1e-9)}
+    if loader is not None:
+        out.update(_loader_figures(loader, before))
+        if out.get("decode_images_per_s"):
+            out["delivered_over_decoded"] = out["images_per_s"] / out["decode_images_per_s"]
+    return out
+
+
+def probe_loader(dataset: Any, device: Any, per_rank: int, graph: dict[str, Any] | None = None,
+                 train_steps: int = 100, precision: str = "auto",
+                 channels_last: bool | None = None, compile: bool = False) -> dict[str, Any]:
+    """The loader of ``dataset`` (a loaded :class:`~automlperf.train.data.Dataset`) at
+    ``per_rank`` images per step on ``device`` (a torch device), alone and, with ``graph``,
+    beside ``train_steps`` training steps in ``precision`` (see the module's description).
+    Call it in a process set up as a rank (:func:`probe_in_rank_process`)."""
+    from automlperf.graph.graph import Graph
+    from automlperf.train.spec import TrialSpec
+    from automlperf.train.trainer import RankContext, _Run
+
+    out: dict[str, Any] = {"per_rank": per_rank, "device": str(device)}
+    plan = getattr(getattr(dataset, "_loader", None), "plan", None)
+    try:
+        alone = [_timed_pass(dataset, "train", e, per_rank, device, ("train", e + 1))
+                 for e in range(_ALONE_PASSES - 1)]
+        alone.append(_timed_pass(dataset, "train", _ALONE_PASSES - 1, per_rank, device,
+                                 ("val", 0)))
+        out["alone"] = alone[-1]
+        out["validation"] = _timed_pass(dataset, "val", 0, per_rank, device, None)
+        plan = getattr(getattr(dataset, "_loader", None), "plan", None)
+        if graph is not None:
+            spec = TrialSpec("probe", graph, epochs=1, batch_size=per_rank, patience=1,
+                             precision=precision, channels_last=channels_last, compile=compile)
+            run = _Run(spec, RankContext(0, 1, device, dataset), Graph.from_dict(graph))
+            loader = getattr(dataset, "_loader", None)
+            before = _loader_figures(loader, None) if loader is not None else None
+            # The first steps set the network's kernels up (and compile it): untimed, in the
+            # same pass, so that the timed steps find the loader as a run's epochs do, running.
+            times = run.train_epoch(0, lambda kind, msg: None, max_steps=WARM_STEPS + train_steps,
+                                    untimed_steps=WARM_STEPS)
+            seconds = max(times.seconds, 1e-9)
+            out["training"] = {"steps": times.steps, "images": times.images,
+                               "seconds": times.seconds, "images_per_s": times.images / seconds,
+                               "data_share": min(1.0, times.data_wait / seconds),
+                               "device_share": min(1.0, times.device_wait / seconds),
+                               **(_loader_figures(loader, before) if loader is not None else {})}
+    finally:
+        dataset.release()
+    if plan is not None:
+        out["loader"] = {"slots": plan.slots, "chunk": plan.chunk,
+                         "shared_bytes": plan.shared_bytes, "pinned_bytes": plan.pinned_bytes}
+    return out
+
+
+def _rank_process(conn: Connection, data: dict[str, Any], device_name: str, threads: int,
+                  kwargs: dict[str, Any]) -> None:
+    """A probe in a process set up as train/rank.py sets up a rank."""
+    from automlperf.train.rankenv import keep_host_memory, rank_threads, set_rank_environment
+
+    set_rank_environment(threads, int(data.get("workers") or 0))
+    try:
+        import torch
+
+        from automlperf.train import data as datasets
+
+        device = torch.device(device_name)
+        torch.set_num_threads(rank_threads(device.type, threads))
+        if device.type == "cpu":
+            keep_host_memory()
+        elif device.type == "cuda":
+            torch.cuda.set_device(device)
+        dataset = datasets.load(**data, device_type=device.type)
+        result = probe_loader(dataset, device, **kwargs)
+        result["rank_threads"] = torch.get_num_threads()
+        result["workers"] = int(data.get("workers") or 0)
+        result["decode_path"] = dataset.decode_path
+        conn.send_bytes(json.dumps({"ok": result}).encode())
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        conn.send_bytes(json.dumps({"error": f"{type(exc).__name__}: {exc}",
+                                    "traceback": traceback.format_exc()}).encode())
+
+
+class ProbeError(RuntimeError):
+    """The probe could not run; the message says why."""
+
+
+def probe_in_rank_process(data: DataArgs, device: str, threads: int, per_rank: int,
+                          graph: dict[str, Any] | None = None, train_steps: int = 100,
+                          precision: str = "auto", channels_last: bool | None = None,
+                          compile: bool = False, timeout_s: float = 1800.0) -> dict[str, Any]:
+    """:func:`probe_loader` in a new process set up as a rank with ``threads`` cores on
+    ``device`` (``"cpu"``, ``"cuda:0"``), loading ``data`` as the run's ranks do
+    (``DataArgs.from_config(config.data, threads)``; an image folder needs its
+    ``data_dir``). Raises :class:`ProbeError` when it fails or outlasts ``timeout_s``."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    kwargs = {"per_rank": per_rank, "graph": graph, "train_steps": train_steps,
+              "precision": precision, "channels_last": channels_last, "compile": compile}
+    proc = ctx.Process(target=_rank_process, name="automlperf-loader-probe",
+                       args=(child, asdict(data), device, threads, kwargs))
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(timeout_s):
+            raise ProbeError(f"the loader probe did not finish in {timeout_s:.0f} s")
+        try:
+            answer = json.loads(parent.recv_bytes())
+        except EOFError:
+            proc.join(30)
+            raise ProbeError(f"the loader probe exited with code {proc.exitcode}") from None
+    finally:
+        if proc.is_alive():
+            proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(30)
+    if "error" in answer:
+        raise ProbeError(answer["error"])
+    return dict(answer["ok"])

@@ -1,0 +1,89 @@
+"""A cluster job's clock: on the local SLURM cluster, `automlperf slurm --dataset imagenet
+--data-dir DIR` on a folder whose scan is slow (62,400 files on a file system that serves
+300 reads a second) ends with the run's whole duration and a written result, the data
+having changed after submission so that the job's primary scans it again before its clock.
+Simulated accelerators: the job's start-up and clock are the point, not the training."""
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from helpers import cli, sim_config, wait_for
+from slowfs import SlowFileSystem, many_files
+from test_slurm import wait_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+DURATION_S = 40
+
+
+def test_a_slow_scan_costs_the_job_not_the_runs_clock(slurm_cluster, tmp_path):
+    with SlowFileSystem(tmp_path / "fs", reads_per_s=300) as fs:
+        data = fs.mount / "imagenet"
+        files = many_files(data, 60_000)
+        fs.cold()
+        # An epoch of ResNet-50 on ImageNet's 1.28 M images lasts about 2 s of the clock.
+        (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0))
+        run_dir = tmp_path / "run"
+        done = cli("slurm", "--nodes", 2, "--duration", f"{DURATION_S}s", "--dataset", "imagenet",
+                   "--data-dir", data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir,
+                   env=slurm_cluster, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"dataset: {files:,} files scanned in" in done.stdout
+        script = (run_dir / "automlperf.sbatch").read_text()
+        assert "#SBATCH --no-kill" in script and "--data-dir" not in script
+        # The data changes before the job starts, and nothing of it is cached: the job's
+        # primary walks the slow folder again, inside the job, before its clock.
+        (data / "train" / "n00000000" / "late.JPEG").write_bytes(b"x")
+        fs.cold()
+        job = subprocess.run(["sbatch", "--parsable", str(run_dir / "automlperf.sbatch")],
+                             env=slurm_cluster, capture_output=True, text=True, check=True
+                             ).stdout.strip().split(";")[0]
+        assert wait_job(job, slurm_cluster) == "COMPLETED"
+    out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert "automlperf primary finished with status 0" in out, out
+    startup = json.loads((run_dir / "system.json").read_text())["startup"]
+    assert startup["dataset_index"] == "built" and startup["dataset_s"] > 0
+    assert re.search(r"start-up before the clock: [\d.]+ s \(.*dataset index built", out)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["elapsed_s"] >= DURATION_S and not result["interrupted"]
+    assert result["dataset_identity"]["files"] == files + 1
+    assert (run_dir / "report.html").exists()
+
+
+def test_a_run_stopped_with_scancel_resumes_with_the_time_it_still_needs(slurm_cluster, tmp_path):
+    """README's way to stop a job cleanly, `scancel --batch --signal=TERM`, writes the result
+    of the time run so far; `automlperf slurm --resume --run-dir RUN_DIR --submit` submits the
+    same script with a time limit for what is left, and the run ends with its whole duration."""
+    from test_node_faults import opened
+
+    (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e11, stop_grace_s=10))
+    run_dir = tmp_path / "run"
+    done = cli("slurm", "--nodes", 2, "--duration", f"{DURATION_S}s", "--config",
+               tmp_path / "sim.toml", "--run-dir", run_dir, "--submit", env=slurm_cluster)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = re.search(r"submitted job (\d+)", done.stdout).group(1)
+    store = opened(run_dir)
+    wait_for(lambda: bool(store.epochs(1)), 600, "a first epoch")
+    store.close()
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job], env=slurm_cluster, check=True)
+    wait_job(job, slurm_cluster)
+    first = json.loads((run_dir / "result.json").read_text())
+    assert first["interrupted"] and 0 < first["elapsed_s"] < DURATION_S
+    out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert "automlperf primary finished with status 130" in out, out
+
+    done = cli("slurm", "--resume", "--run-dir", run_dir, "--submit", env=slurm_cluster,
+               timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    left = float(re.search(r"([\d.]+) s of the run left", done.stdout).group(1))
+    assert left == pytest.approx(DURATION_S - first["elapsed_s"], abs=1)
+    job = re.search(r"submitted job (\d+)", done.stdout).group(1)
+    assert wait_job(job, slurm_cluster) == "COMPLETED"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["elapsed_s"] == pytest.approx(DURATION_S, abs=1e-6) and not result["interrupted"]
+    assert len(result["segments"]) == 2
+    done = cli("check", run_dir, timeout=300)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr

@@ -1,0 +1,129 @@
+"""The example job scripts and manifest run as written, on this machine, with their
+scheduler's environment set. PBS Pro (with HPE PALS), Flux, LSF and Kubernetes have no Debian
+12 packages (Debian has none of PBS, Flux or LSF; its kubernetes-client has no cluster to
+talk to): each script's body runs under bash with the variables the scheduler sets (the node
+file, the host list) and its launcher's rank variables, started by the stand-ins in
+tests/standins/ (PALS's mpiexec, `flux`) or, for LSF, by Debian's own Open MPI mpirun. Each
+starts the private PostgreSQL server, the primary and the replicas as local processes.
+Simulated accelerators on a small ImageNet-layout folder (CONFIG): the scripts' plumbing is
+the point, and each replica trains one round, so the run ends early."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import cli, sim_config
+from test_identity import WNIDS, make_tree
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+REPO = Path(__file__).resolve().parent.parent
+STANDINS = Path(__file__).resolve().parent / "standins"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_tree(tmp_path_factory.mktemp("examples") / "imagenet", per_class=(4, 2),
+                     classes=WNIDS[:10])
+
+
+def settings(tmp_path):
+    path = tmp_path / "sim.toml"
+    path.write_text(sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1,
+                               stop_grace_s=10))
+    return path
+
+
+def run_script(script, tmp_path, data, **env):
+    run_dir = tmp_path / "run"
+    path = os.pathsep.join([str(STANDINS), str(Path(sys.executable).parent), os.environ["PATH"]])
+    full = dict(os.environ, PATH=path, RUN_DIR=str(run_dir), DATA_DIR=str(data),
+                CONFIG=str(settings(tmp_path)), DURATION="10m", PYTHON=sys.executable, **env)
+    done = subprocess.run(["bash", str(REPO / "examples" / script)], env=full, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.log")))
+    assert done.returncode == 0, done.stdout + done.stderr + logs
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["score"] > 0 and not result["failures"] and not result["retired"]
+    return run_dir, result, logs
+
+
+def test_the_pbs_script_runs_as_written(tmp_path, data):
+    nodes = tmp_path / "nodefile"
+    nodes.write_text("x1001c0s0b0n0\nx1001c0s0b0n0\nx1001c0s0b1n0\n")  # a line per chunk
+    run_dir, result, logs = run_script("pbs/automlperf.pbs", tmp_path, data,
+                                       PBS_NODEFILE=str(nodes), PBS_JOBID="42.pbs")
+    assert result["replicas"] == 2
+    assert "replica 0 (from PALS_RANKID)" in logs and "replica 1 (from PALS_RANKID)" in logs
+    done = cli("check", run_dir, timeout=300)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_flux_script_runs_as_written(tmp_path, data):
+    _, result, logs = run_script("flux/automlperf.flux", tmp_path, data, FLUX_STANDIN_NODES="2")
+    assert result["replicas"] == 2 and "replica 1 (from FLUX_TASK_RANK)" in logs
+
+
+def test_the_lsf_script_runs_as_written_with_open_mpi(tmp_path, data):
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun is not installed (run scripts/setup-system.sh)")
+    host = socket.gethostname()
+    # LSF lists a host once per slot; one host here, so one replica, started by mpirun itself.
+    _, result, logs = run_script("lsf/automlperf.lsf", tmp_path, data, LSB_HOSTS=f"{host} {host}",
+                                 LSB_JOBID="42", OMPI_ALLOW_RUN_AS_ROOT="1",
+                                 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_plm_rsh_agent="false")
+    assert result["replicas"] == 1
+    assert "replica 0 (from OMPI_COMM_WORLD_RANK)" in logs or "replica 0 (from PMIX_RANK)" in logs
+
+
+def test_the_kubernetes_manifest_runs_as_written(tmp_path, data, pg_server, pg_url):
+    """The manifest's two Jobs, their commands and environment as written, with the site's
+    values put in: the run volume, the ImageNet volume and the PostgreSQL Service (here a
+    local server and database), and the configuration and duration of this test."""
+    import yaml
+
+    docs = list(yaml.safe_load_all((REPO / "examples/kubernetes/automlperf.yaml").read_text()))
+    jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
+    service = next(d for d in docs if d["kind"] == "Service")
+    runs, imagenet = tmp_path / "runs", str(data)
+    local = pg_url.split("@")[1]  # host:port/database
+    service_at = f"{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/automlperf"
+
+    def command(job):
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        argv = [a.replace("/runs", str(runs)).replace("/data/imagenet", imagenet)
+                .replace(service_at, local) for a in container["command"]]
+        assert argv[0] == "automlperf"
+        argv = [sys.executable, "-m", "automlperf.cli", *argv[1:]]
+        if "--config" in argv:
+            argv[argv.index("--config") + 1] = str(settings(tmp_path))
+            argv[argv.index("--duration") + 1] = "10m"
+        env = dict(os.environ)
+        for var in container.get("env", []):
+            secret = var["valueFrom"]["secretKeyRef"]
+            assert (secret["name"], secret["key"]) == ("automlperf-store", "password")
+            env[var["name"]] = pg_server.password
+        return argv, env
+
+    replicas = jobs["automlperf-replicas"]["spec"]
+    assert replicas["completionMode"] == "Indexed" and replicas["completions"] == 4
+    argv, env = command(jobs["automlperf-primary"])
+    primary = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    argv, env = command(jobs["automlperf-replicas"])
+    pods = [subprocess.Popen(argv, env=dict(env, JOB_COMPLETION_INDEX=str(i)),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i in range(replicas["completions"])]
+    outputs = [p.communicate(timeout=900)[0] for p in pods]
+    assert all(p.returncode == 0 for p in pods), "\n".join(outputs)
+    said = primary.communicate(timeout=300)[0]
+    assert primary.returncode == 0, said
+    result = json.loads((runs / "run1" / "result.json").read_text())
+    assert result["replicas"] == 4 and result["score"] > 0
+    assert "replica 3 (from JOB_COMPLETION_INDEX)" in outputs[3]

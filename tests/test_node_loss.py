@@ -1,0 +1,76 @@
+"""Nodes lost on a real SLURM cluster of slurmd daemons on this host, in one job of three
+nodes (simulated accelerators on an ImageNet-layout folder): n3 cannot see the data folder
+(its slurmd runs in a mount namespace where the folder is empty), so its replica retires at
+its start; n2 dies mid-run as a machine does (its slurmd and its job step killed, the node
+marked down after SlurmdTimeout). The job survives both (--no-kill), runs to its deadline
+on n1, and the run verifies."""
+
+import json
+import re
+import time
+
+import pytest
+
+from automlperf.runner.localslurm import fail_node, node_state
+from automlperf.store.rundir import run_store
+from helpers import cli, sim_config, wait_for
+from test_identity import WNIDS, make_tree
+from test_node_faults import opened
+from test_slurm import wait_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from automlperf.runner.localslurm import SlurmError, start_slurm, stop_slurm
+
+    data = make_tree(tmp_path_factory.mktemp("data") / "imagenet", per_class=(4, 2),
+                     classes=WNIDS[:10])
+    try:
+        env = start_slurm(tmp_path_factory.mktemp("slurm3loss"), 3, "amploss",
+                          slurmd_timeout_s=20, hidden={"n3": [data]})
+    except SlurmError as exc:
+        pytest.fail(str(exc))
+    yield env, data
+    stop_slurm(env)
+
+
+def test_a_dead_node_and_a_node_without_data_cost_one_replica_each(cluster, tmp_path):
+    env, data = cluster
+    (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0,
+                                                  lease_timeout_s=10, stop_grace_s=10))
+    run_dir = tmp_path / "run"
+    done = cli("slurm", "--nodes", 3, "--duration", "80s", "--dataset", "imagenet", "--data-dir",
+               data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir, "--submit", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = re.search(r"submitted job (\d+)", done.stdout).group(1)
+    store = opened(run_dir)
+
+    def replica(index, status):
+        return any(r.index == index and r.status == status for r in store.replicas(1))
+
+    wait_for(lambda: replica(2, "failed") and any(
+        t.replica_index == 1 and t.epochs_done >= 1 for t in store.trials(1)), 600,
+        "replica 2 to retire and replica 1 to finish an epoch")
+    store.close()  # the job stops its private server at its end
+    killed_at = time.time()
+    fail_node(env, "n2")
+    wait_for(lambda: node_state(env, "n2").startswith("down"), 300, "n2 to be marked down")
+    assert wait_job(job, env) == "COMPLETED"  # the job outlived its node (--no-kill)
+
+    out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert "automlperf primary finished with status 0" in out, out
+    line = next(x for x in out.splitlines() if "retired:" in x)
+    assert re.match(r"replica 2 on \S+ retired: the dataset is not on this node \(n3\): "
+                    rf"{data}/train not found", line), line
+    result = json.loads((run_dir / "result.json").read_text())
+    assert [r["replica"] for r in result["retired"]] == [2] and not result["failures"]
+    assert result["elapsed_s"] >= 80 and not result["interrupted"] and result["score"] > 0
+    with run_store(run_dir) as store:
+        trials = store.trials(1)
+    assert all(t.created_at < killed_at + 5 for t in trials if t.replica_index == 1)
+    assert any(t.replica_index == 0 and t.created_at > killed_at for t in trials)
+    assert not any(t.status == "running" for t in trials)
+    done = cli("check", run_dir, timeout=300)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr

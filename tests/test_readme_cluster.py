@@ -1,0 +1,59 @@
+"""Every command of README's "Running on a cluster" is the one this test runs: each
+`automlperf slurm` line, as written, with the site's paths put in (the run directories, and
+the data: a tree of ImageNet-1k's 1,000 classes and 1,331,167 files, hard links to one
+small JPEG, which the official configuration accepts) and without `--submit`: this machine
+has no GPUs, partition or account to give the jobs (tests/test_slurm.py and the tests named
+there submit the same scripts to the local SLURM cluster). `scancel --batch --signal=TERM`
+and `automlperf slurm --resume ... --submit` run for real in tests/test_cluster_clock.py."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from helpers import cli
+
+pytestmark = pytest.mark.slow
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def cluster_commands() -> list[str]:
+    text = README.read_text()
+    section = text[text.index("## Running on a cluster\n"):text.index("## Accelerators\n")]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("automlperf ")]
+
+
+def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path):
+    imagenet = imagenet_1k_tree
+    commands = cluster_commands()
+    assert len(commands) == 3 and all(c.startswith("automlperf slurm ") for c in commands)
+    written = {}
+    for command in commands:
+        if "--resume" in command:
+            continue
+        argv = shlex.split(command.replace("/shared/datasets/imagenet", str(imagenet))
+                           .replace("/shared/runs/", f"{tmp_path}/runs/"))[1:]
+        assert argv.pop() == "--submit"
+        done = cli(*argv, timeout=900)
+        assert done.returncode == 0, command + "\n" + done.stdout + done.stderr
+        assert "dataset: 1,331,167 files scanned in" in done.stdout, done.stdout
+        run_dir = Path(argv[argv.index("--run-dir") + 1])
+        script = (run_dir / "automlperf.sbatch").read_text()
+        written[run_dir.name] = script
+        assert "#SBATCH --no-kill" in script and "#SBATCH --gpus-per-node=8" in script
+        assert (run_dir / "dataset-index" / "index.json").exists()
+        config = (run_dir / "submitted-config.toml").read_text()
+        assert "official = true" in config and f'data_dir = "{imagenet}"' in config
+    assert "#SBATCH --partition=gpu" in written["cluster-a"]
+    assert "#SBATCH --time=2:10:00" in written["cluster-a"]
+    assert "#SBATCH --nodes=2" in written["pilot"] and "#SBATCH --time=1:08:00" in written["pilot"]
+    resume = next(c for c in commands if "--resume" in c)
+    argv = shlex.split(resume.replace("/shared/runs/", f"{tmp_path}/runs/"))[1:]
+    assert argv.pop() == "--submit"
+    done = cli(*argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sbatch --time=2:10:00" in done.stdout  # no clock started yet: all of it is left
