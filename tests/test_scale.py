@@ -223,7 +223,7 @@ def test_a_ten_thousand_replica_external_run_is_accepted(tmp_path, pg_url):
                                      '[data]\ndataset = "digits"\n')
     done = cli("run", "--launcher", "external", "--replicas", 10_000, "--config",
                tmp_path / "c.toml", "--run-dir", tmp_path / "run", "--store", pg_url,
-               timeout=300)
+               "--small-task", timeout=300)
     assert "waiting for 10000 replica(s)" in done.stderr, done.stdout + done.stderr
     assert done.returncode == 1 and "only 0 of 10000 replica(s) joined" in done.stderr
     assert "replicas 10000 waiting" in done.stderr  # the watch: a count per state

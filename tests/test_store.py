@@ -459,6 +459,7 @@ def test_a_store_from_before_the_device_share_gets_its_column(tmp_path):
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN device_share")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")  # none was kept then
         conn.exec_driver_sql(
             "INSERT INTO amp_epochs (trial_id, epoch, run_id, started_at, ended_at, train_images,"
             " val_images, steps, ops, train_loss, val_accuracy, precision, batch_size, world_size,"
@@ -491,6 +492,7 @@ def test_a_store_from_before_validation_losses_gets_their_column(tmp_path):
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN val_loss")
+        conn.exec_driver_sql("UPDATE amp_meta SET value = '2' WHERE key = 'layout'")
     engine.dispose()
     s = open_store(url)
     s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), val_loss=0.875))
