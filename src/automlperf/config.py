@@ -172,8 +172,8 @@ class TrainConfig(_Section):
     compile: bool | None = Field(None, description="Run the model through torch.compile. "
                                  "Default: when the trial's planned training repays the "
                                  "measured cost of compiling it (figures from "
-                                 "compile_figures, else measured once per rank on "
-                                 "accelerators; a CPU without figures stays eager).")
+                                 "compile_figures, else those `automlperf doctor` "
+                                 "measured on this node; without figures, eager).")
     compile_figures: CompileFiguresConfig | None = Field(
         None, description="Measured compilation figures for the default compile decision, as "
         "`automlperf doctor` prints them.")
