@@ -7,10 +7,12 @@ starve replicas on a local SLURM cluster or the local launcher (fault_cases_node
 control-plane faults use the simulated accelerator, so minutes of run are seconds of machine.
 
 One table: fault, expected behaviour, what happened (the run's one line, or what it
-trained), exit status, records (trials + epochs) before the fault and at the end, records
-lost, `check`'s verdict where the run finished, and seconds from the fault to its
-detection (or to the run's exit). Cases needing root or a system program this machine lacks
-say so in their row.
+trained), exit status, records (trials + epochs) in the store before the fault and at the
+end, epochs in the trial logs and in the store at the end, records lost and duplicated
+counted from both sides (fault_common.account: an epoch, a trial's outcome or a trial on one
+side only, a record held at the fault and gone at the end; anything held twice), `check`'s
+verdict where the run finished, and seconds from the fault to its detection (or to the
+run's exit). Cases needing root or a system program this machine lacks say so in their row.
 
 Run: python bench/bench_faults.py [--only SUBSTRING] [--json FILE]
 """
@@ -30,8 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODULES = ("fault_cases_data", "fault_cases_store", "fault_cases_node")
-COLUMNS = ("fault", "expected", "happened", "exit", "records_before", "records_after", "lost",
-           "check", "detect_s", "seconds")
+COLUMNS = ("fault", "expected", "happened", "exit", "records_before", "records_after",
+           "epochs_logged", "epochs_stored", "lost", "duplicated", "check", "detect_s", "seconds")
 
 
 def campaign(only: str | None) -> list[dict[str, Any]]:
@@ -45,7 +47,10 @@ def campaign(only: str | None) -> list[dict[str, Any]]:
         for fault, expected, case in module.cases():
             if only and only not in fault:
                 continue
-            with tempfile.TemporaryDirectory(prefix="automlperf-fault-") as work:
+            # A daemon a case stopped may still write its state for a moment: what is left
+            # then is not the case's result.
+            with tempfile.TemporaryDirectory(prefix="automlperf-fault-",
+                                             ignore_cleanup_errors=True) as work:
                 started = time.monotonic()
                 try:
                     row = case(Path(work))

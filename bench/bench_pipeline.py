@@ -105,7 +105,8 @@ def main() -> None:
         result = json.loads((run_dir / "result.json").read_text())
         store = open_store(run_dir=run_dir)
         trials = {t.id: t for t in store.trials(1)}
-        counted = counted_epochs(store.epochs(1), store.segments(1))
+        grace = float((result.get("charging") or {}).get("grace_s") or 0.0)
+        counted = counted_epochs(store.epochs(1), store.segments(1), grace)
         ops_by_trial: dict[int, int] = defaultdict(int)
         val_ops: dict[int, int] = defaultdict(int)
         in_epochs = 0.0

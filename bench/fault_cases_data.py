@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fault_common import (ROOT, Case, error_line, folder_config, records, run, start,
-                          tracebacks, verdict, wait_for)
+from fault_common import (ROOT, Case, account, error_line, folder_config, held, records, run,
+                          start, tracebacks, verdict, wait_for)
 
 sys.path.insert(0, str(ROOT / "tests"))
 from imagefolder import make_image_folder, photo  # noqa: E402
@@ -25,7 +25,8 @@ def _garbage(path: Path, seed: int) -> None:
     path.write_bytes(np.random.default_rng(seed).integers(0, 256, 2000, dtype=np.uint8).tobytes())
 
 
-def _outcome(done: Any, run_dir: Path, started: float) -> dict[str, Any]:
+def _outcome(done: Any, run_dir: Path, started: float,
+             before: set[tuple[Any, ...]] | None = None) -> dict[str, Any]:
     text = done.stdout + done.stderr
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
     skipped = result.get("unreadable_images") or {}
@@ -34,9 +35,8 @@ def _outcome(done: Any, run_dir: Path, started: float) -> dict[str, Any]:
         f"{skipped.get('val', 0)} validation images")
     if tracebacks(text):
         happened = "TRACEBACK: " + happened
-    n = records(run_dir)
-    return {"happened": happened, "exit": done.returncode, "records_before": 0,
-            "records_after": n, "lost": 0, "check": verdict(run_dir),
+    return {"happened": happened, "exit": done.returncode, **account(run_dir, before=before),
+            "check": verdict(run_dir),
             "detect_s": round(time.monotonic() - started, 1) if done.returncode else None}
 
 
@@ -121,7 +121,7 @@ def files_vanish_mid_run(work: Path) -> dict[str, Any]:
     run_dir = work / "run"
     proc = start("run", "--config", config, "--run-dir", run_dir, log=work / "run.log")
     wait_for(lambda: records(run_dir) >= 2, 900, "a first epoch")
-    before = records(run_dir)
+    before = held(run_dir)
     struck = time.monotonic()
     aside = work / "aside"
     aside.mkdir()
@@ -134,11 +134,9 @@ def files_vanish_mid_run(work: Path) -> dict[str, Any]:
     changed = verdict(run_dir)  # the data is not the data the run started on
     for path in vanished:
         shutil.move(aside / path.name, path)
-    out = _outcome(done, run_dir, struck)
+    out = _outcome(done, run_dir, struck, before)
     out["check"] = (f"{out['check']} once the files are back; before: "
                     + ("names the changed data" if "fingerprint" in changed else changed))
-    out["records_before"] = before
-    out["lost"] = max(0, before - out["records_after"])
     return out
 
 

@@ -3,10 +3,16 @@
 ``cases()`` lists (fault, expected behaviour, function). Each function takes a fresh scratch
 directory, runs the fault through the real command line (``automlperf slurm`` on a local
 SLURM cluster of slurmd daemons for the node faults, ``automlperf run`` for the resource
-faults) and returns what happened: ``happened``, ``exit`` (the run's exit status),
-``records_before`` / ``records_after`` (epochs + trials recorded just before the fault and at
-the end), ``lost`` (records present before the fault and missing at the end), ``check``
-(``automlperf check RUN_DIR``: pass, fail or n/a) and ``detect_s`` (fault to detection).
+faults) and returns what happened: ``happened``, ``exit`` (the run's exit status), the run's
+records accounted for on both sides at the end (fault_common.account: ``records_before`` /
+``records_after`` in the store, epochs in the trial logs and in the store, ``lost`` and
+``duplicated`` counted from both sides), ``check`` (``automlperf check RUN_DIR``: pass, fail
+or n/a) and ``detect_s`` (fault to detection).
+
+Two faults come from the kernel and the primary itself: the kernel's OOM killer, in a
+memory cgroup of the run's own (cgroup v2 where the unified hierarchy holds the memory
+controller, else v1's memory controller), and a primary frozen with SIGSTOP, killed once its
+replicas have stopped by themselves, then resumed to its deadline.
 
 Faults are injected once the store shows the condition they need (a replica holding a trial
 with an epoch done), never after some wall time. The resource faults that change mounts run
@@ -30,8 +36,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # imagefolder, helpers
+sys.path.insert(0, str(HERE))
 
-from helpers import OOM_CONFIG, sim_config  # noqa: E402
+from fault_common import account, held, identities  # noqa: E402
+from helpers import KERNEL_OOM_CONFIG, OOM_CONFIG, MemoryCgroup, sim_config  # noqa: E402
 
 LEASE_S = 10
 
@@ -61,10 +69,7 @@ def wait_for(probe: Callable[[], Any], timeout: float, what: str, every: float =
     raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
-def records(store: Any, run_id: int = 1) -> set[tuple[Any, ...]]:
-    """Every epoch and trial recorded, by identity."""
-    return ({("epoch", e.trial_id, e.epoch) for e in store.epochs(run_id)}
-            | {("trial", t.id) for t in store.trials(run_id)})
+records = identities
 
 
 def check(run_dir: Path, env: dict[str, str] | None = None) -> str:
@@ -161,13 +166,11 @@ def node_fault(scratch: Path, nodes: int, duration: str,
             seen = inject(job, env, store, trial, pid)
             state = wait_job(job, env)
         with run_store(run_dir) as store:
-            after = records(store)
+            counted = account(run_dir, store, before)
             final = store.trial(trial.id)
             seen["failed_trials"] = sum(t.status == "failed" for t in store.trials(1))
         seen["happened"] += f"; job {state}, trial {trial.id} {final.status}"
-        return {**seen, "exit": job_status(run_dir), "records_before": len(before),
-                "records_after": len(after), "lost": len(before - after),
-                "check": check(run_dir)}
+        return {**seen, "exit": job_status(run_dir), **counted, "check": check(run_dir)}
 
 
 def _failed_at(store: Any, trial_id: int, since: float) -> float:
@@ -238,16 +241,6 @@ def folder_run_config(scratch: Path, **run: Any) -> Path:
     return path
 
 
-def sqlite_records(run_dir: Path) -> set[tuple[Any, ...]]:
-    from automlperf.store import open_store
-
-    store = open_store(f"sqlite:///{run_dir / 'history.db'}")
-    try:
-        return records(store)
-    finally:
-        store.close()
-
-
 def namespaced(mounts: list[tuple[str, str]], *command: Any) -> subprocess.CompletedProcess[str]:
     """``command`` run in a private mount namespace with a small tmpfs at each (size, path),
     so that nothing outside it sees them."""
@@ -265,12 +258,11 @@ def small_shm(scratch: Path, size: str = "256k") -> dict[str, Any]:
     code, err = done.returncode, done.stderr
     log = (run_dir / "logs" / "replica-0.log").read_text()
     warned = [line for line in (err + log).splitlines() if "/dev/shm has" in line]
-    after = sqlite_records(run_dir)
     clean = "Traceback" not in err and "Traceback" not in log
     said = err.strip().splitlines()[-1] if code and err.strip() else \
         (warned[0].split(" WARNING ")[-1] if warned else "no warning")
     return {"happened": f"/dev/shm {size}: {said[:220]}" + ("" if clean else "; TRACEBACK"),
-            "exit": code, "records_before": 0, "records_after": len(after), "lost": 0,
+            "exit": code, **account(run_dir),
             "check": check(run_dir) if (run_dir / "result.json").exists() else "n/a",
             "detect_s": None}
 
@@ -296,16 +288,116 @@ def host_oom(scratch: Path) -> dict[str, Any]:
                           capture_output=True, text=True, timeout=900, preexec_fn=limit)
     store = open_store(run_dir=run_dir)
     trials = store.trials(1)
-    after = records(store)
+    counted = account(run_dir, store)
     store.close()
     line = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
     first = trials[0] if trials else None
     return {"happened": f"{len(trials)} trials {sorted({t.status for t in trials})}, kinds "
                         f"{sorted({t.reason.split(':')[0] for t in trials})}; last line: {line[:160]}"
                         + ("; TRACEBACK" if "Traceback" in done.stderr else ""),
-            "exit": done.returncode, "records_before": 0, "records_after": len(after), "lost": 0,
-            "check": check(run_dir),
+            "exit": done.returncode, **counted, "check": check(run_dir),
             "detect_s": round(first.finished_at - first.created_at, 1) if first else None}
+
+
+def kernel_oom(scratch: Path) -> dict[str, Any]:
+    """The run in a memory cgroup of 1.5 GiB, as a batch job's limit, whose trials need far
+    more: the kernel's OOM killer ends the training process (signal 9), the trial is an oom
+    failure retried at half the batch, and three alike stop the run in one line."""
+    from automlperf.store import open_store
+
+    group, why = MemoryCgroup.make(1536 << 20)
+    if group is None:
+        return {"happened": f"not run: {why}", "exit": "-", "check": "n/a", "detect_s": None}
+    (scratch / "oom.toml").write_text(KERNEL_OOM_CONFIG)
+    run_dir = scratch / "run"
+    try:
+        done = subprocess.run(_cli("run", "--config", scratch / "oom.toml", "--run-dir", run_dir),
+                              capture_output=True, text=True, timeout=1800,
+                              preexec_fn=group.enter)
+        kills = group.kills()
+    finally:
+        group.remove()
+    store = open_store(run_dir=run_dir)
+    trials = store.trials(1)
+    counted = account(run_dir, store)
+    store.close()
+    line = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    first = trials[0] if trials else None
+    killed = sum(bool(t.extra.get("oom_kill")) for t in trials)
+    return {"happened": f"{group.kind}, 1.5 GiB: {kills} OOM kill(s) counted; {len(trials)} "
+                        f"trials {sorted({t.status for t in trials})}, kinds "
+                        f"{sorted({t.reason.split(':')[0] for t in trials})}, {killed} told an "
+                        f"OOM kill; last line: {line[:40]} … {line[-150:]}"
+                        + ("; TRACEBACK" if "Traceback" in done.stderr else ""),
+            "exit": done.returncode, **counted, "check": check(run_dir),
+            "detect_s": round(first.finished_at - first.created_at, 1) if first else None}
+
+
+def frozen_primary(scratch: Path, duration_s: float = 120) -> dict[str, Any]:
+    """The primary frozen (SIGSTOP) once both replicas are up and an epoch is recorded (the
+    replicas held meanwhile, so that both have rounds left): they stop by themselves after
+    a lease without its heartbeat; the primary is killed, and --resume continues the run to
+    its deadline."""
+
+    (scratch / "sim.toml").write_text(sim_config(replicas=2, lease_timeout_s=LEASE_S,
+                                                 duration_s=duration_s, max_epochs=4))
+    run_dir = scratch / "run"
+    log = open(scratch / "primary.log", "wb")
+    primary = subprocess.Popen(_cli("run", "--config", scratch / "sim.toml", "--run-dir", run_dir),
+                               stdout=log, stderr=subprocess.STDOUT)
+    store = wait_for(lambda: _up_with_an_epoch(run_dir), 600, "both replicas and an epoch")
+    try:
+        replicas = store.replicas(1)
+        for r in replicas:
+            os.killpg(r.pid, signal.SIGSTOP)
+        before = records(store)
+        primary.send_signal(signal.SIGSTOP)
+        at = time.time()
+        for r in replicas:
+            os.killpg(r.pid, signal.SIGCONT)
+        wait_for(lambda: all(_gone(r.pid) for r in replicas), 600, "the replicas to stop")
+        detect = round(time.time() - at, 1)
+        said = sum("the primary has been silent" in (run_dir / "logs" / f"replica-{r.index}.log")
+                   .read_text() for r in replicas)
+        primary.send_signal(signal.SIGKILL)
+        primary.wait()
+        resumed = subprocess.run(_cli("run", "--resume", "--run-dir", run_dir),
+                                 capture_output=True, text=True, timeout=1800)
+        segments = store.segments(1)
+        counted = account(run_dir, store, before)
+    finally:
+        store.close()
+        log.close()
+    deadline = segments[-1].ended_at is not None and \
+        segments[-1].ended_at >= segments[-1].deadline_at - 1
+    return {"happened": f"primary frozen; {said} of {len(replicas)} replicas stopped for its "
+                        f"silence; killed; resume exit {resumed.returncode}, "
+                        f"{len(segments)} sessions, "
+                        + ("ran to its deadline" if deadline else "ended BEFORE its deadline")
+                        + ("; TRACEBACK" if "Traceback" in resumed.stderr else ""),
+            "exit": resumed.returncode, **counted, "check": check(run_dir), "detect_s": detect}
+
+
+def _up_with_an_epoch(run_dir: Path) -> Any:
+    """The run's store, once both replicas are registered and one recorded an epoch."""
+    from automlperf.store import open_store
+
+    if not (run_dir / "history.db").exists():
+        return None
+    store = open_store(run_dir=run_dir)
+    if len(store.replicas(1)) == 2 and store.epochs(1):
+        return store
+    store.close()
+    return None
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie, while its frozen parent cannot reap it, counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 @contextmanager
@@ -346,19 +438,18 @@ def read_only_run_dir(scratch: Path) -> dict[str, Any]:
         with open(scratch / "run.err", "w") as log:
             proc = subprocess.Popen(_cli("run", "--config", config, "--run-dir", run_dir),
                                     stdout=subprocess.DEVNULL, stderr=log)
-        wait_for(lambda: any(kind == "epoch" for kind, *_ in sqlite_records(run_dir)), 600,
-                 "an epoch")
-        before = sqlite_records(run_dir)
+        wait_for(lambda: any(kind == "epoch" for kind, *_ in held(run_dir)), 600, "an epoch")
+        before = held(run_dir)
         at = time.time()
         turn_read_only(mount)
         code = proc.wait(timeout=900)
         detect = round(time.time() - at, 1)  # the run's own end, which is its detection
         subprocess.run(["umount", str(mount)], check=True)
         remount(scratch / "fs.img", mount)
-        after = sqlite_records(run_dir)
         resumed = subprocess.run(_cli("run", "--resume", "--run-dir", run_dir),
                                  capture_output=True, text=True, timeout=900)
         verified = check(run_dir)
+        counted = account(run_dir, before=before)
     err = (scratch / "run.err").read_text()
     lines = err.strip().splitlines()
     return {"happened": f"last line: {lines[-1][:200] if lines else ''}"
@@ -366,8 +457,7 @@ def read_only_run_dir(scratch: Path) -> dict[str, Any]:
                         + f"; mounted again and resumed: exit {resumed.returncode}"
                         + (f" ({resumed.stderr.strip().splitlines()[-1][:200]})"
                            if resumed.returncode and resumed.stderr.strip() else ""),
-            "exit": code, "records_before": len(before), "records_after": len(after),
-            "lost": len(before - after), "check": verified, "detect_s": detect}
+            "exit": code, **counted, "check": verified, "detect_s": detect}
 
 
 def cases() -> list[tuple[str, str, Callable[[Path], dict[str, Any]]]]:
@@ -377,7 +467,14 @@ def cases() -> list[tuple[str, str, Callable[[Path], dict[str, Any]]]]:
         ("heartbeats lost < lease", "nothing failed", heartbeats_lost_briefly),
         ("small /dev/shm", "carries on, one-line warning", small_shm),
         ("tiny /dev/shm", "stops, one-line error", tiny_shm),
-        ("host OOM", "trials fail as oom, run ends in one line", host_oom),
+        ("host OOM (address-space limit)", "trials fail as oom, run ends in one line",
+         host_oom),
+        ("kernel OOM killer (memory cgroup)",
+         "killed ranks are oom failures, retried smaller; run ends in one line with the advice",
+         kernel_oom),
         ("read-only run dir", "one-line error, exit 1, nothing lost", read_only_run_dir),
+        ("primary frozen (SIGSTOP), killed, --resume",
+         "replicas stop by themselves; resume runs to the deadline and verifies",
+         frozen_primary),
     ]
 

@@ -4,10 +4,10 @@ happened. ``cases()`` lists them; ``python bench/fault_cases_store.py`` runs the
 prints a table. The tests (tests/test_store_faults.py) run the same scenarios, smaller.
 
 A case's function takes a fresh scratch directory and returns: happened (short text), exit
-(the run's exit status), records_before (epochs + trials recorded when the fault hit),
-records_after (the same at the end), lost (records_before not found at the end), check
-(`automlperf check`: pass, fail or n/a), detect_s (seconds from the fault to its detection
-or recovery)."""
+(the run's exit status), the run's records accounted for on both sides at the end
+(fault_common.account: records_before and records_after in the store, epochs in the trial
+logs and in the store, lost and duplicated from both sides), check (`automlperf check`:
+pass, fail or n/a), detect_s (seconds from the fault to its detection or recovery)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from automlperf.store import open_store
 from automlperf.store.pgserver import PostgresServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fault_common import account  # noqa: E402
 from helpers import sim_config  # noqa: E402
 
 
@@ -105,11 +107,9 @@ def count(found: tuple[set[tuple[int, int]], set[int]] | None) -> int:
     return 0 if found is None else len(found[0]) + len(found[1])
 
 
-def lost(before: tuple[set[tuple[int, int]], set[int]],
-         after: tuple[set[tuple[int, int]], set[int]] | None) -> int:
-    if after is None:
-        return count(before)
-    return len(before[0] - after[0]) + len(before[1] - after[1])
+def ids(found: tuple[set[tuple[int, int]], set[int]]) -> set[tuple[Any, ...]]:
+    """The records of :func:`records` by identity, as fault_common.account takes them."""
+    return {("epoch", *key) for key in found[0]} | {("trial", t) for t in found[1]}
 
 
 def private_server(scratch: Path) -> tuple[PostgresServer, str, str]:
@@ -146,7 +146,6 @@ def pg_restarted(scratch: Path, outage_s: float = 30.0, lease_s: float = 20.0,
                  proc)
         detect = time.monotonic() - back
         out, err = proc.communicate(timeout=900)
-        after = records(url, run_dir)
         store = open_store(url, run_dir=run_dir)
         try:
             charged = [t.id for t in store.trials(1) if "heart-beating" in t.reason]
@@ -155,8 +154,8 @@ def pg_restarted(scratch: Path, outage_s: float = 30.0, lease_s: float = 20.0,
         silent = sum("has been silent" in p.read_text() for p in (run_dir / "logs").glob("replica-*"))
         happened = (f"{outage_s:.0f} s outage ridden out; {len(charged)} trial(s) charged to "
                     f"live replicas, {silent} replica(s) stopped for the primary's silence")
-        return {"happened": happened, "exit": proc.returncode, "records_before": count(before),
-                "records_after": count(after), "lost": lost(before, after),
+        return {"happened": happened, "exit": proc.returncode,
+                **account(run_dir, before=ids(before), url=url),
                 "check": check(run_dir, url), "detect_s": round(detect, 1), "charged": len(charged),
                 "silent": silent, "stderr": err}
     finally:
@@ -184,16 +183,22 @@ def pg_down(scratch: Path, retry_s: float = 10.0, rounds: int = 4) -> dict[str, 
         server.start()
         # As a user resumes a run whose store has a password: through the environment.
         resumed = resume(run_dir, env={**env, "AUTOMLPERF_STORE_PASSWORD": server.password})
-        after = records(url, run_dir)
         happened = (f"exit {proc.returncode} with {len(lines)} error line(s): "
-                    f"{lines[-1][:90] if lines else ''}; resume exit {resumed.returncode}")
-        return {"happened": happened, "exit": proc.returncode, "records_before": count(before),
-                "records_after": count(after), "lost": lost(before, after),
+                    f"{lines[-1][:90] if lines else ''}; resume exit {resumed.returncode}"
+                    + _recovered(resumed.stdout + resumed.stderr))
+        return {"happened": happened, "exit": proc.returncode,
+                **account(run_dir, before=ids(before), url=url),
                 "check": check(run_dir, url), "detect_s": round(detect, 1), "stderr": err,
                 "resume_exit": resumed.returncode, "resume_stderr": resumed.stderr}
     finally:
         server.stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _recovered(text: str) -> str:
+    """What the resumed run said it took back from the trial logs, if anything."""
+    said = [line for line in text.splitlines() if "recovered from the trial logs" in line]
+    return f" ({said[-1].split(': ', 1)[-1]} recovered from the logs)" if said else ""
 
 
 def fill(folder: Path) -> Path:
@@ -238,12 +243,11 @@ def sqlite_full(scratch: Path, size_mb: int = 64, rounds: int = 4) -> dict[str, 
         half = [str(p) for p in run_dir.rglob("*.tmp*")]
         filler.unlink()
         resumed = resume(run_dir)
-        after = records(None, run_dir)
         happened = (f"exit {proc.returncode} with {len(lines)} error line(s): "
                     f"{lines[-1][:90] if lines else ''}; {len(half)} half-written file(s); "
-                    f"resume exit {resumed.returncode}")
-        return {"happened": happened, "exit": proc.returncode, "records_before": count(before),
-                "records_after": count(after), "lost": lost(before, after),
+                    f"resume exit {resumed.returncode}" + _recovered(resumed.stdout + resumed.stderr))
+        return {"happened": happened, "exit": proc.returncode,
+                **account(run_dir, before=ids(before)),
                 "check": check(run_dir), "detect_s": round(detect, 1), "stderr": err,
                 "half_written": half, "resume_exit": resumed.returncode,
                 "resume_stderr": resumed.stderr}
@@ -272,17 +276,17 @@ def main() -> None:
             found = run(scratch)
         except Exception as exc:  # noqa: BLE001 - a case that breaks is a row too
             found = {"happened": f"case error: {type(exc).__name__}: {exc}"[:200], "exit": -1,
-                     "records_before": 0, "records_after": 0, "lost": 0, "check": "n/a",
-                     "detect_s": None}
+                     "records_before": "-", "records_after": "-", "lost": "-",
+                     "duplicated": "-", "check": "n/a", "detect_s": None}
         rows.append((name, expected, found, time.monotonic() - t0))
         shutil.rmtree(scratch, ignore_errors=True)
-    print("| fault | expected | happened | exit | before | after | lost | check | detect s |"
-          " case s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| fault | expected | happened | exit | before | after | lost | duplicated | check |"
+          " detect s | case s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, expected, f, took in rows:
         print(f"| {name} | {expected} | {f['happened']} | {f['exit']} | {f['records_before']} "
-              f"| {f['records_after']} | {f['lost']} | {f['check']} | {f['detect_s']} "
-              f"| {took:.0f} |")
+              f"| {f['records_after']} | {f['lost']} | {f['duplicated']} | {f['check']} "
+              f"| {f['detect_s']} | {took:.0f} |")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """What every fault case of bench/bench_faults.py shares: the `automlperf` command of this
-checkout, short run configurations, counting a run's records and verifying it."""
+checkout, short run configurations, accounting for a run's records on both sides and
+verifying it."""
 
 from __future__ import annotations
 
@@ -36,19 +37,75 @@ def start(*args: Any, log: Path) -> subprocess.Popen[bytes]:
                                 env=env(), start_new_session=True)
 
 
-def records(run_dir: Path) -> int:
-    """Trials and epochs the run's SQLite store holds (0 before it exists)."""
+def identities(store: Any, run_id: int = 1) -> set[tuple[Any, ...]]:
+    """Every trial and epoch the store holds, by identity."""
+    return ({("epoch", e.trial_id, e.epoch) for e in store.epochs(run_id)}
+            | {("trial", t.id) for t in store.trials(run_id)})
+
+
+def held(run_dir: Path) -> set[tuple[Any, ...]]:
+    """Trials and epochs the run's SQLite store holds (none before it exists)."""
     if not (run_dir / "history.db").exists():
-        return 0
+        return set()
     from automlperf.store import open_store
 
     store = open_store(run_dir=run_dir)
     try:
-        return len(store.trials(1)) + len(store.epochs(1))
+        return identities(store)
     except Exception:  # noqa: BLE001 - a store not yet set up holds nothing yet
-        return 0
+        return set()
     finally:
         store.engine.dispose()
+
+
+def records(run_dir: Path) -> int:
+    return len(held(run_dir))
+
+
+def account(run_dir: Path, store: Any = None, before: set[tuple[Any, ...]] | None = None,
+            url: str | None = None) -> dict[str, Any]:
+    """A run's records counted from both sides, the trial logs (written first) and the
+    store (second), at the end: ``lost`` is what one side holds and the other does not
+    (epochs, a trial's logged outcome, a trial folder the store has no trial for) plus what
+    the store held at the fault (``before``) and no longer holds; ``duplicated`` is what
+    either side holds twice. ``store`` is the run's, open; else it is opened (``url``, or the
+    run directory's own), and a run without one holds nothing on either side."""
+    from automlperf.store.rundir import run_store
+
+    if store is None:
+        if not (run_dir / "run.json").exists():
+            return account_of([], [], set(), before or set(), run_dir)
+        with run_store(run_dir, url) as opened:
+            return account(run_dir, opened, before)
+    epochs, trials = store.epochs(1), store.trials(1)
+    return account_of(epochs, trials, identities(store), before or set(), run_dir)
+
+
+def account_of(epochs: list[Any], trials: list[Any], held: set[tuple[Any, ...]],
+               before: set[tuple[Any, ...]], run_dir: Path) -> dict[str, Any]:
+    from automlperf.store.ledger import compare, read_logs
+    from automlperf.store.rundir import RunDir
+
+    folders = run_dir / "trials"
+    on_disk = {int(d.name) for d in folders.iterdir() if d.name.isdigit()} \
+        if folders.is_dir() else set()
+    stored_trials = {t.id for t in trials}
+    logs = read_logs(RunDir(run_dir).trial, sorted(on_disk | stored_trials))
+    both = compare(epochs, trials, logs)
+    keys = [(e.trial_id, e.epoch) for e in epochs]
+    hashes = [t.graph_hash for t in trials]
+    orphans = {t for t in on_disk - stored_trials
+               if (RunDir(run_dir).trial(t) / "graph.json").exists()}
+    duplicated = (len(both.repeated) + len(keys) - len(set(keys))
+                  + len(hashes) - len(set(hashes)))
+    return {"records_before": len(before), "records_after": len(held),
+            "epochs_logged": both.logged, "epochs_stored": len(keys),
+            "lost": len(before - held) + both.lost + len(orphans),
+            "lost_detail": {"since_fault": len(before - held),
+                            "logged_not_stored": len(both.logged_only),
+                            "stored_not_logged": len(both.stored_only),
+                            "outcomes": len(both.outcomes), "trials_without_record": len(orphans)},
+            "duplicated": duplicated}
 
 
 def verdict(run_dir: Path, *store: str) -> str:

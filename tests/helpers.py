@@ -68,6 +68,28 @@ batch_size = 4096
 """
 
 
+# For a memory cgroup of 1.5 GiB (MemoryCgroup): a trial far larger than it, resnet_small at
+# batch 4,096 of 64 px images.
+KERNEL_OOM_CONFIG = """
+[run]
+duration_s = 900
+heartbeat_s = 1
+lease_timeout_s = 6
+[data]
+dataset = "synthetic"
+image_size = 64
+synthetic_images = 512
+synthetic_classes = 10
+[model]
+seed_model = "resnet_small"
+[train]
+max_epochs = 2
+batch_size = 4096
+[monitor]
+ceiling_s = 0.3
+"""
+
+
 def fast_config(**run) -> str:
     """A configuration that searches fast on the small digits at their native 8x8:
     1-, 1-, 2-epoch warm-up rounds, then 2-epoch TPE rounds."""
@@ -218,3 +240,79 @@ def pool_under_memory_limit(devices, gib=4):
                                             synthetic_classes=10))
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+class MemoryCgroup:
+    """A memory cgroup of its own, limited to ``limit`` bytes with no swap, as a batch
+    system's job or a container is: cgroup v2's unified hierarchy where it holds the memory
+    controller, else cgroup v1's memory hierarchy (as root). ``enter`` moves the calling
+    process in (a ``preexec_fn`` for the command to limit); ``kind`` and ``path`` say what
+    was used. None from :meth:`make` with why, where the machine offers neither."""
+
+    def __init__(self, kind, path, procs):
+        self.kind, self.path, self.procs = kind, path, procs
+
+    def enter(self):
+        with open(self.procs, "w") as f:
+            f.write(str(os.getpid()))
+
+    @classmethod
+    def make(cls, limit):
+        from pathlib import Path
+
+        from automlperf.train.oomkill import _mounts
+
+        if os.geteuid() != 0:
+            return None, "creating a cgroup needs root"
+        mounts = _mounts(Path("/proc/self/mountinfo"))
+        name = f"automlperf-oom-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        for kind, point, _ in mounts:
+            root = Path(point)
+            if kind == "cgroup2" and "memory" in (root / "cgroup.controllers").read_text().split():
+                if "memory" not in (root / "cgroup.subtree_control").read_text().split():
+                    (root / "cgroup.subtree_control").write_text("+memory")
+                group = root / name
+                group.mkdir()
+                (group / "memory.max").write_text(str(limit))
+                if (group / "memory.swap.max").exists():
+                    (group / "memory.swap.max").write_text("0")
+                return cls("cgroup v2", group, group / "cgroup.procs"), None
+        for kind, point, options in mounts:
+            if kind == "cgroup" and "memory" in options:
+                own = next(line.split(":", 2)[2] for line in
+                           Path("/proc/self/cgroup").read_text().splitlines()
+                           if "memory" in line.split(":", 2)[1].split(","))
+                group = Path(point) / own.lstrip("/") / name
+                group.mkdir()
+                (group / "memory.limit_in_bytes").write_text(str(limit))
+                if (group / "memory.memsw.limit_in_bytes").exists():
+                    (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+                return cls("cgroup v1 (memory controller)", group, group / "cgroup.procs"), None
+        return None, "no cgroup hierarchy with the memory controller is mounted"
+
+    def kills(self):
+        for name in ("memory.events", "memory.oom_control"):
+            path = self.path / name
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        return None
+
+    def remove(self):
+        """Kill what is left in it, then remove it."""
+        import signal
+
+        for _ in range(50):
+            pids = [int(p) for p in self.procs.read_text().split()]
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"{self.path} could not be removed")

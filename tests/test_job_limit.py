@@ -28,10 +28,11 @@ def test_a_session_the_limit_would_cut_short_is_not_started(tmp_path):
     with pytest.raises(RunFailure) as info:
         prepare(config, tmp_path / "run", None, False, {}, limit=short, process_start=now - 30)
     text = str(info.value)
-    assert "leaves 320 s for a session that needs 600 s" in text
-    assert "the clock was not started" in text and "sbatch --time=0:20:00" in text
+    # The session needs its 600 s and the grace (a quarter) in which epochs in flight finish.
+    assert "leaves 320 s for a session that needs 750 s" in text
+    assert "the clock was not started" in text and "sbatch --time=0:23:00" in text
     assert not (tmp_path / "run" / "run.json").exists()  # nothing of a run was written
-    room = JobLimit(started_at=now - 60, ends_at=now + 900, margin_s=180)
+    room = JobLimit(started_at=now - 60, ends_at=now + 1000, margin_s=180)
     session = prepare(config, tmp_path / "run", None, False, {}, limit=room, process_start=now - 30)
     assert session.deadline_at - session.started_at == 600
     assert session.startup["before_clock_s"] >= 30

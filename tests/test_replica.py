@@ -21,10 +21,16 @@ class FakeTrainer:
 
     world = 1
 
-    def __init__(self, fail: str | None = None, on_epoch=None, lost_after: int | None = None):
+    def __init__(self, fail: str | None = None, on_epoch=None, lost_after: int | None = None,
+                 clock=None, during_epoch=None):
         self.fail = fail
         self.lost_after = lost_after  # trials after which the accelerators cannot come back
         self.on_epoch = on_epoch or (lambda spec, epoch: None)
+        # While an epoch trains (a test moves its clock there), and the clock by which no
+        # epoch starts after the spec's finish_by, as the real trainer's ranks do.
+        self.during_epoch = during_epoch or (lambda spec, epoch: None)
+        self.clock = clock
+        self.batch_gain = 0.0  # accuracy per image of batch
         self.specs = []
         self.started = self.closed = False
 
@@ -45,18 +51,25 @@ class FakeTrainer:
             return outcome
         layers = len(spec.graph["layers"])
         for epoch in range(spec.epochs):
-            if should_stop is not None and should_stop():
+            late = self.clock is not None and spec.finish_by is not None and \
+                self.clock() >= spec.finish_by
+            if late or (should_stop is not None and should_stop()):
                 outcome.status, outcome.reason = "stopped", "deadline reached"
                 return outcome
-            accuracy = min(0.99, 0.3 + 0.1 * epoch + 0.001 * layers)
+            self.during_epoch(spec, epoch)
+            if should_stop is not None and should_stop():  # the epoch in flight is lost
+                outcome.status, outcome.reason = "stopped", "deadline reached"
+                return outcome
+            accuracy = min(0.99, 0.3 + 0.1 * epoch + 0.001 * layers + self.batch_gain * spec.batch_size)
             sink.epoch(EpochEvent(
-                trial_id=spec.trial_id, epoch=epoch, started_at=1.0 + epoch, ended_at=2.0 + epoch,
+                trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=1.0 + epoch,
+                ended_at=2.0 + epoch,
                 train_images=1000, val_images=200, steps=8, ops=10**9, train_loss=1.0,
                 val_accuracy=accuracy, precision="fp32", batch_size=spec.batch_size,
                 world_size=1, data_share=0.1, images_per_s=1000.0))
             outcome.epochs = epoch + 1
-            if outcome.best_accuracy is None or accuracy > outcome.best_accuracy:
-                outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+            if accuracy > max(spec.save_above, outcome.best_accuracy or -1.0):
+                outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
                 Path(spec.weights_out).write_bytes(b"weights of the best epoch")
             self.on_epoch(spec, epoch)
         outcome.status = "completed"
@@ -166,6 +179,44 @@ def test_a_baseline_search_keeps_its_lineage_without_weights_or_tpe(tmp_path):
     store.close()
 
 
+def test_the_papers_order_trains_each_tuned_architecture_twice(tmp_path):
+    """hpo_order = "after_nas": from the fourth round each architecture is generated first
+    (3x3 deepen blocks), trained at its parent's batch size, then again from the parent's
+    weights at TPE's; the better training counts and its batch size goes to the children."""
+    session = new_run(tmp_path, search='hpo_order = "after_nas"\n', max_rounds=6)
+    trainer = FakeTrainer()
+    trainer.batch_gain = 0.001
+    replica, store = make_replica(session, trainer)
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.round for t in trials] == [0, 1, 2, 3, 4, 5]
+    assert all(t.status == TrialStatus.COMPLETED and t.hparams["kernel_size"] == 3
+               and t.hparams["tpe_trial"] is None for t in trials)
+    assert len(trainer.specs) == 3 + 2 * 3
+    by_id = {t.id: t for t in trials}
+    epochs = store.epochs(session.run_id)
+    for t in trials[3:]:
+        first, second = t.extra["trainings"]
+        # Trained first at the batch size its parent's better training had.
+        parent = by_id[t.parent_id]
+        assert first["batch_size"] == t.hparams["batch_size"] == \
+            parent.extra.get("hpo_batch", parent.hparams["batch_size"])
+        mine = sorted((e.epoch, e.batch_size) for e in epochs if e.trial_id == t.id)
+        assert [n for n, _ in mine] == list(range(first["epochs"] + second["epochs"]))
+        assert [b for _, b in mine] == [first["batch_size"]] * first["epochs"] + \
+            [second["batch_size"]] * second["epochs"]
+        better = second if second["best_accuracy"] > first["best_accuracy"] else first
+        assert t.extra["hpo_batch"] == better["batch_size"]
+        assert t.best_accuracy == max(first["best_accuracy"], second["best_accuracy"])
+    seconds = [s for s in trainer.specs if s.first_epoch > 0]
+    assert len(seconds) == 3 and all(s.save_above > 0 and s.parent_weights for s in seconds)
+    # The study learnt from both trainings: the ones it suggested and the ones it was told of.
+    states = [t.state.name for t in replica.hpo.study.trials]
+    assert states.count("COMPLETE") == 6 and all(
+        set(t.params) == {"batch_size"} for t in replica.hpo.study.trials)
+    store.close()
+
+
 def test_a_failure_that_repeats_ends_the_replica_with_the_fix(tmp_path):
     session = new_run(tmp_path, max_repeated_failures=2)
     replica, store = make_replica(session, FakeTrainer(fail="oom"))
@@ -186,7 +237,7 @@ def test_the_deadline_stops_a_trial_that_keeps_its_epochs(tmp_path):
         if spec.round == 2 and epoch == 0:
             now[0] = session.deadline_at + 1
 
-    trainer = FakeTrainer(on_epoch=pass_the_deadline)
+    trainer = FakeTrainer(on_epoch=pass_the_deadline, clock=lambda: now[0])
     replica, store = make_replica(session, trainer, clock=lambda: now[0])
     assert replica.run() == 0
     trials = store.trials(session.run_id)
@@ -194,6 +245,80 @@ def test_the_deadline_stops_a_trial_that_keeps_its_epochs(tmp_path):
     cut = trials[-1]
     assert cut.epochs_done == 1 and cut.best_accuracy is not None
     assert cut.finished_at == session.deadline_at + 1  # recorded by the replica's clock
+    assert all(spec.finish_by == session.deadline_at for spec in trainer.specs)
+    store.close()
+
+
+def test_the_epoch_in_flight_at_the_deadline_finishes_inside_the_grace(tmp_path):
+    """No epoch starts after the deadline, but the one in flight then finishes and is
+    recorded if it ends inside the run's grace (a quarter of the duration by default)."""
+    session = new_run(tmp_path)
+    assert session.config.run.grace_s == session.config.run.duration_s / 4
+    now = [session.started_at]
+
+    def cross_the_deadline(spec, epoch):
+        if spec.round == 2 and epoch == 0:
+            now[0] = session.deadline_at + session.config.run.grace_s - 1
+
+    trainer = FakeTrainer(during_epoch=cross_the_deadline, clock=lambda: now[0])
+    replica, store = make_replica(session, trainer, clock=lambda: now[0])
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.status for t in trials] == [TrialStatus.COMPLETED] * 2 + [TrialStatus.STOPPED]
+    assert trials[-1].epochs_done == 1  # ended in the grace; the next one never started
+    store.close()
+
+
+def test_an_epoch_in_flight_past_the_grace_is_stopped(tmp_path):
+    session = new_run(tmp_path, deadline_grace_s=30.0)
+    now = [session.started_at]
+
+    def overrun_the_grace(spec, epoch):
+        if spec.round == 2 and epoch == 0:
+            now[0] = session.deadline_at + 31
+
+    trainer = FakeTrainer(during_epoch=overrun_the_grace, clock=lambda: now[0])
+    replica, store = make_replica(session, trainer, clock=lambda: now[0])
+    assert replica.run() == 0
+    trials = store.trials(session.run_id)
+    assert [t.status for t in trials] == [TrialStatus.COMPLETED] * 2 + [TrialStatus.STOPPED]
+    assert trials[-1].epochs_done == 0
+    store.close()
+
+
+def test_after_the_deadline_the_primary_waits_for_the_epochs_in_flight(tmp_path):
+    """The session stays alive (its last_seen moves) while a replica works, and the wait
+    ends when it stops, or once the grace and the stop's allowance are over."""
+    from rich.console import Console
+
+    session = new_run(tmp_path, deadline_grace_s=100.0, stop_grace_s=20.0)
+    store = session.store = open_store(None, run_dir=session.dir.path)
+    rep = store.register_replica(session.run_id, 0, session.segment, "node", 1, ["fake"],
+                                 session.started_at)
+    now = [session.deadline_at]
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+        store.heartbeat(rep, now[0], 600.0)
+        if len(slept) == 5:
+            store.end_replica(rep, TrialStatus.STOPPED, now[0], "")
+
+    steps.drain(session, Console(quiet=True), clock=lambda: now[0], sleep=sleep)
+    assert len(slept) == 5 and now[0] == session.deadline_at + 5
+    assert store.segments(session.run_id)[-1].last_seen == session.deadline_at + 5
+    # A replica that never stops: the wait ends at the deadline + grace + stop allowance.
+    other = store.register_replica(session.run_id, 1, session.segment, "node", 2, ["fake"],
+                                   now[0])
+    slept.clear()
+
+    def sleep_beating(seconds):
+        now[0] += seconds
+        store.heartbeat(other, now[0], 600.0)
+
+    steps.drain(session, Console(quiet=True), clock=lambda: now[0], sleep=sleep_beating)
+    assert now[0] == session.deadline_at + 120
     store.close()
 
 

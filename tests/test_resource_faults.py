@@ -1,7 +1,8 @@
 """Resource faults in real training runs: /dev/shm smaller than the image loader wants, and
-the run directory's file system turning read-only mid-run. Each either carries on with a
-one-line warning or stops with a one-line error: never a traceback, never silent loss.
-(A trial out of host memory: tests/test_run.py, test_trials_that_keep_failing_alike_stop_the_run.)"""
+the run directory's file system turning read-only mid-run, a training process killed by the
+kernel's out-of-memory killer. Each either carries on with a one-line warning or stops with
+a one-line error: never a traceback, never silent loss. (A trial whose allocation fails:
+tests/test_run.py, test_trials_that_keep_failing_alike_stop_the_run.)"""
 
 import logging
 import os
@@ -13,7 +14,8 @@ import pytest
 
 from automlperf.train.data import folders
 from automlperf.train.data import SHARED_BUDGET, DataError, fit_shared_budget, plan_loader
-from helpers import cli, cli_args, folder_config, marked_env, wait_for, wait_no_strays
+from helpers import (KERNEL_OOM_CONFIG, MemoryCgroup, cli, cli_args, folder_config, marked_env,
+                     wait_for, wait_no_strays)
 
 IMAGE = 32 * 32 * 3  # bytes of one decoded 32 px image
 
@@ -151,3 +153,44 @@ def test_the_run_directory_turning_read_only(tmp_path, photos):
         assert before <= records(run_dir)
     finally:
         subprocess.run(["umount", mount], check=False)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_the_kernels_oom_killer(tmp_path):
+    """The run in a memory cgroup of 1.5 GiB, as a batch job's limit: the kernel's OOM
+    killer ends the training process (signal 9; no allocation fails in Python). The trial
+    is an `oom` failure, retried once at half the batch, and the run stops in one line with
+    the advice for memory; the primary and the replica survive to say so."""
+    group, why = MemoryCgroup.make(1536 << 20)
+    if group is None:
+        pytest.skip(why)
+    config = tmp_path / "oom.toml"
+    # One failed trial (and its retry) is enough to stop the run here.
+    config.write_text(KERNEL_OOM_CONFIG.replace("[run]\n", "[run]\nmax_repeated_failures = 1\n"))
+    run_dir = tmp_path / "run"
+    env, mark = marked_env()
+    try:
+        done = subprocess.run(cli_args("run", "--config", config, "--run-dir", run_dir),
+                              capture_output=True, text=True, timeout=900, env=env,
+                              preexec_fn=group.enter)
+        kills = group.kills()
+        wait_no_strays(mark)
+    finally:
+        group.remove()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: the run cannot train: replica 0")
+    assert "out-of-memory killer" in line and "give each replica more memory" in line
+    assert kills >= 2  # the trial, and its retry at half the batch
+    from automlperf.store import open_store
+
+    store = open_store(run_dir=run_dir)
+    try:
+        (trial,) = store.trials(1)
+    finally:
+        store.close()
+    assert trial.status == "failed" and trial.reason.startswith("oom: training process 0")
+    assert trial.extra["failure"] == "oom" and trial.extra["oom_kill"]
+    assert trial.extra["oom_retry"]["first_batch_size"] == 4096
+    assert cli("check", run_dir).returncode == 0

@@ -1,6 +1,7 @@
 """Results people can trust and read: check, report (in a real browser), monitor, compare."""
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -66,6 +67,35 @@ def test_a_result_from_before_the_device_figure_reports_and_verifies(run_dir, tm
     assert "of which the device" in html
 
 
+def test_a_result_of_the_earlier_ruleset_is_checked_by_its_own_rule(run_dir, tmp_path):
+    """A run started under aiperf-2021.1 (whose results did not yet say how time was
+    charged) is scored and verified by that ruleset's rule: time to the last counted epoch."""
+    from automlperf.config import Config
+    from automlperf.measure.result import build_result, write_result
+    from automlperf.store import open_store
+
+    copy = tampered(run_dir, tmp_path)
+    with sqlite3.connect(copy / "history.db") as db:
+        (system,) = db.execute("SELECT system FROM amp_runs").fetchone()
+        db.execute("UPDATE amp_runs SET system = ?",
+                   (json.dumps({**json.loads(system), "ruleset": "aiperf-2021.1"}),))
+        epochs = db.execute("SELECT ended_at, ops FROM amp_epochs").fetchall()
+        (start,) = db.execute("SELECT started_at FROM amp_segments").fetchone()
+    store = open_store(run_dir=copy)
+    try:
+        old = build_result(store, 1, Config.load(copy / "config.toml"),
+                           json.loads((copy / "system.json").read_text()))
+    finally:
+        store.close()
+    assert old["ruleset"] == "aiperf-2021.1" and old["charging"]["rule"] == "last_epoch"
+    last = max(t for t, _ in epochs) - start
+    assert old["score"] == pytest.approx(sum(n for _, n in epochs) / last)
+    del old["charging"]
+    write_result(copy / "result.json", old)
+    done = cli("check", copy)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout
+
+
 def test_check_catches_an_edited_result(run_dir, tmp_path):
     copy = tampered(run_dir, tmp_path)
     result = json.loads((copy / "result.json").read_text())
@@ -106,6 +136,72 @@ def test_check_catches_an_edited_graph(run_dir, tmp_path):
     shutil.copy(run_dir / "trials" / "1" / "graph.json", graph_file)
     done = cli("check", copy)
     assert done.returncode == 1 and "trial 1 epoch 0: recorded" in done.stdout
+
+
+def test_the_hint_to_install_mlperf_logging_keeps_its_brackets(run_dir, tmp_path):
+    """Without mlperf-logging the hint names the extra to install, brackets and all (the
+    console once took `[mlperf]` for markup and printed `pip install 'automlperf'`)."""
+    hidden = tmp_path / "hidden" / "mlperf_logging"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")]))
+    done = cli("mlperf", tampered(run_dir, tmp_path), env={**os.environ, "PYTHONPATH": path})
+    assert "pip install 'automlperf[mlperf]'" in done.stderr, done.stderr
+
+
+def test_check_holds_the_logs_and_the_store_against_each_other(run_dir, tmp_path):
+    """An epoch the store lost (its trial's log has it), one its log lost, and one a log
+    holds twice: each named, both ways."""
+    copy = tampered(run_dir, tmp_path)
+    with sqlite3.connect(copy / "history.db") as db:
+        db.execute("DELETE FROM amp_epochs WHERE trial_id = 1 AND epoch = 0")
+    log = copy / "trials" / "2" / "log.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line).get("epoch") != 0]
+    log.write_text("".join(kept))
+    log3 = copy / "trials" / "3" / "log.jsonl"
+    log3.write_text(log3.read_text() + log3.read_text().splitlines(keepends=True)[0])
+    done = cli("check", copy)
+    text = done.stdout.replace("\n", " ")
+    assert done.returncode == 1
+    assert "trial 1 epoch 0 is in its trial's log but not in the store" in text
+    assert "trial 2 epoch 0 is in the store but not in its trial's log" in text
+    assert "trial 3 epoch 0 appears more than once in its trial's log" in text
+
+
+def test_what_the_store_lost_comes_back_from_the_logs(run_dir, tmp_path):
+    """A store that lost an epoch and a trial's outcome (it went down between the log and
+    the store): the primary gives them back from the logs, as the replica had them, and the
+    run verifies again."""
+    from automlperf.config import Config
+    from automlperf.runner.recovery import recover
+    from automlperf.store import open_store
+    from automlperf.store.rundir import RunDir
+
+    copy = tampered(run_dir, tmp_path)
+    store = open_store(run_dir=run_dir)
+    before = store.trial(3)
+    store.close()
+    with sqlite3.connect(copy / "history.db") as db:
+        db.execute("DELETE FROM amp_epochs WHERE trial_id = 3 AND epoch = 1")
+        db.execute("UPDATE amp_trials SET status = 'running', finished_at = NULL, "
+                   "best_accuracy = NULL, extra = '{}' WHERE id = 3")
+    assert "trial 3 epoch 1 is in its trial's log but not in the store" in cli("check", copy).stdout
+    store = open_store(run_dir=copy)
+    try:
+        rd = RunDir(copy)
+        found = recover(store, rd, 1, Config.load(rd.config))
+        again = store.trial(3)
+        assert (found.epochs, found.outcomes) == (1, 1)
+        assert recover(store, rd, 1, Config.load(rd.config)).epochs == 0  # nothing twice
+    finally:
+        store.close()
+    for name in ("status", "reason", "best_accuracy", "predicted_accuracy", "epochs_done",
+                 "extra"):
+        assert getattr(again, name) == getattr(before, name), name
+    assert Path(again.weights_path).name == Path(before.weights_path).name
+    done = cli("check", copy)
+    assert done.returncode == 0, done.stdout
 
 
 def test_the_monitor_samples_without_a_gpu(run_dir):
@@ -296,7 +392,7 @@ def test_check_catches_edited_records(run_dir, tmp_path, edit, named):
 
 def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     result = read_result(run_dir / "result.json")
-    assert result["ruleset"] == "aiperf-2021.1"
+    assert result["ruleset"] == "aiperf-2021.2"
     prov = result["provenance"]
     assert prov["source_hash"].startswith("sha256:") and "torch" in prov["packages"]
     assert (prov["git"] or {}).get("commit") or prov["git"] is None
@@ -304,7 +400,12 @@ def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     assert node["ceiling"][0]["precision"] == "fp32" and node["ceiling_ops"] > 0
     assert result["fraction_of_ceiling"] == pytest.approx(result["score"] / result["ceiling_ops"])
     parts = result["time_breakdown"]["total"]
-    assert parts["session_s"] == pytest.approx(result["elapsed_s"])
+    # The replica is charged to the deadline, or to the end of an epoch that finished in the
+    # grace after it: the breakdown accounts for that time.
+    charged = result["charging"]["replica_s"]
+    assert result["charging"]["rule"] == "per_replica" and list(charged) == ["0"]
+    assert result["elapsed_s"] <= charged["0"] <= result["elapsed_s"] + result["charging"]["grace_s"]
+    assert parts["session_s"] == pytest.approx(charged["0"])
     assert parts["data_wait_s"] + parts["device_wait_s"] <= parts["training_s"] + 1e-6
     assert sum(v for k, v in parts.items() if k not in ("session_s", *OF_TRAINING)) == \
         pytest.approx(parts["session_s"])

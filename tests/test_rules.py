@@ -65,8 +65,11 @@ def test_precisions_are_the_rulesets():
 
 
 def test_rulesets_are_found_by_id_and_unknown_ones_refused():
-    assert rules.get("aiperf-2021.1") is rules.CURRENT
-    assert rules.get(None) is rules.RULESETS[rules.LEGACY_ID]
+    assert rules.get("aiperf-2021.2") is rules.CURRENT
+    assert rules.get("aiperf-2021.1") is rules.AIPERF_2021_1
+    assert rules.get(None) is rules.RULESETS[rules.LEGACY_ID] is rules.AIPERF_2021_1
+    # Results scored before 2021.2 keep their rule: the time to the last counted epoch.
+    assert (rules.AIPERF_2021_1.charge, rules.CURRENT.charge) == ("last_epoch", "per_replica")
     with pytest.raises(rules.UnknownRuleset, match="unknown ruleset 'aiperf-2099.9'"):
         rules.get("aiperf-2099.9")
 

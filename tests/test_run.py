@@ -18,7 +18,7 @@ from automlperf.measure.score import counted_epochs
 from automlperf.ops import count, epoch_ops
 from automlperf.store import open_store
 from helpers import (OOM_CONFIG, cli, cli_args, default_sigint, fast_config, folder_config,
-                     marked_env, wait_for, wait_no_strays, write_config)
+                     marked_env, sim_config, wait_for, wait_no_strays, write_config)
 from imagefolder import make_image_folder
 
 pytestmark = pytest.mark.slow
@@ -230,6 +230,68 @@ def test_kill_the_primary_and_resume(tmp_path, photos):
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((run_dir / "result.json").read_text())["total_ops"] == result["total_ops"]
     wait_no_strays(mark)
+
+
+def gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_frozen_primary(tmp_path):
+    """The primary frozen (SIGSTOP) mid-run, as a hung process is: its replicas hear no
+    heartbeat for a lease, stop by themselves and exit with everything they recorded; once
+    it is killed, --resume goes on, the logs and the store hold the same epochs, and the run
+    verifies. Two simulated replicas, held from the first epoch until the primary is frozen,
+    so that both have most of their rounds still to train, however fast the machine; the
+    resumed session ends with their rounds."""
+    from automlperf.store.ledger import compare, read_logs
+    from automlperf.store.rundir import RunDir
+
+    run_dir = tmp_path / "run"
+    env, mark = marked_env()
+    config = write_config(tmp_path, sim_config(replicas=2, lease_timeout_s=6, duration_s=900,
+                                               max_rounds=10))
+    primary = start(tmp_path, config, run_dir, env)
+    store = None
+
+    def both_up_and_an_epoch():
+        nonlocal store
+        if has_epoch(run_dir)():
+            store = store or open_store(run_dir=run_dir)
+            return len(store.replicas(1)) == 2
+        return False
+
+    wait_for(both_up_and_an_epoch, 600, "both replicas and an epoch", every=0.1)
+    try:
+        replicas = store.replicas(1)
+        for r in replicas:
+            os.killpg(r.pid, signal.SIGSTOP)
+        primary.send_signal(signal.SIGSTOP)
+        for r in replicas:
+            os.killpg(r.pid, signal.SIGCONT)
+        wait_for(lambda: all(gone(r.pid) for r in replicas), 300,
+                 "the replicas to stop by themselves")
+        for r in replicas:
+            log = (run_dir / "logs" / f"replica-{r.index}.log").read_text()
+            assert "the primary has been silent for" in log and "Traceback" not in log
+        primary.send_signal(signal.SIGKILL)
+        primary.wait()
+        assert all(r.status == "stopped" for r in store.replicas(1))
+        before = {(e.trial_id, e.epoch) for e in store.epochs(1)}
+        done = cli("run", "--resume", "--run-dir", run_dir, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_no_strays(mark)
+        epochs, trials = store.epochs(1), store.trials(1)
+        assert before < {(e.trial_id, e.epoch) for e in epochs}
+        assert len(store.segments(1)) == 2
+    finally:
+        if store is not None:
+            store.close()
+    both = compare(epochs, trials, read_logs(RunDir(run_dir).trial, (t.id for t in trials)))
+    assert both.lost == 0 and not both.repeated and both.logged == both.stored == len(epochs)
+    assert cli("check", run_dir).returncode == 0
 
 
 def test_ctrl_c_stops_the_run_and_its_processes(tmp_path, photos):

@@ -110,6 +110,21 @@ def test_recording_an_epoch_does_not_stall_the_simulated_device():
     assert clock.now == pytest.approx(began + 5 * length + 0.4 * length)
 
 
+def test_the_simulated_device_keeps_the_deadline_and_a_second_trainings_numbers():
+    """No simulated epoch starts at or after the spec's finish_by, and a second training of
+    a trial (the paper's HPO order) numbers its epochs on from the first's; the modelled
+    loss is recorded as the validation loss early stopping may watch."""
+    config = sim_config()
+    sim, clock = trainer(config)
+    length = sim.plan(trial_spec(), SMALL8).seconds
+    sink = Sink()
+    outcome = sim.train(trial_spec(epochs=5, patience=10, first_epoch=4,
+                                   finish_by=clock.now + 2.5 * length), sink)
+    assert outcome.status == TrialStatus.STOPPED and outcome.reason == "deadline reached"
+    assert [e.epoch for e in sink.events] == [4, 5, 6]  # the third started before finish_by
+    assert all(e.val_loss == pytest.approx(e.train_loss) and e.val_loss > 0 for e in sink.events)
+
+
 def test_the_simulated_datasets_have_the_real_counts():
     from automlperf.train import data
 

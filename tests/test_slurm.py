@@ -58,9 +58,10 @@ def test_the_script_is_valid_for_sbatch(slurm_cluster, tmp_path):
     assert "to start at" in done.stdout
     script = (tmp_path / "r" / "automlperf.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=debug" in script
-    # 5 min of start-up, the 2 h run, the signal's lead (3 % of the run) and SLURM's minute.
-    assert "#SBATCH --time=2:10:00" in script and "#SBATCH --signal=B:TERM@216" in script
-    assert "#SBATCH --no-kill" in script and "AUTOMLPERF_JOB_MARGIN_S=276" in script
+    # 5 min of start-up, the 2 h run, its grace for epochs in flight (a quarter: 30 min), the
+    # signal's lead (3 % of run and grace) and SLURM's minute.
+    assert "#SBATCH --time=2:41:00" in script and "#SBATCH --signal=B:TERM@270" in script
+    assert "#SBATCH --no-kill" in script and "AUTOMLPERF_JOB_MARGIN_S=330" in script
     assert script.count("2h") == 0 and "--duration 7200s" in script  # one place holds it
 
 
@@ -169,6 +170,11 @@ def test_a_short_time_limit_is_refused(tmp_path):
                                       "--time-limit", "1h", "--run-dir", str(tmp_path / "r"),
                                       "--store", "postgresql://u@db/x"])
     assert result.exit_code == 2 and "leaves no room" in result.output
+    # The epochs in flight at the deadline get their grace (a quarter of the duration).
+    result = CliRunner().invoke(app, ["slurm", "--nodes", "1", "--duration", "1h",
+                                      "--time-limit", "1h10m", "--run-dir", str(tmp_path / "r"),
+                                      "--store", "postgresql://u@db/x"])
+    assert result.exit_code == 2 and "(900 s of grace)" in result.output
 
 
 PROBE = """

@@ -401,3 +401,28 @@ def test_a_store_from_before_the_device_share_gets_its_column(tmp_path):
     assert [(e.epoch, e.data_share, e.device_share) for e in s.epochs(run_id)] == \
         [(0, 0.3, None), (1, 0.01, 0.6)]
     s.close()
+
+
+def test_a_store_from_before_validation_losses_gets_their_column(tmp_path):
+    """Epochs recorded before the validation loss was kept read back with none; new ones
+    keep theirs."""
+    import dataclasses
+
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = open_store(url, create=True)
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    seg = s.start_segment(run_id, 1.0, 61.0)
+    rep = s.register_replica(run_id, 0, seg, "node1", 42, ["cpu"], 1.0)
+    t = s.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
+    s.record_epoch(epoch(run_id, t, 0))
+    s.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN val_loss")
+    engine.dispose()
+    s = open_store(url)
+    s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), val_loss=0.875))
+    assert [e.val_loss for e in s.epochs(run_id)] == [None, 0.875]
+    s.close()

@@ -244,6 +244,7 @@ def test_a_postgres_restart_mid_run_is_charged_to_no_replica(tmp_path):
     assert found["exit"] == 0, found["stderr"][-3000:]
     assert found["charged"] == 0 and found["silent"] == 0, found
     assert found["lost"] == 0 and found["records_after"] > found["records_before"]
+    assert found["duplicated"] == 0 and found["epochs_logged"] == found["epochs_stored"] > 0
     assert found["check"] == "pass"
 
 
@@ -257,7 +258,9 @@ def test_postgres_down_past_the_retry_limit_ends_the_run_in_one_line_and_resumes
     assert "the store failed during the run: store postgresql" in line
     assert "unreachable for 4 s" in line and "--resume --run-dir" in line
     assert found["resume_exit"] == 0, found["resume_stderr"][-3000:]
-    assert found["lost"] == 0 and found["check"] == "pass"
+    # Counted from both sides: the trial logs and the store hold the same epochs, once.
+    assert found["lost"] == 0 and found["duplicated"] == 0 and found["check"] == "pass"
+    assert found["epochs_logged"] == found["epochs_stored"] > 0
 
 
 @pytest.mark.slow
@@ -270,4 +273,6 @@ def test_sqlite_on_a_full_disk_ends_the_run_in_one_line_and_resumes(tmp_path):
     assert "full" in line and "--resume --run-dir" in line
     assert found["half_written"] == []
     assert found["resume_exit"] == 0, found["resume_stderr"][-3000:]
-    assert found["lost"] == 0 and found["check"] == "pass"
+    # Counted from both sides: the trial logs and the store hold the same epochs, once.
+    assert found["lost"] == 0 and found["duplicated"] == 0 and found["check"] == "pass"
+    assert found["epochs_logged"] == found["epochs_stored"] > 0

@@ -2,10 +2,12 @@
 
 import functools
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -13,6 +15,7 @@ from automlperf.graph import seeds
 from automlperf.ops import count, epoch_ops
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome, read_jsonl
 from automlperf.train.pool import DataArgs, DevicePool, train_trial
+from automlperf.train.spec import EarlyStopping
 from automlperf.train.trainer import lr_factor
 from helpers import SMALL8, WIDE, Recorder, pool_under_memory_limit, trial_spec
 
@@ -72,6 +75,19 @@ def test_early_stopping(pool):
     assert rec.epochs[-1]["val_accuracy"] <= best
 
 
+def test_early_stopping_on_a_flat_validation_loss(pool):
+    rec = Recorder()
+    out = train_trial(pool, spec("flat-loss", epochs=12, patience=2, lr_per_256=1e-7,
+                                 early_stop_metric="val_loss", early_stop_min_delta=0.001), rec)
+    assert out.status == "completed" and out.early_stopped and out.epochs < 12
+    losses = [e["val_loss"] for e in rec.epochs]
+    assert all(math.isfinite(v) and v > 0 for v in losses)
+    # The rule, replayed on the recorded losses, stops after the last recorded epoch.
+    rule = EarlyStopping("val_loss", 2, 0.001)
+    assert [rule.update(v, 0.0) for v in losses] == [False] * (len(losses) - 1) + [True]
+    assert out.best_accuracy == max(e["val_accuracy"] for e in rec.epochs)
+
+
 def test_non_finite_loss_fails_the_trial_not_the_replica(pool):
     rec = Recorder()
     out = train_trial(pool, spec("nan", epochs=2, lr_per_256=1e9), rec)
@@ -97,6 +113,17 @@ def test_deadline_keeps_completed_epochs(pool):
     out = train_trial(pool, spec("deadline", epochs=6), rec, should_stop=lambda: len(rec.epochs) >= 1)
     assert out.status == "stopped" and len(rec.epochs) == 1
     assert train_trial(pool, spec("after-deadline", epochs=1)).status == "completed"
+
+
+def test_no_epoch_starts_after_the_deadline(pool):
+    rec = Recorder()
+    restarts = pool.restarts
+    out = train_trial(pool, spec("late", epochs=3, finish_by=time.time() - 1), rec)
+    assert out.status == "stopped" and out.reason == "deadline reached" and rec.epochs == []
+    # The ranks stopped themselves, together, at an epoch's start: nothing to restart.
+    assert pool.restarts == restarts
+    assert train_trial(pool, spec("in-time", epochs=1, finish_by=time.time() + 3600)).status \
+        == "completed"
 
 
 def test_graph_must_fit_the_data(pool):

@@ -67,7 +67,13 @@ class RunConfig(_Section):
     lease_timeout_s: float = Field(60.0, gt=0, description="A trial whose replica is silent "
                                    "this long is marked failed, seconds.")
     stop_grace_s: float = Field(20.0, ge=0, description="Time replicas get to stop after the "
-                                "deadline before they are killed, seconds.")
+                                "deadline (and its epoch grace) before they are killed, "
+                                "seconds.")
+    deadline_grace_s: float | None = Field(None, ge=0, description="How long after the "
+                                           "deadline an epoch in flight may take to finish "
+                                           "and still count (its replica is charged the time "
+                                           "it took), seconds; default: a quarter of "
+                                           "duration_s. No epoch starts after the deadline.")
     max_rounds: int | None = Field(None, ge=1, description="Trials each replica trains before "
                                    "it stops; unset: until the deadline. For smoke tests: a "
                                    "run that ends before its duration is not a valid one.")
@@ -87,6 +93,16 @@ class RunConfig(_Section):
     @classmethod
     def _duration(cls, value: Any) -> float:
         return parse_duration(value)
+
+    @field_validator("deadline_grace_s", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @property
+    def grace_s(self) -> float:
+        """The deadline's grace, in seconds."""
+        return self.duration_s / 4 if self.deadline_grace_s is None else self.deadline_grace_s
 
 
 class DataConfig(_Section):
@@ -165,6 +181,11 @@ class TrainConfig(_Section):
                                "min(base + per_round * r, max) epochs.")
     patience_per_round: int = Field(2, ge=0)
     patience_max: int = Field(20, ge=1)
+    early_stop_metric: Literal["val_loss", "val_accuracy"] = Field(
+        "val_accuracy", description="What early stopping watches: a trial stops after "
+        "`patience` epochs in a row without improving it by more than early_stop_min_delta.")
+    early_stop_min_delta: float = Field(0.0, ge=0, description="The least change of the "
+                                        "watched figure that counts as an improvement.")
     precision: Precision = Field("auto", description="auto: bf16 autocast on GPUs that have "
                                  "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
     channels_last: bool | None = Field(None, description="Default: on for CPUs and for NVIDIA "
@@ -231,6 +252,12 @@ class SearchConfig(_Section):
                                         "default batch size and the smallest kernel size in "
                                         "every round (a baseline).")
     hpo_start_round: int = Field(3, ge=0, description="fixed: 3 (the fourth round).")
+    hpo_order: Literal["with_nas", "after_nas"] = Field(
+        "with_nas", description="with_nas: from hpo_start_round TPE draws the batch size "
+        "and the kernel size of deepen blocks with each architecture, which trains once. "
+        "after_nas: the paper's order: each architecture is generated (3x3 deepen blocks), "
+        "trained with its parent's batch size, then trained again from the same weights with "
+        "TPE's; the better training counts and its batch size goes to its children.")
     kernel_sizes: list[Literal[3, 5, 7]] = Field([3, 5, 7], min_length=1,
                                                  description="Kernel sizes TPE chooses from "
                                                  "for deepen blocks.")
@@ -364,6 +391,11 @@ class Config(_Section):
         if self.run.official and changes:
             raise ConfigError("official run refused: fixed setting(s) changed: "
                               + "; ".join(changes) + ". Restore them or set run.official = false")
+
+    def deadline_grace(self, ruleset: rules.Ruleset = rules.CURRENT) -> float:
+        """Seconds an epoch in flight at the deadline may take to finish and count: the
+        run's grace under a ruleset that charges each replica its own time, else none."""
+        return self.run.grace_s if ruleset.charge == "per_replica" else 0.0
 
     def customised(self) -> dict[str, Any]:
         """Dotted names of every setting that differs from the defaults, with its value."""

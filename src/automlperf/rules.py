@@ -7,7 +7,7 @@ a new rule gets a new id. Pure data (no torch, no I/O beyond the package's own f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
@@ -50,6 +50,10 @@ class Ruleset:
     max_error: float
     dataset: DatasetRules
     notes: tuple[str, ...] = field(default=())
+    # How run time is charged (measure/score.py): "last_epoch", up to the run's last counted
+    # epoch; "per_replica", each replica its own time, epochs in flight at the deadline
+    # finishing inside the run's grace.
+    charge: str = "last_epoch"
 
     def fixed_changes(self, settings: Mapping[str, Any]) -> list[str]:
         """Each fixed setting whose value in ``settings`` (dotted name -> value, JSON-like)
@@ -122,8 +126,17 @@ AIPERF_2021_1 = Ruleset(
            "error at most 30 %.",),
 )
 
-RULESETS: Mapping[str, Ruleset] = MappingProxyType({r.id: r for r in (AIPERF_2021_1,)})
-CURRENT = AIPERF_2021_1
+AIPERF_2021_2 = replace(
+    AIPERF_2021_1, id="aiperf-2021.2", charge="per_replica",
+    notes=AIPERF_2021_1.notes + (
+        "Each replica is charged its own time: the epochs in flight at the deadline finish "
+        "inside the run's grace (run.deadline_grace_s) and count, and each replica is "
+        "charged to the deadline or to the end of its last counted epoch, whichever is "
+        "later; the score is the sum of the replicas' operations over their charged time.",))
+
+RULESETS: Mapping[str, Ruleset] = MappingProxyType({r.id: r for r in (AIPERF_2021_1,
+                                                                     AIPERF_2021_2)})
+CURRENT = AIPERF_2021_2
 # result.json files written before results named their ruleset were judged by these rules.
 LEGACY_ID = AIPERF_2021_1.id
 

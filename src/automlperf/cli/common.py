@@ -1,4 +1,9 @@
-"""The command line's application, its consoles, and how a user's error becomes one line."""
+"""The command line's application, its consoles, and how a user's error becomes one line.
+
+The consoles read no markup: what they print is the text as written, so a message holding
+square brackets (``pip install 'automlperf[mlperf]'``, a file name, a list) reaches the
+terminal whole. Colour comes from :func:`styled` pieces and ``style=``, never from tags in
+the text (tests/test_console_text.py holds every console of the package to it)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from automlperf.errors import RunFailure, UserError
 
@@ -19,8 +24,19 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Soft wrap: a long line (a command to copy, a path) is never broken by the console.
+out = Console(markup=False, soft_wrap=True)
+err = Console(stderr=True, markup=False, soft_wrap=True)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """One line of plain text pieces, each a string or a (text, Rich style) pair."""
+    return Text.assemble(*parts)
+
+
+def say_error(message: str, prefix: str = "error:") -> None:
+    """The one red-prefixed line a failure is told in, on standard error."""
+    err.print(styled((prefix, "bold red"), " ", message), highlight=False, soft_wrap=True)
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -32,10 +48,10 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(*args, **kwargs)
         except UserError as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            say_error(str(exc))
             raise typer.Exit(2) from None
         except RunFailure as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            say_error(str(exc))
             raise typer.Exit(1) from None
 
     return wrapper

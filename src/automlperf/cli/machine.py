@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from automlperf.cli.common import app, err, out, user_errors
+from automlperf.cli.common import app, err, out, say_error, styled, user_errors
 from automlperf.errors import UserError
 from automlperf.events import EpochEvent, TrialStatus
 from automlperf.graph import Graph, GraphError, seeds
@@ -106,10 +106,12 @@ def train(
     plan = plan_training(TrainRequest(load_config(config, dataset, tree), graph, model, epochs,
                                       batch_size, devices, weights_out, patience, seed))
     err.print(plan.describe(), highlight=False)
-    progress = Progress(TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
-                        BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+    progress = Progress(TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}",
+                                   markup=False),
+                        BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}",
+                                                markup=False),
                         TextColumn("{task.fields[ips]:>8.0f} img/s  loss {task.fields[loss]:.3f}"
-                                   "  acc {task.fields[acc]}"), TimeElapsedColumn(),
+                                   "  acc {task.fields[acc]}", markup=False), TimeElapsedColumn(),
                         console=err, transient=False)
     task = progress.add_task("train", total=1, epoch=1, epochs=epochs, ips=0.0, loss=0.0, acc="-")
 
@@ -139,8 +141,7 @@ def train(
             raise typer.Exit(130) from None
     outcome = result.outcome
     if outcome.status != TrialStatus.COMPLETED:
-        err.print(f"[bold red]trial failed:[/] {escape(outcome.reason)}", highlight=False,
-                  soft_wrap=True)
+        say_error(outcome.reason, prefix="trial failed:")
         raise typer.Exit(1)
     err.print(f"best val accuracy {outcome.best_accuracy:.4f} (epoch {(outcome.best_epoch or 0) + 1}); "
               f"{result.ops:.3e} ops in {result.seconds:.1f} s = "
@@ -169,13 +170,15 @@ def doctor(
     from automlperf.config import parse_duration
     from automlperf.runner.doctor import Check, DoctorRequest, run_doctor
 
-    marks = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fail[/]",
-             "skip": "[dim]skip[/]"}
+    colours = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+    def mark(status: str) -> Text:
+        return Text(status, style=colours[status])
 
     def show(check: Check) -> None:
-        line = f"{marks[check.status]}  {check.name:<20} {escape(check.summary)}"
+        line = styled((check.status, colours[check.status]), f"  {check.name:<20} {check.summary}")
         if check.advice:
-            line += f"\n      -> {escape(check.advice)}"
+            line.append(f"\n      -> {check.advice}")
         out.print(line, highlight=False, soft_wrap=True)
 
     report = run_doctor(DoctorRequest(out_dir, quick, devices, precision,
@@ -184,7 +187,7 @@ def doctor(
     for col in ("item", "status", "measured", "s"):
         table.add_column(col)
     for c in report.checks:
-        table.add_row(c.name, marks[c.status], escape(c.summary), f"{c.seconds:.0f}")
+        table.add_row(c.name, mark(c.status), c.summary, f"{c.seconds:.0f}")
     out.print(table)
     out.print(f"written: {report.path}", highlight=False)
     if report.failed:

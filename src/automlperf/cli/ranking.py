@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from automlperf.cli.common import app, err, out, user_errors
+from automlperf.cli.common import app, err, out, styled, user_errors
 
 
 @app.command("list")
@@ -28,16 +27,24 @@ def list_results(
     title: Annotated[str, typer.Option(help="The page's title.")] = "automlperf results",
     verify: Annotated[bool, typer.Option(help="Verify every entry first (--no-verify lists "
                                          "them unverified, unranked).")] = True,
+    data_dir: Annotated[Optional[Path], typer.Option(help="The ImageNet folder: re-measure the "
+                                                     "best accuracy of every entry on ImageNet "
+                                                     "from its weights (entries on the "
+                                                     "built-in datasets always are).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Where accuracies are re-measured, "
+                                                  "e.g. cuda:0 or cpu (default: the first "
+                                                  "GPU, else the CPU).")] = None,
 ) -> None:
-    """The results list, TOP500-style: every entry verified, official valid results ranked by
-    score, the others shown apart with why."""
+    """The results list, TOP500-style: every entry verified and its best accuracy re-measured
+    from its weights (here, or by a recorded `check --revalidate --record`); official valid
+    results re-measured are ranked by score, the others shown apart with why."""
     from automlperf.measure.units import format_ops
-    from automlperf.report.listing import SECTIONS, publish, to_csv, to_json
+    from automlperf.report.listing import SECTIONS, Remeasure, publish, to_csv, to_json
 
     def progress(path: Path, entry: dict[str, Any]) -> None:
         err.print(f"{path}: {', '.join(entry['labels'])}", highlight=False)
 
-    rows = publish(entries, html, verify, progress, title)
+    rows = publish(entries, html, verify, progress, title, Remeasure(data_dir, device))
     for target, text in ((json_out, to_json), (csv_out, to_csv)):
         if target is not None:
             if str(target) == "-":
@@ -55,18 +62,35 @@ def list_results(
             continue
         table = Table(title=heading)
         for col in ("#", "system", "accelerators", "devices", "nodes", "score", "regulated",
-                    "per device", "best acc.", "labels"):
+                    "per device", "best acc.", "re-measured", "labels"):
             table.add_column(col, justify="right" if col in ("#", "devices", "nodes") else "left")
         for r in mine:
             table.add_row("-" if r["rank"] is None else str(r["rank"]), str(r["system"]),
                           str(r["accelerators"] or "-"), str(r["devices"] or "-"),
                           str(r["nodes"] or "-"), format_ops(r["score"]),
                           format_ops(r["regulated_score"]), format_ops(r["ops_per_device"]),
-                          "-" if r["best_accuracy"] is None else f"{r['best_accuracy']:.4f}",
+                          _accuracy(r.get("best_accuracy")), _remeasured(r),
                           ", ".join(r["labels"]))
-            for problem in r["problems"][:3]:
-                table.add_row("", f"[red]{escape(problem)}[/]", "", "", "", "", "", "", "", "")
         out.print(table)
+        # Beneath the table, whole: a path or a reason squeezed into a column is unreadable.
+        for r in mine:
+            who = f"{r['rank'] or '-'} {r['system']}"
+            for problem in r["problems"][:3]:
+                out.print(styled(f"  {who}: ", (problem, "red")), highlight=False)
+            for d in r.get("duplicates") or []:
+                out.print(f"  {who}: also given as {d} (the same run, listed once)",
+                          highlight=False)
+
+
+def _accuracy(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _remeasured(r: dict[str, Any]) -> str:
+    """The re-measured accuracy and by whom: this list, or a record the bundle carries."""
+    if r.get("remeasured_accuracy") is None:
+        return "-"
+    return f"{r['remeasured_accuracy']:.4f} ({r['remeasured_by']})"
 
 
 def _scaling(run_dirs: list[Path], html: Path, as_json: bool) -> None:

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from automlperf.cli.common import app, err, out, user_errors
+from automlperf.cli.common import app, err, out, styled, user_errors
 from automlperf.errors import UserError
 
 
@@ -62,16 +61,20 @@ def check(
     device: Annotated[Optional[str], typer.Option(help="Where --revalidate runs, e.g. cuda:0 "
                                                   "or cpu (default: the first GPU, else "
                                                   "the CPU).")] = None,
+    record: Annotated[bool, typer.Option(help="With --revalidate, on a bundle that verifies: "
+                                         "keep the re-measurement in it (revalidation.json, "
+                                         "listed in its manifest), for `automlperf list`.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Recompute every figure of a run directory or a submission bundle and verify it; exit 1
     on any mismatch. A bundle is verified from its own files alone."""
     from automlperf.measure.check import CheckOptions, check_run, official_refusal
+    from automlperf.measure.revalidated import describe
 
     if revalidate and as_json is False:
         err.print("re-measuring the best trial's accuracy after the check…", highlight=False)
     rep = check_run(run_dir, store, CheckOptions(data_dir=data_dir, revalidate=revalidate,
-                                                 device=device))
+                                                 device=device, record=record))
     r = rep.result
     again = rep.revalidation
     if as_json:
@@ -80,30 +83,42 @@ def check(
                           "official": r.get("official"), "simulated": r.get("simulated"),
                           "violations": r.get("violations"),
                           "unreadable_images": r.get("unreadable_images"),
-                          "revalidation": again.to_dict() if again else None}))
+                          "revalidation": again.to_dict() if again else None,
+                          "recorded": rep.recorded}))
     else:
         for m in rep.mismatches:
-            out.print(f"[red]mismatch:[/] {escape(m)}", highlight=False, soft_wrap=True)
+            out.print(styled(("mismatch:", "red"), " ", m), highlight=False, soft_wrap=True)
         state = "valid" if r.get("valid") else "not valid" + ("" if r.get("official") else ", unofficial")
         if r.get("simulated"):
             state += ", SIMULATED (not a measurement)"
-        verdict = "[green]verified[/]" if rep.ok else f"[red]{len(rep.mismatches)} mismatch(es)[/]"
+        verdict = (("verified", "green") if rep.ok
+                   else (f"{len(rep.mismatches)} mismatch(es)", "red"))
         what = " bundle" if rep.bundle else ""
-        out.print(f"{verdict}{what}: {rep.checked.get('trials', 0)} trials, "
-                  f"{rep.checked.get('epochs', 0)} epochs recomputed; the result is {state}",
-                  highlight=False)
+        out.print(styled(verdict, f"{what}: {rep.checked.get('trials', 0)} trials, "
+                         f"{rep.checked.get('epochs', 0)} epochs recomputed; the result is "
+                         f"{state}"), highlight=False)
         if again is not None:
-            mark = "[green]accuracy re-measured[/]" if again.ok else "[red]accuracy NOT confirmed[/]"
-            out.print(f"{mark}: trial {again.trial} (epoch {again.epoch}) scores "
+            mark = (("accuracy re-measured", "green") if again.ok
+                    else ("accuracy NOT confirmed", "red"))
+            out.print(styled(mark, f": trial {again.trial} (epoch {again.epoch}) scores "
                       f"{again.measured:.4f} on {again.images:,} validation images "
                       f"({again.device}, {again.precision}); recorded {again.recorded:.4f}, "
-                      f"tolerance {again.tolerance:.4f}", highlight=False)
+                      f"tolerance {again.tolerance:.4f}"), highlight=False)
+        if record and rep.recorded is not None:
+            out.print(f"recorded in {run_dir} (revalidation.json, {describe(rep.recorded)})",
+                      highlight=False)
+        elif record:
+            err.print("nothing recorded: only a bundle that verifies, with its accuracy "
+                      "confirmed, keeps its re-measurement", highlight=False)
+        elif rep.recorded is not None:
+            out.print(f"carries a re-measurement that verifies: {describe(rep.recorded)}; "
+                      f"accuracy {rep.recorded['measured']:.4f}", highlight=False)
         unreadable = r.get("unreadable_images") or {}
         if unreadable.get("train") or unreadable.get("val"):
             out.print(f"  skipped: {unreadable['train']:,} training and {unreadable['val']:,} "
                       "validation images could not be read", highlight=False)
         for v in r.get("violations", []):
-            out.print(f"  {v['rule']}: {escape(v['detail'])}", highlight=False)
+            out.print(f"  {v['rule']}: {v['detail']}", highlight=False)
     if not rep.ok:
         raise typer.Exit(1)
     refusal = official_refusal(r) if official else None

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from automlperf.cli.common import app, err, out, user_errors
+from automlperf.cli.common import app, err, out, say_error, user_errors
 from automlperf.errors import UserError
 
 
@@ -58,8 +57,7 @@ def run(
     for problem in outcome.problems:
         err.print(problem, highlight=False)
     if outcome.state == "failed":
-        err.print(f"[bold red]error:[/] the run cannot train: {escape(outcome.reason)}",
-                  highlight=False, soft_wrap=True)
+        say_error(f"the run cannot train: {outcome.reason}")
     elif outcome.state == "interrupted":
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir "
                   f"{outcome.run_dir}`", highlight=False)
@@ -178,6 +176,7 @@ def slurm(
         raise UserError("--container-mount and --container-option need --container-image")
     written = write_job(ScriptOptions(
         run_dir=run_dir, nodes=nodes, duration_s=settings.run.duration_s,
+        grace_s=settings.deadline_grace(),
         gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, store_url=url,
         partition=partition, account=account, time_limit_s=limit, settings=settings,
         sbatch_extra=sbatch_option or [], container=box, exclusive=exclusive,
@@ -190,6 +189,7 @@ def slurm(
                   highlight=False, soft_wrap=True)
     out.print(f"time limit {format_time(written.time_limit_s)}: start-up "
               f"{written.startup_s / 60:.0f} min, run {settings.run.duration_s / 60:.0f} min, "
+              f"epochs in flight {settings.deadline_grace() / 60:.0f} min, "
               f"result {(written.signal_lead_s + 60) / 60:.0f} min", highlight=False)
     _submit(written.script, run_dir, sbatch, submit, test_only, [])
 

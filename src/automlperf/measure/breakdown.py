@@ -13,6 +13,10 @@ For every replica and session, the session's run time is split without overlap o
   the next model, saving weights, recording);
 * ``lost_at_deadline_s``: after the last counted epoch (epochs in flight at the deadline).
 
+Under a ruleset that charges each replica its own time (``grace_s`` > 0), an epoch in flight
+at a session's deadline that finished inside the grace counts, and its replica's session
+ends with it.
+
 Utilisation is the mean of the monitor's samples taken inside the sessions.
 """
 
@@ -82,7 +86,7 @@ def _split(epochs: Sequence[TimedEpoch], waits: Sequence[tuple[float, float]], s
 def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
               segments: Sequence[SegmentLike],
               samples: Iterable[Mapping[str, Any]] = (),
-              used: dict[str, Any] | None = None) -> dict[str, Any]:
+              used: dict[str, Any] | None = None, grace_s: float = 0.0) -> dict[str, Any]:
     """Per replica and in total: the time parts above, in seconds and as shares of the
     replicas' run time; and the mean accelerator and CPU utilisation (``used``, when the
     caller has it from :class:`~automlperf.measure.samples.SampleDigest`, else from
@@ -103,9 +107,13 @@ def breakdown(epochs: Iterable[TimedEpoch], trials: Iterable[TrialTimes],
         mine = sorted(by_replica.get(replica, []), key=lambda e: (e.started_at, e.ended_at))
         total: dict[str, Any] = dict.fromkeys((*PARTS, "session_s"), 0.0)
         total["device_wait_s"] = None
-        for start, end, _ in bounds:
-            inside = [e for e in mine if start <= e.started_at and e.ended_at <= end]
-            part = _split(inside, waits.get(replica, []), start, end)
+        for seg, (start, end, _) in zip(segments, bounds):
+            # Epochs in flight at a reached deadline count if they ended inside the grace.
+            late = end + grace_s if grace_s > 0 and end >= seg.deadline_at else end
+            inside = [e for e in mine if start <= e.started_at and e.ended_at <= end
+                      or start <= e.started_at < end < e.ended_at <= late]
+            mine_end = max([end] + [e.ended_at for e in inside])
+            part = _split(inside, waits.get(replica, []), start, mine_end)
             _add(total, part)
         per[replica] = total
     overall: dict[str, Any] = dict.fromkeys((*PARTS, "session_s"), 0.0)

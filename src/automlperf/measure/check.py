@@ -5,7 +5,9 @@ What is checked:
   trial folder's graph.json is the same architecture;
 * each epoch's operations equal the analytical count of its graph for the images, steps and
   batch size it recorded, and its step count fits its image count;
-* the store's epochs and each trial's own log (trials/<id>/log.jsonl) agree;
+* the store's epochs and each trial's own log (trials/<id>/log.jsonl) agree, both ways:
+  an epoch a log holds and the store does not, one the store holds and its log does not,
+  and one a log holds twice are each named (:mod:`automlperf.store.ledger`);
 * the configuration file is the one the run was started with;
 * result.json's score, regulated score, accuracy, totals, timeline, validity and violations
   equal a fresh computation under the ruleset the result names (an unknown one is refused);
@@ -15,8 +17,10 @@ What is checked:
 
 A submission bundle (:mod:`automlperf.measure.bundle`) is checked the same way, its exported
 records standing for the store, after every file's digest is compared with its manifest and
-what bundle.json says it holds with what it holds. With ``revalidate``, the best trial's
-accuracy is measured again from its weights (:mod:`automlperf.measure.revalidate`).
+what bundle.json says it holds with what it holds, and the record of a re-measurement it
+carries, if any (:mod:`automlperf.measure.revalidated`). With ``revalidate``, the best
+trial's accuracy is measured again from its weights (:mod:`automlperf.measure.revalidate`);
+with ``record`` too, a bundle that verifies keeps that re-measurement as its record.
 """
 
 from __future__ import annotations
@@ -44,18 +48,20 @@ from automlperf.ops.count import OpCount
 from automlperf.errors import UserError
 from automlperf.measure import bundle
 from automlperf.measure.revalidate import RevalidateError, Revalidation, revalidate as remeasure
+from automlperf.measure.revalidated import read_record, verify_record, write_record
 from automlperf.store.base import RunRecords
+from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
 from automlperf.store.rundir import RunDir, run_store
 from automlperf.store.sql import bulk
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.urls import strip_password
-from automlperf.events import read_jsonl
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
             "epochs", "train_images", "val_images", "unreadable_images", "best_trial", "official", "valid", "trials",
             "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling",
-            "energy_j", "ops_per_watt", "decoding")
+            "energy_j", "ops_per_watt", "decoding",
+            "charging")
 # Recorded wholesale; compared by digest, named when they differ.
 RECORDS = ("dataset_identity", "provenance", "node_descriptions")
 EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",
@@ -69,6 +75,8 @@ class CheckReport:
     checked: dict[str, int] = field(default_factory=dict)
     bundle: bool = False
     revalidation: Revalidation | None = None
+    # A bundle's record of a re-measurement, once verified (or just written).
+    recorded: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -99,12 +107,14 @@ def official_refusal(result: dict[str, Any]) -> str | None:
 @dataclass
 class CheckOptions:
     """What else ``check`` does: re-measure the best accuracy (on ``device``), with the data
-    at ``data_dir`` (which then also stands for the run's data folder)."""
+    at ``data_dir`` (which then also stands for the run's data folder), and ``record`` the
+    re-measurement in the bundle."""
 
     store_url: str | None = None
     data_dir: Path | None = None
     revalidate: bool = False
     device: str | None = None
+    record: bool = False
 
 
 def check_run(path: Path, store_url: str | None = None,
@@ -119,8 +129,19 @@ def check_run(path: Path, store_url: str | None = None,
 def check_source(source: bundle.Source, options: CheckOptions) -> CheckReport:
     """Verify what ``source`` opened; files are named as the user knows them."""
     rd = RunDir(source.root)
+    if options.record and not (source.bundle and options.revalidate):
+        raise RevalidateError("--record keeps a re-measurement in a bundle: give a bundle "
+                              "(`automlperf submit` makes one) and --revalidate")
     if source.bundle:
         report = _check_bundle(rd, options)
+        again = report.revalidation
+        if options.record and report.ok and again is not None and again.ok:
+            meta = rd.meta()
+            report.recorded = write_record(rd.path, again, {"id": meta.get("run_id"),
+                                                            "name": meta.get("name")},
+                                           options.data_dir)
+            if source.archive is not None:
+                bundle.pack(rd.path, source.archive)
     else:
         run_id = int(rd.meta()["run_id"])
         with run_store(rd.path, options.store_url) as store:
@@ -141,7 +162,18 @@ def _check_bundle(rd: RunDir, options: CheckOptions) -> CheckReport:
     try:
         meta = rd.meta()
         run_id = int(meta["run_id"])
-        report = _check(rd, run_id, ExportedRecords(rd.path), options)
+        records = ExportedRecords(rd.path)
+        report = _check(rd, run_id, records, options)
+        try:
+            record = read_record(rd.path)
+        except bundle.BundleError as exc:
+            record = None
+            report.mismatches.append(str(exc))
+        if record is not None:
+            wrong = verify_record(rd.path, record, report.result, records.trials(run_id),
+                                  records.epochs(run_id))
+            report.mismatches += wrong
+            report.recorded = None if wrong else record
     except RevalidateError:
         raise  # asked for what the bundle cannot give: the user's error, said as such
     except (UserError, KeyError, ValueError, TypeError) as exc:
@@ -197,12 +229,14 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
     graphs_checked = _check_graphs(rd, trials)
     # Read while the graphs are checked in other processes.
     epochs = store.epochs(run_id)
-    logged = _trial_logs(rd, trials)
+    with bulk():
+        logs = read_logs(rd.trial, (t.id for t in trials))
     graphs = graphs_checked(bad)
-    _check_epochs(epochs, graphs, logged, bad)
+    _check_epochs(epochs, graphs, logs.epochs, bad)
+    bad.extend(ledger(epochs, trials, logs).problems())
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
     digest = sampled.result()
-    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logged),
+    report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logs.epochs),
                       "samples": digest.count}
     report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs,
                                  sampled=digest)
@@ -310,20 +344,6 @@ def _json_or_none(text: str) -> Any:
         return None
 
 
-def _trial_logs(rd: RunDir, trials: list[TrialRecord]) -> dict[tuple[int, int], dict[str, Any]]:
-    """The epochs of every trial's own log, by (trial, epoch)."""
-    logged: dict[tuple[int, int], dict[str, Any]] = {}
-    with bulk():
-        for t in trials:
-            log = rd.trial(t.id) / "log.jsonl"
-            if log.exists():
-                for rec in read_jsonl(log):
-                    if rec.get("type") == "epoch":
-                        rec.setdefault("val_skipped", 0)  # logs written before it was counted
-                        logged[(t.id, rec["epoch"])] = rec
-    return logged
-
-
 def _check_epochs(epochs: list[EpochRecord], counts: dict[int, OpCount],
                   logged: dict[tuple[int, int], dict[str, Any]], bad: list[str]) -> None:
     """Each epoch's operations equal the analytical count of its graph, its step count fits
@@ -379,7 +399,8 @@ def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[s
             bad.append(f"{rd.system}: provenance differs from the one recorded in the store")
     for name in COMPARED:
         if name not in recorded and name in ("peak_ops", "ceiling_ops", "fraction_of_ceiling",
-                                             "unreadable_images", "decoding"):
+                                             "unreadable_images", "decoding",
+                                             "charging"):
             continue  # absent from results of earlier versions
         if not _same(recorded.get(name), fresh.get(name)):
             bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "

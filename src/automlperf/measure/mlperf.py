@@ -70,7 +70,8 @@ def write_mllog(path: Path, store: Any, run_id: int, result: dict[str, Any],
 
     run = store.run(run_id)
     segments = store.segments(run_id)
-    epochs: list[Any] = [e for _, e in counted_epochs(store.epochs(run_id), segments)]
+    grace = float((result.get("charging") or {}).get("grace_s") or 0.0)
+    epochs: list[Any] = [e for _, e in counted_epochs(store.epochs(run_id), segments, grace)]
     counted = sorted(epochs, key=lambda e: (e.started_at, e.trial_id, e.epoch))
     trials = {t.id: t for t in store.summaries(run_id)}
     try:

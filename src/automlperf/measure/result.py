@@ -100,10 +100,12 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
     ruleset = rules.get(recorded.get("ruleset"))
     identity = recorded.get("dataset_identity")
     official_data, why = dataset_is_official(config, trained, identity, ruleset)
+    replica_of = {t.id: t.replica_index for t in trials}
+    grace = config.deadline_grace(ruleset)
     scored = score_run(epochs, segments, dataset=config.data.dataset,
                        dataset_official=official_data, dataset_detail=why,
                        fixed_changes=config.fixed_changes(ruleset), accuracy_counts=not synthetic,
-                       ruleset=ruleset)
+                       ruleset=ruleset, replica_of=replica_of, grace_s=grace)
     if synthetic:
         scored["violations"].append({"rule": "accuracy", "detail": "synthetic data: throughput "
                                      "only, no accuracy-based score"})
@@ -180,7 +182,8 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "fraction_of_peak": scored["score"] / total_peak if total_peak else None,
         "ceiling_ops": ceiling,
         "fraction_of_ceiling": scored["score"] / ceiling if ceiling else None,
-        "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation()),
+        "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation(),
+                                    grace_s=grace),
         "decoding": decoding(epochs),
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),

@@ -2,17 +2,28 @@
 
 * Run time is wall-clock time inside the primary's sessions (segments): a run interrupted
   and resumed is not charged for the time it was down. An epoch counts if it ended inside a
-  session, before that session's deadline.
-* At each 0.1-hour mark t: cumulative ops = ops of the epochs completed by t;
-  OPS(t) = cumulative ops / (run time of the last epoch completed by t);
-  regulated(t) = OPS(t) * -ln(1 - best accuracy so far). The last mark is the end of the run;
-  the score and regulated score are the values there.
+  session, before that session's deadline; under a ruleset that charges each replica its
+  own time, an epoch in flight at the deadline of a session that reached it also counts if
+  it ended within the grace after it (``grace_s``).
+* How time is charged is the ruleset's rule (``Ruleset.charge``):
+
+  - ``last_epoch`` (aiperf-2021.1, and the AIPerf reference's score.py): at each 0.1-hour
+    mark t, OPS(t) = ops of the epochs completed by t / run time of the last of them. With
+    several replicas, the others' epochs in flight at that time are charged, never counted.
+  - ``per_replica``: each replica's time is its own. At each mark t, a replica's epochs that
+    started before t count, and it is charged from the run's start to t or to the end of
+    the last of them, whichever is later; OPS(t) is the sum of the replicas' ops / charged
+    time. No replica is charged less than t, and no counted operation is left uncharged or
+    charged to an idle replica.
+
+  regulated(t) = OPS(t) * -ln(1 - best accuracy so far). The last mark is the end of the
+  run; the score and regulated score are the values there.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +36,7 @@ MIN_ERROR = 1e-4  # accuracy 1.0 on a finite validation set: -ln(error) stays fi
 class EpochLike(Protocol):
     trial_id: int
     epoch: int
+    started_at: float
     ended_at: float
     ops: int
     val_accuracy: float
@@ -75,17 +87,91 @@ def run_time(wall: float, bounds: Sequence[tuple[float, float, float]]) -> float
     return None
 
 
-def counted_epochs(epochs: Iterable[EpochLike],
-                   segments: Sequence[SegmentLike]) -> list[tuple[float, EpochLike]]:
-    """(run time of its end, epoch) for every epoch that counts, in completion order."""
+def _grace_run_time(e: EpochLike, segments: Sequence[SegmentLike],
+                    bounds: Sequence[tuple[float, float, float]], grace_s: float) -> float | None:
+    """Run time of the end of an epoch in flight at the deadline of a session that reached
+    it, if it ended within the grace (None otherwise)."""
+    for seg, (start, end, offset) in zip(segments, bounds):
+        reached = end >= seg.deadline_at
+        if reached and start <= e.started_at < end and end < e.ended_at <= end + grace_s:
+            return offset + e.ended_at - start
+    return None
+
+
+def counted_epochs(epochs: Iterable[EpochLike], segments: Sequence[SegmentLike],
+                   grace_s: float = 0.0) -> list[tuple[float, EpochLike]]:
+    """(run time of its end, epoch) for every epoch that counts, in completion order; with a
+    ``grace_s``, an epoch in flight at a reached deadline counts if it ended within it."""
     bounds = segment_bounds(segments)
     out = []
     for e in epochs:
         t = run_time(e.ended_at, bounds)
+        if t is None and grace_s > 0:
+            t = _grace_run_time(e, segments, bounds, grace_s)
         if t is not None:
             out.append((t, e))
     out.sort(key=lambda pair: (pair[0], pair[1].trial_id, pair[1].epoch))
     return out
+
+
+@dataclass(frozen=True)
+class Span:
+    """A counted epoch in run time, with the replica that trained it."""
+
+    start: float
+    end: float
+    replica: int
+    epoch: EpochLike
+
+
+def spans(counted: Sequence[tuple[float, EpochLike]], segments: Sequence[SegmentLike],
+          replica_of: Mapping[int, int]) -> list[Span]:
+    """The counted epochs as spans of run time, by start. An epoch's start is clipped to its
+    session's start (a replica's clock may run a little ahead of the primary's)."""
+    bounds = segment_bounds(segments)
+    out = []
+    for end, e in counted:
+        # The session the epoch ended in (or, in the grace, after): the last to start before.
+        offset = next((o for start, _, o in reversed(bounds) if start <= e.ended_at), 0.0)
+        start = max(offset, end - max(0.0, e.ended_at - e.started_at))
+        out.append(Span(start, end, replica_of.get(e.trial_id, -1), e))
+    out.sort(key=lambda s: (s.start, s.end, s.epoch.trial_id, s.epoch.epoch))
+    return out
+
+
+def replica_timeline(spans_by_start: Sequence[Span], elapsed_s: float,
+                     accuracy_counts: bool = True, step_s: float = MARK_S,
+                     marks_at: Sequence[float] | None = None) -> tuple[list[Mark], dict[int, float]]:
+    """The ``per_replica`` marks (see the module's docstring), and each replica's charged
+    run time at the last mark. Every counted epoch counts at the last mark."""
+    if marks_at is None:
+        marks_at = _marks(elapsed_s, step_s)
+    ops: dict[int, int] = {}
+    last_end: dict[int, float] = {}
+    marks, i, best = [], 0, None
+    for k, t in enumerate(marks_at):
+        final = k == len(marks_at) - 1
+        while i < len(spans_by_start) and (final or spans_by_start[i].start < t - 1e-9):
+            span = spans_by_start[i]
+            ops[span.replica] = ops.get(span.replica, 0) + int(span.epoch.ops)
+            last_end[span.replica] = max(last_end.get(span.replica, 0.0), span.end)
+            if accuracy_counts:
+                acc = span.epoch.val_accuracy
+                best = acc if best is None else max(best, acc)
+            i += 1
+        charged = {r: max(t, last_end[r]) for r in ops}
+        rate = sum(ops[r] / charged[r] for r in ops if charged[r] > 0)
+        marks.append(Mark(round(t / 3600.0, 6), sum(ops.values()), rate, best,
+                          regulated(rate, best)))
+    t_end = marks_at[-1] if marks_at else 0.0
+    return marks, {r: max(t_end, last_end[r]) for r in sorted(ops)}
+
+
+def _marks(elapsed_s: float, step_s: float) -> list[float]:
+    marks_at = [step_s * k for k in range(1, int(elapsed_s // step_s) + 1)]
+    if not marks_at or marks_at[-1] < elapsed_s - 1e-9:
+        marks_at.append(elapsed_s)
+    return marks_at
 
 
 def regulated(ops_per_s: float, best_accuracy: float | None) -> float | None:
@@ -99,9 +185,7 @@ def timeline(counted: Sequence[tuple[float, EpochLike]], elapsed_s: float,
              marks_at: Sequence[float] | None = None) -> list[Mark]:
     """Marks every ``step_s`` of run time and one at the end (or at the run times given)."""
     if marks_at is None:
-        marks_at = [step_s * k for k in range(1, int(elapsed_s // step_s) + 1)]
-        if not marks_at or marks_at[-1] < elapsed_s - 1e-9:
-            marks_at.append(elapsed_s)
+        marks_at = _marks(elapsed_s, step_s)
     marks, i, ops, last_end, best = [], 0, 0, 0.0, None
     for t in marks_at:
         while i < len(counted) and counted[i][0] <= t + 1e-9:
@@ -157,12 +241,22 @@ def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[
 def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, dataset: str,
               dataset_official: bool, fixed_changes: Sequence[str],
               accuracy_counts: bool = True, dataset_detail: str | None = None,
-              ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, Any]:
-    """The figures of result.json that follow from epochs and sessions alone."""
+              ruleset: rules.Ruleset = rules.CURRENT, replica_of: Mapping[int, int] | None = None,
+              grace_s: float = 0.0) -> dict[str, Any]:
+    """The figures of result.json that follow from epochs and sessions alone, and, for a
+    ruleset that charges each replica its own time, from which replica trained each trial
+    (``replica_of``) and the grace after the deadline (``grace_s``)."""
     bounds = segment_bounds(segments)
     elapsed = bounds[-1][2] + bounds[-1][1] - bounds[-1][0] if bounds else 0.0
-    counted = counted_epochs(epochs, segments)
-    marks = timeline(counted, elapsed, accuracy_counts)
+    per_replica = ruleset.charge == "per_replica"
+    grace_s = grace_s if per_replica else 0.0
+    counted = counted_epochs(epochs, segments, grace_s)
+    if per_replica:
+        marks, charged = replica_timeline(spans(counted, segments, replica_of or {}), elapsed,
+                                          accuracy_counts)
+    else:
+        marks = timeline(counted, elapsed, accuracy_counts)
+        charged = {}
     final = marks[-1] if marks else Mark(0.0, 0, 0.0, None, None)
     best_epoch = None
     if accuracy_counts and counted:
@@ -186,6 +280,10 @@ def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, d
         "violations": broken,
         "total_ops": final.ops,
         "elapsed_s": elapsed,
+        # How run time was charged: the ruleset's rule, the grace in flight epochs had after
+        # the deadline, and each replica's charged run time (per_replica only).
+        "charging": {"rule": ruleset.charge, "grace_s": grace_s,
+                     "replica_s": {str(r): round(c, 6) for r, c in charged.items()}},
         "epochs": len(counted),
         "epochs_not_counted": len(epochs) - len(counted),
         "train_images": sum(e.train_images for _, e in counted),

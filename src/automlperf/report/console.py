@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Group
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -162,9 +161,9 @@ def summary(result: dict[str, Any], run_dir: Path) -> Table:
             ("trials", f"{result['trials']} {result['trial_status']}"),
             ("result", label)]
     for v in result["violations"]:
-        rows.append(("", escape(f"{v['rule']}: {v['detail']}")))
+        rows.append(("", f"{v['rule']}: {v['detail']}"))
     for r in result.get("retired") or []:
-        rows.append(("retired", escape(f"replica {r['replica']} on {r['host']}: {r['reason']}")))
+        rows.append(("retired", f"replica {r['replica']} on {r['host']}: {r['reason']}"))
     for k, v in rows:
         table.add_row(k, v)
     return table

@@ -17,7 +17,8 @@ from automlperf.graph import Graph
 from automlperf.measure.result import build_result, read_result, simulation_of
 from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure.units import format_energy, format_ops
-from automlperf.measure.score import EpochLike, counted_epochs, timeline
+from automlperf.measure.score import (EpochLike, Span, counted_epochs, replica_timeline, spans,
+                                      timeline)
 from automlperf.ops import count, layer_table
 from automlperf.report import charts, progress
 from automlperf.store.rundir import RunDir, run_store, write_atomic
@@ -115,7 +116,10 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
         # result.json edited to look measured: the configuration the run was started with
         # (`check` holds it to the store's) still says what it was.
         result = {**result, "simulated": True, "simulation": simulation_of(config)}
-    counted = counted_epochs(epochs, segments)
+    # The result's own way of charging time (results from before it was recorded: to the
+    # last counted epoch, with no grace).
+    charging = result.get("charging") or {"rule": "last_epoch", "grace_s": 0.0}
+    counted = counted_epochs(epochs, segments, float(charging.get("grace_s") or 0.0))
     trial_by_id = {t.id: t for t in trials}
     best_id = result.get("best_trial")
     best_trial = trial_by_id.get(best_id) if best_id is not None else None
@@ -135,7 +139,10 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
     return {
         "run_dir": str(rd.path), "result": result, "config": config,
         "config_rows": _config_rows(config), "system": system,
-        "curve": _score_curve(counted, config), "series": _accuracy_series(counted, trial_by_id),
+        "curve": _score_curve(counted, config, spans(counted, segments, {
+            t.id: t.replica_index for t in trials}) if charging.get("rule") == "per_replica"
+            else None),
+        "series": _accuracy_series(counted, trial_by_id),
         "rows": rows, "trial_count": len(trials), "best_trial": best_trial, "lineage": lineage,
         "progress": search,
         "all_trials": trials if len(shown) < len(trials) else None,
@@ -176,12 +183,19 @@ def _thin(values: list[float], limit: int) -> list[float]:
     return [values[int(i * step)] for i in range(limit - 1)] + [values[-1]]
 
 
-def _score_curve(counted: list[tuple[float, EpochLike]], config: Config) -> list[dict[str, Any]]:
+def _score_curve(counted: list[tuple[float, EpochLike]], config: Config,
+                 by_replica: list[Span] | None = None) -> list[dict[str, Any]]:
     """The score's own timeline, with a mark at every epoch end (in a long run, at
-    ``CURVE_POINTS`` of them, evenly spread: more than a chart's width shows)."""
+    ``CURVE_POINTS`` of them, evenly spread: more than a chart's width shows); charged per
+    replica when ``by_replica`` gives the spans."""
     ends = _thin(sorted({t for t, _ in counted}), CURVE_POINTS)
-    return [{"t": t, **m.to_dict()} for t, m in zip(ends, timeline(
-        counted, ends[-1] if ends else 0.0, config.data.dataset != "synthetic", marks_at=ends))]
+    accuracy = config.data.dataset != "synthetic"
+    if by_replica is not None:
+        marks = replica_timeline(by_replica, ends[-1] if ends else 0.0, accuracy,
+                                 marks_at=ends)[0]
+    else:
+        marks = timeline(counted, ends[-1] if ends else 0.0, accuracy, marks_at=ends)
+    return [{"t": t, **m.to_dict()} for t, m in zip(ends, marks)]
 
 
 def _accuracy_series(counted: list[tuple[float, EpochLike]],

@@ -1,31 +1,43 @@
 """The results list, TOP500-style: run directories and submission bundles verified, sorted
 into sections and ranked, as a terminal table, JSON, CSV and one self-contained HTML page.
 
-Every entry is verified first (``check``, from the bundle alone). Only results that are
-official, valid, verified and measured are ranked; measured results that are unofficial or
-not valid come after them, unranked; simulated ones apart; and entries that fail
-verification (or cannot be read) last, each saying why. Within a section, by score.
+Every entry is verified first (``check``, from the bundle alone), and its best accuracy is
+re-measured from its weights (the regulated score rests on it, and no operation count can
+confirm it): by the list itself where it has the validation set (the built-in datasets
+always, ImageNet with ``data_dir``), else by a ``check --revalidate --record`` the bundle
+carries, which is verified (:mod:`automlperf.measure.revalidated`). Only results that are
+official, valid, verified, measured and re-measured are ranked; official and valid ones
+whose accuracy was not re-measured follow, unranked, saying why; then measured results
+that are unofficial or not valid; simulated ones apart; and entries that fail verification
+(or cannot be read) last, each saying why. Within a section, by score. A run given twice
+(its bundle and its directory) is one entry, the other source named beside it; another
+version of a run already listed (the same run, a different result) is shown apart.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime
+import hashlib
 import io
 import json
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from automlperf import __version__
+from automlperf.config import Config
 from automlperf.errors import UserError
 from automlperf.measure.bundle import Source, opened, read_bundle_file
 from automlperf.measure.mlperf import read_system_desc
-from automlperf.measure.check import CheckOptions, check_source
+from automlperf.measure.check import CheckOptions, CheckReport, check_source
+from automlperf.measure.revalidate import RevalidateError
+from automlperf.measure.revalidated import describe
 from automlperf.measure.units import format_ops
 from automlperf.report.compare import row
 from automlperf.report.html import gather, render, render_records
@@ -33,15 +45,30 @@ from automlperf.store.records import ExportedRecords
 from automlperf.store.rundir import write_atomic
 
 SECTIONS = {
-    "ranked": "Ranked: official, valid and verified results",
+    "ranked": "Ranked: official, valid and verified results, accuracy re-measured",
+    "unmeasured": "Not ranked: official, valid and verified, but the accuracy was not "
+                  "re-measured from the weights",
     "unranked": "Not ranked: measured, verified, but unofficial or not valid",
     "simulated": "Simulated accelerators: not measurements, never ranked",
-    "failed": "Failed verification: shown apart, not ranked",
+    "failed": "Failed verification, or another version of a listed run: shown apart, not "
+              "ranked",
 }
 COLUMNS = ("section", "rank", "system", "submitter", "name", "accelerators", "devices", "nodes",
            "score", "regulated_score", "ops_per_device", "fraction_of_ceiling", "ops_per_watt",
-           "best_accuracy", "elapsed_s", "date", "ruleset", "labels", "problems", "source",
-           "report")
+           "best_accuracy", "remeasured_accuracy", "remeasured_by", "elapsed_s", "date",
+           "ruleset", "labels", "problems", "duplicates", "source", "report")
+# Where a list re-measures an accuracy without being given the data: datasets automlperf
+# ships. ImageNet (the official dataset) and CIFAR-10 need their folder.
+NEEDS_DATA = ("imagenet", "cifar10")
+
+
+@dataclass
+class Remeasure:
+    """How the list re-measures: the ImageNet validation set (``data_dir``) and the device
+    (``device``, default the first GPU, else the CPU)."""
+
+    data_dir: Path | None = None
+    device: str | None = None
 
 
 class ListError(UserError, ValueError):
@@ -55,16 +82,19 @@ def _label_set(e: dict[str, Any]) -> list[str]:
         labels.append("simulated")
     labels.append({True: "verified", False: "failed verification",
                    None: "not verified"}[e["verified"]])
+    if e["verified"] and not e["simulated"]:
+        labels.append("accuracy re-measured" if e.get("remeasured_by")
+                      else "accuracy not re-measured")
     return labels
 
 
 def _section(e: dict[str, Any]) -> str:
-    if e["verified"] is False:
+    if e["verified"] is False or e.get("version_of"):
         return "failed"
     if e["simulated"]:
         return "simulated"
     if e["official"] and e["valid"] and e["verified"]:
-        return "ranked"
+        return "ranked" if e.get("remeasured_by") else "unmeasured"
     return "unranked"
 
 
@@ -73,37 +103,99 @@ def _slug(text: str) -> str:
 
 
 def entry(path: Path, check: bool = True, reports: Path | None = None,
-          number: int = 0) -> dict[str, Any]:
+          number: int = 0, remeasure: Remeasure | None = None) -> dict[str, Any]:
     """One entry of the list: the recorded result of ``path`` (a run directory, a bundle
-    folder or a bundle .tar.gz), verified unless ``check`` is off; its report is drawn into
-    ``reports`` when given."""
+    folder or a bundle .tar.gz), verified and its accuracy re-measured unless ``check`` is
+    off; its report is drawn into ``reports`` when given."""
     try:
         with opened(Path(path)) as source:
             problems: list[str] = []
             verified = None
+            again: dict[str, Any] = {"remeasured_accuracy": None, "remeasured_by": None,
+                                     "remeasured_how": None}
             if check:
-                checked = check_source(source, CheckOptions())
+                checked, why = _verify(source, remeasure or Remeasure())
                 verified, problems = checked.ok, checked.mismatches
+                again = _remeasured(checked, why)
             described = read_bundle_file(source.root) if source.bundle else {}
             desc = read_system_desc(source.root)
             e = row(source.root)
+            identity = _identity(source, e)
             link = None
             if reports is not None and verified is not False:
                 target = reports / f"{number:03d}-{_slug(e.get('name') or Path(path).name)}.html"
-                link, why = _report(source, target)
-                if why:
-                    problems = [*problems, why]
+                link, no_report = _report(source, target)
+                if no_report:
+                    problems = [*problems, no_report]
     except (UserError, OSError, ValueError) as exc:
         return _unreadable(path, str(exc))
     host = e.pop("system")
     e.update(source=str(path), verified=verified, problems=problems, report=link,
              submitter=described.get("submitter") or desc.get("submitter"), host=host,
-             system=described.get("system_name") or desc.get("system_name") or host)
+             system=described.get("system_name") or desc.get("system_name") or host,
+             duplicates=[], bundle=source.bundle, **again, **identity)
     started = e.get("started_at")
     e["date"] = (datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
                  .strftime("%Y-%m-%d") if isinstance(started, (int, float)) else None)
     e["labels"] = _label_set(e)
+    if e["verified"] and not e["simulated"] and not e["remeasured_by"] and \
+            e["official"] and e["valid"]:
+        e["problems"] = [*e["problems"], f"not ranked: {again['remeasured_how']}"]
     return e
+
+
+def _verify(source: Source, how: Remeasure) -> tuple[CheckReport, str | None]:
+    """``check`` of ``source``, re-measuring its best accuracy where the list has the data;
+    also why it was not re-measured here (None when it was)."""
+    plain = CheckOptions(device=how.device)
+    try:
+        config = Config.load(source.root / "config.toml")
+    except (UserError, OSError, ValueError):
+        return check_source(source, plain), "its configuration cannot be read"
+    dataset = config.data.dataset
+    simulated = config.simulated
+    if simulated or dataset == "synthetic":
+        return check_source(source, plain), "no model was trained on real data"
+    data_dir = None
+    if dataset in NEEDS_DATA:
+        if dataset != "imagenet" or how.data_dir is None:
+            return check_source(source, plain), (
+                f"the {dataset} validation set was not given to the list (--data-dir), and no "
+                "verified re-measurement travels with the entry (a bundle keeps one: "
+                "`automlperf check --revalidate --record BUNDLE` where the data is)")
+        data_dir = how.data_dir
+    try:
+        return check_source(source, CheckOptions(data_dir=data_dir, revalidate=True,
+                                                 device=how.device)), None
+    except RevalidateError as exc:
+        return check_source(source, plain), f"it cannot be re-measured here: {exc}"
+
+
+def _remeasured(checked: CheckReport, why: str | None) -> dict[str, Any]:
+    """The accuracy re-measured from the weights (by this list, else by a verified record
+    the bundle carries), by whom, and how or why not."""
+    again = checked.revalidation
+    if again is not None:
+        return {"remeasured_accuracy": again.measured, "remeasured_by": "list",
+                "remeasured_how": f"re-measured by this list on {again.device} "
+                                  f"({again.images:,} images, {again.precision})"}
+    if checked.recorded is not None:
+        return {"remeasured_accuracy": checked.recorded["measured"],
+                "remeasured_by": "record",
+                "remeasured_how": f"re-measured by check --revalidate --record, "
+                                  f"{describe(checked.recorded)}"}
+    return {"remeasured_accuracy": None, "remeasured_by": None,
+            "remeasured_how": f"the accuracy was not re-measured from the weights: {why}"}
+
+
+def _identity(source: Source, e: dict[str, Any]) -> dict[str, Any]:
+    """What makes two sources one run (its id, name and start in its store) and one result
+    (the SHA-256 of its result.json)."""
+    meta = json.loads((source.root / "run.json").read_text()) \
+        if (source.root / "run.json").exists() else {}
+    run = [meta.get("run_id"), meta.get("name"), e.get("started_at")]
+    content = hashlib.sha256((source.root / "result.json").read_bytes()).hexdigest()
+    return {"run_key": run, "content": content}
 
 
 def _report(source: Source, target: Path) -> tuple[str | None, str | None]:
@@ -126,23 +218,63 @@ def _unreadable(path: Path, why: str) -> dict[str, Any]:
     e: dict[str, Any] = {name: None for name in COLUMNS}
     e.update(source=str(path), name=Path(path).name, system=Path(path).name, official=False,
              valid=False, simulated=False, verified=False, problems=[why], score=None,
-             labels=["failed verification"])
+             labels=["failed verification"], duplicates=[])
     return e
 
 
 def listing(paths: list[Path], check: bool = True, reports: Path | None = None,
-            progress: Callable[[Path, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            progress: Callable[[Path, dict[str, Any]], None] | None = None,
+            remeasure: Remeasure | None = None) -> list[dict[str, Any]]:
     """The entries of ``paths``, in list order: section by section, by score, the ranked
-    ones numbered."""
+    ones numbered; one entry per run."""
     if not paths:
         raise ListError("give at least one run directory or bundle to list")
     entries = []
     for number, path in enumerate(paths, start=1):
-        e = entry(path, check, reports, number)
+        e = entry(path, check, reports, number, remeasure)
         entries.append(e)
         if progress is not None:
             progress(path, e)
-    return ranked(entries)
+    return ranked(once_per_run(entries, reports))
+
+
+def _preference(e: dict[str, Any]) -> tuple[bool, int, bool]:
+    """Which source of a run stands for it: verified, then re-measured (by the list first),
+    then a bundle (what lists are made of) over a run directory."""
+    return (e.get("verified") is not True,
+            {"list": 0, "record": 1}.get(e.get("remeasured_by") or "", 2),
+            not e.get("bundle"))
+
+
+def once_per_run(entries: list[dict[str, Any]],
+                 reports: Path | None = None) -> list[dict[str, Any]]:
+    """One entry per run: a run given again with the same result (its bundle and its
+    directory) is dropped, its source named in ``duplicates`` of the one kept; a run given
+    again with another result is kept apart (``version_of``), never ranked beside it."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        key = json.dumps(e.get("run_key"))
+        if e.get("run_key") is None or None in (e.get("run_key") or [None])[:2]:
+            key = f"unreadable:{e['source']}"
+        groups.setdefault(key, []).append(e)
+    kept: list[dict[str, Any]] = []
+    for members in groups.values():
+        members = sorted(members, key=lambda m: (_preference(m), members.index(m)))
+        first = members[0]
+        kept.append(first)
+        for other in members[1:]:
+            if other.get("content") == first.get("content"):
+                first["duplicates"] = [*first.get("duplicates", []), other["source"]]
+                if reports is not None and other.get("report"):
+                    (reports.parent / other["report"]).unlink(missing_ok=True)
+                continue
+            run_id, name, _ = first["run_key"]
+            other["version_of"] = first["source"]
+            other["problems"] = [*other["problems"], (
+                f"another version of run {run_id} ({name!r}), listed as {first['source']}: "
+                "the same run with a different result.json; a run is listed once")]
+            kept.append(other)
+    return kept
 
 
 def ranked(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -172,8 +304,8 @@ def to_csv(entries: list[dict[str, Any]]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
     for e in entries:
-        writer.writerow(["; ".join(e.get(c) or []) if c in ("labels", "problems") else e.get(c)
-                         for c in COLUMNS])
+        writer.writerow(["; ".join(e.get(c) or []) if c in ("labels", "problems", "duplicates")
+                         else e.get(c) for c in COLUMNS])
     return out.getvalue()
 
 
@@ -201,12 +333,14 @@ def reports_folder(page: Path) -> Path:
 
 def publish(paths: list[Path], html: Path | None = None, check: bool = True,
             progress: Callable[[Path, dict[str, Any]], None] | None = None,
-            title: str = "automlperf results") -> list[dict[str, Any]]:
-    """Verify and list ``paths``; with ``html``, write the page and the reports beside it."""
+            title: str = "automlperf results",
+            remeasure: Remeasure | None = None) -> list[dict[str, Any]]:
+    """Verify and list ``paths`` (re-measuring as ``remeasure`` allows); with ``html``,
+    write the page and the reports beside it."""
     reports = reports_folder(html) if html is not None else None
     if reports is not None and reports.exists():
         shutil.rmtree(reports)
-    entries = listing(paths, check, reports, progress)
+    entries = listing(paths, check, reports, progress, remeasure)
     if html is not None:
         write_page(entries, html, title)
     return entries

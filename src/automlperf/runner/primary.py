@@ -207,6 +207,8 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
                   f"{cfg.data.dataset}, {cfg.model.seed_model} seed, {count} replica(s), "
                   f"{fmt_duration(session.deadline_at - session.started_at)} to go "
                   f"({mode}), store {steps.redacted(url)}", highlight=False)
+    if session.recovered:
+        console.print(session.recovered.describe(), highlight=False)
     # SIGTERM (kill, scancel, a job's time limit) stops the run like Ctrl-C: the replicas are
     # stopped and the result is written.
     before = signal.signal(signal.SIGTERM, signal.default_int_handler)

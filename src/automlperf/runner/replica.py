@@ -3,7 +3,9 @@ it, repeat until the run's deadline. One replica runs per node (or per local pro
 
 The next candidate is generated in a thread while the current one trains, so accelerators
 do not wait for the search. The replica stops on SIGTERM, at the deadline, or when the
-primary stops heart-beating; a trial cut short keeps the epochs it completed.
+primary stops heart-beating; a trial cut short keeps the epochs it completed. At the
+deadline no trial and no epoch starts, but under a ruleset that charges each replica its own
+time the epoch in flight finishes if it can within the run's grace (and counts).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from automlperf import rules
 from automlperf.config import Config
 from automlperf.events import EpochEvent, FailureKind, JsonlSink, TrialOutcome
 from automlperf.graph import Graph, seeds
@@ -38,7 +41,8 @@ log = logging.getLogger("automlperf.replica")
 
 # What to do about a failure that repeats, by the trainer's failure kind.
 FIXES: dict[FailureKind, str] = {
-    FailureKind.OOM: "lower train.batch_size (or data.image_size) in the configuration",
+    FailureKind.OOM: "lower train.batch_size (or data.image_size) in the configuration, or "
+                     "give each replica more memory (a job's or container's memory limit)",
     FailureKind.NAN: "lower train.lr_per_256 or raise train.warmup_epochs in the configuration",
     FailureKind.DATA: "check the dataset: `automlperf train --dataset ... --data-dir ...` shows "
                       "the problem on its own",
@@ -81,6 +85,31 @@ class Job:
     kernel_size: int
     hpo_number: int | None
     waited_s: float = 0.0  # how long training waited for this candidate
+    # Trained again with TPE's batch size once trained with its parent's (search.hpo_order
+    # "after_nas", the paper's order).
+    retrain: bool = False
+
+
+def conclusion(outcome: TrialOutcome, accuracies: list[float], weights_out: str | None,
+               round_index: int, config: Config) -> dict[str, Any]:
+    """What the store records of a trial that ended with ``outcome`` after the epochs of
+    ``accuracies``: the arguments of ``Store.finish_trial`` but the time. The replica records
+    it; the primary rebuilds it from the trial's log when the store lost it
+    (runner/recovery.py)."""
+    predicted = None
+    if round_index < config.search.hpo_start_round and accuracies:
+        predicted = predict_final(accuracies, config.train.max_epochs)
+    # A trial cut short (deadline, crash) still has the epochs it reported, and the weights
+    # saved at the best of them.
+    best = max(accuracies) if accuracies else None
+    weights = weights_out if accuracies and weights_out and Path(weights_out).exists() else None
+    extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
+             "batch_size": outcome.batch_size,
+             "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,
+             **outcome.extra}
+    return {"status": TrialStatus.of_outcome(outcome.status), "reason": outcome.reason,
+            "best_accuracy": best, "predicted_accuracy": predicted, "weights_path": weights,
+            "extra": extra}
 
 
 class TrialRecorder:
@@ -154,6 +183,7 @@ class Replica:
         self.failures: list[str] = []  # reasons of the trials failed in a row
         self.replica_id: int | None = None
         self.seed_graph: Graph | None = None
+        self.grace_s = 0.0  # after the deadline, for the epoch in flight (set by run())
 
     # --- lifecycle ----------------------------------------------------------------------
     def run(self) -> int:
@@ -165,6 +195,8 @@ class Replica:
         replica_id = self.replica_id = self.store.register_replica(
             self.run_id, self.index, self.segment.index, socket.gethostname(), os.getpid(),
             self.place.devices, self.clock())
+        recorded = self.store.run(self.run_id)["system"].get("ruleset")
+        self.grace_s = self.config.deadline_grace(rules.get(recorded))
         beat = threading.Thread(target=self._heartbeat, args=(replica_id,), name="heartbeat",
                                 daemon=True)
         beat.start()
@@ -263,6 +295,10 @@ class Replica:
     def _should_stop(self) -> bool:
         return self.stop.is_set() or self.clock() >= self.segment.deadline_at
 
+    def _past_grace(self) -> bool:
+        """Whether the epoch in flight must stop now: a stop, or its grace is over."""
+        return self.stop.is_set() or self.clock() >= self.segment.deadline_at + self.grace_s
+
     def _rounds_left(self, round_index: int) -> bool:
         limit = self.config.run.max_rounds
         return limit is None or round_index < limit
@@ -339,7 +375,9 @@ class Replica:
         """The candidate of a round and its hyperparameters (in the search thread)."""
         assert self.seed_graph is not None
         search = self.config.search
-        if search.hpo == "tpe" and round_index >= search.hpo_start_round:
+        tuned = search.hpo == "tpe" and round_index >= search.hpo_start_round
+        after_nas = tuned and search.hpo_order == "after_nas"
+        if tuned and not after_nas:
             s = self.hpo.ask()
             batch, kernel, number = s.batch_size, s.kernel_size, s.number
         else:
@@ -351,10 +389,20 @@ class Replica:
             if number is not None:
                 self.hpo.tell(number, None)
             raise
+        if after_nas:
+            batch = self._inherited_batch(cand.parent_id)
         log.info("round %d: candidate from %s (%d morphs) in %.2f s, batch %d, kernel %d",
                  round_index, cand.parent_id, len(cand.morphs), cand.stats.get("seconds", 0.0),
                  batch, kernel)
-        return Job(cand, round_index, batch, kernel, number)
+        return Job(cand, round_index, batch, kernel, number, retrain=after_nas)
+
+    def _inherited_batch(self, parent_id: int | None) -> int:
+        """The batch size of the parent's better training (the default for the seed)."""
+        if parent_id is None:
+            return self.default_batch
+        parent = self.store.trial(parent_id)
+        return int(parent.extra.get("hpo_batch") or parent.hparams.get("batch_size")
+                   or self.default_batch)
 
     def _claim(self, job: Job) -> int | None:
         assert self.replica_id is not None
@@ -386,7 +434,10 @@ class Replica:
         log.info("trial %d: training %d epochs at batch %d (round %d)", trial_id, spec.epochs,
                  job.batch_size, job.round)
         try:
-            outcome = self.trainer.train(spec, recorder, should_stop=self._should_stop)
+            outcome = self.trainer.train(spec, recorder, should_stop=self._past_grace)
+            if job.retrain and outcome.status == TrialStatus.COMPLETED and recorder.accuracies \
+                    and not self._should_stop():
+                outcome = self._retrain(spec, outcome, recorder, job.kernel_size)
         except TrainerError as exc:
             # The replica gives up; the trial it held ends with it, not left running.
             self.store.finish_trial(trial_id, TrialStatus.FAILED, self.clock(), reason=str(exc))
@@ -395,6 +446,40 @@ class Replica:
             raise
         recorder.trial(outcome)
         self._conclude_trial(spec, job, outcome, recorder.accuracies, upcoming)
+
+    def _retrain(self, spec: TrialSpec, first: TrialOutcome, recorder: TrialRecorder,
+                 kernel: int) -> TrialOutcome:
+        """The paper's HPO after NAS: the architecture, trained at its parent's batch size,
+        trains again from the same weights at the batch size TPE suggests, its epochs
+        numbered on. The trial's outcome is the better training's; both are recorded."""
+        best_first = max(recorder.accuracies)
+        self.hpo.observe(spec.batch_size, best_first)
+        s = self.hpo.ask(kernel=kernel)
+        again = replace(spec, batch_size=s.batch_size, first_epoch=len(recorder.accuracies),
+                        save_above=best_first)
+        log.info("trial %s: training again at batch %d (TPE trial %d)", spec.trial_id,
+                 s.batch_size, s.number)
+        try:
+            second = self.trainer.train(again, recorder, should_stop=self._past_grace)
+        except TrainerError:
+            self.hpo.tell(s.number, None)
+            raise
+        reached = recorder.accuracies[again.first_epoch:]
+        best_second = max(reached) if reached else None
+        self.hpo.tell(s.number, best_second if second.status == TrialStatus.COMPLETED else None)
+        better = best_second is not None and best_second > best_first
+        first.extra["trainings"] = [
+            {"batch_size": spec.batch_size, "epochs": first.epochs, "best_accuracy": best_first,
+             "early_stopped": first.early_stopped, "status": str(first.status)},
+            {"batch_size": s.batch_size, "tpe_trial": s.number, "epochs": second.epochs,
+             "best_accuracy": best_second, "early_stopped": second.early_stopped,
+             "status": str(second.status), "reason": second.reason}]
+        first.extra["hpo_batch"] = s.batch_size if better else spec.batch_size
+        first.epochs += second.epochs
+        if better:
+            first.best_accuracy, first.best_epoch = second.best_accuracy, second.best_epoch
+            first.weights = second.weights or first.weights
+        return first
 
     def _prepare_trial(self, trial_id: int, job: Job) -> TrialSpec:
         """The trial's folder with its graph, and the spec it trains by (inheriting its
@@ -415,34 +500,21 @@ class Replica:
             patience=cfg.train.patience(job.round),
             seed=mix_seed(cfg.run.seed, trial_id), parent_graph=parent_graph,
             parent_weights=parent_weights, weights_out=str(folder / "weights.safetensors"),
-            round=job.round, horizon_epochs=cfg.train.max_epochs)
+            round=job.round, horizon_epochs=cfg.train.max_epochs,
+            finish_by=self.segment.deadline_at)
 
     def _conclude_trial(self, spec: TrialSpec, job: Job, outcome: TrialOutcome,
                         accuracies: list[float], upcoming: Future[Job]) -> None:
         """Record how the trial ended, tell the HPO study, and give up on a failure that
         repeats."""
-        cfg = self.config
         trial_id = int(spec.trial_id)
-        predicted = None
-        if job.round < cfg.search.hpo_start_round and accuracies:
-            predicted = predict_final(accuracies, cfg.train.max_epochs)
-        status = TrialStatus.of_outcome(outcome.status)
-        # A trial cut short (deadline, crash) still has the epochs it reported, and the
-        # weights saved at the best of them.
-        best = max(accuracies) if accuracies else None
-        saved = spec.weights_out
-        weights = saved if accuracies and saved and Path(saved).exists() else None
-        if weights is not None:
+        ending = conclusion(outcome, accuracies, spec.weights_out, job.round, self.config)
+        if ending["weights_path"] is not None:
             # Children inherit these weights by the path recorded below: it must not name a
             # file a later disk error leaves empty.
-            make_durable(weights)
-        extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
-                 "batch_size": outcome.batch_size,
-                 "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,
-                 **outcome.extra}
-        self.store.finish_trial(trial_id, status, self.clock(), reason=outcome.reason,
-                                best_accuracy=best, predicted_accuracy=predicted,
-                                weights_path=weights, extra=extra)
+            make_durable(ending["weights_path"])
+        status, best = ending["status"], ending["best_accuracy"]
+        self.store.finish_trial(trial_id, now=self.clock(), **ending)
         log.info("trial %d %s: best %s%s", trial_id, status,
                  "-" if best is None else f"{best:.4f}",
                  f" ({outcome.reason})" if outcome.reason else "")

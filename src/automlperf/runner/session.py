@@ -24,6 +24,7 @@ from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner.launch import Launcher, wait_all
+from automlperf.runner.recovery import Recovered, recover
 from automlperf.search.hpo import prepare_storage
 from automlperf.store import Store, TrialStatus, open_store, redact
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
@@ -47,6 +48,8 @@ class Session:
     deadline_at: float
     elapsed_before: float
     startup: dict[str, Any] = field(default_factory=dict)  # what came before the clock
+    # What the store took back from the trial logs when the run was resumed.
+    recovered: Recovered = field(default_factory=Recovered)
 
     @property
     def path(self) -> Path:
@@ -74,12 +77,16 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
     if process_start is not None:
         startup["before_clock_s"] = round(now - process_start, 3)
     if limit is not None and config is not None and not resume:
-        _check_fits(config.run.duration_s, now, limit, startup)
+        # The job must also hold the grace in which epochs in flight at the deadline finish.
+        _check_fits(config.run.duration_s + config.deadline_grace(), now, limit, startup)
     if resume:
         meta = rd.meta()
         run_id = int(meta["run_id"])
         store = open_store(rd.store_url(store_url), run_dir=run_dir)
         config = Config.load(rd.config)
+        # What the logs kept and the store lost goes back first: the epochs, and the
+        # outcome of a trial that ended while the store could not hear of it.
+        recovered = recover(store, rd, run_id, config)
         # Trials that were running when the run stopped are over; their epochs stay.
         store.expire_leases(run_id, math.inf)
         segments = store.segments(run_id)
@@ -100,16 +107,19 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                                   config.run.duration_s, now)
         rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
         elapsed = 0.0
+        recovered = Recovered()
     prepare_storage(store.url)
     remaining = max(0.0, config.run.duration_s - elapsed)
     if limit is not None and resume:
         try:
-            _check_fits(remaining, now, limit, startup)
+            ruleset = rules.get(store.run(run_id)["system"].get("ruleset"))
+            _check_fits(remaining + config.deadline_grace(ruleset), now, limit, startup)
         except BaseException:
             store.close()
             raise
     segment = store.start_segment(run_id, now, now + remaining)
-    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed, startup)
+    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed, startup,
+                   recovered)
 
 
 def _origin_or_nothing(config: Config, run_dir: Path) -> dict[str, Any]:
@@ -296,17 +306,58 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
             live.stop()
 
 
+def replicas_working(store: Store, run_id: int, segment: int, now: float, lease_s: float) -> int:
+    """Replicas of the session still at work: recorded as running, and heard from within a
+    lease (one that died without a word is not waited for)."""
+    return sum(1 for rep in store.replicas(run_id) if rep.segment == segment
+               and rep.status == TrialStatus.RUNNING and now - rep.last_heartbeat < lease_s)
+
+
+def drain(session: Session, console: Console, clock: Any = time.time,
+          sleep: Any = time.sleep) -> None:
+    """After the deadline, while the replicas finish their epochs in flight (inside the
+    run's grace) and stop: keep the session alive for them, until none is at work or the
+    grace and the stop's own allowance are over. Ctrl-C ends the wait."""
+    s = session
+    ruleset = rules.get(s.store.run(s.run_id)["system"].get("ruleset"))
+    grace = s.config.deadline_grace(ruleset)
+    until = s.deadline_at + grace + s.config.run.stop_grace_s
+    told = False
+    try:
+        while True:
+            now = clock()
+            s.store.touch_segment(s.run_id, s.segment, now)
+            working = replicas_working(s.store, s.run_id, s.segment, now,
+                                       s.config.run.lease_timeout_s)
+            if not working or now >= until:
+                return
+            if grace and not told:
+                console.print(f"deadline reached: {working} replica(s) finishing the epoch in "
+                              f"flight (grace {grace:.0f} s)", highlight=False)
+                told = True
+            sleep(min(1.0, max(0.0, until - now)))
+    except KeyboardInterrupt:
+        return
+
+
 def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
            system: dict[str, Any]) -> dict[str, Any]:
     """Stop the replicas, close the session and write result.json."""
     s = session
     s.store.touch_segment(s.run_id, s.segment, time.time())
     if watch.completed:
-        # At the deadline replicas stop by themselves, recording cut-short trials as stopped.
+        # At the deadline replicas stop by themselves (after the epoch in flight, inside
+        # the grace), recording cut-short trials as stopped.
+        drain(s, console)
         wait_all(launcher.procs, s.config.run.stop_grace_s)
     launcher.stop(s.config.run.stop_grace_s)
     end = min(time.time(), s.deadline_at)
     s.store.end_segment(s.run_id, s.segment, end)
+    # A replica killed between its log and the store, or cut off by the store, left its log
+    # ahead: the store takes what the logs kept before anything is counted.
+    recovered = recover(s.store, s.dir, s.run_id, s.config)
+    if recovered:
+        console.print(recovered.describe(), highlight=False)
     # Anything a killed replica left running is over; its completed epochs count.
     s.store.expire_leases(s.run_id, math.inf)
     result = build_result(s.store, s.run_id, s.config, system,

@@ -282,6 +282,9 @@ class ScriptOptions:
     run_dir: Path
     nodes: int
     duration_s: float
+    # The deadline's grace for epochs in flight (config run.deadline_grace_s); None: its
+    # default, a quarter of the duration.
+    grace_s: float | None = None
     gpus_per_node: int = 0
     cpus_per_task: int | None = None
     store_url: str | None = None
@@ -357,14 +360,18 @@ def write_job(opts: ScriptOptions) -> Written:
                 password_file.write_text(password + "\n")
             finally:
                 os.umask(old)
-    limit, lead = margins(opts.duration_s)
+    # The job outlives the deadline by the grace the epochs in flight have to finish.
+    grace = opts.duration_s / 4 if opts.grace_s is None else opts.grace_s
+    limit, lead = margins(opts.duration_s + grace)
     if opts.time_limit_s is not None:
-        if opts.time_limit_s < opts.duration_s + 120:
+        if opts.time_limit_s < opts.duration_s + grace + 120:
             raise SlurmError(f"--time-limit {format_time(opts.time_limit_s)} leaves no room to "
-                             f"stop and write the result after a {opts.duration_s:.0f} s run: "
-                             "give at least 2 minutes more than --duration")
+                             f"finish the epochs in flight ({grace:.0f} s of grace), stop and "
+                             f"write the result after a {opts.duration_s:.0f} s run: give at "
+                             "least the grace and 2 minutes more than --duration (or lower "
+                             "[run] deadline_grace_s)")
         limit = opts.time_limit_s
-        lead = int(max(30, min(lead, limit - opts.duration_s - 60)))
+        lead = int(max(30, min(lead, limit - opts.duration_s - grace - 60)))
     if opts.container is not None:
         opts.container.save(run_dir)
     run_args = [f"--duration {int(opts.duration_s)}s"]
@@ -441,7 +448,15 @@ def resubmission(run_dir: Path) -> tuple[float, float]:
             duration = float(store.run(run_id)["duration_s"])
             done = sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
         left = max(0.0, duration - done)
-    return STARTUP_S + left + lead + 60, left
+    return STARTUP_S + left + _grace(run_dir) + lead + 60, left
+
+
+def _grace(run_dir: Path) -> float:
+    """The grace the submitted run gives epochs in flight at its deadline."""
+    from automlperf.config import Config
+
+    submitted = run_dir / "submitted-config.toml"
+    return Config.load(submitted).deadline_grace() if submitted.exists() else 0.0
 
 
 def submit(script: Path, test_only: bool = False, options: list[str] | None = None) -> str:

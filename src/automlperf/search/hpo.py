@@ -65,12 +65,29 @@ class HyperSearch:
         self.kernel_sizes = list(kernel_sizes)
         self.multiple = multiple
 
-    def ask(self) -> Suggestion:
+    def ask(self, kernel: int | None = None) -> Suggestion:
+        """A suggestion; with ``kernel``, the batch size alone is searched (an architecture
+        already generated has its kernel sizes)."""
         trial = self.study.ask()
         raw = trial.suggest_int("batch_size", self.lo, self.hi, log=True)
         batch = max(self.multiple, round(raw / self.multiple) * self.multiple)
-        kernel = trial.suggest_categorical("kernel_size", self.kernel_sizes)
-        return Suggestion(trial.number, batch, int(kernel))
+        if kernel is None:
+            kernel = int(trial.suggest_categorical("kernel_size", self.kernel_sizes))
+        return Suggestion(trial.number, batch, kernel)
+
+    def observe(self, batch_size: int, accuracy: float) -> None:
+        """Tell the study of a training it did not suggest (a child trained at its parent's
+        batch size), so that its model of the batch size learns from it too."""
+        import optuna
+
+        if not math.isfinite(accuracy):
+            return
+        batch = min(self.hi, max(self.lo, batch_size))
+        self.study.add_trial(optuna.trial.create_trial(
+            params={"batch_size": batch},
+            distributions={"batch_size": optuna.distributions.IntDistribution(
+                self.lo, self.hi, log=True)},
+            value=accuracy))
 
     def tell(self, number: int, accuracy: float | None) -> None:
         """Report the measured accuracy (None: the trial failed)."""

@@ -45,6 +45,10 @@ def _number(value: Any) -> Any:
 BACKOFF_MAX_S = 5.0
 
 
+# Why a trial whose replica stopped heart-beating was ended by another process.
+LEASE_EXPIRED = "replica stopped heart-beating; completed epochs are kept"
+
+
 class StoreError(UserError, RuntimeError):
     """The store cannot do what was asked; the message says why."""
 

@@ -25,7 +25,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.events import TrialStatus
 from automlperf.store import connections
-from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, EpochRecord, ReplicaRecord,
+from automlperf.store.base import (BACKOFF_MAX_S, LEASE_EXPIRED, SCHEMA_VERSION, EpochRecord,
+                                   ReplicaRecord,
                                    SampleFigures, SchemaMismatch, SegmentRecord, Store,
                                    StoreError, TrialRecord, TrialSummary, TrialTally,
                                    sample_figures)
@@ -116,7 +117,8 @@ T_EPOCHS = sa.Table(
     # Added after schema version 2 without changing it: older stores get it when opened.
     sa.Column("compiled", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("decode_path", sa.Text, nullable=False, server_default=""),
-    sa.Column("cpu_decoded", sa.BigInteger, nullable=False, server_default="0"))
+    sa.Column("cpu_decoded", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("val_loss", sa.Float))
 T_SAMPLES = sa.Table(
     "amp_samples", meta,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -326,7 +328,8 @@ class SQLStore(Store):
                                          ("device_share", "FLOAT"),
                                          ("compiled", "BOOLEAN NOT NULL DEFAULT FALSE"),
                                          ("decode_path", "TEXT NOT NULL DEFAULT ''"),
-                                         ("cpu_decoded", "BIGINT NOT NULL DEFAULT 0")))
+                                         ("cpu_decoded", "BIGINT NOT NULL DEFAULT 0"),
+                                         ("val_loss", "DOUBLE PRECISION")))
 
     def _add_columns(self, table: str, columns: tuple[tuple[str, str], ...]) -> None:
         """Columns added after a store was made: its existing rows get their default."""
@@ -501,7 +504,7 @@ class SQLStore(Store):
                     (T_TRIALS.c.id == trial_id) & (T_TRIALS.c.status == RUNNING)
                     & (T_TRIALS.c.lease_until < now)).values(
                     status=TrialStatus.FAILED.value, finished_at=now, lease_until=None,
-                    reason="replica stopped heart-beating; completed epochs are kept"))
+                    reason=LEASE_EXPIRED))
                 if result.rowcount:
                     expired.append(trial_id)
         return expired

@@ -32,19 +32,34 @@ def precision_context(precision: str, device: torch.device) -> Any:
 
 
 @torch.inference_mode()  # not no_grad: no autograd bookkeeping at all (versions, views)
-def count_correct(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-                  autocast: Any, memory_format: torch.memory_format) -> tuple[int, int]:
-    """(correctly classified, images) of ``batches``, the module in evaluation mode."""
+def evaluate(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+             autocast: Any, memory_format: torch.memory_format,
+             loss_fn: nn.Module | None = None) -> tuple[int, int, float]:
+    """(correctly classified, images, summed loss) of ``batches``, the module in evaluation
+    mode; the loss is 0 without a ``loss_fn`` (a mean over its batch, weighted back here)."""
     module.eval()
     correct: torch.Tensor | None = None
+    loss_sum: torch.Tensor | None = None
     seen = 0
     for x, y in batches:
         with autocast:
             logits = module(x.contiguous(memory_format=memory_format))
         hits = (logits.argmax(1) == y).sum()
         correct = hits if correct is None else correct + hits
+        if loss_fn is not None:
+            # One host sync per validation, not per batch: summed on the device.
+            loss = loss_fn(logits.float(), y).double() * len(y)
+            loss_sum = loss if loss_sum is None else loss_sum + loss
         seen += len(y)
-    return (0 if correct is None else int(correct)), seen
+    return ((0 if correct is None else int(correct)), seen,
+            0.0 if loss_sum is None else float(loss_sum))
+
+
+def count_correct(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                  autocast: Any, memory_format: torch.memory_format) -> tuple[int, int]:
+    """(correctly classified, images) of ``batches``, the module in evaluation mode."""
+    correct, seen, _ = evaluate(module, batches, autocast, memory_format)
+    return correct, seen
 
 
 def load_weights(graph: Graph, path: Path) -> nn.Module:

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from automlperf.events import EpochEvent, EventSink, FailureKind, TrialOutcome, TrialStatus
+from automlperf.train.oomkill import OomWatch
 from automlperf.train.rank import rank_main, send
 from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
 
@@ -48,9 +49,10 @@ def leaves_state_broken(outcome: dict[str, Any], device_type: str, world: int) -
     rank mid-step); on an accelerator, an error may be sticky (a CUDA error poisons the
     context). A non-finite loss is seen by all ranks alike after an all-reduce, and a data
     mismatch is found before any collective."""
-    if outcome.get("status") == TrialStatus.COMPLETED:
-        return False
     kind = outcome.get("extra", {}).get("failure")
+    if outcome.get("status") == TrialStatus.COMPLETED or (
+            outcome.get("status") == TrialStatus.STOPPED and kind is None):
+        return False  # completed, or stopped by every rank at an epoch's start (the deadline)
     if kind in (FailureKind.NAN, FailureKind.DATA):
         return False
     if kind == FailureKind.OOM:
@@ -63,6 +65,7 @@ class _Rank:
     process: Any
     conn: Connection
     done: dict[str, Any] | None = None
+    oom: OomWatch | None = None  # its memory cgroup's kill count, to tell an OOM kill
 
 
 SCRATCH_PREFIX = "automlperf-pool-"
@@ -195,7 +198,7 @@ class DevicePool:
                                      self.data.__dict__, child, os.getpid()))
             proc.start()
             child.close()
-            self._ranks.append(_Rank(proc, parent))
+            self._ranks.append(_Rank(proc, parent, oom=OomWatch.of(proc.pid or 0)))
         deadline = time.monotonic() + self.start_timeout_s
         ready = 0
         while ready < self.world:
@@ -249,12 +252,36 @@ class DevicePool:
             return TrialOutcome(spec.trial_id, TrialStatus.STOPPED, "deadline reached",
                                 batch_size=spec.batch_size)
 
+        def died(idx: int, code: int | None, oom: str | None) -> TrialOutcome:
+            # A rank the kernel killed for memory is out of memory like one whose allocation
+            # failed, with the same fix; any other death is a crash.
+            if oom is not None:
+                return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
+                                    f"oom: training process {idx} ({self.devices[idx]}) was "
+                                    f"killed by signal 9: {oom}", epochs=reported,
+                                    batch_size=spec.batch_size,
+                                    extra={"failure": FailureKind.OOM, "oom_kill": True})
+            return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
+                                f"crash: training process {idx} exited with code {code}",
+                                epochs=reported, batch_size=spec.batch_size,
+                                extra={"failure": FailureKind.CRASH})
+
         if not self._ranks:
             if should_stop is not None and should_stop():
                 return stopped()
             raise PoolError(f"the training processes are not running: {self.start_error}")
+        reported = 0  # epochs rank 0 reported in this trial
+
+        def counted(kind: str, msg: dict[str, Any]) -> None:
+            nonlocal reported
+            reported += kind == "epoch"
+            if on_message is not None:
+                on_message(kind, msg)
+
         for rank in self._ranks:
             rank.done = None
+            if rank.oom is not None:
+                rank.oom.arm()
             send(rank.conn, "trial", {"spec": spec.to_dict()})
         failed_at: float | None = None
         while True:
@@ -265,10 +292,10 @@ class DevicePool:
             for ready in wait(waitables, timeout=0.2):
                 for idx, rank in enumerate(self._ranks):
                     if ready is rank.conn:
-                        self._receive(idx, rank, on_message)
+                        self._receive(idx, rank, counted)
                     elif ready is rank.process.sentinel and rank.done is None:
                         # Drain what it said before dying.
-                        while rank.conn.poll() and self._receive(idx, rank, on_message):
+                        while rank.conn.poll() and self._receive(idx, rank, counted):
                             pass
                         if rank.done is None:
                             # The sentinel closes as the process dies, a moment before
@@ -277,11 +304,9 @@ class DevicePool:
                             code = rank.process.exitcode
                             if should_stop is not None and should_stop():
                                 return stopped()
+                            oom = rank.oom.killed(code) if rank.oom is not None else None
                             self._restart(should_stop=should_stop)
-                            return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
-                                                f"crash: training process {idx} exited with "
-                                                f"code {code}", batch_size=spec.batch_size,
-                                                extra={"failure": FailureKind.CRASH})
+                            return died(idx, code, oom)
             outcomes = [r.done for r in self._ranks]
             finished = [o for o in outcomes if o is not None]
             if len(finished) == len(outcomes):

@@ -14,6 +14,7 @@ from typing import Any
 
 from automlperf import hardware
 from automlperf.procutil import die_with_parent
+from automlperf.train.oomkill import volunteer_for_oom_kill
 from automlperf.train.rankenv import keep_host_memory, rank_threads, set_rank_environment
 from automlperf.train.spec import TrialSpec
 
@@ -43,6 +44,7 @@ def send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
 def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
                data: dict[str, Any], conn: Connection, parent_pid: int) -> None:
     die_with_parent(parent_pid)
+    volunteer_for_oom_kill()
     # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
     # (a batch system signals every process of the step). Their data-loading workers inherit
     # this, so a signal does not tear the pipeline down under a trial the parent is about to

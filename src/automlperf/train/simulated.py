@@ -28,7 +28,7 @@ from automlperf.config import Config, DataConfig, SimulationConfig
 from automlperf.events import EpochEvent, EventSink, FailureKind, TrialOutcome, TrialStatus
 from automlperf.graph import Graph, GraphError, seeds
 from automlperf.ops import count, epoch_ops
-from automlperf.train.spec import TrialSpec, plan_steps
+from automlperf.train.spec import EarlyStopping, TrialSpec, plan_steps
 
 DEVICE_TYPE = "sim"
 
@@ -248,7 +248,8 @@ class SimulatedTrainer:
         outcome.batch_size = plan.batch_size
         final = self.curves.final_accuracy(graph, plan.batch_size // self.world, spec.seed)
         horizon = spec.horizon_epochs or spec.epochs
-        best, stale = -1.0, 0
+        best = spec.save_above
+        stopper = EarlyStopping(spec.early_stop_metric, spec.patience, spec.early_stop_min_delta)
         # Epoch ends are scheduled from the trial's start, not from the end of the previous
         # wait: a real device goes on training while its host records an epoch, so the time
         # the sink takes must not stall the simulated one (only a sink slower than an epoch
@@ -257,25 +258,29 @@ class SimulatedTrainer:
         for epoch in range(spec.epochs):
             started = began + epoch * plan.seconds
             ended = began + (epoch + 1) * plan.seconds
+            if spec.finish_by is not None and started >= spec.finish_by:
+                outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
+                return outcome
             if self._wait_until(ended, should_stop):
                 outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
                 return outcome
             accuracy = self.curves.accuracy(final, epoch, horizon, spec.seed)
             train_seconds = plan.seconds * plan.train_ops / plan.ops
+            # The modelled curve has no loss of its own: the cross-entropy of its accuracy.
+            loss = -math.log(max(accuracy, self.curves.chance))
             sink.epoch(EpochEvent(
-                trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=ended,
+                trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=started,
+                ended_at=ended,
                 train_images=plan.train_images, val_images=plan.val_images, steps=plan.steps,
-                ops=plan.ops, train_loss=-math.log(max(accuracy, self.curves.chance)),
+                ops=plan.ops, train_loss=loss, val_loss=loss,
                 val_accuracy=accuracy, precision=precision, batch_size=plan.batch_size,
                 world_size=self.world, data_share=0.0, device_share=1.0,
                 images_per_s=plan.train_images / max(train_seconds, 1e-12)))
             outcome.epochs = epoch + 1
             if accuracy > best:
-                best, stale = accuracy, 0
-                outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
-            else:
-                stale += 1
-            if stale >= spec.patience:
+                best = accuracy
+                outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
+            if stopper.update(loss, accuracy):
                 outcome.early_stopped = True
                 break
         outcome.status = TrialStatus.COMPLETED

@@ -49,6 +49,15 @@ class TrialSpec:
     round: int = 0
     # Epochs the learning rate decays to 0 over (a warm-up round trains fewer); default epochs.
     horizon_epochs: int | None = None
+    early_stop_metric: str = _TRAIN.early_stop_metric
+    early_stop_min_delta: float = _TRAIN.early_stop_min_delta
+    # Wall-clock time (time.time()) from which no epoch starts: the run's deadline. The
+    # epoch in flight then finishes (the replica stops it only once the grace is over).
+    finish_by: float | None = None
+    # A second training of the same trial (the paper's HPO order): its epochs are numbered
+    # on from this one, and its weights are kept only where they beat this accuracy.
+    first_epoch: int = 0
+    save_above: float = -1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +75,37 @@ class TrialSpec:
                    precision=train.precision, channels_last=train.channels_last,
                    compile=train.compile, init=seed_init,
                    compile_figures=(train.compile_figures.model_dump()
-                                    if train.compile_figures else None), **fields)
+                                    if train.compile_figures else None),
+                   early_stop_metric=train.early_stop_metric,
+                   early_stop_min_delta=train.early_stop_min_delta, **fields)
+
+
+class EarlyStopping:
+    """Stop a trial after ``patience`` epochs in a row that did not improve the watched
+    figure by more than ``min_delta``: the validation loss (lower is better; the paper stops
+    "once the validation loss flats", its reference with Keras' ``EarlyStopping(min_delta=
+    0.001)``) or the validation accuracy (higher is better)."""
+
+    def __init__(self, metric: str, patience: int, min_delta: float = 0.0) -> None:
+        if metric not in ("val_loss", "val_accuracy"):
+            raise ValueError(f"early stopping watches val_loss or val_accuracy, not {metric!r}")
+        self.metric, self.patience, self.min_delta = metric, patience, min_delta
+        self.best: float | None = None
+        self.stale = 0
+
+    def update(self, val_loss: float | None, val_accuracy: float) -> bool:
+        """Account for one epoch; True when the trial should stop after it."""
+        if self.metric == "val_loss":
+            value = math.inf if val_loss is None or not math.isfinite(val_loss) else val_loss
+            improved = self.best is None or value < self.best - self.min_delta
+        else:
+            value = val_accuracy
+            improved = self.best is None or value > self.best + self.min_delta
+        if improved:
+            self.best, self.stale = value, 0
+        else:
+            self.stale += 1
+        return self.stale >= self.patience
 
 
 @dataclass

@@ -28,9 +28,9 @@ from automlperf.train.builder import build_module
 from automlperf.train.compilecache import cached_figures, key_for
 from automlperf.train.compiling import CompileDecision, CompileFigures, compile_module, decide_compile
 from automlperf.train.data import DataError, Dataset, plan_steps
-from automlperf.train.evaluate import count_correct, precision_context
+from automlperf.train.evaluate import evaluate, precision_context
 from automlperf.train.inherit import inherit
-from automlperf.train.spec import TrialSpec
+from automlperf.train.spec import EarlyStopping, TrialSpec
 
 ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
 # Where linear scaling of the learning rate with the global batch stops: beyond it SGD on
@@ -364,12 +364,13 @@ class _Run:
             self.optimizer.step()
             self.schedule.step()
 
-    def validate(self) -> tuple[int, int]:
-        """(correct, images) of this rank's validation shard."""
+    def validate(self) -> tuple[int, int, float]:
+        """(correct, images, summed loss) of this rank's validation shard; the loss is the
+        training loss's (label smoothing included), as Keras' ``val_loss`` is."""
         self.average_buffers()
-        return count_correct(self.module, self.data.batches(
+        return evaluate(self.module, self.data.batches(
             "val", self.ctx.rank, self.ctx.world, self.per_rank, 0, self.spec.seed, self.device),
-            self.autocast, self.memory_format)
+            self.autocast, self.memory_format, self.loss_fn)
 
     def average_buffers(self) -> None:
         """Every rank validates (and rank 0 saves) with the BatchNorm statistics averaged
@@ -459,9 +460,17 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
     run = _Run(spec, ctx, graph)
     outcome.precision, outcome.batch_size = run.precision, run.batch
     outcome.extra["compile_decision"] = run.decision.to_dict()
-    best, stale = -1.0, 0
+    best = spec.save_above
+    stopper = EarlyStopping(spec.early_stop_metric, spec.patience, spec.early_stop_min_delta)
     for epoch in range(spec.epochs):
         started = time.time()
+        if spec.finish_by is not None:
+            # Every rank must agree, or one would wait for the others in a collective.
+            (late,) = _reduce([float(started >= spec.finish_by)], ctx,
+                              dist.ReduceOp.MAX if ctx.distributed else None)
+            if late:
+                outcome.status, outcome.reason = TrialStatus.STOPPED, "deadline reached"
+                return
         skipped_before, data.unreadable = data.skipped, ""
         cpu_before = data.cpu_decoded
         local_loss, local_images, local_steps, local_wait, local_device, seconds = \
@@ -471,12 +480,12 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         train_example, data.unreadable = data.unreadable, ""
         if epoch == spec.epochs - 1:
             data.expect_next(None)  # the trial's last pass: nothing to decode after it
-        local_correct, local_seen = run.validate()
+        local_correct, local_seen, local_val_loss = run.validate()
         local_val_skipped = data.skipped - skipped_before - local_skipped
-        loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait, on_device, cpu = \
-            _reduce([local_loss, local_images, local_correct, local_seen, local_skipped,
-                     local_val_skipped, local_wait, local_device, data.cpu_decoded - cpu_before],
-                    ctx)
+        (loss_sum, n_images, n_correct, n_seen, n_skipped, n_val_skipped, wait, on_device, cpu,
+         val_loss_sum) = _reduce([local_loss, local_images, local_correct, local_seen,
+                                  local_skipped, local_val_skipped, local_wait, local_device,
+                                  data.cpu_decoded - cpu_before, local_val_loss], ctx)
         # One optimiser update per global step: the rank that stepped most counts them.
         (n_steps,) = _reduce([local_steps], ctx, dist.ReduceOp.MAX if ctx.distributed else None)
         images, seen, steps, correct = int(n_images), int(n_seen), int(n_steps), int(n_correct)
@@ -489,8 +498,10 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
         accuracy = correct / seen if seen else 0.0
         if run.compiled and epoch == 0:
             run.compiled = _note_compilation(run, outcome)
+        val_loss = val_loss_sum / seen if seen else None
         event = EpochEvent(
-            trial_id=spec.trial_id, epoch=epoch, started_at=started, ended_at=time.time(),
+            trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=started,
+            ended_at=time.time(),
             train_images=images, val_images=seen, steps=steps,
             ops=epoch_ops(run.ops, images, steps, seen),
             train_loss=loss_sum / max(1, images), val_accuracy=accuracy,
@@ -499,18 +510,18 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             device_share=min(1.0, on_device / ctx.world / max(seconds, 1e-9)),
             images_per_s=images / max(seconds, 1e-9), skipped_images=skipped,
             val_skipped=val_skipped, compiled=run.compiled, decode_path=data.decode_path,
-            cpu_decoded=int(cpu))
+            cpu_decoded=int(cpu), val_loss=val_loss)
         outcome.epochs = epoch + 1
+        # The weights kept are those of the best accuracy, whatever early stopping watches:
+        # the accuracy is what the trial reports and what `check --revalidate` re-measures.
         if accuracy > best:
-            best, stale = accuracy, 0
-            outcome.best_accuracy, outcome.best_epoch = accuracy, epoch
+            best = accuracy
+            outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
             if ctx.rank == 0 and spec.weights_out:
                 save_weights(run.module, spec.weights_out)
                 outcome.weights = spec.weights_out
-        else:
-            stale += 1
         emit("epoch", event.to_dict())
-        if stale >= spec.patience:
+        if stopper.update(val_loss, accuracy):
             outcome.early_stopped = True
             break
     outcome.status = TrialStatus.COMPLETED
