@@ -62,6 +62,21 @@ def _dali_installed() -> bool:
     return dali_available()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """The session's own XDG cache, before any session fixture starts a run: compilation
+    figures a doctor kept on this machine decide no test's trials."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Each test its own XDG cache, so figures one test keeps decide no other's trials."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory):
     """A private PostgreSQL server for the whole session (installed by

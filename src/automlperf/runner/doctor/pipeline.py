@@ -53,8 +53,8 @@ def verdict(alone: float, need: float | None, share: float,
             accelerated: bool = True) -> tuple[str, str]:
     """(status, advice) from the loader's rate alone against what training consumes (per
     rank) and the data share measured beside training."""
-    more = ("give each device more cores (data.workers) or decode on the GPU "
-            "(data.gpu_decode, the nvjpeg extra)" if accelerated else
+    more = ("give each device more cores (data.workers), or try data.gpu_decode = true "
+            "(the nvjpeg extra) after bench/bench_gpu_decode.py shows it faster here" if accelerated else
             "decoding and training share this node's cores: more cores, or smaller files")
     if need and alone < HEADROOM_FAIL * need:
         return "fail", f"the loader alone cannot feed training (the data side limits): {more}"
