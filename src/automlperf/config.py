@@ -185,9 +185,9 @@ class TrainConfig(_Section):
     # EarlyStopping(min_delta=0.001)): on the built-in task it stopped no trial early, as
     # accuracy with strict improvement did not (bench/RESULTS.md).
     early_stop_metric: Literal["val_loss", "val_accuracy"] = Field(
-        "val_loss", description="What early stopping watches: a trial stops after "
+        "val_loss", description="fixed: val_loss (aiperf-2021.2). What early stopping watches: a trial stops after "
         "`patience` epochs in a row without improving it by more than early_stop_min_delta.")
-    early_stop_min_delta: float = Field(0.001, ge=0, description="The least change of the "
+    early_stop_min_delta: float = Field(0.001, ge=0, description="fixed: 0.001. The least change of the "
                                         "watched figure that counts as an improvement.")
     precision: Precision = Field("auto", description="auto: bf16 autocast on GPUs that have "
                                  "it, fp16 on others, fp32 on CPU. Nothing below 16-bit.")
@@ -256,8 +256,9 @@ class SearchConfig(_Section):
                                         "every round (a baseline).")
     hpo_start_round: int = Field(3, ge=0, description="fixed: 3 (the fourth round).")
     hpo_order: Literal["with_nas", "after_nas"] = Field(
-        "with_nas", description="with_nas: from hpo_start_round TPE draws the batch size "
-        "and the kernel size of deepen blocks with each architecture, which trains once. "
+        "with_nas", description="fixed: with_nas (aiperf-2021.2). with_nas: from "
+        "hpo_start_round TPE draws the batch size and the kernel size of deepen blocks with "
+        "each architecture, which trains once. "
         "after_nas: the paper's order: each architecture is generated (3x3 deepen blocks), "
         "trained with its parent's batch size, then trained again from the same weights with "
         "TPE's; the better training counts and its batch size goes to its children.")
