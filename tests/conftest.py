@@ -3,6 +3,9 @@
 import functools
 import itertools
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -62,19 +65,38 @@ def _dali_installed() -> bool:
     return dali_available()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """The session's own XDG cache, before any session fixture starts a run: compilation
+    figures a doctor kept on this machine decide no test's trials."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Each test its own XDG cache, so figures one test keeps decide no other's trials."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory):
+def pg_server():
     """A private PostgreSQL server for the whole session (installed by
     scripts/setup-system.sh; its absence is a failure, not a skip)."""
     from automlperf.store.pgserver import PostgresError, PostgresServer
 
+    # Outside pytest's own temporary folder: a second pytest session on the machine resets
+    # that folder's parent to mode 700, which would lock the server's user out of its data.
+    directory = Path(tempfile.mkdtemp(prefix="amp-pg-test-"))
     try:
-        server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+        server = PostgresServer(directory)
         server.start()
     except PostgresError as exc:
         pytest.fail(f"{exc} (run scripts/setup-system.sh)")
     yield server
     server.stop()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

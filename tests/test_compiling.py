@@ -1,6 +1,10 @@
-"""Compilation where it pays: the rule on given figures, where a rank's figures come from,
-the measurement itself (CPU Inductor), and that a compiled trial counts the same operations
+"""Compilation where it pays: the rule on given figures, where a rank's figures come from
+(given, or kept by the doctor on this node; never measured in the run), the measurement
+itself (CPU Inductor), and that a compiled trial counts the same operations
 and records per epoch that it ran compiled."""
+
+import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,7 +12,9 @@ import torch
 from automlperf.config import load_config
 from automlperf.train import data as datasets
 from automlperf.train import trainer
-from automlperf.train.compiling import MARGIN, CompileFigures, decide_compile, measure_compile
+from automlperf.train import compilecache, compiling
+from automlperf.train.compiling import (MARGIN, NO_FIGURES, CompileFigures, decide_compile,
+                                        measure_compile)
 from automlperf.train.spec import TrialSpec
 from automlperf.train.trainer import RankContext, train_on_rank
 from helpers import trial_spec
@@ -42,7 +48,8 @@ def test_the_compilation_cost_grows_with_the_layers_and_settings_win():
     assert decide_compile(True, 1.0, 100, None).compile  # the setting decides
     assert not decide_compile(False, 1e18, 100, FIGURES).compile
     none = decide_compile(None, 1e18, 100, None)
-    assert not none.compile and none.reason == "no measured compilation figures"
+    assert not none.compile and none.reason == NO_FIGURES
+    assert none.reason.startswith("no measured compilation figures: automlperf doctor")
     slower = CompileFigures(30.0, 100, 1e12, 0.9e12)  # compiled steps slower: never
     assert not decide_compile(None, 1e18, 100, slower).compile
 
@@ -60,15 +67,18 @@ def _run(spec, ctx):
     return trainer._Run(spec, ctx, trainer.Graph.from_dict(spec.graph))
 
 
-def test_a_cpu_rank_without_figures_stays_eager_and_measures_nothing(monkeypatch):
+def test_a_rank_without_figures_stays_eager_and_measures_nothing(monkeypatch):
     def no(*args, **kw):
-        raise AssertionError("a CPU rank must not measure compilation by default")
+        raise AssertionError("a rank must not measure compilation inside the run's clock")
 
-    monkeypatch.setattr(trainer, "measure_compile", no)
+    monkeypatch.setattr(compiling, "measure_compile", no)
+    assert not hasattr(trainer, "measure_compile")
     ctx = RankContext(0, 1, CPU, datasets.load("digits"))
     run = _run(trial_spec("t", graph=TINY, epochs=100), ctx)
-    assert not run.compiled and run.decision.reason == "no measured compilation figures"
-    # Given figures decide on a CPU too: 100 epochs of the digits repay a tiny compilation.
+    assert not run.compiled and run.decision.reason == NO_FIGURES
+    assert not compilecache.cache_path().exists()  # nothing measured, nothing kept
+    assert run.decision.to_dict()["figures"] is None
+    # Given figures decide: 100 epochs of the digits repay a tiny compilation.
     cheap = CompileFigures(0.5, len(TINY), 1e9, 2e9).to_dict()
     run = _run(trial_spec("t", graph=TINY, epochs=100, compile=None, compile_figures=cheap), ctx)
     assert run.compiled and run.decision.planned_ops > 0
@@ -77,30 +87,63 @@ def test_a_cpu_rank_without_figures_stays_eager_and_measures_nothing(monkeypatch
     assert not run.compiled
 
 
-def test_an_accelerator_rank_measures_once_and_keeps_the_figures(monkeypatch):
-    calls = []
+def _doctor_node(tmp_path):
+    """A doctor's node on this CPU whose train items measured a cheap compilation of TINY."""
+    from automlperf.runner import doctor
+    from automlperf.runner.doctor.common import DoctorRequest
 
-    def measured(graph, per_rank, device, autocast, memory_format):
-        calls.append(per_rank)
-        return CompileFigures(1.0, len(graph), 1e7, 2e7, "stub")
+    node = doctor.Node(DoctorRequest(tmp_path))
+    node.step_ops = {"train channels_last": 1e9, "train eager": 1e9, "train compiled": 2e9}
+    node.first_overheads = {"train channels_last": 1.0, "train eager": 1.0,
+                            "train compiled": 1.5}
+    return node
 
-    monkeypatch.setattr(trainer, "measures_compile", lambda device: True)
-    monkeypatch.setattr(trainer, "measure_compile", measured)
+
+def test_the_doctors_figures_are_kept_and_decide_the_ranks_on_that_node_alone(tmp_path):
+    from automlperf.runner.doctor import training
+
+    node = _doctor_node(tmp_path)
+    figures = training.compile_figures(node, len(TINY))
+    # The doctor's compiled item trained fp32 at 64 images a rank (the trials' default here).
+    kept = training.keep_figures(node, figures, "fp32", 64)
+    assert kept == str(compilecache.cache_path())
+    assert "kept in " + kept in training.compile_advice(
+        node, figures, training.Shape("resnet50", 224, 1000, True), kept)
     ctx = RankContext(0, 1, CPU, datasets.load("digits"))
-    first = _run(trial_spec("a", graph=TINY, epochs=50, compile=None), ctx)
-    second = _run(trial_spec("b", graph=TINY, epochs=50, compile=None), ctx)
-    assert calls == [64] and first.compiled and second.compiled
-    assert ctx.compile_figures == CompileFigures(1.0, len(TINY), 1e7, 2e7, "stub")
-    assert not _run(trial_spec("c", graph=TINY, epochs=50, compile=False), ctx).compiled
+    run = _run(trial_spec("t", graph=TINY, epochs=100), ctx)
+    assert run.compiled and "repays itself" in run.decision.reason
+    source = run.decision.figures.source
+    assert source == f"automlperf doctor, {node.devices[0]} (cached in {kept})"
+    assert run.decision.to_dict()["figures"]["compile_s"] == figures.compile_s
+    # Another batch takes the nearest kept one, and says so.
+    other = _run(trial_spec("t", graph=TINY, epochs=100, batch_size=32), ctx)
+    assert other.compiled and other.decision.figures.source.endswith(", at batch 64)")
+    # Figures of another precision, layout, device or torch never decide.
+    key = compilecache.key_for(CPU, "fp32", True, 64)
+    for changed in ({"precision": "bf16"}, {"channels_last": False}, {"device": "NVIDIA H200"},
+                    {"torch": "0.0.1"}):
+        assert compilecache.cached_figures(replace(key, **changed)) is None
+    compilecache.cache_path().unlink()
+    assert compilecache.save_figures(replace(key, torch="0.0.1"), figures)
+    assert not _run(trial_spec("t", graph=TINY, epochs=100), ctx).compiled
 
-    def broken(*args):
-        raise RuntimeError("no compiler")
 
-    monkeypatch.setattr(trainer, "measure_compile", broken)
-    ctx = RankContext(0, 1, CPU, datasets.load("digits"))
-    failed = _run(trial_spec("d", graph=TINY, epochs=50, compile=None), ctx)
-    assert not failed.compiled and failed.decision.reason == "measuring compilation failed"
-    assert ctx.compile_figures == "failed"  # not measured again for every trial
+def test_the_cache_keeps_one_entry_per_key_and_ignores_what_it_cannot_read(tmp_path):
+    path = tmp_path / "figures.json"
+    key = compilecache.FiguresKey("NVIDIA H200", "2.11.0+cu130", "bf16", True, 256)
+    assert compilecache.cached_figures(key, path) is None  # no file
+    path.write_text("{not json")
+    assert compilecache.cached_figures(key, path) is None
+    compilecache.save_figures(key, FIGURES, path)
+    compilecache.save_figures(key, CompileFigures(65.0, 100, 1e12, 1.01e12, "doctor"), path)
+    compilecache.save_figures(compilecache.FiguresKey("NVIDIA H200", "2.11.0+cu130", "bf16",
+                                                      True, 128), FIGURES, path)
+    got = compilecache.cached_figures(key, path)
+    assert (got.compile_s, got.compiled_ops_per_s) == (65.0, 1.01e12)
+    assert got.source == f"doctor (cached in {path})"
+    assert len(json.loads(path.read_text())["entries"]) == 2
+    # 65 s for steps 1 % faster does not repay a first-round trial's hour: eager.
+    assert not decide_compile(None, 3.6e15, 100, got).compile
 
 
 @pytest.mark.slow

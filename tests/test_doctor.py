@@ -40,7 +40,7 @@ def test_the_quick_doctor_passes_on_this_machine_and_writes_every_item(tmp_path)
     assert loader["needed_images_per_s_per_rank"] == default
     # The rank's own loader, alone and beside training, with the run's workers and batch.
     assert loader["alone"]["images_per_s"] > 0 and loader["training"]["steps"] >= 3
-    assert 0 <= loader["predicted_data_share"] <= 1 and loader["per_rank"] == 16
+    assert 0 <= loader["predicted_data_share"] <= 1 and loader["per_rank"] == 8
     assert loader["workers"] == max(0, checks["devices"]["figures"]["threads_per_rank"] - 1)
     assert loader["decode_path"].startswith("cpu-pillow ")
     run = checks["official run"]["figures"]

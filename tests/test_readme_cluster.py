@@ -49,11 +49,11 @@ def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path)
         config = (run_dir / "submitted-config.toml").read_text()
         assert "official = true" in config and f'data_dir = "{imagenet}"' in config
     assert "#SBATCH --partition=gpu" in written["cluster-a"]
-    assert "#SBATCH --time=2:10:00" in written["cluster-a"]
-    assert "#SBATCH --nodes=2" in written["pilot"] and "#SBATCH --time=1:08:00" in written["pilot"]
+    assert "#SBATCH --time=2:41:00" in written["cluster-a"]
+    assert "#SBATCH --nodes=2" in written["pilot"] and "#SBATCH --time=1:24:00" in written["pilot"]
     resume = next(c for c in commands if "--resume" in c)
     argv = shlex.split(resume.replace("/shared/runs/", f"{tmp_path}/runs/"))[1:]
     assert argv.pop() == "--submit"
     done = cli(*argv)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "sbatch --time=2:10:00" in done.stdout  # no clock started yet: all of it is left
+    assert "sbatch --time=2:41:00" in done.stdout  # no clock started yet: all of it is left

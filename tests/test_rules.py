@@ -14,7 +14,8 @@ def other_value(name, official):
     """A valid value different from the official one."""
     alternatives = {"data.dataset": "cifar10", "model.seed_model": "resnet_small",
                     "search.nas": "random_search", "search.hpo": "none",
-                    "search.strategy": "random"}
+                    "search.strategy": "random", "search.hpo_order": "after_nas",
+                    "train.early_stop_metric": "val_accuracy"}
     if name in alternatives:
         return alternatives[name]
     if isinstance(official, bool):

@@ -313,6 +313,27 @@ def test_ctrl_c_stops_the_run_and_its_processes(tmp_path, photos):
     assert cli("check", run_dir).returncode == 0
 
 
+def test_a_refused_official_run_leaves_its_run_dir_to_the_unofficial_one(tmp_path):
+    """A folder the scan can index but that is not ImageNet: the refusal takes back the index
+    it saved, so the same command declared unofficial starts in the same --run-dir."""
+    root = tmp_path / "data"
+    make_image_folder(root, classes=2, train_per_class=4, val_per_class=2, corrupt=0, size=32)
+    run_dir = tmp_path / "run"
+    env, mark = marked_env()
+    command = ("run", "--dataset", "imagenet", "--data-dir", root, "--duration", "2s",
+               "--run-dir", run_dir)
+    done = cli(*command, env=env)
+    assert done.returncode == 2 and "official run refused: " in done.stderr
+    assert "is not imagenet" in done.stderr and not run_dir.exists()
+    (run_dir / "logs").mkdir(parents=True)  # prepared beforehand (as sbatch does): kept
+    assert cli(*command, env=env).returncode == 2 and os.listdir(run_dir) == ["logs"]
+    done = cli(*command, "--unofficial", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wait_no_strays(mark)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert not result["official"] and (run_dir / "dataset-index").is_dir()
+
+
 def test_the_deadline_ends_everything(tmp_path, photos):
     root, _ = photos
     run_dir = tmp_path / "run"

@@ -6,8 +6,9 @@
 # 1h) and PYTHON (default python3) may be passed the same way. Resubmitting the script
 # continues an interrupted run.
 #flux: -N 4
-# The run, its start-up (the private server, the dataset scan before the clock) and the result.
-#flux: -t 80m
+# The run, the grace in which its epochs in flight finish (a quarter of it), its start-up (the
+# private server, the dataset scan before the clock) and the result.
+#flux: -t 90m
 #flux: --job-name=automlperf
 #flux: --output=automlperf-{{id}}.out
 

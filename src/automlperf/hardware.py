@@ -53,6 +53,20 @@ def device_name(torch: Any, device: Any) -> str:
     return str(device.type)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def device_uuid(torch: Any, device: Any) -> str | None:
     """The UUID of a CUDA (or ROCm) device, by which the node's sampler finds it."""
     if device.type != "cuda":

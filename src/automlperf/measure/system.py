@@ -12,7 +12,7 @@ import socket
 from importlib import metadata
 from typing import Any
 
-from automlperf.hardware import accelerator_type, device_count, gpu_uuid
+from automlperf.hardware import accelerator_type, cpu_model, device_count, gpu_uuid
 
 # Dense peak operations per second of one device as torch numbers them, by device name
 # fragment (first match wins), bf16 or, where the device has no bf16, fp16. Sources:
@@ -54,17 +54,6 @@ def peak_for(name: str) -> tuple[float, str] | None:
         if fragment.lower() in name.lower():
             return peak, precision
     return None
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _version(package: str) -> str | None:
@@ -209,7 +198,7 @@ def describe(nodes: int = 1, simulated: list[dict[str, Any]] | None = None) -> d
     return {
         "host": socket.gethostname(),
         "os": f"{platform.system()} {platform.release()}",
-        "cpu": {"model": _cpu_model(), "logical_cores": psutil.cpu_count(logical=True),
+        "cpu": {"model": cpu_model(), "logical_cores": psutil.cpu_count(logical=True),
                 "physical_cores": psutil.cpu_count(logical=False),
                 "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                 else psutil.cpu_count()},

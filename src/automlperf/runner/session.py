@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                           "that run, or choose another --run-dir")
     # Scanning the data comes before the clock starts: it is not the benchmark's work.
     scanned = time.time()
-    origin = record_origin(config, run_dir=run_dir) if config is not None and not resume else {}
+    origin = _origin_or_nothing(config, run_dir) if config is not None and not resume else {}
     startup = {**system.get("startup", {}), **origin.pop("startup", {})}
     if config is not None and config.data.data_dir is not None and not resume:
         startup["dataset_s"] = round(time.time() - scanned, 3)
@@ -142,6 +143,22 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         raise
     return Session(rd, remote, run_id, config, segment, now, now + remaining, elapsed, startup,
                    recovered, service)
+
+
+def _origin_or_nothing(config: Config, run_dir: Path) -> dict[str, Any]:
+    """:func:`record_origin` for a new run; a run refused there (or stopped during the scan)
+    leaves the run directory as it found it, so the same command with ``--unofficial`` or
+    other data starts in it: the index it saved, and the directory if it made it, go."""
+    existed, index = run_dir.exists(), run_dir / SHARED_INDEX
+    had_index = index.exists()
+    try:
+        return record_origin(config, run_dir=run_dir)
+    except BaseException:
+        if not had_index:
+            shutil.rmtree(index, ignore_errors=True)
+        if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
 
 
 def _check_fits(remaining: float, now: float, limit: JobLimit, startup: dict[str, Any]) -> None:

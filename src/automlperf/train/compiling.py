@@ -9,10 +9,11 @@ saves at least ``MARGIN`` of the eager time. Rates are in operations per second 
 figures measured on one architecture serve the next (a grown morph, another resolution); the
 compilation's cost grows with the graph, so it is scaled by the layer count.
 
-The figures come from a doctor run (``train.compile_figures``, which `automlperf doctor`
-prints) or, on accelerators, from :func:`measure_compile`, run once per rank process on its
-first trial's architecture (about one compilation's time). A CPU rank without given figures
-does not measure (a compilation takes a large share of a short CPU run) and stays eager.
+The figures come from ``train.compile_figures`` or from those `automlperf doctor` measured
+on this node and kept (train/compilecache.py); without them a trial stays eager. A rank never
+measures them itself, inside the run's clock: on one H200, measuring held the first trial's
+first epoch back 79 s of a 200 s run, for steps 1 % faster compiled. :func:`measure_compile` measures them outside a run
+(bench/bench_compile.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ MARGIN = 0.05
 # Steps of each kind the measurement times, after its warm-up steps.
 PROBE_STEPS = 8
 WARMUP_STEPS = 2
+NO_FIGURES = ("no measured compilation figures: automlperf doctor measures them on this node "
+              "(or give train.compile_figures)")
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def decide_compile(setting: bool | None, planned_ops: float, layers: int,
         return CompileDecision(setting, "train.compile = " + ("true" if setting else "false"),
                                planned_ops, figures=figures)
     if figures is None:
-        return CompileDecision(False, "no measured compilation figures", planned_ops)
+        return CompileDecision(False, NO_FIGURES, planned_ops)
     if figures.eager_ops_per_s <= 0 or figures.compiled_ops_per_s <= 0:
         return CompileDecision(False, "the measured rates are not positive", planned_ops,
                                figures=figures)

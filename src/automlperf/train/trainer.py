@@ -25,8 +25,8 @@ from automlperf.events import EpochEvent, FailureKind, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
-from automlperf.train.compiling import (CompileDecision, CompileFigures, compile_module,
-                                        decide_compile, measure_compile)
+from automlperf.train.compilecache import cached_figures, key_for
+from automlperf.train.compiling import CompileDecision, CompileFigures, compile_module, decide_compile
 from automlperf.train.data import DataError, Dataset, plan_steps
 from automlperf.train.evaluate import evaluate, precision_context
 from automlperf.train.inherit import inherit
@@ -54,9 +54,6 @@ class RankContext:
     device: torch.device
     dataset: Dataset
     distributed: bool = False
-    # Compilation figures this rank measured at its first trial that needed them (kept for
-    # the trials after it); "failed" when that measurement failed.
-    compile_figures: CompileFigures | str | None = None
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
@@ -187,8 +184,6 @@ class _Run:
         self.batch = self.per_rank * ctx.world
         self.ops = count(graph, batch_size=self.batch)
         self.steps_per_epoch = plan_steps(self.data.train_size, ctx.world, self.per_rank)
-        # Decided (and, the first time on an accelerator, measured) before this trial's own
-        # model takes its memory.
         self.decision = self._decide_compile(graph)
         self.compiled = self.decision.compile
         self.module = _initial_module(spec, graph).to(self.device,
@@ -214,36 +209,31 @@ class _Run:
 
     def _decide_compile(self, graph: Graph) -> CompileDecision:
         """Whether this trial compiles (see train.compiling): the setting, else the rule with
-        the given figures, else with figures this rank measures once on an accelerator. The
-        figures are averaged over the ranks, so that every rank decides alike."""
-        spec, ctx = self.spec, self.ctx
-        per_rank_images = spec.epochs * self.data.train_size / ctx.world
+        the given figures, else with those `automlperf doctor` measured on this node
+        (train.compilecache); never measured here, inside the run's clock."""
+        spec = self.spec
+        per_rank_images = spec.epochs * self.data.train_size / self.ctx.world
         planned = (per_rank_images * (self.ops.forward + self.ops.backward_grad)
                    + spec.epochs * self.steps_per_epoch * self.ops.update_per_step)
         figures: CompileFigures | None = None
         if spec.compile is None and spec.compile_figures:
             figures = CompileFigures.from_dict(spec.compile_figures)
-        elif spec.compile is None and measures_compile(self.device):
-            if ctx.compile_figures is None:
-                ctx.compile_figures = self._measure_compile(graph)
-            if not isinstance(ctx.compile_figures, CompileFigures):
-                return CompileDecision(False, "measuring compilation failed", planned)
-            figures = ctx.compile_figures
+        elif spec.compile is None:
+            figures = self._doctor_figures()
         return decide_compile(spec.compile, planned, len(graph), figures)
 
-    def _measure_compile(self, graph: Graph) -> CompileFigures | str:
-        """This rank's compilation figures averaged over all ranks ("failed" on every rank
-        when the measurement failed on any)."""
-        try:
-            mine = measure_compile(graph, self.per_rank, self.device, self.autocast,
-                                   self.memory_format)
-            values = [1.0, mine.compile_s, mine.eager_ops_per_s, mine.compiled_ops_per_s]
-        except Exception:  # noqa: BLE001 - the trial still trains, eagerly
-            mine, values = None, [0.0, 0.0, 0.0, 0.0]
-        ok, compile_s, eager, compiled = _reduce(values, self.ctx)
-        if mine is None or ok < self.ctx.world:
-            return "failed"
+    def _doctor_figures(self) -> CompileFigures | None:
+        """The doctor's cached figures for this rank's device, torch, precision, layout and
+        batch, averaged over the ranks so that every rank decides alike; None unless every
+        rank has some."""
+        mine = cached_figures(key_for(self.device, self.precision, self.channels_last,
+                                      self.per_rank))
+        values = ([1.0, mine.compile_s, mine.eager_ops_per_s, mine.compiled_ops_per_s]
+                  if mine else [0.0, 0.0, 0.0, 0.0])
+        found, compile_s, eager, compiled = _reduce(values, self.ctx)
         world = self.ctx.world
+        if mine is None or found < world:
+            return None
         return CompileFigures(compile_s / world, mine.layers, eager / world, compiled / world,
                               mine.source + (f", averaged over {world} ranks" if world > 1 else ""))
 
@@ -397,13 +387,6 @@ class _Run:
         for b in buffers:
             b.copy_(flat[offset:offset + b.numel()].view_as(b))
             offset += b.numel()
-
-
-def measures_compile(device: torch.device) -> bool:
-    """Whether a rank on ``device`` measures compilation itself when no figures are given:
-    on accelerators, where a compilation is a small share of a run; not on a CPU, where it
-    would take a large share of a short run."""
-    return device.type != "cpu"
 
 
 def synchronize(device: torch.device) -> None:

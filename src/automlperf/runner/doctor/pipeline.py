@@ -36,7 +36,8 @@ def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
     cfg = load_config(None, "imagenet", {"data": {"data_dir": str(root),
                                                   "image_size": shape.image_size}})
     data = replace(DataArgs.from_config(cfg.data, node.threads), index_dir=str(index))
-    per_rank = 16 if node.req.quick else cfg.train.per_device_batch(accelerator_memory_gib())
+    # Quick: the generated folder holds 48 training images, six steps of 8 (two untimed).
+    per_rank = 8 if node.req.quick else cfg.train.per_device_batch(accelerator_memory_gib())
     ranks = len(node.devices)
     rate = (node.train_images_per_s or 0.0) / ranks
     steps = max(MIN_STEPS, math.ceil((2.0 if node.req.quick else BESIDE_S) * rate / per_rank))
@@ -53,8 +54,8 @@ def verdict(alone: float, need: float | None, share: float,
             accelerated: bool = True) -> tuple[str, str]:
     """(status, advice) from the loader's rate alone against what training consumes (per
     rank) and the data share measured beside training."""
-    more = ("give each device more cores (data.workers) or decode on the GPU "
-            "(data.gpu_decode, the nvjpeg extra)" if accelerated else
+    more = ("give each device more cores (data.workers), or try data.gpu_decode = true "
+            "(the nvjpeg extra) after bench/bench_gpu_decode.py shows it faster here" if accelerated else
             "decoding and training share this node's cores: more cores, or smaller files")
     if need and alone < HEADROOM_FAIL * need:
         return "fail", f"the loader alone cannot feed training (the data side limits): {more}"

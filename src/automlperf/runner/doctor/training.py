@@ -89,8 +89,10 @@ def train(node: Node, shape: Shape, name: str, channels_last: bool, compile: boo
     if measured is None:
         return Check(name, "pass", summary, figures=figures)
     figures["compile_figures"] = measured.to_dict()
+    kept = keep_figures(node, measured, last.precision, last.batch_size // ranks)
+    figures["compile_figures_cache"] = kept
     return Check(name, "pass", summary + f"; compiling took {measured.compile_s:.0f} s",
-                 compile_advice(node, measured, shape), figures)
+                 compile_advice(node, measured, shape, kept), figures)
 
 
 def eager_rate(node: Node) -> float | None:
@@ -116,9 +118,24 @@ def compile_figures(node: Node, layers: int) -> CompileFigures | None:
         source=f"automlperf doctor, {node.devices[0]}")
 
 
-def compile_advice(node: Node, figures: CompileFigures, shape: Shape) -> str:
+def keep_figures(node: Node, figures: CompileFigures, precision: str, per_rank: int) -> str | None:
+    """Keep the measured figures for the runs after the doctor on this node, under the
+    key a rank looks them up by (train/compilecache.py): the path, or None when the cache
+    cannot be written (the advice then gives them to copy into a configuration)."""
+    from automlperf.train.compilecache import key_for, save_figures
+
+    try:
+        key = key_for(node.devices[0], precision, node.channels_last, per_rank)
+        return str(save_figures(key, figures))
+    except OSError:
+        return None
+
+
+def compile_advice(node: Node, figures: CompileFigures, shape: Shape,
+                   kept: str | None = None) -> str:
     """What the compile rule decides with these figures for a first-round trial of the
-    shape measured, and how a run gets them."""
+    shape measured, and how a run gets them (``kept``: the cache that holds them for the
+    runs on this node)."""
     from automlperf.ops import count
     from automlperf.graph import seeds
     from automlperf.config import Config
@@ -138,8 +155,9 @@ def compile_advice(node: Node, figures: CompileFigures, shape: Shape) -> str:
              f"({epochs} epochs of {train_images:,} images) it "
              + ("pays" if decision.compile else "does not pay")
              + f" ({decision.eager_s or 0:.0f} s eager, {decision.compiled_s or 0:.0f} s compiled)")
-    if node.accelerated:
-        return words + "; ranks on accelerators measure these figures themselves"
+    if kept:
+        return (words + f"; kept in {kept} for the runs on this node (same device, torch, "
+                f"precision and layout); elsewhere give {toml}")
     return words + f"; a run decides with them given {toml}"
 
 

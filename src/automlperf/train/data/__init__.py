@@ -64,9 +64,9 @@ def _load(dataset: str, data_dir: Path | str | None, image_size: int | None, wor
           gpu_decode: bool | None, dali: bool, synthetic_images: int, synthetic_classes: int,
           index_dir: str | None, device_type: str) -> Dataset:
     """A dataset by name; raises DataError naming what is missing. Image folders are decoded
-    by DALI when ``dali`` is set; else on the GPU with nvJPEG when ``gpu_decode`` is set, or
-    unset with a CUDA device (``device_type``) and a decoder that imports; else by the CPU
-    workers."""
+    by DALI when ``dali`` is set; else on the GPU with nvJPEG when ``gpu_decode`` is true
+    (never by default: its per-image resampling makes it slower than the CPU workers); else
+    by the CPU workers."""
     if dataset == "builtin":
         return builtin(image_size or 12)
     if dataset == "digits":
@@ -76,9 +76,7 @@ def _load(dataset: str, data_dir: Path | str | None, image_size: int | None, wor
     if dataset == "imagenet":
         if dali:
             return DaliImageFolderDataset(data_dir, image_size or 224, workers, index_dir=index_dir)
-        if gpu_decode is None:
-            gpu_decode = device_type == "cuda" and gpu_decoder() is not None
-        elif gpu_decode and device_type != "cuda":
+        if gpu_decode and device_type != "cuda":
             raise DataError("gpu_decode needs the ranks to train on NVIDIA GPUs (nvJPEG); set "
                             "data.gpu_decode = false on this node")
         cls = GpuImageFolderDataset if gpu_decode else ImageFolderDataset

@@ -1,6 +1,9 @@
 """Image folders decoded on the GPU with NVIDIA nvJPEG, computing the reference's function
 (train/data/transform.py): the same crop boxes and flips, drawn on the host, and the same
-resampling (train/data/resample.py) applied to the decoded images on the device.
+resampling (train/data/resample.py) applied to the decoded images on the device. Used only
+when ``data.gpu_decode = true``: on one H200 the device stage fed 540 img/s against the
+4,825 img/s the CPU workers delivered, while decoding alone ran at 36,780 img/s (the
+per-image resampling is the cost).
 
 The library is a seam (:class:`JpegDecoder`): torchcodec's ``decode_jpeg(device="cuda")``
 (the ``nvjpeg`` extra, imported lazily), else torchvision's, whichever imports first; tests
