@@ -276,8 +276,6 @@ def host_oom(scratch: Path) -> dict[str, Any]:
     """Every trial needs more host memory than a 6 GiB address-space limit allows."""
     import resource
 
-    from automlperf.store import open_store
-
     (scratch / "oom.toml").write_text(OOM_CONFIG)
     run_dir = scratch / "run"
 
@@ -286,25 +284,35 @@ def host_oom(scratch: Path) -> dict[str, Any]:
 
     done = subprocess.run(_cli("run", "--config", scratch / "oom.toml", "--run-dir", run_dir),
                           capture_output=True, text=True, timeout=900, preexec_fn=limit)
+    trials, counted, line, detect_s = _oom_outcome(run_dir, done)
+    return {"happened": f"{len(trials)} trials {sorted({t.status for t in trials})}, kinds "
+                        f"{sorted({t.reason.split(':')[0] for t in trials})}; last line: {line[:160]}"
+                        + ("; TRACEBACK" if "Traceback" in done.stderr else ""),
+            "exit": done.returncode, **counted, "check": check(run_dir),
+            "detect_s": detect_s}
+
+
+def _oom_outcome(run_dir: Path, done: subprocess.CompletedProcess[str]
+                 ) -> tuple[list[Any], dict[str, Any], str, float | None]:
+    """What a run whose trials ran out of memory left: its trials, its records counted from
+    both sides, the last line it printed, and seconds from its first trial to that trial's
+    end."""
+    from automlperf.store import open_store
+
     store = open_store(run_dir=run_dir)
     trials = store.trials(1)
     counted = account(run_dir, store)
     store.close()
     line = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
     first = trials[0] if trials else None
-    return {"happened": f"{len(trials)} trials {sorted({t.status for t in trials})}, kinds "
-                        f"{sorted({t.reason.split(':')[0] for t in trials})}; last line: {line[:160]}"
-                        + ("; TRACEBACK" if "Traceback" in done.stderr else ""),
-            "exit": done.returncode, **counted, "check": check(run_dir),
-            "detect_s": round(first.finished_at - first.created_at, 1) if first else None}
+    return (trials, counted, line,
+            round(first.finished_at - first.created_at, 1) if first else None)
 
 
 def kernel_oom(scratch: Path) -> dict[str, Any]:
     """The run in a memory cgroup of 1.5 GiB, as a batch job's limit, whose trials need far
     more: the kernel's OOM killer ends the training process (signal 9), the trial is an oom
     failure retried at half the batch, and three alike stop the run in one line."""
-    from automlperf.store import open_store
-
     group, why = MemoryCgroup.make(1536 << 20)
     if group is None:
         return {"happened": f"not run: {why}", "exit": "-", "check": "n/a", "detect_s": None}
@@ -317,12 +325,7 @@ def kernel_oom(scratch: Path) -> dict[str, Any]:
         kills = group.kills()
     finally:
         group.remove()
-    store = open_store(run_dir=run_dir)
-    trials = store.trials(1)
-    counted = account(run_dir, store)
-    store.close()
-    line = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-    first = trials[0] if trials else None
+    trials, counted, line, detect_s = _oom_outcome(run_dir, done)
     killed = sum(bool(t.extra.get("oom_kill")) for t in trials)
     return {"happened": f"{group.kind}, 1.5 GiB: {kills} OOM kill(s) counted; {len(trials)} "
                         f"trials {sorted({t.status for t in trials})}, kinds "
@@ -330,7 +333,7 @@ def kernel_oom(scratch: Path) -> dict[str, Any]:
                         f"OOM kill; last line: {line[:40]} … {line[-150:]}"
                         + ("; TRACEBACK" if "Traceback" in done.stderr else ""),
             "exit": done.returncode, **counted, "check": check(run_dir),
-            "detect_s": round(first.finished_at - first.created_at, 1) if first else None}
+            "detect_s": detect_s}
 
 
 def frozen_primary(scratch: Path, duration_s: float = 120) -> dict[str, Any]:

@@ -174,3 +174,26 @@ def test_a_compiled_trial_counts_the_same_operations_and_says_it_ran_compiled():
     for eager, compiled in zip(events[False], events[True]):
         assert (eager["ops"], eager["train_images"], eager["val_images"], eager["steps"]) == (
             compiled["ops"], compiled["train_images"], compiled["val_images"], compiled["steps"])
+
+
+def test_an_epochs_smaller_last_batch_gets_a_static_graph_of_its_own():
+    # Left dynamic, the second batch size would hand the backend a graph whose batch is a
+    # symbol, which Dynamo then tries first for the full batches too (slower on a GPU).
+    from automlperf.train.builder import build_module
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append([tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                     for x in example_inputs])
+        return gm.forward
+
+    runner = compiling.compile_module(build_module(TINY, seed=0), backend=backend)
+    shape = TINY.input_shape
+    for batch in (8, 3, 8, 3):
+        runner(torch.randn(batch, *shape))
+    assert len(seen) == 2, seen  # one graph per batch size, each reused
+    images = [[s[0] for s in shapes if isinstance(s, tuple) and s[1:] == tuple(shape)]
+              for shapes in seen]
+    assert images == [[8], [3]], seen
+    assert all(isinstance(s, tuple) for shapes in seen for s in shapes), seen  # no symbolic size

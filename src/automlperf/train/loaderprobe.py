@@ -123,7 +123,7 @@ def probe_loader(dataset: Any, device: Any, per_rank: int, graph: dict[str, Any]
 def _rank_process(conn: Connection, data: dict[str, Any], device_name: str, threads: int,
                   kwargs: dict[str, Any]) -> None:
     """A probe in a process set up as train/rank.py sets up a rank."""
-    from automlperf.train.rankenv import keep_host_memory, rank_threads, set_rank_environment
+    from automlperf.train.rankenv import set_rank_environment, take_device
 
     set_rank_environment(threads, int(data.get("workers") or 0))
     try:
@@ -132,11 +132,7 @@ def _rank_process(conn: Connection, data: dict[str, Any], device_name: str, thre
         from automlperf.train import data as datasets
 
         device = torch.device(device_name)
-        torch.set_num_threads(rank_threads(device.type, threads))
-        if device.type == "cpu":
-            keep_host_memory()
-        elif device.type == "cuda":
-            torch.cuda.set_device(device)
+        take_device(device, threads)
         dataset = datasets.load(**data, device_type=device.type)
         result = probe_loader(dataset, device, **kwargs)
         result["rank_threads"] = torch.get_num_threads()

@@ -15,7 +15,7 @@ from typing import Any
 from automlperf import hardware
 from automlperf.procutil import die_with_parent
 from automlperf.train.oomkill import volunteer_for_oom_kill
-from automlperf.train.rankenv import keep_host_memory, rank_threads, set_rank_environment
+from automlperf.train.rankenv import set_rank_environment, take_device
 from automlperf.train.spec import TrialSpec
 
 
@@ -61,13 +61,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
         from automlperf.train.trainer import RankContext, train_on_rank
 
         device = torch.device(device_name)
-        torch.set_num_threads(rank_threads(device.type, threads))
-        if device.type == "cpu":
-            keep_host_memory()
-        elif device.type == "cuda":
-            torch.cuda.set_device(device)
-        else:
-            torch.accelerator.set_device_index(device.index)
+        take_device(device, threads)
         if world > 1:
             dist.init_process_group(process_group_backend(device.type),
                                     init_method=rendezvous, rank=rank,

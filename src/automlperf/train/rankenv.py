@@ -12,6 +12,7 @@ import ctypes.util
 import os
 import sys
 from collections.abc import MutableMapping
+from typing import Any
 
 # Where a user may have configured the caching allocator (the first is PyTorch 2.9's name; the
 # second, which the rank sets, is the one every supported PyTorch reads).
@@ -64,6 +65,20 @@ def configured_compile_threads(default: int) -> int:
         return max(1, int(os.environ.get(COMPILE_THREADS_VAR, "")))
     except ValueError:
         return max(1, default)
+
+
+def take_device(device: Any, threads: int) -> None:
+    """Set up this process for training on ``device`` (a ``torch.device``), as a rank does:
+    its intra-op threads, host memory kept on CPUs, the current device on accelerators."""
+    import torch
+
+    torch.set_num_threads(rank_threads(device.type, threads))
+    if device.type == "cpu":
+        keep_host_memory()
+    elif device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.accelerator.set_device_index(device.index)
 
 
 def keep_host_memory(limit: int = HOST_KEEP_BYTES) -> bool:
