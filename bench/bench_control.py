@@ -103,7 +103,7 @@ def worker(args: argparse.Namespace) -> None:
         def opened() -> Any:
             return SQLStore(url)
     tally = run_replicas(opened, 1, list(range(args.first, args.last)), rates, graph_json,
-                         shared_reads=args.shared_reads)
+                         shared_reads=args.shared_reads, threads=args.threads)
     tally.lock = None  # type: ignore[assignment]
     with open(args.out, "wb") as f:
         pickle.dump(tally, f)
@@ -140,7 +140,9 @@ ignore_startup_parameters = extra_float_digits,options
         shutil.chown(folder, "postgres")
         for f in folder.iterdir():
             shutil.chown(f, "postgres")
-        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        # runuser's login session puts the open-file limit back to 1,024 (PgBouncer logs
+        # it at start): without prlimit it would take at most about a thousand replicas.
+        cmd = ["runuser", "-u", "postgres", "--", "prlimit", f"--nofile={hard}:{hard}", *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     time.sleep(1.0)
     url = f"postgresql+psycopg://automlperf:{server.password}@127.0.0.1:{port}/automlperf"
@@ -303,7 +305,7 @@ def run(args: argparse.Namespace,
             procs.append(subprocess.Popen(
                 me + ["--worker", "--run-dir", str(run_dir), "--first", str(a), "--last", str(b),
                       "--trial-epochs", str(args.trial_epochs), "--epoch-s", str(args.epoch_s),
-                      "--via", args.via,
+                      "--via", args.via, "--threads", str(args.threads),
                       "--out", str(out)] + (["--shared-reads"] if args.shared_reads else []),
                 env=env))
         watch.pids = {"primary": {primary.pid}, "replicas": {p.pid for p in procs}}
@@ -380,6 +382,7 @@ def figures(args: argparse.Namespace, url: str, tallies: list[Tally], watch: Wat
     return {
         "replicas": args.replicas, "via": args.via, "window_s": args.window,
         "trial_epochs": args.trial_epochs, "processes": args.processes,
+        "threads": args.threads,
         "shared_reads": args.shared_reads, "registered": len(registered),
         "replica_rows": replicas,
         "all_registered_s": registered[-1] - seg_start if registered else None,
@@ -405,6 +408,13 @@ def figures(args: argparse.Namespace, url: str, tallies: list[Tally], watch: Wat
         "wal_mb_per_s": (window[-1]["wal"] - window[0]["wal"]) / span / 1e6 if span else None,
         "latency_ms": {op: {"n": len(v), "p50": _ms(pct(v, 0.5)), "p99": _ms(pct(v, 0.99)),
                             "max": _ms(max(v, default=None))} for op, v in latency.items()},
+        # How late the simulated replicas' events ran behind their schedule: the hosting's own
+        # cost. Large lags would mean heartbeats and epochs slower than a node's, which the
+        # latencies alone would not show.
+        "schedule_lag_ms": {kind: {"n": len(v), "p50": _ms(pct(v, 0.5)), "p99": _ms(pct(v, 0.99)),
+                                   "max": _ms(max(v, default=None))}
+                            for kind, v in ((k, [x for t in tallies for x in t.lag[k]])
+                                            for k in ("start", "trial", "epoch", "beat", "sample"))},
         "bytes_per_claim": {"claims": len(cycles),
                             "mean": mean([c[3] for c in cycles]),
                             "history_mean": mean([c[1] for c in cycles]),
@@ -434,6 +444,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--epoch-s", type=float, default=32.0)
     ap.add_argument("--via", choices=("service", "pgbouncer"), default="service")
     ap.add_argument("--processes", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=48,
+                    help="threads per host process making the replicas' blocking calls (the "
+                         "load generator's capacity: too few show up as schedule lag)")
     ap.add_argument("--shared-reads", action="store_true",
                     help="the replicas of a process read the history's changes once between "
                          "them (as hosted replicas do), not each its own")
