@@ -126,9 +126,9 @@ def test_a_cancelled_step_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, 
     frozen process ends with the job, and the run verifies."""
     env = slurm_cluster_3
     # The run's end. The faults come at the first trials, about 15 s into the clock on an
-    # idle machine (the simulated devices only sleep, so CPU load hardly moves that), and
-    # the last lease lapses 10 s after: the deadline leaves that at least twice over.
-    duration = 60
+    # idle machine, and the last lease lapses 10 s after; a loaded machine starts the
+    # replicas later, so the deadline leaves that more than three times over.
+    duration = 90
     job, run_dir = submit(tmp_path, env, 3, f"{duration}s")
     store = opened(run_dir)
 
