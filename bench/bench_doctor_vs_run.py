@@ -41,7 +41,7 @@ def main() -> None:
            "epoch_data_shares": [round(e.data_share, 3) for e in epochs],
            "epoch_images_per_s": [round(e.images_per_s, 2) for e in epochs],
            "loader_alone_images_per_s": loader.get("alone", {}).get("images_per_s"),
-           "beside": loader.get("beside"), "headroom": loader.get("headroom"),
+           "beside": loader.get("training"), "headroom": loader.get("headroom"),
            "input_item": checks["input pipeline"].status,
            "seconds": {c.name: c.seconds for c in report.checks}}
     out["difference"] = out["run_data_share"] - (out["predicted_data_share"] or 0.0)

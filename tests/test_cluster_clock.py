@@ -16,7 +16,10 @@ from test_slurm import wait_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-DURATION_S = 40
+# The clock is not what these tests are about: a short run, whose epochs in flight at the
+# deadline get a short grace (the grace has its own tests, tests/test_replica.py).
+DURATION_S = 20
+GRACE_S = 2
 
 
 def test_a_slow_scan_costs_the_job_not_the_runs_clock(slurm_cluster, tmp_path):
@@ -25,7 +28,8 @@ def test_a_slow_scan_costs_the_job_not_the_runs_clock(slurm_cluster, tmp_path):
         files = many_files(data, 60_000)
         fs.cold()
         # An epoch of ResNet-50 on ImageNet's 1.28 M images lasts about 2 s of the clock.
-        (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0))
+        (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0,
+                                                      deadline_grace_s=GRACE_S))
         run_dir = tmp_path / "run"
         done = cli("slurm", "--nodes", 2, "--duration", f"{DURATION_S}s", "--dataset", "imagenet",
                    "--data-dir", data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir,
@@ -59,7 +63,8 @@ def test_a_run_stopped_with_scancel_resumes_with_the_time_it_still_needs(slurm_c
     same script with a time limit for what is left, and the run ends with its whole duration."""
     from test_node_faults import opened
 
-    (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e11, stop_grace_s=10))
+    (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e11, stop_grace_s=10,
+                                                  deadline_grace_s=GRACE_S))
     run_dir = tmp_path / "run"
     done = cli("slurm", "--nodes", 2, "--duration", f"{DURATION_S}s", "--config",
                tmp_path / "sim.toml", "--run-dir", run_dir, "--submit", env=slurm_cluster)

@@ -222,6 +222,49 @@ def test_the_ranks_own_loader_is_probed_alone_and_beside_training(folder):
                               threads=1, per_rank=4)
 
 
+@pytest.mark.parametrize("per_rank, passes, steps", [(16, 3, 4), (8, 2, 6)])
+def test_a_probe_longer_than_a_pass_goes_on_as_the_runs_epochs_do(folder, per_rank, passes,
+                                                                   steps):
+    """A folder whose training pass holds fewer steps than the probe's untimed and timed ones
+    (29 files, 27 readable: two steps of 16 a pass, or four of 8) still gets timed steps
+    beside training: the probe goes on as a run's epochs do, a validation pass then the next
+    epoch's training pass, and times whole passes once it spans them."""
+    from automlperf.graph import seeds
+    from automlperf.train.loaderprobe import WARM_STEPS, beside_training
+    from automlperf.train.spec import TrialSpec
+    from automlperf.train.trainer import RankContext, _Run
+
+    ds = ImageFolderDataset(folder, image_size=16, workers=1)
+    asked, batches = [], ds.batches
+
+    def recorded(split, rank, world, batch_size, epoch, seed, device):
+        asked.append((split, epoch))
+        return batches(split, rank, world, batch_size, epoch, seed, device)
+
+    ds.batches = recorded
+    graph = seeds.resnet_small(num_classes=3, image_size=16)
+    spec = TrialSpec("probe", graph.to_dict(), epochs=1, batch_size=per_rank, patience=1)
+    run = _Run(spec, RankContext(0, 1, CPU, ds), graph)
+    try:
+        assert run.steps_per_epoch < WARM_STEPS + 3
+        out = beside_training(run, 3)
+        delivered = ds._loader.stats.images
+    finally:
+        ds.release()
+    expected = [("train", 0)]
+    for epoch in range(1, passes):
+        expected += [("val", 0), ("train", epoch)]
+    assert asked == expected
+    assert out["passes"] == passes and out["steps"] == steps
+    assert delivered == passes * 27 + (passes - 1) * 9  # whole passes, each image once
+    assert 27 < out["images"] <= 2 * 27  # the warm-up steps are not counted
+    if per_rank == 16:  # the first pass warmed up; the next two are timed whole
+        assert out["images"] == 2 * 27
+    assert out["seconds"] > 0 and out["images_per_s"] > 0
+    assert 0 <= out["data_share"] <= 1 and 0 <= out["device_share"] <= 1
+    assert out["data_share"] + out["device_share"] <= 1 + 1e-9
+
+
 def test_a_pinned_slot_is_free_again_only_once_its_copy_has_finished():
     """The CUDA hand-off's bookkeeping, with events that finish when the test says so: a
     slot whose copy runs is held back, freed in order once done, or waited for."""

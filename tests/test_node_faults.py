@@ -23,8 +23,11 @@ LEASE_S = 10
 
 def node_fault_config() -> str:
     """A trial of the small seed on the digits lasts seconds on these simulated devices; the
-    run ends at its deadline."""
-    return sim_config(max_epochs=4, lease_timeout_s=LEASE_S, stop_grace_s=10)
+    run ends at its deadline. The epoch in flight there gets a short grace: these tests are
+    about the faults, not the grace (tests/test_replica.py), and a quarter of the duration
+    would only lengthen the job."""
+    return sim_config(max_epochs=4, lease_timeout_s=LEASE_S, stop_grace_s=10,
+                      deadline_grace_s=2)
 
 
 
@@ -122,7 +125,10 @@ def test_a_cancelled_step_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, 
     lapse, replica 2 carries on, the run ends at its deadline with every record it had, the
     frozen process ends with the job, and the run verifies."""
     env = slurm_cluster_3
-    duration = 120  # the run's end; the faults come at the first trials, long before
+    # The run's end. The faults come at the first trials, about 15 s into the clock on an
+    # idle machine, and the last lease lapses 10 s after; a loaded machine starts the
+    # replicas later, so the deadline leaves that more than three times over.
+    duration = 90
     job, run_dir = submit(tmp_path, env, 3, f"{duration}s")
     store = opened(run_dir)
 

@@ -38,8 +38,12 @@ def cluster(tmp_path_factory):
 
 def test_a_dead_node_and_a_node_without_data_cost_one_replica_each(cluster, tmp_path):
     env, data = cluster
+    # The node is marked down about 40 s into the run on an idle machine (SlurmdTimeout and
+    # a ping after the kill): the deadline leaves room for a loaded one. The epoch in flight
+    # there gets a short grace, which is not what this test is about.
     (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0,
-                                                  lease_timeout_s=10, stop_grace_s=10))
+                                                  lease_timeout_s=10, stop_grace_s=10,
+                                                  deadline_grace_s=2))
     run_dir = tmp_path / "run"
     done = cli("slurm", "--nodes", 3, "--duration", "80s", "--dataset", "imagenet", "--data-dir",
                data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir, "--submit", env=env)

@@ -12,9 +12,14 @@ transform, workers and budget), and calls :func:`probe_loader`:
   workers' rates;
 * **beside training**: ``train_steps`` steps of ``graph`` (a trial spec's graph: the seed
   model a run starts from) through the trainer's own epoch loop, which books its time as a
-  run's epochs do, after two untimed steps of the same pass (kernels set up, the loader
-  running): images per second, ``data_share`` (waiting for data) and ``device_share`` (the
-  device's side), the two figures each epoch of a run records.
+  run's epochs do, after ``WARM_STEPS`` untimed steps (kernels set up, the loader running):
+  images per second, ``data_share`` (waiting for data) and ``device_share`` (the device's
+  side), the two figures each epoch of a run records, summed over the timed steps as a
+  run's time breakdown sums its epochs. Where one training pass holds fewer steps than
+  that, the probe goes on as a run's epochs follow one another: a validation pass, then
+  the next epoch's training pass (its own shuffle and crops), which the loader has been
+  decoding ahead; it then times whole passes (the share of a pass's first steps differs
+  from its last ones'), which costs at most one pass more, a pass being short there.
 
 Everything returned is plain JSON data.
 """
@@ -75,6 +80,45 @@ def _timed_pass(dataset: Any, split: str, epoch: int, per_rank: int, device: Any
     return out
 
 
+def beside_training(run: Any, train_steps: int) -> dict[str, Any]:
+    """``train_steps`` timed steps of ``run`` (a trainer's ``_Run``) after ``WARM_STEPS``
+    untimed ones, epoch after epoch with a validation pass between them where one pass holds
+    fewer steps than that (see the module's description): the run's per-epoch figures summed
+    over the timed steps."""
+    per_pass = run.steps_per_epoch
+    spans = per_pass < WARM_STEPS + train_steps
+    warm, left = WARM_STEPS, train_steps
+    steps = images = passes = 0
+    seconds = data_wait = device_wait = 0.0
+    # Each pass takes one step at least; a pass of unreadable files only could take none.
+    for epoch in range(WARM_STEPS + train_steps):
+        if epoch:
+            run.validate()  # as a run's epoch ends: the loader decodes the next pass meanwhile
+        passes += 1
+        # The first steps set the network's kernels up (and compile it): untimed, so that
+        # the timed steps find the loader as a run's epochs do, running.
+        if warm >= per_pass:  # the whole pass warms up
+            warm -= max(1, run.train_epoch(epoch, _quiet).steps)
+            continue
+        times = run.train_epoch(epoch, _quiet, max_steps=None if spans else warm + left,
+                                untimed_steps=warm)
+        warm = 0
+        steps, images = steps + times.steps, images + times.images
+        seconds += times.seconds
+        data_wait, device_wait = data_wait + times.data_wait, device_wait + times.device_wait
+        left -= times.steps
+        if left <= 0:
+            break
+    seconds = max(seconds, 1e-9)
+    return {"steps": steps, "images": images, "seconds": seconds, "passes": passes,
+            "images_per_s": images / seconds, "data_share": min(1.0, data_wait / seconds),
+            "device_share": min(1.0, device_wait / seconds)}
+
+
+def _quiet(kind: str, payload: dict[str, Any]) -> None:
+    return None
+
+
 def probe_loader(dataset: Any, device: Any, per_rank: int, graph: dict[str, Any] | None = None,
                  train_steps: int = 100, precision: str = "auto",
                  channels_last: bool | None = None, compile: bool = False) -> dict[str, Any]:
@@ -102,15 +146,7 @@ def probe_loader(dataset: Any, device: Any, per_rank: int, graph: dict[str, Any]
             run = _Run(spec, RankContext(0, 1, device, dataset), Graph.from_dict(graph))
             loader = getattr(dataset, "_loader", None)
             before = _loader_figures(loader, None) if loader is not None else None
-            # The first steps set the network's kernels up (and compile it): untimed, in the
-            # same pass, so that the timed steps find the loader as a run's epochs do, running.
-            times = run.train_epoch(0, lambda kind, msg: None, max_steps=WARM_STEPS + train_steps,
-                                    untimed_steps=WARM_STEPS)
-            seconds = max(times.seconds, 1e-9)
-            out["training"] = {"steps": times.steps, "images": times.images,
-                               "seconds": times.seconds, "images_per_s": times.images / seconds,
-                               "data_share": min(1.0, times.data_wait / seconds),
-                               "device_share": min(1.0, times.device_wait / seconds),
+            out["training"] = {**beside_training(run, train_steps),
                                **(_loader_figures(loader, before) if loader is not None else {})}
     finally:
         dataset.release()

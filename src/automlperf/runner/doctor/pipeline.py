@@ -36,7 +36,8 @@ def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
     cfg = load_config(None, "imagenet", {"data": {"data_dir": str(root),
                                                   "image_size": shape.image_size}})
     data = replace(DataArgs.from_config(cfg.data, node.threads), index_dir=str(index))
-    # Quick: the generated folder holds 48 training images, six steps of 8 (two untimed).
+    # Quick: the generated folder holds 48 training images, six steps of 8 a pass (a probe
+    # that needs more goes on into the next epochs, as a run does).
     per_rank = 8 if node.req.quick else cfg.train.per_device_batch(accelerator_memory_gib())
     ranks = len(node.devices)
     rate = (node.train_images_per_s or 0.0) / ranks
@@ -90,7 +91,8 @@ def pipeline(node: Node, shape: Shape) -> Check:
                f"worker(s), {measured['rank_threads']} rank thread(s), batch "
                f"{measured['per_rank']}, {measured['device']}): alone {alone:.1f} img/s"
                + (f", {headroom:.2f}x what training consumes ({need:.1f})" if need else "")
-               + f"; beside training {beside['images_per_s']:.1f} img/s, data share "
+               + f"; beside training ({beside['steps']} steps, {beside['passes']} "
+               f"pass(es)) {beside['images_per_s']:.1f} img/s, data share "
                f"{beside['data_share']:.2f} (device {beside['device_share']:.2f}): the run's "
                "will be about that")
     status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
