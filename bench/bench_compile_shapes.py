@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 
@@ -31,6 +30,7 @@ def main() -> None:
     from automlperf.graph import seeds
     from automlperf.ops.count import count
     from automlperf.train.builder import build_module
+    from automlperf.train.compiling import timed_steps
 
     device = torch.device(args.device)
     graph = seeds.seed(args.seed, 1000, args.image_size, 1, 1)
@@ -45,21 +45,8 @@ def main() -> None:
     ops = count(graph)
     per_step = (ops.forward + ops.backward_grad) * args.batch + ops.update_per_step
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def timed(runner: Any, n: int, images: Any = x, labels: Any = y) -> float:
-        sync()
-        started = time.perf_counter()
-        for _ in range(n):
-            with autocast:
-                loss = loss_fn(runner(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        sync()
-        return time.perf_counter() - started
+        return timed_steps(runner, optimizer, loss_fn, autocast, device, n, images, labels)
 
     out: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "seed": args.seed,
                            "batch": args.batch, "policies": {}}

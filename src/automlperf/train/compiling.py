@@ -112,6 +112,24 @@ def compile_module(module: Any, backend: Any = "inductor") -> Any:
     return torch.compile(module, backend=backend, dynamic=False)
 
 
+def timed_steps(runner: Any, optimizer: Any, loss_fn: Any, autocast: Any, device: Any, n: int,
+                images: Any, labels: Any) -> float:
+    """Seconds ``n`` training steps of ``runner`` on one batch take, the device drained
+    before and after."""
+    from automlperf.train.trainer import synchronize
+
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(n):
+        with autocast:
+            loss = loss_fn(runner(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
 def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
                     memory_format: Any, steps: int = PROBE_STEPS) -> CompileFigures:
     """Compilation's cost and both step rates of ``graph`` on ``device`` at ``per_rank``
@@ -123,7 +141,6 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
 
     from automlperf.ops.count import count
     from automlperf.train.builder import build_module
-    from automlperf.train.trainer import synchronize
 
     batch = max(2, per_rank)
     module = build_module(graph, seed=0).to(device, memory_format=memory_format)  # type: ignore[call-overload]
@@ -133,16 +150,7 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
     loss_fn = nn.CrossEntropyLoss()
 
     def timed(runner: Any, optimizer: Any, n: int, images: Any = x, labels: Any = y) -> float:
-        synchronize(device)
-        started = time.perf_counter()
-        for _ in range(n):
-            with autocast:
-                loss = loss_fn(runner(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        synchronize(device)
-        return time.perf_counter() - started
+        return timed_steps(runner, optimizer, loss_fn, autocast, device, n, images, labels)
 
     optimizer = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
     timed(module, optimizer, WARMUP_STEPS)
