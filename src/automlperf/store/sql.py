@@ -82,6 +82,24 @@ def _read_only_file(url: str) -> str | None:
     return None
 
 
+# Less room than this beside a SQLite store whose write failed: its file system is full.
+FULL_BELOW_BYTES = 1 << 20
+
+
+def _full_file_system(url: str) -> str | None:
+    """The folder of a SQLite store's file, when its file system has (almost) no room left.
+    SQLite reports a write into a full file system as "disk I/O error" as often as
+    "database or disk is full" (its WAL and shared-memory files), and waiting frees nothing."""
+    if not url.startswith("sqlite:///"):
+        return None
+    folder = os.path.dirname(url[len("sqlite:///"):]) or "."
+    try:
+        found = os.statvfs(folder)
+    except OSError:
+        return None
+    return folder if found.f_bavail * found.f_frsize < FULL_BELOW_BYTES else None
+
+
 def _disk_full(exc: DBAPIError) -> bool:
     """SQLite's SQLITE_FULL, PostgreSQL's disk_full (53100): waiting would not free space."""
     return getattr(exc.orig, "sqlstate", None) == "53100" or any(
@@ -122,7 +140,7 @@ def retrying(method: Callable[..., R]) -> Callable[..., R]:
             try:
                 result = method(self, *args, **kwargs)
             except DBAPIError as exc:
-                if _disk_full(exc):
+                if _disk_full(exc) or _full_file_system(self.url) is not None:
                     raise StoreError(f"the disk of store {redact(self.url)} is full "
                                      f"({_one_line(exc.orig)}): free space "
                                      "there") from None
