@@ -2,6 +2,7 @@
 the run, the primary's live view reading only what is new, and check and the report on a
 run of thousands of trials."""
 
+import json
 import sys
 import threading
 import time
@@ -282,6 +283,41 @@ def test_check_and_the_report_at_a_thousand_trials(tmp_path):
     assert report.stat().st_size < 2_000_000
     lines = (tmp_path / "run" / "trials.csv").read_text().splitlines()
     assert len(lines) == 1101 and lines[0].startswith("id,parent,replica")
+
+
+def test_a_report_of_more_replicas_than_it_lists_keeps_every_one_in_replicas_csv(
+        tmp_path, monkeypatch):
+    """Past the report's replica rows (at 10,000 replicas a row each made a 13 MB report),
+    its time and provenance tables list the replicas that trained least and those with the
+    lowest ceilings; every replica is in replicas.csv beside it."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import large_run
+    finally:
+        sys.path.remove(str(BENCH))
+    import csv
+
+    from automlperf.report import html as report
+
+    large_run.generate(tmp_path / "run", trials=60, epochs=600, replicas=40,
+                       seed_model="resnet_small", samples=False)
+    monkeypatch.setattr(report, "REPLICA_ROWS", 8)
+    page = report.write_report(tmp_path / "run").read_text()
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    shares = {r["replica"]: r["training_s"] / r["session_s"]
+              for r in result["time_breakdown"]["replicas"]}
+    least = sorted(shares, key=shares.get)[:8]
+    time_table = page[page.index('<section id="time">'):]
+    time_table = time_table[:time_table.index("</table>")]
+    assert time_table.count("<tr><td>") == 8 + 1  # and the total over all 40
+    assert all(f"<tr><td>{i}</td>" in time_table for i in least)
+    assert "The 8 of 40 replicas that spent the least of their time training" in page
+    provenance = page[page.index('<section id="provenance">'):]
+    assert provenance.count("<tr><td>replica ") == 8
+    assert "and 32 more (<code>replicas.csv</code>)" in page
+    rows = list(csv.DictReader((tmp_path / "run" / "replicas.csv").open()))
+    assert [int(r["replica"]) for r in rows] == list(range(40))
+    assert all(r["host"] and r["training_s"] and r["session_s"] for r in rows)
 
 
 def test_a_replicas_history_reads_only_what_changed(store_url):
