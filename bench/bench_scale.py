@@ -1,46 +1,27 @@
-"""The control plane at 1, 8, 64 and 512 replicas, and check / report / result at the size of
-a ten-hour 512-node run.
+"""check / report / result at the size of a long run, and the simulated benchmark end to end:
+on a SLURM cluster of slurmd daemons, and hosted (thousands of replicas as threads).
 
-Part 1 (load). One real private PostgreSQL server (store/pgserver.py, sized with
-``connections.server_size`` as the SLURM job sizes it) holds the run after ten hours: the
-10,000 trials and 500,000 epochs that bench/large_run.py generates (copied per N from a
-template database). A new session is opened on it; N replicas, each with its own store
-(its own connection pool, as each replica process has), run as threads in up to 8 worker
-processes, at the event rates of a 512-node H100 ImageNet run:
+Part 2 (size). bench/large_run.py generates a run of ``--nodes`` replicas (default: 512 nodes,
+10,000 trials, 500,000 epochs; the 10,000-node hour: ``--nodes 10000 --trials 22500 --epochs
+1100000``) through the store on a private PostgreSQL server. On it: writing result.json,
+``check``, the report, and ``compare``, each timed once (wall, and CPU with its worker
+processes) in a process of its own with its peak resident memory; the report's and the
+result's sizes. Several ``--work`` directories are measured side by side with
+``--also DIR``.
 
-* an epoch recorded every ``EPOCH_S`` = 32 s per replica: 16 epochs/s at 512 nodes (a
-  ResNet-50-sized ImageNet epoch of ~3e16 operations on 8 accelerators sustaining
-  ~340 TFLOPS each);
-* a heartbeat every 5 s (the default ``run.heartbeat_s``), with the session read the
-  replica's heartbeat makes: 102/s at 512;
-* a resource sample every 30 s per node (``monitor.interval_s``): 17/s at 512;
-* a trial every ``TRIAL_EPOCHS`` = 5 epochs, ten times as often as the ~50 epochs of a real
-  trial, so that claims and history reads have enough samples: before each claim the
-  replica reads the history as it does before generating a candidate (the trials added
-  since its last read, in full, then every trial's summary: 10,000 rows), then claims;
-  it finishes the trial after its last epoch.
+Part 3 (``--slurm``), part 4 (``--hosted``) and ``--real-run``: see their functions.
 
-The primary runs ``primary.supervise`` in its own process, with its live view rendered to
-a terminal every second, for the whole window. Measured: connections held (sampled every
-0.5 s), latency p50/p99 of each store call, the primary's CPU time over the window (share of
-one core), and records lost or duplicated: epochs the replicas were told are recorded but the
-store lacks, and epochs the primary's live view counted other than once.
+The control plane under load (thousands of replicas' calls at a node's rates) is
+bench/bench_control.py.
 
-Part 2 (size). On the generated run: writing result.json, ``check``, the report, and
-``compare``, each timed once; the report's size.
-
-Run: python bench/bench_scale.py [--replicas 1,8,64,512] [--window 90] [--trials 10000]
-     [--epochs 500000]
+Run: python bench/bench_scale.py [--trials 10000] [--epochs 500000] [--nodes 512] [--work DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -54,162 +35,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-EPOCH_S = 32.0
-HEARTBEAT_S = 5.0
-SAMPLE_S = 30.0
-TRIAL_EPOCHS = 5
-MAX_WORKERS = 8
-OPS = ("claim", "record_epoch", "heartbeat", "history_read", "finish", "add_samples")
 
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# --- one worker process: a slice of the replicas, each a thread with its own store ---------
-def replica_thread(url: str, run_id: int, seg: int, index: int, start: float, end: float,
-                   graph_json: str, last_trial: int, out: dict[str, Any]) -> None:
-    from automlperf.store import EpochRecord, open_store
-
-    rng = random.Random(index)
-    store = open_store(url)
-    times: dict[str, list[float]] = {op: [] for op in OPS}
-
-    def timed(op: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        value = fn(*args, **kwargs)
-        times[op].append(time.perf_counter() - t)
-        return value
-
-    rep = store.register_replica(run_id, index, seg, f"node{index:04d}", os.getpid(),
-                                 [f"cuda:{i}" for i in range(8)], time.time())
-    acknowledged: list[tuple[int, int]] = []
-    k = 0
-
-    def claim() -> int:
-        nonlocal k, last_trial
-        t = time.perf_counter()
-        for rec in store.trials(run_id, after_id=last_trial):
-            last_trial = max(last_trial, rec.id)
-        store.summaries(run_id)
-        times["history_read"].append(time.perf_counter() - t)
-        k += 1
-        trial = timed("claim", store.claim_trial, run_id, rep, index, f"bench-{index}-{k}",
-                      graph_json, None, [], k, {"batch_size": 1024}, time.time(), 60.0)
-        assert trial is not None
-        return int(trial)
-
-    # Set up untimed, as if the replica had been at work for a while: its current trial
-    # claimed, some of its epochs done, so that claims spread over time as in a long run.
-    trial = claim()
-    for op in times:
-        times[op].clear()
-    epoch = rng.randrange(TRIAL_EPOCHS)
-    next_epoch = start + rng.random() * EPOCH_S
-    next_beat = start + rng.random() * HEARTBEAT_S
-    next_sample = start + rng.random() * SAMPLE_S
-    stop = threading.Event()
-    while True:
-        due = min(next_epoch, next_beat, next_sample)
-        if due >= end:
-            break
-        stop.wait(max(0.0, due - time.time()))
-        now = time.time()
-        if due == next_epoch:
-            timed("record_epoch", store.record_epoch, EpochRecord(
-                trial, epoch, now - EPOCH_S, now, 1_281_167, 50_000, 1252, 3 * 10**16, 1.0,
-                0.5 + 0.01 * epoch, "bf16", 1024, 8, 0.02, 40_000.0, run_id=run_id))
-            acknowledged.append((trial, epoch))
-            epoch += 1
-            next_epoch += EPOCH_S
-            if epoch == TRIAL_EPOCHS:
-                timed("finish", store.finish_trial, trial, "completed", now, best_accuracy=0.55)
-                trial, epoch = claim(), 0
-        elif due == next_beat:
-            t = time.perf_counter()
-            store.heartbeat(rep, now, 60.0)
-            store.segments(run_id)
-            times["heartbeat"].append(time.perf_counter() - t)
-            next_beat += HEARTBEAT_S
-        else:
-            gpus = [{"index": i, "util": 95.0, "mem_used_gib": 60.0, "mem_total_gib": 79.1,
-                     "power_w": 600.0, "energy_mj": int(now * 1000)} for i in range(8)]
-            timed("add_samples", store.add_samples, run_id, f"node{index:04d}",
-                  [{"t": now, "cpu_percent": 50.0, "mem_used_gib": 900.0,
-                    "mem_total_gib": 2015.6, "gpus": gpus}])
-            next_sample += SAMPLE_S
-    store.end_replica(rep, "stopped", time.time())
-    store.close()
-    out[str(index)] = {"times": times, "acknowledged": acknowledged}
-
-
-def worker(args: argparse.Namespace) -> None:
-    url = os.environ["BENCH_STORE_URL"]
-    graph_json = Path(args.graph).read_text()
-    out: dict[str, Any] = {}
-    threads = [threading.Thread(target=replica_thread, args=(
-        url, args.run_id, args.segment, i, args.start, args.end, graph_json, args.last_trial,
-        out)) for i in range(args.first, args.last)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    json.dump({"replicas": out, "cpu_s": usage.ru_utime + usage.ru_stime}, sys.stdout)
-
-
-# --- the primary, in its own process ---------------------------------------------------------
-def primary(args: argparse.Namespace) -> None:
-    from rich.console import Console
-
-    from automlperf.config import Config
-    from automlperf.runner import session as prim
-    from automlperf.store import open_store
-    from automlperf.store.rundir import RunDir
-
-    store = open_store(os.environ["BENCH_STORE_URL"])
-    config = Config.parse(store.run(args.run_id)["config"])
-
-    replicas = int(args.replicas)
-
-    class Launcher:
-        procs: list[Any] = []
-
-        def states(self) -> list[str]:
-            return ["up"] * replicas
-
-        def alive(self) -> list[bool]:
-            return [True] * replicas
-
-    session = prim.Session(RunDir(Path(args.run_dir)), store, args.run_id, config,
-                           args.segment, args.start, args.end, 0.0)
-    console = Console(file=io.StringIO(), force_terminal=True, width=160)
-    # The view's first read (the whole history, once per session) is timed on its own;
-    # supervise then gets this view, and the window measures the steady state.
-    t = time.perf_counter()
-    view = prim.LiveView(session)
-    view.update()
-    first_read = time.perf_counter() - t
-    prim.LiveView = lambda _session: view  # type: ignore[assignment,misc]
-    while time.time() < args.start:
-        time.sleep(0.05)
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    rows_before = view.feed.rows
-    wall = time.time()
-    watch = prim.supervise(session, Launcher(), console)  # type: ignore[arg-type]
-    wall = time.time() - wall
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    view.update()  # what the replicas recorded after the last second
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    json.dump({"state": watch.state, "wall_s": wall, "cpu_s": cpu,
-               "view_epochs": view.epochs, "rows_read": view.feed.rows - rows_before,
-               "missing": len(view.feed.missing), "first_read_s": first_read}, sys.stdout)
-
-
-# --- the parent -------------------------------------------------------------------------------
 def connections_held(url: str, database: str, stop: threading.Event, out: list[int]) -> None:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     while not stop.wait(0.5):
@@ -218,89 +44,6 @@ def connections_held(url: str, database: str, stop: threading.Event, out: list[i
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = :d "
                 "AND pid <> pg_backend_pid()"), {"d": database}).scalar()))
     engine.dispose()
-
-
-def load(server: Any, template: str, run_dir: Path, n: int, window: float,
-         graph_file: Path) -> dict[str, Any]:
-    """N replicas and the primary for ``window`` seconds on a copy of the generated run."""
-    from automlperf.store import open_store
-
-    database = f"load{n}"
-    admin = sa.create_engine(server.url.rsplit("/", 1)[0] + "/postgres",
-                             poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}"'))
-        conn.execute(sa.text(f'CREATE DATABASE "{database}" TEMPLATE "{template}"'))
-    admin.dispose()
-    url = server.url.rsplit("/", 1)[0] + "/" + database
-    store = open_store(url)
-    run_id = 1
-    last_trial = max(t.id for t in store.summaries(run_id))
-    start = time.time() + 8.0 + n / 50  # time for every process to start and connect
-    end = start + window
-    seg = store.start_segment(run_id, start, end)
-    env = dict(os.environ, BENCH_STORE_URL=url)
-    me = [sys.executable, str(Path(__file__).resolve())]
-    common = ["--run-id", str(run_id), "--segment", str(seg), "--start", str(start),
-              "--end", str(end)]
-    prim = subprocess.Popen(me + ["--primary", "--run-dir", str(run_dir), "--replicas", str(n),
-                                  *common], env=env, stdout=subprocess.PIPE, text=True)
-    procs = []
-    workers = min(n, MAX_WORKERS)
-    bounds = [round(i * n / workers) for i in range(workers + 1)]
-    for a, b in zip(bounds, bounds[1:]):
-        procs.append(subprocess.Popen(me + ["--worker", "--first", str(a), "--last", str(b),
-                                            "--graph", str(graph_file),
-                                            "--last-trial", str(last_trial), *common],
-                                      env=env, stdout=subprocess.PIPE, text=True))
-    held: list[int] = []
-    stop = threading.Event()
-    sampler = threading.Thread(target=connections_held, args=(url, database, stop, held))
-    sampler.start()
-    results = [json.loads(p.communicate()[0]) for p in procs]
-    primary_out = json.loads(prim.communicate()[0])
-    stop.set()
-    sampler.join()
-    times: dict[str, list[float]] = {op: [] for op in OPS}
-    acknowledged: list[tuple[int, int]] = []
-    for r in results:
-        for rep in r["replicas"].values():
-            for op, values in rep["times"].items():
-                times[op] += values
-            acknowledged += [tuple(x) for x in rep["acknowledged"]]
-    with store.engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT trial_id, epoch FROM amp_epochs WHERE run_id = :r AND ended_at >= :s"),
-            {"r": run_id, "s": start}).all()
-        total_after = int(conn.execute(sa.text(
-            "SELECT count(*) FROM amp_epochs WHERE run_id = :r"), {"r": run_id}).scalar())
-    stored = {(int(t), int(e)) for t, e in rows}
-    store.close()
-    admin = sa.create_engine(server.url.rsplit("/", 1)[0] + "/postgres",
-                             poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE "{database}"'))
-    admin.dispose()
-    lost = len(set(acknowledged) - stored)
-    duplicated = len(acknowledged) - len(set(acknowledged)) + (len(rows) - len(stored))
-    view_off = primary_out["view_epochs"] - total_after  # counted other than once
-    return {
-        "replicas": n, "window_s": window, "epochs": len(acknowledged),
-        "epochs_per_s": len(acknowledged) / window,
-        "connections_max": max(held) if held else None,
-        "connections_median": statistics.median(held) if held else None,
-        "latency_ms": {op: {"n": len(v), "p50": _ms(pct(v, 0.5)), "p99": _ms(pct(v, 0.99))}
-                       for op, v in times.items()},
-        "primary_cpu_share": primary_out["cpu_s"] / primary_out["wall_s"],
-        "primary_state": primary_out["state"],
-        "view_rows_read": primary_out["rows_read"], "view_first_read_s": primary_out["first_read_s"],
-        "lost": lost, "duplicated": duplicated, "view_miscount": view_off,
-        "worker_cpu_s": sum(r["cpu_s"] for r in results),
-    }
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(1000 * value, 2)
 
 
 def real_run(replicas: int, duration: str, work: Path) -> dict[str, Any]:
@@ -333,45 +76,67 @@ def real_run(replicas: int, duration: str, work: Path) -> dict[str, Any]:
             "samples": len(held)}
 
 
-def size(run_dir: Path, url: str | None) -> dict[str, Any]:
-    """Writing result.json, check, the report and compare on the generated run, timed."""
+def size_step(args: argparse.Namespace) -> None:
+    """One step of part 2 in a process of its own (its CPU and peak memory measured alone)."""
     from automlperf.config import Config
     from automlperf.measure.check import check_run
     from automlperf.measure.result import build_result, write_result
-    from automlperf.report.compare import ranking
     from automlperf.report.html import write_report
     from automlperf.store.rundir import RunDir, run_store
 
+    run_dir, url = Path(args.run_dir), os.environ.get("BENCH_STORE_URL")
     rd = RunDir(run_dir)
-    out: dict[str, Any] = {}
+    if args.size_step == "result":
+        with run_store(run_dir, url) as store:
+            result = build_result(store, int(rd.meta()["run_id"]), Config.load(rd.config),
+                                  json.loads(rd.system.read_text()))
+        write_result(rd.result, result)
+        print(json.dumps({}))
+    elif args.size_step == "check":
+        checked = check_run(run_dir, url)
+        print(json.dumps({"check_ok": checked.ok, "check_mismatches": checked.mismatches[:3]}))
+    else:
+        print(json.dumps({"report_mb": write_report(run_dir, url).stat().st_size / 1e6}))
 
-    def cpu() -> float:  # this process's and its finished children's (check's workers)
-        own, children = resource.getrusage(resource.RUSAGE_SELF), \
-            resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
-    t, c = time.perf_counter(), cpu()
-    with run_store(run_dir, url) as store:
-        result = build_result(store, int(rd.meta()["run_id"]), Config.load(rd.config),
-                              json.loads(rd.system.read_text()))
-    write_result(rd.result, result)
-    out["result_s"], out["result_cpu_s"] = time.perf_counter() - t, cpu() - c
-    t, c = time.perf_counter(), cpu()
-    checked = check_run(run_dir, url)
-    out["check_s"], out["check_cpu_s"] = time.perf_counter() - t, cpu() - c
-    out["check_ok"] = checked.ok
-    out["check_mismatches"] = checked.mismatches[:3]
-    t, c = time.perf_counter(), cpu()
-    report = write_report(run_dir, url)
-    out["report_s"], out["report_cpu_s"] = time.perf_counter() - t, cpu() - c
-    out["report_mb"] = report.stat().st_size / 1e6
+def measured(cmd: list[str], env: dict[str, str]) -> tuple[dict[str, Any], float, float, float]:
+    """Run ``cmd``; (its JSON output, wall seconds, CPU seconds of it and the workers it
+    waited for, peak resident memory in GiB of it or any of them)."""
+    t = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t
+        out.seek(0)
+        text = out.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode})")
+    return (json.loads(text.strip().splitlines()[-1]), wall, usage.ru_utime + usage.ru_stime,
+            usage.ru_maxrss / 2**20)
+
+
+def size(run_dir: Path, url: str | None) -> dict[str, Any]:
+    """Writing result.json, check, the report and compare on the generated run, each timed
+    (wall and CPU, workers included) with its peak memory, in a process of its own."""
+    from automlperf.report.compare import ranking
+    from automlperf.store.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    out: dict[str, Any] = {"epochs": None}
+    env = dict(os.environ, **({"BENCH_STORE_URL": url} if url else {}))
+    me = [sys.executable, str(Path(__file__).resolve()), "--run-dir", str(run_dir)]
+    for step in ("result", "check", "report"):
+        found, wall, cpu, peak = measured(me + ["--size-step", step], env)
+        out.update(found)
+        out[f"{step}_s"], out[f"{step}_cpu_s"], out[f"{step}_peak_gib"] = wall, cpu, peak
     out.update(search_progress(run_dir, url))
     t = time.perf_counter()
     ranking([run_dir, run_dir])
     out["compare_s"] = time.perf_counter() - t
     out["result_mb"] = rd.result.stat().st_size / 1e6
+    out["epochs"] = json.loads(rd.result.read_text()).get("epochs")
     return out
-
 
 
 def search_progress(run_dir: Path, url: str | None) -> dict[str, Any]:
@@ -624,16 +389,23 @@ def hosted_series(sizes: list[int], processes: int, duration: str, work: Path) -
 
 
 # --- part 4: many simulated replicas hosted in a few processes ---------------------------------
-# 512 replica processes (~129 MiB each) do not fit in 24 GiB, so here each process hosts a
-# slice of the replicas as threads: real Replica objects (open_replica: the run's store, its
-# own connection pool, the search, its TPE study, the simulated devices) against a private
-# PostgreSQL server and a real primary (`automlperf run --launcher external`). What differs
-# from N replica processes: the replicas of a process share its interpreter (one GIL, one
-# import), and no node sampler runs (512 sampler processes would not fit either). Epochs are
-# 10x longer than part 3's and heartbeats 6x rarer, so that 512 replicas' epochs, heartbeats
-# and searches do not by themselves saturate this machine's 2 cores (stated with the figures).
-HOSTED_CONFIG = SLURM_CONFIG.replace("sustained_ops = 5e9", "sustained_ops = 5e8").replace(
-    "heartbeat_s = 5\nlease_timeout_s = 120", "heartbeat_s = 30\nlease_timeout_s = 600")
+# Thousands of replica processes (~129 MiB each) do not fit in 24 GiB, so here each process
+# hosts a slice of the replicas as threads: real Replica objects (open_replica: the run's
+# store, reached through its store service, the search, its TPE study, the simulated devices)
+# against a private PostgreSQL server and a real primary (`automlperf run --launcher
+# external`, which starts the service). What differs from N replica processes: the replicas
+# of a process share its interpreter (one GIL, one import) and its history of the run, and no
+# node sampler runs (thousands of sampler processes would not fit either). The run's settings
+# are a node's (heartbeat 5 s, lease 60 s) but for the simulated devices, whose epochs last
+# >= 30 s (the seed's ~33 s, grown networks longer), and the search: random morphs of a trained
+# model and no TPE (search.strategy = "random", search.hpo = "none"), since thousands of
+# Bayesian searches would share 2 cores here where each node has its own (bench/bench_search.py
+# measures the Bayesian search's CPU). Stated with the figures.
+HOSTED_CONFIG = SLURM_CONFIG.replace("sustained_ops = 5e9", "sustained_ops = 3.3e8").replace(
+    "lease_timeout_s = 120", "lease_timeout_s = 60") + """[search]
+strategy = "random"
+hpo = "none"
+"""
 
 
 def host_replicas(args: argparse.Namespace) -> None:
@@ -753,22 +525,17 @@ def print_series(series: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--replicas", default="1,8,64,512")
-    ap.add_argument("--window", type=float, default=90.0)
     ap.add_argument("--trials", type=int, default=10_000)
     ap.add_argument("--epochs", type=int, default=500_000)
     ap.add_argument("--nodes", type=int, default=512, help="replicas of the generated run")
     ap.add_argument("--work", type=Path, default=None, help="keep everything here")
     # internal: the processes the bench starts
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--primary", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
-    for name, kind in (("--first", int), ("--last", int), ("--run-id", int), ("--segment", int),
-                       ("--start", float), ("--end", float), ("--last-trial", int),
-                       ("--graph", str), ("--run-dir", str)):
+    ap.add_argument("--size-step", choices=("result", "check", "report"), help=argparse.SUPPRESS)
+    for name, kind in (("--first", int), ("--last", int), ("--run-dir", str)):
         ap.add_argument(name, type=kind, help=argparse.SUPPRESS)
     ap.add_argument("--skip-size", action="store_true",
-                    help="leave out part 2 (with --work of an earlier run: its run is reused)")
+                    help="generate the run only (measure it later with the same --work)")
     ap.add_argument("--real-run", type=int, default=0, metavar="REPLICAS",
                     help="only: a real run of this many replicas, its connections counted")
     ap.add_argument("--slurm", default="", metavar="N,N,...",
@@ -781,6 +548,8 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=8, help="host processes of --hosted")
     ap.add_argument("--hosted-duration", default="10m", help="run length of each hosted run")
     args = ap.parse_args()
+    if args.size_step:
+        return size_step(args)
     if args.host:
         return host_replicas(args)
     if args.hosted:
@@ -798,10 +567,6 @@ def main() -> None:
         print_series(series)
         print(json.dumps({"bench": "scale-slurm", **series}))
         return None
-    if args.worker:
-        return worker(args)
-    if args.primary:
-        return primary(args)
     if args.real_run:
         work = args.work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
         found = real_run(args.real_run, "2m", work)
@@ -813,14 +578,10 @@ def main() -> None:
 
     import large_run
 
-    from automlperf.graph import seeds
-    from automlperf.store import connections
     from automlperf.store.pgserver import PostgresServer
 
-    sizes = [int(x) for x in args.replicas.split(",") if x.strip()]  # "": part 2 only
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    server = PostgresServer(work / "postgres",
-                            max_connections=connections.server_size(max(sizes, default=1)))
+    server = PostgresServer(work / "postgres")
     reuse = (work / "run" / "result.json").exists()
     server.start()
     try:
@@ -831,44 +592,30 @@ def main() -> None:
             base = server.create_database("generated")
             t = time.perf_counter()
             made = large_run.generate(work / "run", args.trials, args.epochs, args.nodes,
-                                      store_url=base)
+                                      store_url=base, progress=True)
             made["generate_s"] = time.perf_counter() - t
             (work / "generated.json").write_text(json.dumps(made))
         print(f"generated {made['trials']} trials, {made['epochs']} epochs, {made['samples']} "
-              f"samples in {made['generate_s']:.0f} s", flush=True)
-        sized = size(work / "run", base) if not args.skip_size else {}
-        print(json.dumps(sized), flush=True)
-        graph_file = work / "graph.json"
-        graph_file.write_text(seeds.seed("resnet50", 1000, 224, 3).to_json(None))
-        loads = []
-        for n in sizes:
-            loads.append(load(server, "generated", work / "run", n, args.window, graph_file))
-            print(json.dumps(loads[-1]), flush=True)
+              f"samples of {made['replicas']} nodes in {made['generate_s']:.0f} s", flush=True)
+        if args.skip_size:
+            return None
+        sized = {"load_before": os.getloadavg()[0], **size(work / "run", base),
+                 "load_after": os.getloadavg()[0]}
     finally:
         server.stop()
-    print()
-    head = (f"{'N':>5} {'ep/s':>6} {'conn max':>8} {'claim p50/p99':>14} {'epoch p50/p99':>14} "
-            f"{'beat p50/p99':>13} {'history p50/p99':>16} {'primary CPU':>11} {'lost':>5} "
-            f"{'dup':>4} {'view±':>5}")
-    print(head)
-    def two(r: dict[str, Any], op: str) -> str:
-        return f"{r['latency_ms'][op]['p50']}/{r['latency_ms'][op]['p99']}"
-
-    for r in loads:
-        print(f"{r['replicas']:>5} {r['epochs_per_s']:>6.2f} {r['connections_max']:>8} "
-              f"{two(r, 'claim'):>14} {two(r, 'record_epoch'):>14} {two(r, 'heartbeat'):>13} "
-              f"{two(r, 'history_read'):>16} {100 * r['primary_cpu_share']:>10.1f}% "
-              f"{r['lost']:>5} {r['duplicated']:>4} {r['view_miscount']:>5}")
-    if sized:
-        print(f"\n{made['trials']} trials, {made['epochs']} epochs, {made['samples']} samples "
-              f"(PostgreSQL): result {sized['result_s']:.1f} s, check {sized['check_s']:.1f} s "
-              f"({'verified' if sized['check_ok'] else 'MISMATCHES'}), report "
-              f"{sized['report_s']:.1f} s ({sized['report_mb']:.2f} MB; its search progress "
-              f"{sized['progress_figures_s']:.2f} s + charts {sized['progress_charts_s']:.2f} s), "
-              "compare "
-              f"{sized['compare_s']:.2f} s")
-    print(json.dumps({"bench": "scale", "generated": made, "size": sized, "load": loads}))
-
+    per = 1e5 / made["epochs"]
+    print(f"\n{made['replicas']} nodes, {made['trials']} trials, {made['epochs']} epochs, "
+          f"{made['samples']} samples (PostgreSQL):")
+    for step in ("result", "check", "report"):
+        print(f"  {step}: {sized[f'{step}_s']:.1f} s, CPU {sized[f'{step}_cpu_s']:.1f} s "
+              f"({per * sized[f'{step}_cpu_s']:.1f} s per 100,000 epochs), peak "
+              f"{sized[f'{step}_peak_gib']:.2f} GiB")
+    print(f"  {'verified' if sized['check_ok'] else 'MISMATCHES'}; report "
+          f"{sized['report_mb']:.2f} MB, result.json {sized['result_mb']:.2f} MB, compare "
+          f"{sized['compare_s']:.2f} s; load average {sized['load_before']:.2f} -> "
+          f"{sized['load_after']:.2f}")
+    print(json.dumps({"bench": "scale", "generated": made, "size": sized}))
+    return None
 
 if __name__ == "__main__":
     main()

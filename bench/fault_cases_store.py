@@ -11,8 +11,10 @@ pass, fail or n/a), detect_s (seconds from the fault to its detection or recover
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -195,6 +197,56 @@ def pg_down(scratch: Path, retry_s: float = 10.0, rounds: int = 4) -> dict[str, 
         shutil.rmtree(home, ignore_errors=True)
 
 
+def service_pid(run_dir: Path) -> int | None:
+    try:
+        return int(json.loads((run_dir / "store-service.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def service_killed_and_stopped(scratch: Path, stop_s: float = 30.0, lease_s: float = 40.0,
+                               rounds: int = 4) -> dict[str, Any]:
+    """The run's store service (a PostgreSQL run's) is killed (kill -9) after the first
+    epoch, and once the primary has started it again and the run has recorded more, stopped
+    (SIGSTOP) for ``stop_s``: the replicas wait for it, nothing acknowledged is lost and no
+    live replica's trial is failed for the silence."""
+    server, url, home = private_server(scratch)
+    try:
+        config = scratch / "sim.toml"
+        config.write_text(store_fault_config(rounds, lease_s))
+        run_dir = scratch / "run"
+        proc = start_run(run_dir, config, url)
+        before = first_epoch(url, run_dir, proc)
+        first = wait_for(lambda: service_pid(run_dir), 60, "the store service", proc)
+        os.kill(first, signal.SIGKILL)
+        killed = time.monotonic()
+        again = wait_for(lambda: (p := service_pid(run_dir)) != first and p, 120,
+                         "the store service started again", proc)
+        middle = wait_for(lambda: (r := records(url, run_dir)) and count(r) > count(before)
+                          and r, 600, "a record after the restart", proc)
+        detect = time.monotonic() - killed
+        os.kill(again, signal.SIGSTOP)
+        time.sleep(stop_s)  # the fault itself: a stop this long
+        os.kill(again, signal.SIGCONT)
+        out, err = proc.communicate(timeout=900)
+        store = open_store(url, run_dir=run_dir)
+        try:
+            charged = [t.id for t in store.trials(1) if "heart-beating" in t.reason]
+        finally:
+            store.close()
+        silent = sum("has been silent" in p.read_text() for p in (run_dir / "logs").glob("replica-*"))
+        happened = (f"killed, started again in {detect:.0f} s; stopped {stop_s:.0f} s; "
+                    f"{len(charged)} trial(s) charged to live replicas, {silent} replica(s) "
+                    "stopped for the primary's silence")
+        return {"happened": happened, "exit": proc.returncode,
+                **account(run_dir, before=ids(before) | ids(middle), url=url),
+                "check": check(run_dir, url), "detect_s": round(detect, 1),
+                "charged": len(charged), "silent": silent, "stderr": err}
+    finally:
+        server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def _recovered(text: str) -> str:
     """What the resumed run said it took back from the trial logs, if anything."""
     said = [line for line in text.splitlines() if "recovered from the trial logs" in line]
@@ -260,6 +312,9 @@ def cases() -> list[tuple[str, str, Callable[[Path], dict[str, Any]]]]:
     return [
         ("pg restarted after a 30 s outage",
          "replicas and primary wait; no live trial failed; check passes", pg_restarted),
+        ("store service killed (kill -9), then stopped 30 s (SIGSTOP)",
+         "started again by the primary; replicas wait; nothing lost, no live trial failed",
+         service_killed_and_stopped),
         ("pg down past the retry limit, then --resume",
          "one line naming the store, exit 1; resume finishes", pg_down),
         ("SQLite on a full disk, then --resume",

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Install the system programs the test suite drives for real: PostgreSQL (server binaries),
 # SLURM with munge, Open MPI's mpiexec (a launcher other than SLURM), and Chromium (to
-# render the report). Debian/Ubuntu, as root or with
+# render the report); and PgBouncer, which bench/bench_control.py measures against the store
+# service. Debian/Ubuntu, as root or with
 # password-less sudo; on other systems install the equivalents by hand.
 set -eu
 need=""
@@ -9,6 +10,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/n
 command -v slurmctld >/dev/null 2>&1 || need="$need slurm-wlm"
 command -v munged >/dev/null 2>&1 || need="$need munge"
 command -v mpiexec.openmpi >/dev/null 2>&1 || need="$need openmpi-bin"
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need="$need pgbouncer"
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need="$need chromium fonts-liberation"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ]; then

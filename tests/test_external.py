@@ -81,15 +81,20 @@ def test_replicas_started_by_mpiexec_complete_a_run_that_verifies(tmp_path):
     checker = mlp_compliance.make_checker("training", "6.1.0", quiet=True, werror=False)
     assert checker.check_file(str(run_dir / "mllog.txt"), str(rules_path()))
     assert json.loads((run_dir / "system_desc.json").read_text())["number_of_nodes"] == "1"
-    # The TPE studies load with Optuna's own API (what optuna-dashboard shows).
+    # The TPE studies, a journal per replica in the run directory, load with Optuna's own
+    # API (what optuna-dashboard shows).
     import optuna
+    from optuna.storages.journal import JournalFileBackend
 
-    storage = f"sqlite:///{run_dir / 'history.db'}"
-    names = {s.study_name for s in optuna.get_all_study_summaries(storage=storage)}
+    def journal(index):
+        return optuna.storages.JournalStorage(
+            JournalFileBackend(str(run_dir / "tpe" / f"replica-{index}.journal")))
+
+    names = {s.study_name for i in (0, 1) for s in optuna.get_all_study_summaries(journal(i))}
     assert names == {"run-1-replica-0", "run-1-replica-1"}
     tuned = [t for t in store.trials(1) if t.hparams["tpe_trial"] is not None]
     for index in (0, 1):
-        study = optuna.load_study(study_name=f"run-1-replica-{index}", storage=storage)
+        study = optuna.load_study(study_name=f"run-1-replica-{index}", storage=journal(index))
         numbers = {t.number for t in study.trials}
         assert {t.hparams["tpe_trial"] for t in tuned if t.replica_index == index} <= numbers
         assert all(set(t.params) == {"batch_size", "kernel_size"} for t in study.trials)

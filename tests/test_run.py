@@ -99,9 +99,12 @@ def test_a_short_run_searches_morphs_and_tunes(tmp_path):
     check_ops_are_consistent(store)
     counted = counted_epochs(store.epochs(1), store.segments(1))
     assert result["total_ops"] == sum(e.ops for _, e in counted)
+    # Each replica's TPE study is a journal in the run directory.
     import optuna
+    from optuna.storages.journal import JournalFileBackend
 
-    studies = optuna.get_all_study_summaries(f"sqlite:///{run_dir / 'history.db'}")
+    studies = [s for i in (0, 1) for s in optuna.get_all_study_summaries(
+        optuna.storages.JournalStorage(JournalFileBackend(str(run_dir / "tpe" / f"replica-{i}.journal"))))]
     assert sorted(s.study_name for s in studies) == ["run-1-replica-0", "run-1-replica-1"]
 
 

@@ -22,6 +22,40 @@ def epoch(run_id, trial_id, n, ended=None, ops=10**15):
                        0.5 + n / 100, "bf16", 128, 2, 0.01, 900.0, run_id=run_id)
 
 
+class ServedStore(str):
+    """The URL of a store service (``store-service://FILE``), and of its database."""
+
+    database: str
+
+
+@pytest.fixture
+def service_url(pg_url, tmp_path):
+    """A store service, as the primary starts it, on a database of its own."""
+    from automlperf.store.serviceproc import ServiceProcess
+
+    open_store(pg_url, create=True).close()  # the primary makes the store first
+    service = ServiceProcess(tmp_path / "served", pg_url)
+    service.start()
+    url = ServedStore(f"store-service://{service.file}")
+    url.database = pg_url
+    yield url
+    service.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql", pytest.param("service", marks=pytest.mark.postgres)])
+def store_url(request, tmp_path):
+    """One URL per store backend, and the store service before PostgreSQL: every test using
+    it runs against each."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.db'}"
+    return request.getfixturevalue("pg_url" if request.param == "postgresql" else "service_url")
+
+
+def database(store_url):
+    """An engine on the database behind a store URL."""
+    return sa.create_engine(getattr(store_url, "database", store_url))
+
+
 @pytest.fixture
 def store(store_url):
     s = open_store(store_url, create=True)
@@ -44,7 +78,7 @@ class TestStoreContract:
         assert got["config"] == {"train": {"max_epochs": 4}} and got["duration_s"] == 600.0
         again = open_store(store_url)  # a worker opens without creating
         assert again.run(run_id)["name"] == "r"
-        with store.engine.begin() as conn:
+        with database(store_url).begin() as conn:
             conn.execute(sa.text("UPDATE amp_meta SET value = '99' WHERE key = 'schema_version'"))
         with pytest.raises(SchemaMismatch,
                            match=f"schema version 99; this automlperf reads version {SCHEMA_VERSION}"):
@@ -292,8 +326,9 @@ def test_the_numbers_asked_for_again_are_bounded(tmp_path, monkeypatch):
 def test_a_postgres_store_from_before_epoch_numbers_gets_them(pg_url):
     s = open_store(pg_url, create=True)
     run_id, t = one_trial(s)
-    with s.engine.begin() as conn:
+    with s.engine.begin() as conn:  # as an automlperf before epoch numbers made it
         conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN seq")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
     s.record_epoch(epoch(run_id, t, 0))
     s.close()
     s = open_store(pg_url)
@@ -367,12 +402,47 @@ def test_a_store_from_before_node_descriptions_gets_their_table(tmp_path):
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)
     s.close()
     engine = sa.create_engine(url)
-    with engine.begin() as conn:
+    with engine.begin() as conn:  # as an automlperf before node descriptions made it
         conn.exec_driver_sql("DROP TABLE amp_nodes")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
     engine.dispose()
     s = open_store(url)
     assert s.nodes(run_id) == [] and s.run(run_id)["name"] == "r"
     s.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request, tmp_path):
+    """A database's URL (the store service serves one of these)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+def test_a_store_from_before_change_numbers_gets_them(sql_url):
+    """A store an earlier automlperf made (no change numbers, leases on the trials) opens,
+    numbers its trials and replicas, and keeps its running trials' leases."""
+    s = open_store(sql_url, create=True)
+    run_id, t = one_trial(s)  # claimed at 1.0 with a lease of 60 s
+    with s.engine.begin() as conn:
+        for index in ("amp_trials_changed", "amp_trials_running", "amp_replicas_changed",
+                      "amp_samples_node"):
+            conn.exec_driver_sql(f"DROP INDEX {index}")
+        for table, column in (("amp_trials", "changed"), ("amp_replicas", "changed"),
+                              ("amp_replicas", "lease_until")):
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
+        if not s.url.startswith("sqlite"):
+            conn.exec_driver_sql("DROP SEQUENCE amp_changes")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
+    s.close()
+    s = open_store(sql_url)
+    assert [c.id for c in s.changes(run_id, 0).rows] == [t]
+    (rep,) = s.replicas(run_id)
+    assert s.expire_leases(run_id, 50.0) == []  # the lease its trial had
+    assert s.heartbeat(rep.id, 50.0, 60.0).index == 0
+    assert s.expire_leases(run_id, 100.0) == []  # extended by the beat
+    assert s.expire_leases(run_id, 120.0) == [t]
+    assert [c.status for c in s.changes(run_id, 0).rows] == ["failed"]
 
 
 def test_a_store_from_before_the_device_share_gets_its_column(tmp_path):
@@ -389,6 +459,7 @@ def test_a_store_from_before_the_device_share_gets_its_column(tmp_path):
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN device_share")
+        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")  # none was kept then
         conn.exec_driver_sql(
             "INSERT INTO amp_epochs (trial_id, epoch, run_id, started_at, ended_at, train_images,"
             " val_images, steps, ops, train_loss, val_accuracy, precision, batch_size, world_size,"
@@ -421,6 +492,7 @@ def test_a_store_from_before_validation_losses_gets_their_column(tmp_path):
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN val_loss")
+        conn.exec_driver_sql("UPDATE amp_meta SET value = '2' WHERE key = 'layout'")
     engine.dispose()
     s = open_store(url)
     s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), val_loss=0.875))

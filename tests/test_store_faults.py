@@ -228,6 +228,15 @@ def test_a_full_sqlite_store_fails_at_once_saying_so(tmp_path, monkeypatch):
     assert rows and all(json.loads(r)["host"] == sample["host"] for r in rows)
 
 
+def test_a_sqlite_stores_file_system_without_room_is_full(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    assert sql._full_file_system(url) is None
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    monkeypatch.setattr(sql, "FULL_BELOW_BYTES", free + (1 << 30))
+    assert sql._full_file_system(url) == str(tmp_path)
+    assert sql._full_file_system("postgresql://h/db") is None
+
+
 def test_the_retry_limit_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(sql.RETRY_ENV, "7.5")
     assert open_store(None, run_dir=tmp_path, create=True).retry_s == 7.5
@@ -270,9 +279,22 @@ def test_sqlite_on_a_full_disk_ends_the_run_in_one_line_and_resumes(tmp_path):
     assert found["exit"] == 1
     assert "Traceback" not in found["stderr"]
     (line,) = [x for x in found["stderr"].splitlines() if x.startswith("error")]
-    assert "full" in line and "--resume --run-dir" in line
+    # Said to be full at once (SQLite may call it a disk I/O error), not retried as an outage.
+    assert "is full" in line and "unreachable" not in line and "--resume --run-dir" in line
     assert found["half_written"] == []
     assert found["resume_exit"] == 0, found["resume_stderr"][-3000:]
     # Counted from both sides: the trial logs and the store hold the same epochs, once.
     assert found["lost"] == 0 and found["duplicated"] == 0 and found["check"] == "pass"
+    assert found["epochs_logged"] == found["epochs_stored"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_store_service_killed_then_stopped_is_charged_to_no_replica(tmp_path):
+    found = campaign().service_killed_and_stopped(tmp_path, stop_s=30, lease_s=40, rounds=3)
+    assert found["exit"] == 0, found["stderr"][-3000:]
+    assert found["charged"] == 0 and found["silent"] == 0, found
+    # Counted from both sides: the trial logs and the store hold the same epochs, once.
+    assert found["lost"] == 0 and found["duplicated"] == 0 and found["check"] == "pass"
+    assert found["records_after"] > found["records_before"]
     assert found["epochs_logged"] == found["epochs_stored"] > 0

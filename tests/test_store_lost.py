@@ -34,7 +34,8 @@ def test_a_wrong_store_url_at_the_start_is_the_users_error(tmp_path, monkeypatch
 
 
 def test_a_store_lost_mid_run_fails_the_run_and_keeps_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(sql, "RETRY_S", 2.0)
+    # In this process and in those the run starts (its store service, its replicas).
+    monkeypatch.setenv(sql.RETRY_ENV, "2")
     # Its own server, to lose; outside pytest's base folder, whose mode another session
     # on the machine may reset while the server (another account, as root) starts.
     home = tempfile.mkdtemp(prefix="amp-lost-")

@@ -52,8 +52,9 @@ class _Section(BaseModel):
 class RunConfig(_Section):
     duration_s: float = Field(3600.0, gt=0, description="Wall-clock length of the run in "
                               "seconds (TOML also takes '10m', '2h'). Official runs need >= 1 h.")
-    replicas: int = Field(1, ge=1, le=4096, description="Local replica processes (`run`); on "
-                          "SLURM, one replica per node.")
+    replicas: int = Field(1, ge=1, le=10_000, description="Local replica processes (`run`); on "
+                          "SLURM, one replica per node; with an external launcher, the replicas "
+                          "expected. At most 10,000: the size the control plane is measured at.")
     devices_per_replica: int | None = Field(None, ge=1, description="Accelerators each replica "
                                             "trains on; default all visible (CPU: 1).")
     seed: int = Field(0, ge=0, description="Seed of the search, the HPO and weight init.")

@@ -6,7 +6,7 @@ A bundle (docs/bundle.md has every file and field)::
     bundle.json           what it is: format and version, submitter, system, what it holds
     MANIFEST.sha256       one "<sha256>  <path>" line per other file (``sha256sum -c`` reads it)
     result.json  config.toml  system.json  run.json  system_desc.json  mllog.txt
-    report.html  trials.csv
+    report.html  trials.csv  replicas.csv (where the report lists only some)
     records/              the run's store, exported (automlperf.store.records)
     trials/<id>/          graph.json and log.jsonl of every trial; the best trial's
                           weights.safetensors

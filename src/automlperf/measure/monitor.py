@@ -255,15 +255,24 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
             pass
 
 
-class SampleCopier:
-    """Stores the samples a sampler started with ``--to-stdout`` prints, as they come (a
-    thread reads its output); what the store refuses is kept and sent with the next."""
+# How long a replica gathers its node's samples before storing them in one write: ten
+# samples at the default interval, so that 10,000 nodes' samples are 33 writes a second, not
+# 333. The node's sample file (monitor/<node>.jsonl) has each one at once.
+SAMPLE_BATCH_S = 300.0
 
-    def __init__(self, lines: Iterable[str], store: Any, run_id: int, node: str) -> None:
+
+class SampleCopier:
+    """Stores the samples a sampler started with ``--to-stdout`` prints (a thread reads its
+    output), ``batch_s`` seconds of them at a time and the last when the sampler stops; what the
+    store refuses is kept and sent with the next."""
+
+    def __init__(self, lines: Iterable[str], store: Any, run_id: int, node: str,
+                 batch_s: float = SAMPLE_BATCH_S) -> None:
         self.lines = lines
         self.store = store
         self.run_id = run_id
         self.node = node
+        self.batch_s = batch_s
         self.stored = 0
         self.thread = threading.Thread(target=self._copy, name="samples", daemon=True)
         self.thread.start()
@@ -278,6 +287,8 @@ class SampleCopier:
             if not isinstance(sample, dict) or "t" not in sample:
                 continue  # a library's stray output, not a sample
             pending.append(sample)
+            if sample["t"] - pending[0]["t"] < self.batch_s:
+                continue
             try:
                 self.store.add_samples(self.run_id, self.node, pending)
             except Exception:  # noqa: BLE001 - the file has them; retried with the next

@@ -26,7 +26,7 @@ IDENTIFYING = {"SLURM_JOB_USER": "user", "SLURM_JOB_ACCOUNT": "account",
 HOST_VARIABLES = ("SLURM_SUBMIT_HOST", "SLURMD_NODENAME", "SLURM_LAUNCH_NODE_IPADDR")
 # The files a site's names can be in; graphs, trial logs, epochs and weights hold none.
 SCRUBBED = ("result.json", "system.json", "system_desc.json", "mllog.txt", "config.toml",
-            "run.json", "report.html", "trials.csv", "bundle.json", "records/run.json",
+            "run.json", "report.html", "trials.csv", "replicas.csv", "bundle.json", "records/run.json",
             "records/replicas.jsonl", "records/nodes.jsonl", "records/samples.jsonl")
 
 

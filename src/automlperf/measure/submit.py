@@ -37,7 +37,7 @@ from automlperf.store.urls import redact, strip_password
 SAMPLE_LIMIT = 20_000
 # Copied as the run wrote them, when it has them.
 TOP_FILES = ("result.json", "config.toml", "system.json", "system_desc.json", "mllog.txt",
-             "report.html", "trials.csv")
+             "report.html", "trials.csv", "replicas.csv")
 REQUIRED = ("result.json", "config.toml", "system.json", "report.html")
 _FIX = {"report.html": "write it with `automlperf report {run}`",
         "result.json": "finish the run first (`automlperf run --resume --run-dir {run}`)"}

@@ -14,7 +14,7 @@ from rich.text import Text
 from automlperf.measure.score import run_time, segment_bounds
 from automlperf.measure.units import format_ops
 from automlperf.store import Store, TrialStatus, TrialTally
-from automlperf.store.feed import EpochFeed
+from automlperf.store.feed import EpochFeed, TrialFeed
 
 
 class Watched(Protocol):
@@ -52,12 +52,16 @@ def _count(tally: dict[tuple[int, str], TrialTally], status: str,
 
 class LiveView:
     """What the primary's live view of the run shows, read from the store every second:
-    the epochs recorded since the last read (kept as running totals) and a few rows of
-    trial counts, so that a poll costs the same after ten hours as after ten seconds."""
+    the epochs recorded and the trials changed since the last read (kept as running totals
+    and counts), so that a poll costs the same after ten hours as after ten seconds."""
 
     def __init__(self, session: Watched) -> None:
         self.s = session
         self.feed = EpochFeed(session.store, session.run_id)
+        self.trial_feed = TrialFeed(session.store, session.run_id)
+        self.tally: dict[tuple[int, str], TrialTally] = {}
+        self._trials: dict[int, tuple[int, str]] = {}  # id -> (replica, status)
+        self._running: dict[int, set[int]] = {}  # replica -> its running trials
         # The current session is counted up to its deadline: it ends there at the latest.
         self.bounds = segment_bounds([replace(seg, last_seen=seg.deadline_at)
                                       if seg.ended_at is None else seg
@@ -83,11 +87,30 @@ class LiveView:
             self.last = max(self.last, t)
             self.best = e.val_accuracy if self.best is None else max(self.best, e.val_accuracy)
 
+    def count_trials(self) -> dict[tuple[int, str], TrialTally]:
+        """Take in the trials claimed or ended since the last call; the counts by replica
+        and status (a running count's ``last_id``: the replica's newest running trial)."""
+        for c in self.trial_feed.read():
+            before = self._trials.get(c.id)
+            if before is not None:
+                old = self.tally[before]
+                old.count -= 1
+                if before[1] == TrialStatus.RUNNING:
+                    self._running[before[0]].discard(c.id)
+                    old.last_id = max(self._running[before[0]], default=0)
+            key = (c.replica_index, c.status)
+            self._trials[c.id] = key
+            found = self.tally.setdefault(key, TrialTally(c.replica_index, c.status, 0, 0))
+            found.count += 1
+            found.last_id = max(found.last_id, c.id)
+            if c.status == TrialStatus.RUNNING:
+                self._running.setdefault(c.replica_index, set()).add(c.id)
+        return {k: t for k, t in self.tally.items() if t.count}
+
     def view(self, now: float, states: list[str]) -> Group:
         s = self.s
         self.update()
-        tally: dict[tuple[int, str], TrialTally] = {(t.replica_index, t.status): t
-                                                    for t in s.store.tally(s.run_id)}
+        tally = self.count_trials()
 
         def count(status: str, replica: int | None = None) -> int:
             return _count(tally, status, replica)

@@ -41,6 +41,10 @@ _env.filters["when"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y
 # lists this many trials, the score chart this many points.
 TABLE_ROWS = 1000
 CURVE_POINTS = 2000
+# At 10,000 replicas a row per replica in each of three sections made a 13 MB report: past
+# this many, each lists the replicas that tell most (the least training, the lowest measured
+# ceilings), and every replica is in replicas.csv beside the report.
+REPLICA_ROWS = 256
 
 BREAKDOWN_LABELS = [("start_to_first_epoch_s", "start to first epoch"),
                     ("training_s", "training"), ("data_wait_s", "of which waiting for data"),
@@ -136,6 +140,9 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
         row["birth"] = node["birth"]
     replicas = store.replicas(run_id)
     sampled = pending.result()
+    breakdown = result.get("time_breakdown")
+    described = result.get("node_descriptions") or []
+    nodes = sorted({(r.host, tuple(r.devices)) for r in replicas})
     return {
         "run_dir": str(rd.path), "result": result, "config": config,
         "config_rows": _config_rows(config), "system": system,
@@ -149,12 +156,30 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
         "best_graph": graphs[best_trial.id] if best_trial else None,
         "resources": sampled.columns(), "sample_count": sampled.count,
         "start": segments[0].started_at if segments else 0.0,
-        "nodes": sorted({(r.host, tuple(r.devices)) for r in replicas}),
+        "nodes": nodes[:REPLICA_ROWS], "nodes_hidden": max(0, len(nodes) - REPLICA_ROWS),
         "segments": segments, "store": redact(rd.store_url(store_url) or "history.db"),
-        "breakdown": result.get("time_breakdown"), "breakdown_parts": BREAKDOWN_LABELS,
+        "breakdown": breakdown, "breakdown_parts": BREAKDOWN_LABELS,
+        "breakdown_rows": _fewest(breakdown["replicas"] if breakdown else [], _training_share),
+        "node_rows": _fewest(described, lambda n: n.get("ceiling_ops") or 0.0),
+        "replica_rows_max": REPLICA_ROWS,
+        "all_replicas": (breakdown, described) if max(
+            len(breakdown["replicas"]) if breakdown else 0, len(described),
+            len(nodes)) > REPLICA_ROWS else None,
         "ceiling_precisions": sorted({c["precision"] for n in result.get("node_descriptions") or []
                                       for c in n.get("ceiling", [])}),
     }
+
+
+def _training_share(row: dict[str, Any]) -> float:
+    return float(row.get("training_s") or 0.0) / max(float(row.get("session_s") or 0.0), 1e-9)
+
+
+def _fewest(rows: list[dict[str, Any]], key: Any) -> list[dict[str, Any]]:
+    """All ``rows``, or past ``REPLICA_ROWS`` those lowest by ``key``, in their own order."""
+    if len(rows) <= REPLICA_ROWS:
+        return rows
+    kept = {id(r) for r in sorted(rows, key=key)[:REPLICA_ROWS]}
+    return [r for r in rows if id(r) in kept]
 
 
 def shown_trials(trials: list[TrialRecord], lineage: list[int],
@@ -276,6 +301,29 @@ def trials_csv(trials: list[TrialRecord]) -> str:
     return out.getvalue()
 
 
+REPLICAS_CSV = "replicas.csv"
+
+
+def replicas_csv(breakdown: dict[str, Any] | None, described: list[dict[str, Any]]) -> str:
+    """Every replica, one line each (its node, devices, measured ceiling, and where its time
+    went), for a run whose report lists only some."""
+    parts = [key for key, _ in BREAKDOWN_LABELS] + ["session_s"]
+    times = {row.get("replica"): row for row in (breakdown or {}).get("replicas", [])}
+    nodes = {n.get("replica_index"): n for n in described}
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["replica", "host", "devices", "accelerators", "ceiling_ops",
+                     "ceiling_error", *parts])
+    for index in sorted(set(times) | set(nodes), key=lambda i: (i is None, i)):
+        node, row = nodes.get(index, {}), times.get(index, {})
+        accelerators = "; ".join(f"{a.get('name')} {a.get('uuid') or ''}".strip() for a in
+                                 (node.get("system") or {}).get("accelerators", []))
+        writer.writerow([index, node.get("host"), " ".join(map(str, node.get("devices", []))),
+                         accelerators, node.get("ceiling_ops"), node.get("error"),
+                         *[row.get(key) for key in parts]])
+    return out.getvalue()
+
+
 def render_records(run_dir: Path, records: RunRecords) -> str:
     """The report of the run at ``run_dir`` drawn from ``records`` (a bundle's exported
     records, read without a database)."""
@@ -283,10 +331,13 @@ def render_records(run_dir: Path, records: RunRecords) -> str:
 
 
 def write_report(run_dir: Path, store_url: str | None = None) -> Path:
-    """report.html, and trials.csv where the report lists only some of the trials."""
+    """report.html, and trials.csv (replicas.csv) where the report lists only some of the
+    trials (replicas)."""
     rd = RunDir(Path(run_dir))
     data = gather(run_dir, store_url)
     if data["all_trials"] is not None:
         write_atomic(rd.path / TRIALS_CSV, trials_csv(data["all_trials"]))
+    if data["all_replicas"] is not None:
+        write_atomic(rd.path / REPLICAS_CSV, replicas_csv(*data["all_replicas"]))
     write_atomic(rd.report, render(data))
     return rd.report

@@ -174,31 +174,40 @@ class ExternalLauncher:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> None:
+        from automlperf.store.feed import ReplicaFeed
+        from automlperf.store.remote import open_run_store
         from automlperf.store.rundir import RunDir
-        from automlperf.store import open_store
 
         rd = RunDir(self.run_dir)
         self.run_id = int(rd.meta()["run_id"])
-        self.store = open_store(rd.store_url(self.store_url), run_dir=self.run_dir)
+        self.store = open_run_store(self.run_dir, rd.store_url(self.store_url))
         self.segment = self.store.segments(self.run_id)[-1]
+        self.feed = ReplicaFeed(self.store, self.run_id)
+        self.latest: dict[int, Any] = {}
 
     def _mine(self) -> dict[int, Any]:
-        """The latest registration of each replica index in this session."""
-        latest: dict[int, Any] = {}
-        for rep in self.store.replicas(self.run_id):
+        """The latest registration of each replica index in this session, read from the
+        registrations and ends since the last look."""
+        for rep in self.feed.read():
             if rep.segment == self.segment.index:
-                if rep.index not in latest or rep.id > latest[rep.index].id:
-                    latest[rep.index] = rep
-        return latest
+                known = self.latest.get(rep.index)
+                if known is None or rep.id >= known.id:
+                    self.latest[rep.index] = rep
+        return self.latest
 
     def states(self) -> list[str]:
         """``waiting`` (not registered yet), ``up``, ``lost`` (silent past the lease
-        timeout since the store was last out: killed without a chance to say so) or ``exited``, for each expected index
-        and any unexpected one that registered."""
+        timeout since the store was last out: killed without a chance to say so) or
+        ``exited``, for each expected index and any unexpected one that registered."""
         from automlperf.store import TrialStatus
+        from automlperf.store.base import BACKOFF_MAX_S
 
         mine = self._mine()
-        now = time.time()
+        before = time.time() - self.lease_timeout_s
+        restored = self.store.restored_at
+        # Not while the store was out: no replica could heart-beat then.
+        judged = not restored or restored + BACKOFF_MAX_S < before
+        silent = set(self.store.silent_replicas(self.run_id, before)) if judged else set()
         count = max([self.replicas, *(i + 1 for i in mine)])
         states = []
         for i in range(count):
@@ -207,8 +216,7 @@ class ExternalLauncher:
                 states.append("waiting")
             elif rep.status != TrialStatus.RUNNING:
                 states.append("exited")
-            elif now - self.store.silent_since(rep.last_heartbeat) > self.lease_timeout_s:
-                # Not while the store was out: no replica could heart-beat then.
+            elif rep.id in silent:
                 states.append("lost")
             else:
                 states.append("up")

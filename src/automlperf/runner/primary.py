@@ -192,7 +192,16 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
 
         limit = job_limit()
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
-                            process_start=started)
+                            process_start=started, listen_all=req.launcher != "local")
+    try:
+        return _run_session(req, session, starter, console, system, run_dir, url, count)
+    finally:
+        session.stop_service()
+
+
+def _run_session(req: RunRequest, session: steps.Session, starter: Any, console: Console,
+                 system: dict[str, Any], run_dir: Path, url: str | None,
+                 count: int) -> RunOutcome:
     cfg = session.config
     if session.deadline_at <= session.started_at:
         console.print("this run has used its whole duration; recomputing its result")

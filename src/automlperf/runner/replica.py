@@ -34,6 +34,7 @@ from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch
 from automlperf.seeding import mix_seed
 from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus
+from automlperf.store.history import History
 from automlperf.store.rundir import UNWRITABLE, RunDir, make_durable, write_atomic
 from automlperf.train.spec import Trainer, TrainerError, TrialSpec
 
@@ -155,13 +156,15 @@ class Replica:
     the architecture ``searcher`` and the ``hpo`` study. ``default_batch`` is the global batch
     size of the rounds before HPO; ``clock`` tells the time that records and the deadline
     use; ``probe_node`` describes the node (and measures its ceiling) before training starts;
-    ``start_sampler`` starts the node's resource sampler once the trainer is up."""
+    ``start_sampler`` starts the node's resource sampler once the trainer is up; ``history``
+    is the run's trials as the search reads them (shared by the replicas of a process)."""
 
     def __init__(self, place: Placement, store: Store, trainer: Trainer, searcher: Searcher,
                  hpo: HyperSearch, default_batch: int, *,
                  clock: Callable[[], float] = time.time,
                  probe_node: Callable[[], dict[str, Any]] | None = None,
-                 start_sampler: Callable[[dict[str, Any]], Sampler | None] | None = None) -> None:
+                 start_sampler: Callable[[dict[str, Any]], Sampler | None] | None = None,
+                 history: History | None = None) -> None:
         self.place = place
         self.dir = place.dir
         self.run_id = place.run_id
@@ -178,8 +181,7 @@ class Replica:
         self.start_sampler = start_sampler
         self.stop = threading.Event()
         self.rng = random.Random(mix_seed(self.config.run.seed, place.index))
-        self.models: dict[int, Model] = {}
-        self.last_trial_id = 0
+        self.history = history if history is not None else History(place.run_id)
         self.failures: list[str] = []  # reasons of the trials failed in a row
         self.replica_id: int | None = None
         self.seed_graph: Graph | None = None
@@ -272,16 +274,18 @@ class Replica:
             lease = self.config.run.lease_timeout_s
             try:
                 restored = self.store.restored_at
-                self.store.heartbeat(replica_id, now, lease)
+                seg = self.store.heartbeat(replica_id, now, lease)
                 if self.store.restored_at != restored:
                     # The beat waited out a store outage: its time is stale, and so would
                     # the leases be that it extended.
                     now = self.clock()
-                    self.store.heartbeat(replica_id, now, lease)
-                seg = next(s for s in self.store.segments(self.run_id)
-                           if s.index == self.segment.index)
+                    seg = self.store.heartbeat(replica_id, now, lease)
             except Exception:  # noqa: BLE001 - a store hiccup is retried next beat
                 log.warning("heartbeat failed; retrying", exc_info=True)
+                continue
+            if seg is None:
+                log.warning("the store does not know this replica (id %d); stopping", replica_id)
+                self.stop.set()
                 continue
             # The primary could not write while the store was out either.
             silent = now - self.store.silent_since(seg.last_seen)
@@ -294,6 +298,13 @@ class Replica:
 
     def _should_stop(self) -> bool:
         return self.stop.is_set() or self.clock() >= self.segment.deadline_at
+
+    def wait_stop(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds, less if the grace after the deadline ends first,
+        for a reason to stop the epoch in flight (:meth:`_past_grace`); whether there is
+        one."""
+        left = self.segment.deadline_at + self.grace_s - self.clock()
+        return self.stop.wait(max(0.0, min(timeout, left))) or self._past_grace()
 
     def _past_grace(self) -> bool:
         """Whether the epoch in flight must stop now: a stop, or its grace is over."""
@@ -308,7 +319,8 @@ class Replica:
         model = self.config.model
         self.seed_graph = seeds.seed(model.seed_model, dataset["classes"], dataset["image_size"],
                                      dataset["channels"], model.seed_width)
-        done = sum(1 for t in self.store.summaries(self.run_id) if t.replica_index == self.index)
+        self.history.refresh(self.store)
+        done = self.history.claimed[self.index]
         round_index = done  # a resumed replica goes on counting its rounds
         if not self._rounds_left(round_index):
             log.info("replica %d has trained its %d rounds", self.index, round_index)
@@ -338,8 +350,8 @@ class Replica:
                     # Generate the next candidate while this one trains, once anything has
                     # been trained: before that, the search could only morph the seed into a
                     # child trained from fresh weights, a trial wasted on a short run.
-                    overlap = any(t.status == TrialStatus.COMPLETED
-                                  for t in self.store.summaries(self.run_id))
+                    self.history.refresh(self.store)
+                    overlap = self.history.completed > 0
                     if overlap:
                         upcoming = search.submit(self._next_job, round_index + 1)
                     self._trial(trial_id, job, upcoming)
@@ -354,22 +366,10 @@ class Replica:
             if unused.hpo_number is not None:
                 self.hpo.tell(unused.hpo_number, None)
 
-    def _refresh_history(self) -> list[Model]:
-        """The run's history, read incrementally: new trials in full, then every status."""
-        for rec in self.store.trials(self.run_id, after_id=self.last_trial_id):
-            self.models[rec.id] = Model(rec.id, graph_json=rec.graph_json,
-                                        content_hash=rec.graph_hash, status=rec.status)
-            self.last_trial_id = max(self.last_trial_id, rec.id)
-        history = []
-        for summary in self.store.summaries(self.run_id):
-            model = self.models.get(summary.id)
-            if model is None:
-                continue  # arrived after the read above
-            model.status = summary.status
-            model.accuracy = (summary.search_accuracy if summary.status == TrialStatus.COMPLETED
-                              else None)
-            history.append(model)
-        return history
+    def _refresh_history(self) -> tuple[list[Model], set[str]]:
+        """The run's history (what changed since the last read), and its architectures."""
+        self.history.refresh(self.store)
+        return self.history.models(), self.history.taken()
 
     def _next_job(self, round_index: int) -> Job:
         """The candidate of a round and its hyperparameters (in the search thread)."""
@@ -383,8 +383,9 @@ class Replica:
         else:
             batch, kernel, number = self.default_batch, min(search.kernel_sizes), None
         try:
-            cand = self.searcher.next_candidate(self._refresh_history(), self.seed_graph,
-                                                self.rng, kernel)
+            models, taken = self._refresh_history()
+            cand = self.searcher.next_candidate(models, self.seed_graph, self.rng, kernel,
+                                                taken=taken)
         except NoCandidate:
             if number is not None:
                 self.hpo.tell(number, None)

@@ -25,8 +25,10 @@ from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.runner.recovery import Recovered, recover
-from automlperf.search.hpo import prepare_storage
-from automlperf.store import Store, TrialStatus, open_store, redact
+from automlperf.store import ReplicaRecord, Store, TrialStatus, open_store, redact
+from automlperf.store.feed import ReplicaFeed
+from automlperf.store.remote import RemoteStore, served, service_file
+from automlperf.store.serviceproc import ServiceProcess
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store.urls import strip_password
 
@@ -50,19 +52,28 @@ class Session:
     startup: dict[str, Any] = field(default_factory=dict)  # what came before the clock
     # What the store took back from the trial logs when the run was resumed.
     recovered: Recovered = field(default_factory=Recovered)
+    # The run's store service (a PostgreSQL store), which ``store`` reaches.
+    service: ServiceProcess | None = None
 
     @property
     def path(self) -> Path:
         return self.dir.path
 
+    def stop_service(self) -> None:
+        """Stop the store service once everything is written (a second call does nothing)."""
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+
 
 def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume: bool,
             system: dict[str, Any], limit: JobLimit | None = None,
-            process_start: float | None = None) -> Session:
+            process_start: float | None = None, listen_all: bool = False) -> Session:
     """Create the run (or reopen it to resume) and open a new session with its deadline.
     ``limit`` is the batch job's time limit: a session that could not run its full time
     within it (less what the primary needs after the deadline) is refused before its clock
-    starts."""
+    starts. A run on a PostgreSQL server gets its store service, which replicas on other
+    nodes reach with ``listen_all``."""
     rd = RunDir(run_dir)
     if not resume and run_dir.exists() and any(p.name not in PREPARED for p in run_dir.iterdir()):
         raise RunDirError(f"{run_dir} exists and is not empty: pass --resume to continue "
@@ -108,7 +119,6 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         rd.write_meta(run_id, strip_password(store_url) if store_url else None, run_dir.name)
         elapsed = 0.0
         recovered = Recovered()
-    prepare_storage(store.url)
     remaining = max(0.0, config.run.duration_s - elapsed)
     if limit is not None and resume:
         try:
@@ -118,8 +128,21 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
             store.close()
             raise
     segment = store.start_segment(run_id, now, now + remaining)
-    return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed, startup,
-                   recovered)
+    url = rd.store_url(store_url)
+    if not served(url):
+        return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed,
+                       startup, recovered)
+    # Replicas (and this primary's session) reach the database through the run's store
+    # service; the finished run's records in bulk are read directly.
+    service = ServiceProcess(run_dir, store.url, listen_all)
+    service.start()
+    try:
+        remote = RemoteStore(service_file(run_dir), direct=store)
+    except BaseException:
+        service.stop()
+        raise
+    return Session(rd, remote, run_id, config, segment, now, now + remaining, elapsed, startup,
+                   recovered, service)
 
 
 def _origin_or_nothing(config: Config, run_dir: Path) -> dict[str, Any]:
@@ -222,24 +245,30 @@ class Watch:
         return self.state == "completed"
 
 
-def gave_up(store: Store, run_id: int, segment: int) -> list[Any]:
+def gave_up(store: Store, run_id: int, segment: int,
+            replicas: list[ReplicaRecord] | None = None) -> list[Any]:
     """The replicas of this session that stopped themselves, recording why they cannot
     train (their trainer could not start on their node, the data is not there, trials keep
-    failing alike)."""
-    return [rep for rep in store.replicas(run_id)
+    failing alike). ``replicas``: the run's replicas as last seen, else read from the
+    store."""
+    return [rep for rep in (store.replicas(run_id) if replicas is None else replicas)
             if rep.segment == segment and rep.status == TrialStatus.FAILED and rep.reason]
 
 
 def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None],
-            log_dir: Path, left: bool = False) -> str | None:
+            log_dir: Path, left: bool = False,
+            replicas: list[ReplicaRecord] | None = None) -> str | None:
     """Why the run cannot go on, if it cannot: no replica is ``left`` to train and those that
     gave up said why, or every replica exited with an error without saying why (it could
     not even start). One replica that gives up on a sick node is retired, not the run's end:
-    the run ends only when the failure hits every replica."""
+    the run ends only when the failure hits every replica. ``replicas``: the run's replicas
+    as last seen, else read from the store."""
     if left:
         return None
-    given_up = gave_up(store, run_id, segment)
-    finished = any(rep.status == TrialStatus.STOPPED for rep in store.replicas(run_id)
+    if replicas is None:
+        replicas = store.replicas(run_id)
+    given_up = gave_up(store, run_id, segment, replicas)
+    finished = any(rep.status == TrialStatus.STOPPED for rep in replicas
                    if rep.segment == segment)
     if given_up and not finished:
         rep = given_up[0]
@@ -268,6 +297,8 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
     turns out unable to train."""
     s = session
     view = LiveView(s)
+    changed = ReplicaFeed(s.store, s.run_id)
+    seen: dict[int, ReplicaRecord] = {}
     tick = 1.0
     last_line = 0.0
     retired: set[int] = set()
@@ -288,12 +319,15 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
                 console.print(view.line(now, states), highlight=False)
                 last_line = now
             left = any(x in ("up", "waiting") for x in states)
-            for rep in gave_up(s.store, s.run_id, s.segment):
+            # The replicas registered or ended since the last look: a tick reads those, not
+            # every replica's row.
+            seen.update((rep.id, rep) for rep in changed.read())
+            for rep in gave_up(s.store, s.run_id, s.segment, list(seen.values())):
                 if rep.id not in retired and left:
                     retired.add(rep.id)
                     console.print(retirement(rep), highlight=False, soft_wrap=True)
             broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
-                             s.dir.logs, left)
+                             s.dir.logs, left, list(seen.values()))
             if broken is not None:
                 return Watch("failed", broken)
             if now >= s.deadline_at or not left:

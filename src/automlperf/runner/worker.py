@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devi
 from automlperf.measure.monitor import SampleCopier
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
-from automlperf.search.hpo import HyperSearch, batch_range
-from automlperf.store import TrialStatus, open_store
+from automlperf.search.hpo import HyperSearch, batch_range, journal_path
+from automlperf.store import TrialStatus, history
+from automlperf.store.remote import open_run_store, served, service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
@@ -63,7 +65,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
             (shared / FileIndex.META).exists():
         # The primary's scan serves every replica: the data need only be on this node.
         check_data_here(shared, config.data.data_dir)
-    store = open_store(url, run_dir=rd.path)
+    store = open_run_store(rd.path, url)
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
     if config.simulated:
@@ -83,19 +85,16 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     world = len(chosen)
     default_batch = config.train.per_device_batch(memory) * world
     search = config.search
-    hpo = HyperSearch(store.url, f"run-{run_id}-replica-{index}",
+    hpo = HyperSearch(journal_path(rd.path, index), f"run-{run_id}-replica-{index}",
                       batch_range(default_batch, search.batch_size_factors, world),
                       search.kernel_sizes, multiple=world, seed=config.run.seed + index,
                       startup_trials=search.tpe_startup_trials)
 
     def probe() -> dict[str, Any]:
         if config.simulated:
-            from automlperf.measure.system import describe
-
             # Nothing to measure: the node's own description, with the modelled devices.
-            return {"system": describe(simulated=describe_devices(config.simulation, world)),
-                    "devices": chosen, "simulated": True,
-                    "error": "simulated accelerators: no ceiling is measured"}
+            return {"system": _simulated_node(config, world), "devices": chosen,
+                    "simulated": True, "error": "simulated accelerators: no ceiling is measured"}
         from automlperf.measure.ceiling import run_measurement
 
         return run_measurement(chosen, config.train.precision, per_device * world,
@@ -122,8 +121,28 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         assert proc.stdout is not None
         return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
 
-    return Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
-                   probe_node=probe, start_sampler=sampler if sample else None)
+    replica = Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
+                      probe_node=probe, start_sampler=sampler if sample else None,
+                      history=history.shared(store.url, run_id))
+    if isinstance(trainer, SimulatedTrainer):
+        trainer.waiter = replica.wait_stop  # a simulated epoch ends early only for a stop
+    return replica
+
+
+_described: dict[str, dict[str, Any]] = {}
+_described_lock = threading.Lock()
+
+
+def _simulated_node(config: Config, world: int) -> dict[str, Any]:
+    """This node's description with ``world`` modelled devices: the same for every replica a
+    process hosts, so described once."""
+    from automlperf.measure.system import describe
+
+    key = f"{config.simulation.model_dump_json()}/{world}"
+    with _described_lock:
+        if key not in _described:
+            _described[key] = describe(simulated=describe_devices(config.simulation, world))
+        return _described[key]
 
 
 def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
@@ -135,9 +154,11 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
     store = None
     try:
         while True:
-            if (rd.path / RUN_FILE).exists():
+            url = rd.store_url(store_url) if (rd.path / RUN_FILE).exists() else None
+            # A run on a database is reached through its store service, once it listens.
+            if (rd.path / RUN_FILE).exists() and (not served(url) or service_file(rd.path).exists()):
                 if store is None:
-                    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+                    store = open_run_store(rd.path, url)
                 segments = store.segments(int(rd.meta()["run_id"]))
                 if segments and segments[-1].ended_at is None and \
                         segments[-1].deadline_at > time.time():
@@ -187,7 +208,7 @@ def record_cannot_start(run_dir: Path, store_url: str | None, index: int, reason
     """Register this replica in the run's current session as one that gave up at its start,
     with the reason."""
     rd = RunDir(Path(run_dir))
-    store = open_store(rd.store_url(store_url), run_dir=rd.path)
+    store = open_run_store(rd.path, rd.store_url(store_url))
     try:
         run_id = int(rd.meta()["run_id"])
         segment = store.segments(run_id)[-1].index

@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,28 +39,46 @@ DESCRIPTOR_GENERATIONS = 20
 log = logging.getLogger("automlperf.search")
 
 
+class GraphSource(Protocol):
+    """Where the graphs of a long history are kept (store/history.py): fetched when the
+    search needs them, a bounded number held."""
+
+    def graph(self, id: Any, content_hash: str | None = None) -> Graph: ...
+
+    def prefetch(self, ids: Sequence[Any]) -> None: ...
+
+
 class Model:
     """One entry of the history, oldest first. The graph may be given as JSON text with its
-    known content hash: it is then parsed only if the search needs it, so a long history
-    costs little more than its hashes."""
+    known content hash, or left to a :class:`GraphSource` with that hash: it is then parsed
+    (or fetched) only if the search needs it, so a long history costs little more than its
+    hashes."""
 
-    __slots__ = ("id", "accuracy", "status", "_graph", "_json", "_hash")
+    __slots__ = ("id", "accuracy", "status", "_graph", "_json", "_hash", "_source")
 
     def __init__(self, id: Any, graph: Graph | None = None, accuracy: float | None = None,
                  status: str = TRAINED, *, graph_json: str | None = None,
-                 content_hash: str | None = None) -> None:
-        if graph is None and graph_json is None:
-            raise ValueError("a model needs a graph or its JSON")
+                 content_hash: str | None = None, source: GraphSource | None = None) -> None:
+        if graph is None and graph_json is None and (source is None or content_hash is None):
+            raise ValueError("a model needs a graph, its JSON, or a source and its hash")
         self.id, self.accuracy, self.status = id, accuracy, status
         self._graph, self._json, self._hash = graph, graph_json, content_hash
+        self._source = source
 
     @property
     def graph(self) -> Graph:
         if self._graph is None:
-            self._graph = Graph.from_json(self._json)  # type: ignore[arg-type]
+            if self._json is None:
+                assert self._source is not None
+                return self._source.graph(self.id, self._hash)  # kept there, not here
+            self._graph = Graph.from_json(self._json)
             if self._hash is not None:
                 object.__setattr__(self._graph, "_hash", self._hash)
         return self._graph
+
+    @property
+    def source(self) -> GraphSource | None:
+        return self._source if self._graph is None and self._json is None else None
 
     @property
     def content_hash(self) -> str:
@@ -127,6 +145,23 @@ class Searcher:
             d = self._descriptors[key] = describe(graph)
         return d
 
+    def descriptor_of(self, model: Model) -> Descriptor:
+        """A model's descriptor, by its hash: its graph is read only when not described yet."""
+        d = self._descriptors.get(model.content_hash)
+        return d if d is not None else self.descriptor(model.graph)
+
+    def prefetch(self, described: Sequence[Model], morphed: Sequence[Model] = ()) -> None:
+        """Fetch, in one read per source, the graphs the search will parse: of the models
+        it describes (those not described yet) and of those it morphs."""
+        by_source: dict[int, tuple[GraphSource, list[Any]]] = {}
+        for m in [*described, *morphed]:
+            source = m.source
+            if source is not None and (m.content_hash not in self._descriptors
+                                       or m in morphed):
+                by_source.setdefault(id(source), (source, []))[1].append(m.id)
+        for source, ids in by_source.values():
+            source.prefetch(ids)
+
     @property
     def descriptor_cache_size(self) -> int:
         """Descriptors kept between calls at most: twenty generations' worth."""
@@ -142,8 +177,8 @@ class Searcher:
             if all((min(hi, h), max(hi, h)) in pairs for h in hashes if h != hi):
                 continue
             if packed is None:
-                packed = pack([self.descriptor(m.graph) for m in models])
-            row = distances(self.descriptor(models[i].graph), packed)
+                packed = pack([self.descriptor_of(m) for m in models])
+            row = distances(self.descriptor_of(models[i]), packed)
             for j, h in enumerate(hashes):
                 if h != hi:
                     pairs[(min(hi, h), max(hi, h))] = float(row[j])
@@ -178,9 +213,11 @@ class Searcher:
 
     # --- the search -------------------------------------------------------------------
     def next_candidate(self, history: Sequence[Model], seed_graph: Graph, rng: random.Random,
-                       kernel_size: int = 3) -> Candidate:
+                       kernel_size: int = 3, taken: set[str] | None = None) -> Candidate:
+        """``taken``: the hashes of ``history``, where the caller keeps them already."""
         started = self.clock()
-        taken = {m.content_hash for m in history}
+        if taken is None:
+            taken = {m.content_hash for m in history}
         trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
         if not trained:
             return self._cold_start(seed_graph, taken, rng, kernel_size, started)
@@ -190,14 +227,15 @@ class Searcher:
                 rng: random.Random, kernel_size: int, started: float) -> Candidate:
         """A child of a trained model: the annealing's best by the upper confidence bound."""
         fit = self.fit_set(trained)
-        gp = DistanceGP().fit(self._gram(fit), np.array([m.accuracy for m in fit]))
-        packed = pack([self.descriptor(m.graph) for m in fit])
         cfg = self.config
+        roots = sorted(trained, key=lambda m: -_score(m))[: 2 * cfg.neighbours]
+        self.prefetch(fit, roots)
+        gp = DistanceGP().fit(self._gram(fit), np.array([m.accuracy for m in fit]))
+        packed = pack([self.descriptor_of(m) for m in fit])
         budget = cfg.candidates_per_generation
         searched = set(taken)
         heap: list[tuple[float, int, _Node]] = []
         tick = 0
-        roots = sorted(trained, key=lambda m: -_score(m))[: 2 * cfg.neighbours]
         best: tuple[float, _Node, float, float] | None = None
         evaluated = expansions = steps = restarts = 0
         temperature = 1.0

@@ -1,7 +1,10 @@
 """TPE over the global batch size and the kernel size of deepen blocks (Optuna).
 
-Each replica keeps one study in the run's store, so it persists across trials and across a
-resumed run: a fresh sampler per trial would degenerate into random search.
+Each replica keeps one study, so it persists across trials and across a resumed run: a fresh
+sampler per trial would degenerate into random search. The study is an Optuna journal, a file
+of its own in the run directory (``tpe/replica-<index>.journal``): asking and telling append
+to it, and no database connection is opened for it, however many replicas run. A URL keeps
+the study in that database instead (Optuna's RDBStorage), as runs before the journals did.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,21 @@ def _engine_kwargs(storage_url: str) -> dict[str, object]:
     return {"poolclass": NullPool}
 
 
+def _storage(where: str | Path) -> Any:
+    import optuna
+
+    if isinstance(where, Path) or "://" not in where:
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+        path = Path(where)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # One writer per file (its replica): the lock is never contended. An open()-based
+        # lock works on the parallel file systems whose symlinks are not atomic.
+        return optuna.storages.JournalStorage(
+            JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
+    return optuna.storages.RDBStorage(where, engine_kwargs=_engine_kwargs(where))
+
+
 def prepare_storage(storage_url: str) -> None:
     """Create Optuna's tables once, before replicas race to (PostgreSQL refuses two
     concurrent CREATE TYPE of the same name)."""
@@ -45,25 +65,43 @@ def prepare_storage(storage_url: str) -> None:
     storage.engine.dispose()
 
 
+def journal_path(run_dir: Path, replica_index: int) -> Path:
+    """Where a replica's study is kept in its run directory."""
+    return run_dir / "tpe" / f"replica-{replica_index}.journal"
+
+
 class HyperSearch:
-    def __init__(self, storage_url: str, study_name: str, batch_bounds: tuple[int, int],
+    """A replica's TPE study in ``storage``: a journal file's path, or a database URL. The
+    study is opened when first asked (a run without HPO never opens it)."""
+
+    def __init__(self, storage: str | Path, study_name: str, batch_bounds: tuple[int, int],
                  kernel_sizes: Sequence[int], multiple: int = 1, seed: int = 0,
                  startup_trials: int = 4) -> None:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        # Optuna 5 turned multivariate and constant-liar on by default; state what we rely on:
-        # joint modelling of the two parameters, and pending trials counted as likely poor
-        # so that a replica's overlapping asks do not repeat themselves.
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials,
-                                             multivariate=True, constant_liar=True)
-        storage = optuna.storages.RDBStorage(storage_url,
-                                             engine_kwargs=_engine_kwargs(storage_url))
-        self.study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
-                                         direction="maximize", load_if_exists=True)
+        self.storage = storage
+        self.study_name = study_name
+        self.seed = seed
+        self.startup_trials = startup_trials
         self.lo, self.hi = batch_bounds
         self.kernel_sizes = list(kernel_sizes)
         self.multiple = multiple
+        self._study: Any = None
+
+    @property
+    def study(self) -> Any:
+        if self._study is None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            # Optuna 5 turned multivariate and constant-liar on by default; state what we
+            # rely on: joint modelling of the two parameters, and pending trials counted as
+            # likely poor so that a replica's overlapping asks do not repeat themselves.
+            sampler = optuna.samplers.TPESampler(seed=self.seed,
+                                                 n_startup_trials=self.startup_trials,
+                                                 multivariate=True, constant_liar=True)
+            self._study = optuna.create_study(study_name=self.study_name,
+                                              storage=_storage(self.storage), sampler=sampler,
+                                              direction="maximize", load_if_exists=True)
+        return self._study
 
     def ask(self, kernel: int | None = None) -> Suggestion:
         """A suggestion; with ``kernel``, the batch size alone is searched (an architecture

@@ -6,15 +6,13 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from automlperf.events import EpochEvent
 from automlperf.errors import UserError
 
 # 2: replicas record why they stopped (a run that cannot train says so).
 SCHEMA_VERSION = 2
-
-
 
 # A sample's node and time, then its figures (sample_figures): numbers, GPU uuids, CPU energy.
 SampleFigures = tuple[str, float, list[float], list[Any], Any]
@@ -99,6 +97,28 @@ class TrialSummary:
     @property
     def search_accuracy(self) -> float | None:
         return self.predicted_accuracy if self.predicted_accuracy is not None else self.best_accuracy
+
+
+@dataclass
+class TrialChange(TrialSummary):
+    """A trial as a history read since an earlier one finds it: claimed or ended at change
+    number ``changed``. ``graph_hash`` is empty where the reader was sent it before (a trial
+    ended that it saw claimed)."""
+
+    changed: int = field(kw_only=True)
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Changes(Generic[T]):
+    """What changed since a reader's last read. ``through``: every change numbered up to it
+    is in ``rows`` or an earlier read (None where the store cannot say: a number skipped is
+    then asked for again, see store/feed.py)."""
+
+    rows: list[T]
+    through: int | None = None
 
 
 @dataclass
@@ -214,9 +234,12 @@ class Store(RunRecords):
       ``stopped``; a later attempt to finish it again returns False and changes nothing.
     * Each architecture is trained once per run: :meth:`claim_trial` returns None when the
       same graph hash is already claimed, by any replica.
-    * A running trial holds a lease that its replica's :meth:`heartbeat` extends;
-      :meth:`expire_leases` fails trials whose lease has lapsed (their replica stopped
-      heart-beating). Their recorded epochs stay and still count.
+    * A running trial holds a lease: its claim's, then its replica's, which each
+      :meth:`heartbeat` extends; :meth:`expire_leases` fails trials whose lease has lapsed
+      (their replica stopped heart-beating). Their recorded epochs stay and still count.
+    * A write sent again because its answer was lost (its first try committed unseen)
+      takes effect once: a claim, epoch, node, registration or batch of samples is recorded
+      once, and finishing a trial again as it was finished returns True.
     * Methods are safe to call from several processes at once, and retry transient
       connection failures with back-off before giving up with :class:`StoreError`.
     """
@@ -254,12 +277,24 @@ class Store(RunRecords):
                          devices: list[str], now: float) -> int: ...
 
     @abstractmethod
-    def heartbeat(self, replica_id: int, now: float, lease_s: float) -> None:
-        """Mark the replica alive and extend the leases of its running trials."""
+    def heartbeat(self, replica_id: int, now: float, lease_s: float) -> SegmentRecord | None:
+        """Mark the replica alive until ``now + lease_s`` (the leases of its running trials
+        follow), and return its session as the primary last wrote it (None: no such
+        replica)."""
 
     @abstractmethod
     def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
         """Record how a running replica ended; ``reason`` says why one gave up."""
+
+    @abstractmethod
+    def replica_changes(self, run_id: int, after: int,
+                        also: Sequence[int] = ()) -> Changes[tuple[int, ReplicaRecord]]:
+        """(change number, replica) of the replicas registered or ended since change
+        ``after`` (and those numbered in ``also``): what the primary reads every second."""
+
+    @abstractmethod
+    def silent_replicas(self, run_id: int, before: float) -> list[int]:
+        """Ids of the running replicas whose last heartbeat is older than ``before``."""
 
     # trials --------------------------------------------------------------------------------
     @abstractmethod
@@ -286,8 +321,17 @@ class Store(RunRecords):
 
     @abstractmethod
     def summaries(self, run_id: int) -> list[TrialSummary]:
-        """Every trial's id, hash, status and accuracies, without its graph: cheap enough to
-        read before each candidate generation, however long the history."""
+        """Every trial's id, hash, status and accuracies, without its graph."""
+
+    @abstractmethod
+    def changes(self, run_id: int, after: int, also: Sequence[int] = ()) -> Changes[TrialChange]:
+        """The trials claimed or ended since change ``after`` (and those numbered in
+        ``also``), by change number: a replica's history read costs what changed since its
+        last one, however long the history."""
+
+    @abstractmethod
+    def graphs(self, trial_ids: Sequence[int]) -> dict[int, str]:
+        """The graphs (JSON) of these trials, by id: fetched when the search needs them."""
 
     # epochs and samples --------------------------------------------------------------------
     @abstractmethod

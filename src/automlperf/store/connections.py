@@ -1,44 +1,43 @@
 """How many connections a run opens to a PostgreSQL store, the size of a private server for
 it, and whether a given server allows them (said before the run starts, with the fix).
 
-Each process that uses the store keeps one small pool for all its threads:
+A run on PostgreSQL reaches it through its store service (store/service.py), which the
+primary starts: the replicas open no database connection at all, however many they are.
 
-* ``POOL_SIZE`` (1) connection stays open between operations. A replica's threads (the
-  training loop recording epochs and claiming trials, the search thread reading the history,
-  the heartbeat) each hold it for milliseconds, so one connection serves them nearly always.
-* ``MAX_OVERFLOW`` (1) more is opened only while two of them overlap (a history read while an
-  epoch is recorded), and closed again, so an epoch never waits behind a long read.
-* The replica's TPE study (Optuna) connects only while it asks or tells, once per trial:
-  ``HPO`` (1) more at those moments, none held between.
-* The node's resource sampler holds none: its replica copies the samples into the store.
+* The service holds ``SERVICE`` (4): its writer's, which commits the calls waiting for it in
+  one transaction, and its readers'.
+* The primary holds ``PRIMARY`` (2) at most: its own store (which creates or resumes the run
+  and reads the finished run's records), one pooled connection and one more while two of its
+  threads overlap.
+* A replica's TPE study is a journal file in the run directory: none.
 
-A replica therefore holds 1 connection and at most ``PER_REPLICA`` (3) at once; the primary
-at most ``PRIMARY`` (5). SQLite needs none of this.
+A run therefore opens ``needed()`` = 6 at most, independent of its replicas; a private
+server keeps ``PRIVATE_MIN`` for the tools (`check`, `report`, a person's psql) beside it.
+SQLite needs none of this.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 POOL_SIZE = 1
 MAX_OVERFLOW = 1
-HPO = 1
 PER_PROCESS = POOL_SIZE + MAX_OVERFLOW
-PER_REPLICA = PER_PROCESS + HPO
-# The primary: its session's store and the TPE tables it creates once, and a second store
-# through which an external launcher (mpiexec, srun) watches the replicas it did not start.
-PRIMARY = PER_PROCESS + HPO + PER_PROCESS
+# store/service.py CONNECTIONS (the writer and three readers).
+SERVICE = 4
+PRIMARY = PER_PROCESS
 # `check`, `report`, a person's psql and the like while the run goes on.
 TOOLS = 10
-# The size a private server always had; never smaller.
+# A private server's size, whatever the run's: what the run opens, with room to spare.
 PRIVATE_MIN = 200
 
 
 def engine_kwargs() -> dict[str, Any]:
     """SQLAlchemy pool settings of a PostgreSQL store (see the module's description)."""
-    return {"pool_size": POOL_SIZE, "max_overflow": MAX_OVERFLOW, "pool_pre_ping": True,
+    # No liveness check on every checkout (a round trip each): a connection the server
+    # dropped fails its statement, which the store retries on a new one.
+    return {"pool_size": POOL_SIZE, "max_overflow": MAX_OVERFLOW,
             # Waiting for the one pooled connection is normal under load, not an error.
             "pool_timeout": 600,
             # A server whose host drops packets would hold a connect for the kernel's TCP
@@ -46,16 +45,14 @@ def engine_kwargs() -> dict[str, Any]:
             "connect_args": {"connect_timeout": 10}}
 
 
-def needed(replicas: int) -> int:
-    """The most connections a run of ``replicas`` replicas opens at once."""
-    return replicas * PER_REPLICA + PRIMARY
+def needed(replicas: int = 1) -> int:
+    """The most connections a run opens at once: the same for any number of replicas."""
+    return SERVICE + PRIMARY
 
 
-def server_size(replicas: int) -> int:
-    """``max_connections`` of a private server for ``replicas`` replicas: what the run needs,
-    a quarter more (a replica restarted while its old connection is still being closed), and
-    room for the tools."""
-    return max(PRIVATE_MIN, math.ceil(1.25 * needed(replicas)) + TOOLS)
+def server_size(replicas: int = 1) -> int:
+    """``max_connections`` of a private server for a run (of any number of replicas)."""
+    return PRIVATE_MIN
 
 
 @dataclass
@@ -120,17 +117,17 @@ def shortfall(cap: Capacity, replicas: int) -> str | None:
     if cap.database_limit >= 0:
         limits.append(f"this database's CONNECTION LIMIT {cap.database_limit}")
     target = cap.max_connections + (need - free) + TOOLS
-    return (f"the store allows {max(0, free)} more connections ({'; '.join(limits)}), but "
-            f"{replicas} replica(s) open up to {need} ({PER_REPLICA} per replica, {PRIMARY} for "
-            f"the primary): raise max_connections to at least {target} (ALTER SYSTEM SET "
-            f"max_connections = {target}, then restart the server) and any role or database "
-            "CONNECTION LIMIT, run fewer replicas, or, on SLURM, leave out --store so that the "
-            "job starts a private server sized for it")
+    return (f"the store allows {max(0, free)} more connections ({'; '.join(limits)}), but a "
+            f"run opens up to {need} ({SERVICE} for its store service, {PRIMARY} for the "
+            f"primary), however many replicas ({replicas} here): raise max_connections to at "
+            f"least {target} (ALTER SYSTEM SET max_connections = {target}, then restart the "
+            "server) and any role or database CONNECTION LIMIT, close other connections, or, "
+            "on SLURM, leave out --store so that the job starts a private server")
 
 
 def check_room(url: str | None, replicas: int) -> None:
-    """Refuse, before anything is written, a run of ``replicas`` replicas that the PostgreSQL
-    store at ``url`` would refuse connections mid-run (SQLite has no such limit)."""
+    """Refuse, before anything is written, a run that the PostgreSQL store at ``url`` would
+    refuse connections mid-run (SQLite has no such limit)."""
     if not url or not url.startswith("postgresql"):
         return
     import sqlalchemy as sa

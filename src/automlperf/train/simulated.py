@@ -176,6 +176,10 @@ class SimulatedTrainer:
         self.shape = dataset_shape(config.data)
         self.curves: CurveModel | None = None
         self.closed = False
+        # Waits up to its argument for a reason to stop, and says whether there is one: a
+        # wait woken by the stop itself, where the replica offers one (runner/replica.py
+        # wait_stop), instead of a look every ``poll_s``.
+        self.waiter: Callable[[float], bool] | None = None
 
     @property
     def world(self) -> int:
@@ -204,15 +208,19 @@ class SimulatedTrainer:
                          ops / rate)
 
     def _wait_until(self, end: float, should_stop: Callable[[], bool] | None) -> bool:
-        """Wait until ``end`` by the clock, looking for a stop every ``poll_s``; True if
-        stopped first."""
+        """Wait until ``end`` by the clock, woken by a stop (:attr:`waiter`) or looking for
+        one every ``poll_s``; True if stopped first."""
         while True:
             if should_stop is not None and should_stop():
                 return True
             left = end - self.clock()
             if left <= 0:
                 return False
-            self.sleep(min(left, self.sim.poll_s))
+            if self.waiter is not None and self.sleep is time.sleep:
+                if self.waiter(left):
+                    return True
+            else:
+                self.sleep(min(left, self.sim.poll_s))
 
     def _refuse(self, spec: TrialSpec, graph: Graph) -> str | None:
         """Why the real trainer would refuse this trial, as it says it."""

@@ -1,0 +1,336 @@
+"""The store as a replica (and the primary) reaches it through the run's store service
+(store/service.py): a :class:`~automlperf.store.base.Store` whose calls travel over TCP
+(store/wire.py). It keeps one connection (a second is made while two of its threads call at
+once, and closed after); a call whose connection breaks (the service restarting, a network
+hiccup) is sent again on a new one, after a jittered back-off, within the limit of a
+database's outages (``retry_s``), and a write sent again takes effect once (the store's
+contract). The service's address is re-read from
+its file before each new connection, so a service restarted elsewhere is found.
+
+A store URL ``store-service://FILE`` names the service whose address is in FILE
+(``open_store`` opens it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from automlperf.store import wire
+from automlperf.store.base import (BACKOFF_MAX_S, Changes, EpochRecord, ReplicaRecord,
+                                   SampleFigures, SchemaMismatch, SegmentRecord, Store,
+                                   StoreError, TrialChange, TrialRecord, TrialSummary,
+                                   TrialTally)
+from automlperf.store.sql import OUTAGE_NOTICE_S, RETRY_ENV, _retry_s
+
+SCHEME = "store-service://"
+SERVICE_FILE = "store-service.json"
+TOKEN_FILE = ".store-service.token"
+# How long a new connection may take (a host that drops packets would hold it for minutes).
+CONNECT_S = 10.0
+# Connections a store keeps between calls: 10,000 replicas, 10,000 connections at the service.
+KEEP = 1
+log = logging.getLogger("automlperf.store")
+
+
+class ServiceUnavailable(ConnectionError):
+    """No answer from the service on this try."""
+
+
+class RemoteStore(Store):
+    """The store served at the address in ``service_file`` (with the token in
+    ``token_file``). ``direct``: a store on the database itself, which the primary passes for
+    reading a finished run's records in bulk (epochs, samples), rather than through the
+    service."""
+
+    def __init__(self, service_file: Path | str, token_file: Path | str | None = None,
+                 retry_s: float | None = None, direct: Store | None = None) -> None:
+        self.service_file = Path(service_file)
+        self.token_file = Path(token_file) if token_file else self.service_file.with_name(TOKEN_FILE)
+        self.url = SCHEME + str(self.service_file)
+        self.retry_s = _retry_s() if retry_s is None else retry_s
+        self.direct = direct
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._said = False
+        self.closed = False
+        # What the calls cost on the wire, by call: for those who watch it (the benchmarks).
+        self.calls: Counter[str] = Counter()
+        self.bytes_in: Counter[str] = Counter()
+        self.bytes_out: Counter[str] = Counter()
+        from automlperf.store.base import SCHEMA_VERSION
+
+        # Opening checks the schema (the service asks the database, one query).
+        served = self._call("open")
+        if served != SCHEMA_VERSION:
+            raise SchemaMismatch(f"the store service at {self.service_file} serves schema "
+                                 f"version {served}; this automlperf reads version "
+                                 f"{SCHEMA_VERSION}. Use the automlperf that started the run")
+
+    # --- the connection ---------------------------------------------------------------------
+    def _address(self) -> tuple[str, int, str]:
+        try:
+            found = json.loads(self.service_file.read_text())
+            return str(found["host"]), int(found["port"]), self.token_file.read_text().strip()
+        except (OSError, ValueError, KeyError) as exc:
+            raise ServiceUnavailable(f"no store service address in {self.service_file} "
+                                     f"({exc})") from None
+
+    def _connect(self) -> socket.socket:
+        host, port, token = self._address()
+        try:
+            sock = socket.create_connection((host, port), timeout=CONNECT_S)
+        except OSError as exc:
+            raise ServiceUnavailable(f"{host}:{port}: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.retry_s + 60.0)  # past the service's own database retries
+        try:
+            sock.sendall(wire.encode({"hello": wire.PROTOCOL, "token": token}))
+            answer, _ = wire.read_frame(sock)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ServiceUnavailable(f"{host}:{port}: {exc}") from None
+        if "e" in answer:
+            sock.close()
+            raise StoreError(f"store service at {host}:{port} refused this client: {answer['m']}")
+        return sock
+
+    def _call(self, op: str, *args: Any) -> Any:
+        """Send one call and return its value, riding out the service's outages."""
+        if self.closed:
+            raise StoreError(f"store {self.url} is closed")
+        request = wire.encode({"op": op, "a": list(args)})
+        again = None
+        started = time.monotonic()
+        delay = 0.1
+        failed: BaseException | None = None
+        while True:
+            try:
+                answer, size = self._once(request)
+            except ServiceUnavailable as exc:
+                failed = exc
+                waited = time.monotonic() - started
+                if waited >= OUTAGE_NOTICE_S and not self._said:
+                    self._said = True
+                    log.warning("store service unavailable (%s); retrying for up to %.0f s "
+                                "(%s sets how long)", exc, self.retry_s, RETRY_ENV)
+                if waited + delay > self.retry_s:
+                    raise StoreError(f"store service unreachable for {self.retry_s:.0f} s: "
+                                     f"{exc}; check that the run's primary (`automlperf run`, "
+                                     "which starts it) is running, and its log "
+                                     f"({RETRY_ENV} sets how long to wait)") from None
+                time.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                if again is None:
+                    # Sent again: its first try may have been carried out, unanswered.
+                    again = request = wire.encode({"op": op, "a": list(args), "r": True})
+                continue
+            self.calls[op] += 1
+            self.bytes_out[op] += len(request)
+            self.bytes_in[op] += size
+            if failed is not None:
+                self.restored_at = time.time()
+                self._said = False
+            if "e" in answer:
+                kind, message = answer["e"], answer.get("m", "")
+                if kind == "schema":
+                    raise SchemaMismatch(message)
+                if kind == "value":
+                    raise ValueError(message)
+                raise StoreError(message)
+            served = answer.get("s") or 0.0
+            if served > self.restored_at:
+                self.restored_at = served  # the service's own outage (a restart, a stall)
+            return answer["v"]
+
+    def _once(self, request: bytes) -> tuple[Any, int]:
+        with self._lock:
+            sock = self._idle.pop() if self._idle else None
+        if sock is None:
+            sock = self._connect()
+        try:
+            sock.sendall(request)
+            answer = wire.read_frame(sock)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ServiceUnavailable(str(exc) or type(exc).__name__) from None
+        with self._lock:
+            if self.closed or len(self._idle) >= KEEP:
+                sock.close()
+            else:
+                self._idle.append(sock)
+        return answer
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+    # --- runs and segments ------------------------------------------------------------------
+    def create_run(self, name: str, config: dict[str, Any], system: dict[str, Any],
+                   duration_s: float, now: float) -> int:
+        return int(self._call("create_run", name, config, system, duration_s, now))
+
+    def run(self, run_id: int) -> dict[str, Any]:
+        return dict(self._call("run", run_id))
+
+    def start_segment(self, run_id: int, now: float, deadline_at: float) -> int:
+        return int(self._call("start_segment", run_id, now, deadline_at))
+
+    def touch_segment(self, run_id: int, index: int, now: float) -> None:
+        self._call("touch_segment", run_id, index, now)
+
+    def end_segment(self, run_id: int, index: int, ended_at: float) -> None:
+        self._call("end_segment", run_id, index, ended_at)
+
+    def segments(self, run_id: int) -> list[SegmentRecord]:
+        return [wire.unpack(SegmentRecord, s) for s in self._call("segments", run_id)]
+
+    # --- replicas ---------------------------------------------------------------------------
+    def register_replica(self, run_id: int, index: int, segment: int, host: str, pid: int,
+                         devices: list[str], now: float) -> int:
+        return int(self._call("register_replica", run_id, index, segment, host, pid,
+                              list(devices), now))
+
+    def heartbeat(self, replica_id: int, now: float, lease_s: float) -> SegmentRecord | None:
+        found = self._call("heartbeat", replica_id, now, lease_s)
+        return None if found is None else wire.unpack(SegmentRecord, found)
+
+    def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
+        self._call("end_replica", replica_id, str(status), now, reason)
+
+    def replicas(self, run_id: int) -> list[ReplicaRecord]:
+        return [wire.unpack(ReplicaRecord, r) for r in self._call("replicas", run_id)]
+
+    def replica_changes(self, run_id: int, after: int,
+                        also: Sequence[int] = ()) -> Changes[tuple[int, ReplicaRecord]]:
+        rows, through = self._call("replica_changes", run_id, after, list(also))
+        return Changes([(n, wire.unpack(ReplicaRecord, r)) for n, r in rows], through)
+
+    def silent_replicas(self, run_id: int, before: float) -> list[int]:
+        return list(self._call("silent_replicas", run_id, before))
+
+    # --- trials -----------------------------------------------------------------------------
+    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
+                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
+                    round_index: int, hparams: dict[str, Any], now: float,
+                    lease_s: float) -> int | None:
+        found = self._call("claim_trial", run_id, replica_id, replica_index, graph_hash,
+                           graph_json, parent_id, morphs, round_index, hparams, now, lease_s)
+        return None if found is None else int(found)
+
+    def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
+                     best_accuracy: float | None = None,
+                     predicted_accuracy: float | None = None, weights_path: str | None = None,
+                     extra: dict[str, Any] | None = None) -> bool:
+        return bool(self._call("finish_trial", trial_id, str(status), now, reason,
+                               best_accuracy, predicted_accuracy, weights_path, extra))
+
+    def expire_leases(self, run_id: int, now: float) -> list[int]:
+        return list(self._call("expire_leases", run_id, now))
+
+    def trial(self, trial_id: int) -> TrialRecord:
+        return wire.unpack(TrialRecord, self._call("trial", trial_id))
+
+    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]:
+        if self.direct is not None:
+            return self.direct.trials(run_id, after_id)
+        return [wire.unpack(TrialRecord, t) for t in self._call("trials", run_id, after_id)]
+
+    def tally(self, run_id: int) -> list[TrialTally]:
+        return [wire.unpack(TrialTally, t) for t in self._call("tally", run_id)]
+
+    def summaries(self, run_id: int) -> list[TrialSummary]:
+        return [wire.unpack(TrialSummary, t) for t in self._call("summaries", run_id)]
+
+    def changes(self, run_id: int, after: int, also: Sequence[int] = ()) -> Changes[TrialChange]:
+        rows, through = self._call("changes", run_id, after, list(also))
+        return Changes([wire.unpack(TrialChange, c) for c in rows], through)
+
+    def graphs(self, trial_ids: Sequence[int]) -> dict[int, str]:
+        return {int(i): g for i, g in self._call("graphs", list(trial_ids))}
+
+    # --- epochs, samples, nodes -------------------------------------------------------------
+    def record_epoch(self, epoch: EpochRecord) -> None:
+        self._call("record_epoch", wire.pack(epoch))
+
+    def epochs(self, run_id: int) -> list[EpochRecord]:
+        if self.direct is not None:
+            return self.direct.epochs(run_id)
+        return [wire.unpack(EpochRecord, e) for e in self._call("epochs", run_id)]
+
+    def epochs_after(self, run_id: int, after: int,
+                     also: Sequence[int] = ()) -> list[tuple[int, int, EpochRecord]]:
+        return [(n, r, wire.unpack(EpochRecord, e))
+                for n, r, e in self._call("epochs_after", run_id, after, list(also))]
+
+    def last_epoch_number(self) -> int:
+        return int(self._call("last_epoch_number"))
+
+    def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None:
+        if samples:
+            self._call("add_samples", run_id, node, samples)
+
+    def samples(self, run_id: int) -> list[dict[str, Any]]:
+        if self.direct is not None:
+            return self.direct.samples(run_id)
+        return list(self._call("samples", run_id))
+
+    def sample_figure_chunks(self, run_id: int,
+                             nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
+        if self.direct is not None:
+            return self.direct.sample_figure_chunks(run_id, nodes)
+        return super().sample_figure_chunks(run_id, nodes)
+
+    def sample_nodes(self, run_id: int) -> dict[str, int]:
+        if self.direct is not None:
+            return self.direct.sample_nodes(run_id)
+        return super().sample_nodes(run_id)
+
+    def sample_texts(self, run_id: int) -> Iterator[list[tuple[str, str]]]:
+        if self.direct is not None:
+            return self.direct.sample_texts(run_id)
+        return super().sample_texts(run_id)
+
+    def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
+                    description: dict[str, Any], now: float) -> None:
+        self._call("record_node", run_id, replica_index, segment, host, description, now)
+
+    def nodes(self, run_id: int) -> list[dict[str, Any]]:
+        if self.direct is not None:
+            return self.direct.nodes(run_id)
+        return list(self._call("nodes", run_id))
+
+
+def open_remote(url: str) -> RemoteStore:
+    """The store a ``store-service://FILE`` URL names."""
+    return RemoteStore(url[len(SCHEME):])
+
+
+def service_file(run_dir: Path | str) -> Path:
+    return Path(run_dir) / SERVICE_FILE
+
+
+def open_run_store(run_dir: Path | str, url: str | None) -> Store:
+    """The store a replica (or a launcher watching replicas) of the run in ``run_dir`` uses:
+    the run's store service when the store is a PostgreSQL server (the primary starts it),
+    else the store itself (the run directory's SQLite file by default)."""
+    from automlperf.store.sql import open_store
+
+    if served(url):
+        return RemoteStore(service_file(run_dir))
+    return open_store(url, run_dir=run_dir)
+
+
+def served(url: str | None) -> bool:
+    """Whether a run on the store at ``url`` is served by a store service."""
+    return bool(url) and str(url).startswith(("postgresql", "postgres:"))

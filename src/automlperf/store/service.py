@@ -1,0 +1,430 @@
+"""The store service: one process per run that owns the database connections (a few, however
+many replicas run) and serves the store's calls to every replica and to the primary over TCP
+(store/wire.py; the client is store/remote.py).
+
+* Writes are committed in groups: whatever calls are waiting when the writer thread is free
+  go in one transaction, and each caller is answered once it has committed, so an answer
+  still means "on disk" and nothing acknowledged is lost if the service dies.
+* Heartbeats, leases, the history's change log, tallies and the replicas' states are kept in
+  memory (store/servicestate.py) and answered without the database; heartbeats and the
+  session's ``last_seen`` are written in bulk every ``servicenet.FLUSH_S`` (asynchronous
+  commit: losing the last few costs nothing, the service's restart grants a full lease of
+  grace).
+* Graphs are kept in a bounded cache; other reads go to the database in reader threads.
+
+Its network side (listening, greeting clients, the heartbeats' flush) is store/servicenet.py.
+The primary starts it (store/serviceproc.py) and restarts it if it dies; it writes where it
+listens, with a token only the run's user can read, to a file in the run directory that the
+clients read."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from automlperf.store import reads, schema, servicestate, wire
+from automlperf.store.base import SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError
+from automlperf.store.servicestate import RunState
+from automlperf.store.servicedb import READERS, Job, ServiceStore, Writer
+from automlperf.store.sql import _one_line
+from automlperf.store.urls import redact
+
+log = logging.getLogger("automlperf.store.service")
+
+# Graphs kept in memory (a ResNet-50 descendant's is ~10 KB of JSON).
+GRAPH_CACHE_BYTES = 256 << 20
+# A history read far behind is sent the run's whole history (see op_changes), encoded at
+# most every SNAPSHOT_S, when it is behind by over 2 * SNAPSHOT_MIN changes.
+SNAPSHOT_S = 10.0
+SNAPSHOT_MIN = 64
+
+
+class Service:
+    def __init__(self, url: str, token: str, restarted: bool = False) -> None:
+        self.db = ServiceStore(url)
+        # The writes, taking a call's arguments as they came over the wire.
+        self.writes: Any = self.db.writes
+        self.url = self.db.url
+        self.token = token
+        self.runs: dict[int, RunState] = {}
+        self._loading: dict[int, asyncio.Future[RunState]] = {}
+        self.replica_run: dict[int, int] = {}
+        self.trial_run: dict[int, int] = {}
+        # Everything up to this change number is in memory: what a history read vouches for.
+        self.through = 0
+        # When the service last came back (0: never away): its start after it died, or the
+        # end of a stall or of the database's outage. Leases count from then.
+        self.restored_at = time.time() if restarted else 0.0
+        self.graph_cache: OrderedDict[int, str] = OrderedDict()
+        # run -> (through, the answer's frame, when encoded, trials, came_back)
+        self.snapshots: dict[int, tuple[int, bytes, float, int, float]] = {}
+        self.graph_bytes = 0
+        self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="store-reader")
+        self.clients: set[asyncio.StreamWriter] = set()
+        self.writer: Writer  # the group commit's thread, started by servicenet.serve
+        self.calls = 0
+        self.ops: dict[str, Callable[[list[Any], bool], Awaitable[Any]]] = {
+            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
+
+    @property
+    def came_back(self) -> float:
+        """When the service, or its database, last came back from an outage (0: never)."""
+        return max(self.restored_at, self.db.restored_at)
+
+    # --- plumbing --------------------------------------------------------------------------
+    async def read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A database read in a reader thread, retried through outages."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.readers, lambda: self.db.read(fn, *args))
+
+    async def write(self, op: Callable[[sa.Connection, bool], Any], again: bool,
+                    apply: Callable[[Any], Any] | None = None) -> Any:
+        """Commit ``op`` with whatever else is waiting; ``apply`` its result to memory (in
+        commit order) before the caller is answered."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+
+        def done(value: Any, error: BaseException | None) -> None:
+            if error is None and apply is not None:
+                try:
+                    value = apply(value)
+                except Exception as exc:  # noqa: BLE001 - a bug here must not stall the loop
+                    log.exception("applying a write to memory failed")
+                    error = exc
+            if not answer.done():
+                if error is not None:
+                    answer.set_exception(error)
+                else:
+                    answer.set_result(value)
+
+        self.writer.submit(Job(op, again, done))
+        return await answer
+
+    async def run_state(self, run_id: int) -> RunState:
+        state = self.runs.get(run_id)
+        if state is not None:
+            return state
+        loading = self._loading.get(run_id)
+        if loading is None:
+            loading = self._loading[run_id] = asyncio.get_running_loop().create_future()
+            try:
+                loaded = await self.read(servicestate.load, run_id)
+                state = RunState(run_id, loaded)
+                self.runs[run_id] = state
+                for rid in state.replicas:
+                    self.replica_run[rid] = run_id
+                for tid in state.trials:
+                    self.trial_run[tid] = run_id
+                loading.set_result(state)
+            except BaseException as exc:
+                loading.set_exception(exc)
+                del self._loading[run_id]
+                raise
+        return await asyncio.shield(loading)
+
+    async def run_of(self, table: sa.Table, row_id: int, known: dict[int, int]) -> RunState:
+        run_id = known.get(row_id)
+        if run_id is None:
+            run_id = await self.read(lambda conn: conn.execute(
+                sa.select(table.c.run_id).where(table.c.id == row_id)).scalar())
+            if run_id is None:
+                raise StoreError(f"{table.name[4:-1]} {row_id} is not in store {redact(self.url)}")
+        return await self.run_state(int(run_id))
+
+    def _changed(self, number: int | None) -> None:
+        if number is not None:
+            self.through = max(self.through, number)
+
+    def _keep_graph(self, trial_id: int, graph_json: str) -> None:
+        if trial_id in self.graph_cache:
+            self.graph_cache.move_to_end(trial_id)
+            return
+        self.graph_cache[trial_id] = graph_json
+        self.graph_bytes += len(graph_json)
+        while self.graph_bytes > GRAPH_CACHE_BYTES and self.graph_cache:
+            self.graph_bytes -= len(self.graph_cache.popitem(last=False)[1])
+
+    async def flush(self) -> None:
+        """Write the heartbeats and session touches not yet written."""
+        beats, touches = [], []
+        for state in self.runs.values():
+            beats += state.beats()
+            touches += [(state.run_id, i, t) for i, t in state.touches()]
+        if beats or touches:
+            await asyncio.get_running_loop().run_in_executor(
+                self.readers, self.db.flush, beats, touches)
+
+    # --- runs and segments ------------------------------------------------------------------
+    async def op_open(self, args: list[Any], again: bool) -> Any:
+        """What a client's open checks: the schema, with the database's one query."""
+        await self.read(lambda _conn: schema.open_check(self.db.engine, self.url, False))
+        return SCHEMA_VERSION
+
+    async def op_create_run(self, args: list[Any], again: bool) -> Any:
+        return await self.write(lambda conn, _r: self.db.writes.create_run(conn, *args), again)
+
+    async def op_run(self, args: list[Any], again: bool) -> Any:
+        found = await self.read(reads.run, args[0])
+        if found is None:
+            raise StoreError(f"run {args[0]} is not in store {redact(self.url)}")
+        return found
+
+    async def op_start_segment(self, args: list[Any], again: bool) -> Any:
+        run_id, now, deadline = args
+        state = await self.run_state(run_id)
+
+        def apply(index: int) -> int:
+            from automlperf.store.base import SegmentRecord
+
+            state.segments[index] = SegmentRecord(run_id, index, now, deadline, now, None)
+            return index
+
+        return await self.write(lambda conn, _r: self.db.writes.start_segment(conn, *args),
+                                again, apply)
+
+    async def op_touch_segment(self, args: list[Any], again: bool) -> Any:
+        run_id, index, now = args
+        state = await self.run_state(run_id)
+        seg = state.segments.get(index)
+        if seg is not None and seg.ended_at is None:
+            seg.last_seen = now
+            state.dirty_segments.add(index)
+
+    async def op_end_segment(self, args: list[Any], again: bool) -> Any:
+        run_id, index, ended = args
+        state = await self.run_state(run_id)
+
+        def apply(_: Any) -> None:
+            seg = state.segments.get(index)
+            if seg is not None and seg.ended_at is None:
+                seg.ended_at = seg.last_seen = ended
+            state.dirty_segments.discard(index)
+
+        await self.write(lambda conn, _r: self.db.writes.end_segment(conn, *args), again, apply)
+
+    async def op_segments(self, args: list[Any], again: bool) -> Any:
+        state = await self.run_state(args[0])
+        return [wire.pack(s) for _, s in sorted(state.segments.items())]
+
+    # --- replicas ---------------------------------------------------------------------------
+    async def op_register_replica(self, args: list[Any], again: bool) -> Any:
+        run_id = args[0]
+        state = await self.run_state(run_id)
+
+        def apply(found: tuple[int, int]) -> int:
+            rid, changed = found
+            state.registered(servicestate.replica_record(run_id, rid, *args[1:]), changed)
+            self.replica_run[rid] = run_id
+            self._changed(changed)
+            return rid
+
+        return await self.write(lambda conn, again_: self.writes.register_replica(
+            conn, *args, retried=again_), again, apply)
+
+    async def op_heartbeat(self, args: list[Any], again: bool) -> Any:
+        replica_id, now, lease_s = args
+        state = await self.run_of(schema.T_REPLICAS, replica_id, self.replica_run)
+        seg = state.beat(replica_id, now, lease_s)
+        return None if seg is None else wire.pack(seg)
+
+    async def op_end_replica(self, args: list[Any], again: bool) -> Any:
+        replica_id, status, now, reason = args
+        state = await self.run_of(schema.T_REPLICAS, replica_id, self.replica_run)
+
+        def apply(changed: int | None) -> None:
+            if changed is not None:
+                state.replica_ended(replica_id, changed, status, reason)
+                self._changed(changed)
+
+        await self.write(lambda conn, _r: self.db.writes.end_replica(conn, *args), again, apply)
+
+    async def op_replicas(self, args: list[Any], again: bool) -> Any:
+        state = await self.run_state(args[0])
+        return [wire.pack(r.record) for _, r in sorted(state.replicas.items())]
+
+    async def op_replica_changes(self, args: list[Any], again: bool) -> Any:
+        run_id, after, also = args
+        state = await self.run_state(run_id)
+        return [[[n, wire.pack(r)] for n, r in state.replica_changes(after, also)], self.through]
+
+    async def op_silent_replicas(self, args: list[Any], again: bool) -> Any:
+        state = await self.run_state(args[0])
+        return state.silent(args[1])
+
+    # --- trials -----------------------------------------------------------------------------
+    async def op_claim_trial(self, args: list[Any], again: bool) -> Any:
+        run_id, replica_id, _index, graph_hash, graph_json = args[:5]
+        now = args[9]
+        state = await self.run_state(run_id)
+        taken = state.by_hash.get(graph_hash)
+        if taken is not None:
+            # Known here: another replica's, or this very claim's when its answer was lost.
+            t = state.trials[taken]
+            mine = t.replica_id == replica_id and t.created_at == now and t.status == "running"
+            return taken if mine else None
+
+        def apply(found: tuple[int, int] | None) -> int | None:
+            if found is None:
+                return None
+            tid, changed = found
+            state.claimed(servicestate.trial_of(args, tid, changed))
+            self.trial_run[tid] = run_id
+            self._keep_graph(tid, graph_json)
+            self._changed(changed)
+            return tid
+
+        return await self.write(lambda conn, again_: self.writes.claim_trial(
+            conn, *args, retried=again_), again, apply)
+
+    async def op_finish_trial(self, args: list[Any], again: bool) -> Any:
+        trial_id, status, _now, _reason, best, predicted = args[:6]
+        state = await self.run_of(schema.T_TRIALS, trial_id, self.trial_run)
+
+        def apply(found: tuple[bool, int | None]) -> bool:
+            ok, changed = found
+            if changed is not None:
+                state.ended(trial_id, changed, status, best, predicted)
+                self._changed(changed)
+            return ok
+
+        return await self.write(lambda conn, _r: self.db.writes.finish_trial(conn, *args),
+                                again, apply)
+
+    async def op_expire_leases(self, args: list[Any], again: bool) -> Any:
+        run_id, now = args
+        state = await self.run_state(run_id)
+        stale = state.stale(now, self.came_back)
+        if not stale:
+            return []
+
+        def apply(expired: list[tuple[int, int]]) -> list[int]:
+            for tid, changed in expired:
+                state.ended(tid, changed, "failed", None, None)
+                self._changed(changed)
+            return [tid for tid, _ in expired]
+
+        return await self.write(lambda conn, _r: self.db.writes.expire_leases(
+            conn, run_id, now, stale), again, apply)
+
+    async def op_trial(self, args: list[Any], again: bool) -> Any:
+        rows = await self.read(reads.trial_rows, schema.T_TRIALS.c.id == args[0])
+        if not rows:
+            raise StoreError(f"trial {args[0]} is not in store {redact(self.url)}")
+        return wire.pack(rows[0])
+
+    async def op_trials(self, args: list[Any], again: bool) -> Any:
+        run_id, after_id = args
+        rows = await self.read(reads.trial_rows, (schema.T_TRIALS.c.run_id == run_id)
+                               & (schema.T_TRIALS.c.id > after_id))
+        return [wire.pack(r) for r in rows]
+
+    async def op_tally(self, args: list[Any], again: bool) -> Any:
+        return [wire.pack(t) for t in (await self.run_state(args[0])).tallies()]
+
+    async def op_summaries(self, args: list[Any], again: bool) -> Any:
+        return [wire.pack(t) for t in (await self.run_state(args[0])).summaries()]
+
+    async def op_changes(self, args: list[Any], again: bool) -> Any:
+        run_id, after, also = args
+        state = await self.run_state(run_id)
+        if also:
+            return [[wire.pack(c) for c in state.changes(after, also)], self.through]
+        # A reader far behind (its first read, or a node's read a trial later at 10,000
+        # replicas) is sent the run's whole history as it stood a few seconds ago, encoded
+        # once for all of them, when that is smaller than what changed since its last read.
+        behind = state.changed_since(after)
+        if behind > 2 * SNAPSHOT_MIN:
+            snap = self.snapshots.get(run_id)
+            if snap is None or snap[4] != self.came_back or (
+                    time.monotonic() - snap[2] > SNAPSHOT_S and snap[0] < self.through):
+                text = wire.Encoded(f"[{state.changes_text(0)},{self.through}]")
+                snap = self.snapshots[run_id] = (
+                    self.through, wire.answer(text, self.came_back), time.monotonic(),
+                    len(state.trials), self.came_back)
+            if snap[0] > after and behind > snap[3] / 2:
+                return snap[1]  # the answer's frame itself
+        return wire.Encoded(f"[{state.changes_text(after)},{self.through}]")
+
+    async def op_graphs(self, args: list[Any], again: bool) -> Any:
+        ids = args[0]
+        out = {i: self.graph_cache[i] for i in ids if i in self.graph_cache}
+        missing = [i for i in ids if i not in out]
+        if missing:
+            fetched = await self.read(reads.graphs, missing)
+            for i, g in fetched.items():
+                self._keep_graph(i, g)
+            out.update(fetched)
+        return [[i, g] for i, g in out.items()]
+
+    # --- epochs, samples, nodes -------------------------------------------------------------
+    async def op_record_epoch(self, args: list[Any], again: bool) -> Any:
+        epoch = wire.unpack(EpochRecord, args[0])
+        await self.write(lambda conn, _r: self.db.writes.record_epoch(conn, epoch), again)
+
+    async def op_epochs(self, args: list[Any], again: bool) -> Any:
+        return [wire.pack(e) for e in await self.read(reads.epochs, args[0])]
+
+    async def op_epochs_after(self, args: list[Any], again: bool) -> Any:
+        run_id, after, also = args
+        rows = await self.read(lambda conn: reads.epochs_after(conn, self.db.sqlite, run_id,
+                                                               after, also))
+        return [[n, r, wire.pack(e)] for n, r, e in rows]
+
+    async def op_last_epoch_number(self, args: list[Any], again: bool) -> Any:
+        return await self.read(lambda conn: reads.last_epoch_number(conn, self.db.sqlite))
+
+    async def op_add_samples(self, args: list[Any], again: bool) -> Any:
+        run_id, node, samples = args
+        await self.write(lambda conn, again_: self.db.writes.add_samples(
+            conn, run_id, node, samples, retried=again_), again)
+
+    async def op_samples(self, args: list[Any], again: bool) -> Any:
+        return await self.read(reads.samples, args[0])
+
+    async def op_record_node(self, args: list[Any], again: bool) -> Any:
+        await self.write(lambda conn, again_: self.writes.record_node(
+            conn, *args, retried=again_), again)
+
+    async def op_nodes(self, args: list[Any], again: bool) -> Any:
+        return await self.read(reads.nodes, args[0])
+
+    # --- a call ------------------------------------------------------------------------
+    async def handle(self, message: dict[str, Any]) -> bytes:
+        """The answer's frame."""
+        self.calls += 1
+        op = self.ops.get(message.get("op", ""))
+        if op is None:
+            return wire.encode({"e": "protocol",
+                                "m": f"no call {message.get('op')!r} in this store service"})
+        try:
+            value = await op(message.get("a", []), bool(message.get("r")))
+        except SchemaMismatch as exc:
+            return wire.encode({"e": "schema", "m": str(exc)})
+        except StoreError as exc:
+            return wire.encode({"e": "store", "m": str(exc)})
+        except (ValueError, TypeError) as exc:
+            return wire.encode({"e": "value", "m": str(exc)})
+        except DBAPIError as exc:
+            return wire.encode({"e": "store",
+                                "m": f"store {redact(self.url)}: {_one_line(exc.orig)}"})
+        except Exception as exc:  # noqa: BLE001 - a bug answers its caller, the rest go on
+            log.exception("call %s failed", message.get("op"))
+            return wire.encode({"e": "store", "m": f"the store service failed: "
+                                f"{type(exc).__name__}: {exc}"})
+        if isinstance(value, bytes):
+            return value  # an answer encoded before, for several callers
+        return wire.answer(value, self.came_back)
+
+
+if __name__ == "__main__":
+    from automlperf.store.serviceproc import serve
+
+    serve()

@@ -1,0 +1,140 @@
+"""The store service's side of the database (store/service.py): its connections, and the
+writer thread that commits the calls waiting for it in one transaction (group commit),
+answering each in commit order once committed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from automlperf.store import connections
+from automlperf.store.base import StoreError
+from automlperf.store.sql import SQLStore, _one_line, retried, retrying
+
+# The database connections the service holds: the writer's, and its readers'.
+CONNECTIONS = connections.SERVICE
+READERS = CONNECTIONS - 1
+# The most calls one transaction commits.
+MAX_BATCH = 2_000
+
+
+class ServiceStore(SQLStore):
+    """The database side of the service: a pool as large as its threads."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        if not self.sqlite:
+            self.engine.dispose()
+            self.engine = sa.create_engine(self.url, pool_size=CONNECTIONS, max_overflow=0,
+                                           pool_timeout=600,
+                                           connect_args={"connect_timeout": 10})
+            self.reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    @retrying
+    def commit(self, ops: list[Callable[[sa.Connection, bool], Any]]) -> list[tuple[Any, Any]]:
+        """Run ``ops`` in one transaction (each given the connection and whether this is a
+        second try); (result, error) of each. An op's own refusal (StoreError, ValueError)
+        is its answer and leaves the others be."""
+        again = retried()
+        out: list[tuple[Any, Any]] = []
+        with self.engine.begin() as conn:
+            for op in ops:
+                try:
+                    out.append((op(conn, again), None))
+                except (StoreError, ValueError) as exc:
+                    out.append((None, exc))
+        return out
+
+    @retrying
+    def read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.reader.connect() as conn:
+            return fn(conn, *args)
+
+    @retrying
+    def flush(self, beats: list[tuple[int, float, float]],
+              touches: list[tuple[int, int, float]]) -> None:
+        with self.engine.begin() as conn:
+            if not self.sqlite:
+                # A heartbeat lost in a crash costs nothing: do not wait for the disk.
+                conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            self.writes.beats(conn, beats)
+            for run_id, index, last_seen in touches:
+                self.writes.touch_segment(conn, run_id, index, last_seen)
+
+
+@dataclass
+class Job:
+    op: Callable[[sa.Connection, bool], Any]
+    retried: bool
+    done: Callable[[Any, BaseException | None], None]
+
+
+class Writer(threading.Thread):
+    """Commits the calls waiting for it in one transaction, answers each in commit order (on
+    the event loop, which applies them to memory first)."""
+
+    def __init__(self, db: ServiceStore, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(name="store-writer", daemon=True)
+        self.db = db
+        self.loop = loop
+        self.queue: list[Job] = []
+        self.ready = threading.Condition()
+        self.stopping = False
+        self.commits = 0
+        self.committed = 0
+
+    def submit(self, job: Job) -> None:
+        with self.ready:
+            self.queue.append(job)
+            self.ready.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.ready:
+                while not self.queue and not self.stopping:
+                    self.ready.wait()
+                if not self.queue:
+                    return
+                batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
+            answers = self._commit(batch)
+            self.loop.call_soon_threadsafe(_answer, batch, answers)
+
+    def _commit(self, batch: list[Job]) -> list[tuple[Any, Any]]:
+        ops = [_with_retried(j) for j in batch]
+        try:
+            answers = self.db.commit(ops)
+            self.commits += 1
+            self.committed += len(batch)
+            return answers
+        except StoreError as exc:
+            return [(None, exc)] * len(batch)  # the database stayed out past the retries
+        except DBAPIError:
+            pass
+        # One call broke the transaction (not an outage): each in a transaction of its own.
+        out: list[tuple[Any, Any]] = []
+        for op in ops:
+            try:
+                out += self.db.commit([op])
+            except (StoreError, DBAPIError) as exc:
+                out.append((None, StoreError(_one_line(getattr(exc, "orig", exc)))))
+        return out
+
+    def stop(self) -> None:
+        with self.ready:
+            self.stopping = True
+            self.ready.notify()
+
+
+def _with_retried(job: Job) -> Callable[[sa.Connection, bool], Any]:
+    return lambda conn, again: job.op(conn, again or job.retried)
+
+
+def _answer(batch: list[Job], answers: list[tuple[Any, Any]]) -> None:
+    for job, (value, error) in zip(batch, answers):
+        job.done(value, error)

@@ -1,0 +1,188 @@
+"""The run's store service as a process: the primary starts it before the replicas, starts it
+again at once (on the same port) if it dies, and stops it after the run's last write; its
+clients find it through the run directory (store/remote.py). ``serve`` is the process's own
+entry point (``python -m automlperf.store.service``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from automlperf.store.base import StoreError
+from automlperf.store.remote import SERVICE_FILE, TOKEN_FILE
+from automlperf.store.urls import STORE_ENV
+
+log = logging.getLogger("automlperf.store")
+# How long a starting service may take to listen (it opens the database first, which may be
+# riding out an outage of its own).
+START_S = 180.0
+
+
+def token_for(path: Path) -> str:
+    """The run's service token, made once (only its owner can read it)."""
+    if not path.exists():
+        old = os.umask(0o077)
+        try:
+            path.write_text(secrets.token_urlsafe(24) + "\n")
+        finally:
+            os.umask(old)
+    return path.read_text().strip()
+
+
+def advertised_host(listen_all: bool) -> str:
+    return (socket.getfqdn() or socket.gethostname()) if listen_all else "127.0.0.1"
+
+
+class ServiceProcess:
+    """The store service of the run in ``run_dir``, on the database at ``url``; reachable
+    from other nodes with ``listen_all``."""
+
+    def __init__(self, run_dir: Path, url: str, listen_all: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.url = url
+        self.listen_all = listen_all
+        self.file = self.run_dir / SERVICE_FILE
+        self.token_file = self.run_dir / TOKEN_FILE
+        self.logs = self.run_dir / "logs"
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._watch: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        token_for(self.token_file)
+        self.file.unlink(missing_ok=True)  # a previous session's
+        self._launch()
+        self._watch = threading.Thread(target=self._watcher, name="store-service-watch",
+                                       daemon=True)
+        self._watch.start()
+
+    def _launch(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "automlperf.store.service", "--file", str(self.file),
+               "--token-file", str(self.token_file), "--host", advertised_host(self.listen_all),
+               "--port", str(self.port)]
+        if self.listen_all:
+            cmd.append("--listen-all")
+        if self.restarts:
+            cmd.append("--restarted")
+        # The URL, password included, through the environment: not on a command line.
+        env = dict(os.environ, **{STORE_ENV: self.url})
+        with open(self.logs / "store-service.log", "ab") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StoreError(f"the store service did not start (exit status "
+                                 f"{proc.returncode}): see {self.logs / 'store-service.log'}")
+            try:
+                found = json.loads(self.file.read_text())
+                if found.get("pid") == proc.pid:
+                    self.port = int(found["port"])
+                    self.proc = proc
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        raise StoreError(f"the store service did not listen within {START_S:.0f} s: see "
+                         f"{self.logs / 'store-service.log'}")
+
+    def _watcher(self) -> None:
+        """Start the service again whenever it dies before it is stopped: its clients wait
+        for it (they retry), and lose nothing they were told is stored."""
+        while not self._stopping.is_set():
+            proc = self.proc
+            if proc is None:
+                return
+            code = proc.wait()
+            if self._stopping.is_set():
+                return
+            self.restarts += 1
+            log.warning("the store service exited (status %s); starting it again", code)
+            while not self._stopping.is_set():
+                try:
+                    self._launch()
+                    break
+                except StoreError as exc:
+                    log.warning("%s; trying again", exc)
+                    time.sleep(1.0)
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Stop the service once it has written what it holds."""
+        self._stopping.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._watch is not None:
+            self._watch.join(timeout=10)
+        self.file.unlink(missing_ok=True)
+
+
+def serve() -> None:
+    """``python -m automlperf.store.service --file FILE`` serves the store at
+    $AUTOMLPERF_STORE_URL (its password from the environment, as every process of a run
+    reads it) and writes where it listens to FILE."""
+    import argparse
+    import asyncio
+
+    from automlperf.procutil import die_with_parent
+    from automlperf.store import servicenet, wire
+    from automlperf.store.rundir import write_atomic
+    from automlperf.store.service import Service, log
+    from automlperf.store.urls import redact, resolve_store_url
+
+    ap = argparse.ArgumentParser(prog="python -m automlperf.store.service")
+    ap.add_argument("--file", type=Path, required=True, help="where to write the address")
+    ap.add_argument("--token-file", type=Path, required=True)
+    ap.add_argument("--host", default="127.0.0.1", help="the name clients reach it by")
+    ap.add_argument("--listen-all", action="store_true", help="accept other nodes")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--restarted", action="store_true",
+                    help="started again after it died: grant every lease a full term")
+    ap.add_argument("--no-parent", action="store_true",
+                    help="keep serving when the process that started it dies")
+    args = ap.parse_args()
+    import resource
+
+    # A connection per replica: as many as the system lets this process have.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s store-service %(levelname)s %(message)s")
+    if not args.no_parent:
+        die_with_parent()
+    url = resolve_store_url(None)
+    if not url:
+        raise SystemExit("error: no store: set AUTOMLPERF_STORE_URL")
+    try:
+        service = Service(url, args.token_file.read_text().strip(), args.restarted)
+    except StoreError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+    def listening(port: int) -> None:
+        write_atomic(args.file, json.dumps({"host": args.host, "port": port,
+                                            "pid": os.getpid(), "protocol": wire.PROTOCOL})
+                     + "\n")
+        log.info("serving %s on %s:%d", redact(service.url), args.host, port)
+
+    asyncio.run(servicenet.serve(service, "0.0.0.0" if args.listen_all else args.host,
+                                 args.port, listening))

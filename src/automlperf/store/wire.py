@@ -1,0 +1,109 @@
+"""The store service's protocol (store/service.py, store/remote.py): frames of JSON over one
+TCP connection, a request answered before the next is sent on the same connection.
+
+A frame is a 5-byte header (the payload's length, big-endian, and a flags byte: 1 when the
+payload is zlib-compressed, as payloads over ``COMPRESS_OVER`` bytes are) and the payload.
+The client's first frame is ``{"hello": PROTOCOL, "token": ..., "schema": SCHEMA_VERSION}``;
+the service answers ``{"v": {...}}`` or an error and closes. Then each request is
+``{"op": name, "a": [arguments], "r": true when sent again after a lost answer}`` and each
+answer ``{"v": value, "s": when the service last came back from an outage (0: never)}`` or
+``{"e": kind, "m": message}`` (kind: ``store``, ``schema``, ``value``, ``protocol``).
+
+Records travel as lists in their fields' order (``pack``/``unpack``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import struct
+import zlib
+from typing import Any, TypeVar
+
+from automlperf.store.base import (EpochRecord, ReplicaRecord, SegmentRecord, TrialChange,
+                                   TrialRecord, TrialSummary, TrialTally)
+
+PROTOCOL = 1
+HEADER = struct.Struct("!IB")
+COMPRESSED = 1
+COMPRESS_OVER = 64 * 1024
+# A frame larger than this is refused: a client that is not ours, or a broken stream.
+MAX_FRAME = 1 << 30
+
+T = TypeVar("T")
+
+
+class ProtocolError(ConnectionError):
+    """The other side does not speak this protocol (or the stream broke mid-frame)."""
+
+
+def encode(message: Any) -> bytes:
+    return encode_text(json.dumps(message, separators=(",", ":")))
+
+
+class Encoded(str):
+    """A value already written as JSON text (a long list put together from rows encoded
+    once): the answer carries it as it is."""
+
+
+def answer(value: Any, came_back: float) -> bytes:
+    """The frame answering a call with ``value``."""
+    if isinstance(value, Encoded):
+        return encode_text(f'{{"v":{value},"s":{json.dumps(came_back)}}}')
+    return encode({"v": value, "s": came_back})
+
+
+def encode_text(text: str) -> bytes:
+    data = text.encode()
+    flags = 0
+    if len(data) > COMPRESS_OVER:
+        data, flags = zlib.compress(data, 1), COMPRESSED
+    return HEADER.pack(len(data), flags) + data
+
+
+def decode(flags: int, payload: bytes) -> Any:
+    if flags & COMPRESSED:
+        payload = zlib.decompress(payload)
+    return json.loads(payload)
+
+
+def read_frame(sock: socket.socket) -> tuple[Any, int]:
+    """The next message on a blocking socket, and the bytes it took on the wire."""
+    length, flags = HEADER.unpack(_exactly(sock, HEADER.size))
+    if length > MAX_FRAME:
+        raise ProtocolError(f"a frame of {length} bytes")
+    return decode(flags, _exactly(sock, length)), HEADER.size + length
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the store service closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# --- records as lists ----------------------------------------------------------------------
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls))
+           for cls in (SegmentRecord, ReplicaRecord, TrialRecord, TrialSummary, TrialTally,
+                       EpochRecord)}
+_CHANGE = ("changed", *_FIELDS[TrialSummary])
+
+
+def pack(record: Any) -> list[Any]:
+    if isinstance(record, TrialChange):
+        return [getattr(record, name) for name in _CHANGE]
+    return [getattr(record, name) for name in _FIELDS[type(record)]]
+
+
+def unpack(cls: type[T], values: list[Any]) -> T:
+    if cls is TrialChange:
+        changed, *rest = values
+        return TrialChange(*rest, changed=changed)  # type: ignore[return-value]
+    if cls is EpochRecord:
+        return EpochRecord(**dict(zip(_FIELDS[EpochRecord], values)))  # type: ignore[return-value]
+    return cls(*values)
