@@ -161,7 +161,6 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
         "breakdown": breakdown, "breakdown_parts": BREAKDOWN_LABELS,
         "breakdown_rows": _fewest(breakdown["replicas"] if breakdown else [], _training_share),
         "node_rows": _fewest(described, lambda n: n.get("ceiling_ops") or 0.0),
-        "replica_rows_max": REPLICA_ROWS,
         "all_replicas": (breakdown, described) if max(
             len(breakdown["replicas"]) if breakdown else 0, len(described),
             len(nodes)) > REPLICA_ROWS else None,
