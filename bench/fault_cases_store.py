@@ -128,6 +128,18 @@ def stop_server(server: PostgresServer) -> None:
     server._run("pg_ctl", "-D", str(server.data), "-m", "fast", "-w", "stop")
 
 
+def charged_and_silent(url: str, run_dir: Path) -> tuple[list[int], int]:
+    """The trials a lease failed while their replica lived (the heartbeat's silence held
+    against them), and the replicas that stopped because the primary fell silent."""
+    store = open_store(url, run_dir=run_dir)
+    try:
+        charged = [t.id for t in store.trials(1) if "heart-beating" in t.reason]
+    finally:
+        store.close()
+    silent = sum("has been silent" in p.read_text() for p in (run_dir / "logs").glob("replica-*"))
+    return charged, silent
+
+
 def pg_restarted(scratch: Path, outage_s: float = 30.0, lease_s: float = 20.0,
                  rounds: int = 4) -> dict[str, Any]:
     """The server stops after the first epoch for longer than a lease, and comes back on
@@ -148,12 +160,7 @@ def pg_restarted(scratch: Path, outage_s: float = 30.0, lease_s: float = 20.0,
                  proc)
         detect = time.monotonic() - back
         out, err = proc.communicate(timeout=900)
-        store = open_store(url, run_dir=run_dir)
-        try:
-            charged = [t.id for t in store.trials(1) if "heart-beating" in t.reason]
-        finally:
-            store.close()
-        silent = sum("has been silent" in p.read_text() for p in (run_dir / "logs").glob("replica-*"))
+        charged, silent = charged_and_silent(url, run_dir)
         happened = (f"{outage_s:.0f} s outage ridden out; {len(charged)} trial(s) charged to "
                     f"live replicas, {silent} replica(s) stopped for the primary's silence")
         return {"happened": happened, "exit": proc.returncode,
@@ -229,12 +236,7 @@ def service_killed_and_stopped(scratch: Path, stop_s: float = 30.0, lease_s: flo
         time.sleep(stop_s)  # the fault itself: a stop this long
         os.kill(again, signal.SIGCONT)
         out, err = proc.communicate(timeout=900)
-        store = open_store(url, run_dir=run_dir)
-        try:
-            charged = [t.id for t in store.trials(1) if "heart-beating" in t.reason]
-        finally:
-            store.close()
-        silent = sum("has been silent" in p.read_text() for p in (run_dir / "logs").glob("replica-*"))
+        charged, silent = charged_and_silent(url, run_dir)
         happened = (f"killed, started again in {detect:.0f} s; stopped {stop_s:.0f} s; "
                     f"{len(charged)} trial(s) charged to live replicas, {silent} replica(s) "
                     "stopped for the primary's silence")
