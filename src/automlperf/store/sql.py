@@ -66,11 +66,18 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
-def _read_only_file(url: str) -> str | None:
-    """The folder of a SQLite store's file, when its file system has turned read-only."""
+def _sqlite_folder(url: str) -> str | None:
+    """The folder of a SQLite store's file; None for other stores."""
     if not url.startswith("sqlite:///"):
         return None
-    folder = os.path.dirname(url[len("sqlite:///"):]) or "."
+    return os.path.dirname(url[len("sqlite:///"):]) or "."
+
+
+def _read_only_file(url: str) -> str | None:
+    """The folder of a SQLite store's file, when its file system has turned read-only."""
+    folder = _sqlite_folder(url)
+    if folder is None:
+        return None
     # A probe write: a file system turned read-only by an error (ext4's errors=remount-ro)
     # may still call itself read-write to statvfs() and access().
     try:
@@ -90,9 +97,9 @@ def _full_file_system(url: str) -> str | None:
     """The folder of a SQLite store's file, when its file system has (almost) no room left.
     SQLite reports a write into a full file system as "disk I/O error" as often as
     "database or disk is full" (its WAL and shared-memory files), and waiting frees nothing."""
-    if not url.startswith("sqlite:///"):
+    folder = _sqlite_folder(url)
+    if folder is None:
         return None
-    folder = os.path.dirname(url[len("sqlite:///"):]) or "."
     try:
         found = os.statvfs(folder)
     except OSError:
