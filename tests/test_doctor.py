@@ -176,6 +176,37 @@ def test_the_input_item_fails_below_1x_headroom_and_warns_below_1_2x_or_a_large_
     assert pipeline.verdict(13.0, None, 0.0) == ("pass", "")  # no training rate to compare
 
 
+def test_the_loader_is_judged_against_compiled_training_when_a_first_round_trial_compiles(
+        tmp_path, monkeypatch):
+    # An H200's figures (bench/gpu/h200-2026-11-26c): eager 111 TOPS, compiled 158, 75 s to
+    # compile. A first-round ImageNet-1k trial compiles, so its steps consume 6,852 img/s;
+    # the loader's 5,282 img/s kept up with eager steps (4,821) but starves compiled ones.
+    from automlperf.train.compiling import CompileFigures
+    from automlperf.train.data.generate import write_photo_folder
+
+    shape = doctor.Shape("resnet50", 224, 1000, True)
+    figures = CompileFigures(74.9, 175, 1.109e14, 1.576e14)
+    assert training.first_round_decision(figures, shape, 1).compile
+    assert not training.first_round_decision(CompileFigures(4e5, 175, 1.109e14, 1.576e14),
+                                              shape, 1).compile
+    write_photo_folder(tmp_path / "data", 2, 8, 2, size=(64, 48))
+    node = doctor.Node(DoctorRequest(tmp_path / "out", data_dir=tmp_path / "data"))
+    node.devices, node.accelerated = ["cuda:0"], True
+    node.train_images_per_s = 4821.0
+    monkeypatch.setattr(pipeline, "probe", lambda *a: {
+        "alone": {"images_per_s": 5282.0}, "decode_path": "cpu-pillow", "workers": 15,
+        "rank_threads": 1, "per_rank": 256, "device": "cuda:0",
+        "training": {"steps": 373, "passes": 3, "images_per_s": 4815.0, "data_share": 0.04,
+                     "device_share": 0.96}})
+    eager = pipeline.pipeline(node, shape)
+    assert eager.status == "warn" and "1.10x what training consumes (4821.0)" in eager.summary
+    node.trial_images_per_s = 6852.0
+    compiled = pipeline.pipeline(node, shape)
+    assert compiled.status == "fail" and "data side" in compiled.advice
+    assert "0.77x what compiled training consumes (6852.0)" in compiled.summary
+    assert compiled.figures["need_compiled"] and "beside eager training" in compiled.summary
+
+
 def _result(images, **parts):
     total = {"session_s": 100.0, "start_to_first_epoch_s": 0.0, "training_s": 0.0,
              "data_wait_s": 0.0, "validation_s": 0.0, "between_trials_s": 0.0,

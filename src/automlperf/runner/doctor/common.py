@@ -75,6 +75,9 @@ class Node:
         # All devices, uncompiled, in the layout a run trains in (any uncompiled rate if
         # that item failed), for sizing the pipeline's need and the official run.
         self.train_images_per_s: float | None = None
+        # All devices, a first-round trial of the official shape: the compiled rate when the
+        # compile rule compiles such a trial, which is what the loader has to keep up with.
+        self.trial_images_per_s: float | None = None
         self.rates: dict[str, float] = {}  # images/s of each training item
         # Seconds a training item's first epoch took beyond its steady rate (start, warm-up,
         # validation and, compiled, the compilation), by item.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from automlperf.runner.doctor.common import Check, Node, Shape
 
 if TYPE_CHECKING:
-    from automlperf.train.compiling import CompileFigures
+    from automlperf.train.compiling import CompileDecision, CompileFigures
 
 # The fraction of the measured ceiling below which training alone warns. A CPU's ceiling
 # is the faster of its matrix product and its 3x3 convolution, the kernels training runs; a
@@ -91,6 +91,8 @@ def train(node: Node, shape: Shape, name: str, channels_last: bool, compile: boo
     figures["compile_figures"] = measured.to_dict()
     kept = keep_figures(node, measured, last.precision, last.batch_size // ranks)
     figures["compile_figures_cache"] = kept
+    if first_round_decision(measured, shape, ranks).compile:
+        node.trial_images_per_s = last.images_per_s
     return Check(name, "pass", summary + f"; compiling took {measured.compile_s:.0f} s",
                  compile_advice(node, measured, shape, kept), figures)
 
@@ -131,22 +133,34 @@ def keep_figures(node: Node, figures: CompileFigures, precision: str, per_rank: 
         return None
 
 
-def compile_advice(node: Node, figures: CompileFigures, shape: Shape,
-                   kept: str | None = None) -> str:
+def first_round_decision(figures: CompileFigures, shape: Shape, ranks: int) -> CompileDecision:
     """What the compile rule decides with these figures for a first-round trial of the
-    shape measured, and how a run gets them (``kept``: the cache that holds them for the
-    runs on this node)."""
+    shape measured (ImageNet-1k's training images when official), split over ``ranks``."""
     from automlperf.ops import count
     from automlperf.graph import seeds
     from automlperf.config import Config
     from automlperf.train.compiling import decide_compile
 
-    cfg = Config()
-    train_images = 1_281_167 if shape.official else 10_000
+    epochs = Config().train.round_epochs(0)
     ops = count(seeds.seed(shape.model, shape.classes, shape.image_size, 3))
-    epochs = cfg.train.round_epochs(0)
-    planned = epochs * train_images / len(node.devices) * (ops.forward + ops.backward_grad)
-    decision = decide_compile(None, planned, figures.layers, figures)
+    planned = epochs * first_round_images(shape) / ranks * (ops.forward + ops.backward_grad)
+    return decide_compile(None, planned, figures.layers, figures)
+
+
+def first_round_images(shape: Shape) -> int:
+    return 1_281_167 if shape.official else 10_000
+
+
+def compile_advice(node: Node, figures: CompileFigures, shape: Shape,
+                   kept: str | None = None) -> str:
+    """What the compile rule decides with these figures for a first-round trial of the
+    shape measured, and how a run gets them (``kept``: the cache that holds them for the
+    runs on this node)."""
+    from automlperf.config import Config
+
+    epochs = Config().train.round_epochs(0)
+    train_images = first_round_images(shape)
+    decision = first_round_decision(figures, shape, len(node.devices))
     gain = figures.compiled_ops_per_s / figures.eager_ops_per_s - 1
     toml = ("train.compile_figures = {" + ", ".join(
         f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
