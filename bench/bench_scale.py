@@ -15,6 +15,7 @@ The control plane under load (thousands of replicas' calls at a node's rates) is
 bench/bench_control.py.
 
 Run: python bench/bench_scale.py [--trials 10000] [--epochs 500000] [--nodes 512] [--work DIR]
+     python bench/bench_scale.py --nodes 10000 --duration 3600 --node-ops 1e15 (the timed shape)
 """
 
 from __future__ import annotations
@@ -528,6 +529,11 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10_000)
     ap.add_argument("--epochs", type=int, default=500_000)
     ap.add_argument("--nodes", type=int, default=512, help="replicas of the generated run")
+    ap.add_argument("--duration", type=float, default=None, metavar="S",
+                    help="the timed shape (bench/large_run.py): every node trains until this "
+                         "deadline; --trials and --epochs are then not used")
+    ap.add_argument("--node-ops", type=float, default=None, help="operations/s of a node "
+                    "(default: bench/large_run.py's NODE_OPS)")
     ap.add_argument("--work", type=Path, default=None, help="keep everything here")
     # internal: the processes the bench starts
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
@@ -592,7 +598,8 @@ def main() -> None:
             base = server.create_database("generated")
             t = time.perf_counter()
             made = large_run.generate(work / "run", args.trials, args.epochs, args.nodes,
-                                      store_url=base, progress=True)
+                                      store_url=base, progress=True, duration_s=args.duration,
+                                      node_ops=args.node_ops or large_run.NODE_OPS)
             made["generate_s"] = time.perf_counter() - t
             (work / "generated.json").write_text(json.dumps(made))
         print(f"generated {made['trials']} trials, {made['epochs']} epochs, {made['samples']} "

@@ -14,12 +14,20 @@ Only the epochs take a shortcut: they are inserted 5,000 per transaction with th
 of a real run would take the generator most of an hour. On SQLite the store's connections
 also skip fsync (durability is not what this measures).
 
-What is modelled (stated, not measured): each node sustains ``NODE_OPS`` = 1e15 operations per
-second (eight H100-class accelerators at ~125 TFLOPS sustained each), so a ResNet-50-sized
-ImageNet epoch (~3e16 operations) takes ~31 s and 512 nodes complete ~16 epochs per second;
-trials train the configuration's epoch budget of their round (ImageNet preset: 60 epochs,
-warm-up rounds shorter); accuracy follows a seeded saturating learning curve; 1 % of trials
-fail; the monitor samples every node every 30 s.
+What is modelled (stated, not measured): each node sustains ``NODE_OPS`` = 2.7e15 operations
+per second (eight H100-class accelerators at ~340 TFLOPS sustained each; ``node_ops`` sets
+another), so a ResNet-50-sized ImageNet epoch (~3e16 operations) takes ~11 s; accuracy
+follows a seeded saturating learning curve; 1 % of trials fail; the monitor samples every
+node every 30 s. Two shapes:
+
+* counted (the default): ``trials`` trials holding ``epochs`` epochs, each trial's budget its
+  round's epochs (ImageNet preset: 15, 30, 45, then 60) scaled to that total. The run ends when
+  the last trial does; with few trials a node (2.25 at 10,000 nodes and 22,500 trials) most
+  nodes sit idle, still sampled, for most of the run.
+* timed (``duration_s``): a run's deadline, as ``run.duration`` gives it. Every replica claims
+  trials until the deadline, each trial training its round's budget; the trial running at
+  the deadline keeps the epochs that ended before it and stops ("deadline reached"). Every
+  node trains the whole run, as in a real one.
 
 Used by bench/bench_scale.py and tests/test_scale.py; also runnable:
     python bench/large_run.py DIR [--trials 10000] [--epochs 500000] [--replicas 512]
@@ -99,6 +107,23 @@ def _child(parent: Graph, rng: random.Random, taken: set[str]) -> tuple[Graph, l
     raise RuntimeError("no new architecture in 50 tries")
 
 
+def counted_budgets(config: Config, trials: int, epochs: int, replicas: int) -> list[int]:
+    """Budget per trial of the counted shape: the configuration's epochs of its round,
+    scaled so the run holds ``epochs`` epochs in ``trials`` trials."""
+    per_replica = math.ceil(trials / replicas)
+    budgets = [config.train.round_epochs(k % per_replica) for k in range(trials)]
+    scale = epochs / sum(budgets)
+    budgets = [max(1, round(b * scale)) for b in budgets]
+    left, k = epochs - sum(budgets), 0
+    while left and k < 100 * trials:  # spread what rounding missed, one epoch a trial
+        step = 1 if left > 0 else -1
+        if budgets[k % trials] + step >= 1:
+            budgets[k % trials] += step
+            left -= step
+        k += 1
+    return budgets
+
+
 def _sqlite_fast(store: Any) -> None:
     if store.url.startswith("sqlite"):
         def fast(dbapi_conn: Any, _record: Any) -> None:
@@ -109,9 +134,12 @@ def _sqlite_fast(store: Any) -> None:
 
 def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replicas: int = 512,
              store_url: str | None = None, seed: int = 0, samples: bool = True,
-             seed_model: str = "resnet50", progress: bool = False) -> dict[str, Any]:
+             seed_model: str = "resnet50", progress: bool = False,
+             duration_s: float | None = None, node_ops: float = NODE_OPS) -> dict[str, Any]:
     """Write the run directory; returns what was written and how long each part took.
-    ``seed_model`` "resnet_small" makes smaller graphs, for a test that must be quick."""
+    ``seed_model`` "resnet_small" makes smaller graphs, for a test that must be quick.
+    ``duration_s``: the timed shape (module docstring); ``trials`` and ``epochs`` are then
+    not used."""
     clock = time.perf_counter()
     rng = random.Random(seed)
     # The search's predictions come from a stream of their own, so that the rest of the run
@@ -130,17 +158,8 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
     t0 = 1_800_000_000.0
     # Budget per trial: the configuration's epochs of its round, scaled so the run holds
     # `epochs` epochs in `trials` trials.
-    per_replica = math.ceil(trials / replicas)
-    budgets = [config.train.round_epochs(k % per_replica) for k in range(trials)]
-    scale = epochs / sum(budgets)
-    budgets = [max(1, round(b * scale)) for b in budgets]
-    left, k = epochs - sum(budgets), 0
-    while left and k < 100 * trials:  # spread what rounding missed, one epoch a trial
-        step = 1 if left > 0 else -1
-        if budgets[k % trials] + step >= 1:
-            budgets[k % trials] += step
-            left -= step
-        k += 1
+    deadline = None if duration_s is None else t0 + duration_s
+    budgets = [] if deadline is not None else counted_budgets(config, trials, epochs, replicas)
     run_id = store.create_run(rd.path.name, config.model_dump(mode="json"), system, 0.0, t0)
     rd.write_meta(run_id, strip_password(store_url) if store_url else None, rd.path.name)
     seed_graph = seeds.seed(seed_model, 1000, 224, 3)
@@ -160,10 +179,11 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
     timings = {"setup_s": time.perf_counter() - clock}
     clock = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    finishes: list[tuple[int, str, float, float | None, float | None, dict[str, Any]]] = []
+    finishes: list[tuple[int, str, float, float | None, float | None, str, dict[str, Any]]] = []
     rounds = [0] * replicas
     end_of_run = t0
-    for k in range(trials):
+    k = 0
+    while (k < trials) if deadline is None else (free[0][0] < deadline):
         claimed_at, r = heapq.heappop(free)
         while finishing and finishing[0][0] <= claimed_at:
             done.append(heapq.heappop(finishing)[1])
@@ -174,7 +194,8 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
         round_index = rounds[r]
         rounds[r] += 1
         kernel = morphs[-1].get("kernel") or 3
-        hparams = {"batch_size": BATCH, "kernel_size": kernel, "epochs": budgets[k],
+        budget = budgets[k] if deadline is None else config.train.round_epochs(round_index)
+        hparams = {"batch_size": BATCH, "kernel_size": kernel, "epochs": budget,
                    "patience": config.train.patience(round_index),
                    "tpe_trial": round_index - 3 if round_index >= 3 else None,
                    "world_size": DEVICES, "acquisition": "ucb", "generation_s": 1.2,
@@ -192,15 +213,20 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
         per_epoch = epoch_ops(ops, TRAIN_IMAGES, math.ceil(math.ceil(TRAIN_IMAGES / DEVICES)
                                                            / (BATCH // DEVICES)), VAL_IMAGES)
         steps = math.ceil(math.ceil(TRAIN_IMAGES / DEVICES) / (BATCH // DEVICES))
-        seconds = per_epoch / NODE_OPS
+        seconds = per_epoch / node_ops
         start = claimed_at + 3.0 + rng.random() * 2  # build the model, inherit weights
         top = 0.55 + 0.25 * rng.random()
         lines = []
         accs = []
         failed = rng.random() < 0.01  # stops after a third of its epochs
-        n_epochs = max(1, budgets[k] // 3) if failed else budgets[k]
+        n_epochs = max(1, budget // 3) if failed else budget
+        cut = False
         for e in range(n_epochs):
             end = start + seconds * (0.97 + 0.06 * rng.random())
+            if deadline is not None and end > deadline:
+                cut, failed = True, False
+                start = deadline
+                break
             acc = top * (1 - math.exp(-(e + 1) / 8.0)) + 0.01 * rng.random()
             event = EpochEvent(trial_id, e, start, end, TRAIN_IMAGES, VAL_IMAGES, steps,
                                per_epoch, 2.0 * (1 - acc), acc, "bf16", BATCH, DEVICES, 0.02,
@@ -210,40 +236,43 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
             rows.append({**fields, "run_id": run_id})
             accs.append(acc)
             start = end + 0.2
-        best = max(accs)
-        status = TrialStatus.FAILED if failed else TrialStatus.COMPLETED
-        reason = "CUDA out of memory (generated)" if failed else ""
+        best: float | None = max(accs) if accs else None  # None: cut before its first epoch
+        best_epoch = accs.index(best) if best is not None else None
+        status = (TrialStatus.STOPPED if cut else
+                  TrialStatus.FAILED if failed else TrialStatus.COMPLETED)
+        reason = ("deadline reached" if cut else
+                  "CUDA out of memory (generated)" if failed else "")
         extra = {"early_stopped": False, "precision": "bf16", "batch_size": BATCH,
-                 "best_epoch": accs.index(best)}
-        outcome = TrialOutcome(trial_id, str(status), reason, n_epochs, best, accs.index(best),
+                 "best_epoch": best_epoch}
+        outcome = TrialOutcome(trial_id, str(status), reason, len(accs), best, best_epoch,
                                BATCH, "bf16", None, False, {})
         lines.append(json.dumps({"type": "trial", **outcome.to_dict()}))
         folder = rd.trial(trial_id)
         folder.mkdir(parents=True)
         (folder / "graph.json").write_text(graph.to_json() + "\n")
         (folder / "log.jsonl").write_text("\n".join(lines) + "\n")
-        predicted = best * 1.1 if round_index < config.search.hpo_start_round else None
-        search_of[trial_id] = best if predicted is None else predicted
-        finishes.append((trial_id, str(status), start, best, predicted, extra))
+        predicted = (best * 1.1 if best is not None and round_index < config.search.hpo_start_round
+                     else None)
+        search_of[trial_id] = (best or 0.0) if predicted is None else predicted
+        finishes.append((trial_id, str(status), start, best, predicted, reason, extra))
         heapq.heappush(finishing, (start, trial_id))
         heapq.heappush(free, (start + 1.0, r))
         end_of_run = max(end_of_run, start)
         if progress and k % 1000 == 0:
             print(f"  {k} trials", flush=True)
+        k += 1
     timings["trials_s"] = time.perf_counter() - clock
     clock = time.perf_counter()
     rows.sort(key=lambda row: row["ended_at"])
     for i in range(0, len(rows), BATCH_ROWS):
         with store.engine.begin() as conn:
             conn.execute(T_EPOCHS.insert(), rows[i:i + BATCH_ROWS])
-    for trial_id, status, at, best, predicted, extra in finishes:
+    for trial_id, status, at, best, predicted, reason, extra in finishes:
         store.finish_trial(trial_id, status, at, best_accuracy=best,
-                           predicted_accuracy=predicted,
-                           reason="CUDA out of memory (generated)" if status == "failed" else "",
-                           extra=extra)
+                           predicted_accuracy=predicted, reason=reason, extra=extra)
     timings["epochs_s"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    duration = math.ceil(end_of_run - t0 + 60.0)
+    duration = math.ceil(end_of_run - t0 + 60.0 if duration_s is None else duration_s)
     with store.engine.begin() as conn:  # the run's duration is known only now
         conn.execute(sa.text("UPDATE amp_runs SET duration_s = :d WHERE id = :i"),
                      {"d": float(duration), "i": run_id})
@@ -283,7 +312,7 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
     write_result(rd.result, result)
     timings["result_s"] = time.perf_counter() - clock
     store.close()
-    return {"run_dir": str(rd.path), "trials": trials, "epochs": len(rows),
+    return {"run_dir": str(rd.path), "trials": k, "epochs": len(rows),
             "replicas": replicas, "samples": n_samples, "duration_s": duration, **timings}
 
 
@@ -295,9 +324,13 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=512)
     ap.add_argument("--store", default=None, help="a PostgreSQL URL (default: history.db)")
     ap.add_argument("--no-samples", action="store_true")
+    ap.add_argument("--duration", type=float, default=None, metavar="S",
+                    help="the timed shape: every replica trains until this deadline")
+    ap.add_argument("--node-ops", type=float, default=NODE_OPS, help="operations/s of a node")
     args = ap.parse_args()
     print(json.dumps(generate(args.run_dir, args.trials, args.epochs, args.replicas, args.store,
-                              samples=not args.no_samples, progress=True)))
+                              samples=not args.no_samples, progress=True,
+                              duration_s=args.duration, node_ops=args.node_ops)))
 
 
 if __name__ == "__main__":

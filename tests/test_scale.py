@@ -374,3 +374,33 @@ def test_a_replica_stores_its_nodes_samples_in_batches(tmp_path):
     assert counting.calls["add_samples"] == 2 and copier.stored == 21
     assert [s["t"] for s in store.samples(run_id)] == [30.0 * i for i in range(21)]
     store.close()
+
+
+def test_a_timed_generated_run_trains_every_node_until_its_deadline(tmp_path):
+    """bench/large_run.py's timed shape, as a real run ends: every replica claims trials
+    until the deadline, the trial running then keeps the epochs that ended before it and
+    stops, and check verifies what was generated."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import large_run
+    finally:
+        sys.path.remove(str(BENCH))
+    from automlperf.measure.check import check_run
+
+    made = large_run.generate(tmp_path / "run", replicas=5, duration_s=1500.0,
+                              seed_model="resnet_small", node_ops=1e15)
+    # Every node sampled every 30 s from its start to the deadline.
+    assert made["duration_s"] == 1500 and 5 * 49 <= made["samples"] <= 5 * 50
+    deadline = 1_800_000_000.0 + 1500.0
+    records = [json.loads(line) for log in (tmp_path / "run" / "trials").glob("*/log.jsonl")
+               for line in log.read_text().splitlines()]
+    trials = [r for r in records if r["type"] == "trial"]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert len(trials) == made["trials"] > 5 and len(epochs) == made["epochs"]
+    assert max(e["ended_at"] for e in epochs) <= deadline
+    stopped = [t for t in trials if t["status"] == "stopped"]
+    # Each replica's last trial, and only those, ran into the deadline.
+    assert len(stopped) == 5 and all(t["reason"] == "deadline reached" for t in stopped)
+    assert {t["status"] for t in trials} <= {"completed", "failed", "stopped"}
+    checked = check_run(tmp_path / "run")
+    assert checked.ok, checked.mismatches[:5]
