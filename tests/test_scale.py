@@ -404,3 +404,43 @@ def test_a_timed_generated_run_trains_every_node_until_its_deadline(tmp_path):
     assert {t["status"] for t in trials} <= {"completed", "failed", "stopped"}
     checked = check_run(tmp_path / "run")
     assert checked.ok, checked.mismatches[:5]
+
+
+def test_check_verifies_a_run_written_before_a_default_changed_and_names_an_edit(tmp_path):
+    """A setting left unset (null) when the run was written has a different default now
+    (as data.gpu_decode went from null to false): the configuration file is still the one the
+    run started with. An edited setting is still named."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import large_run
+    finally:
+        sys.path.remove(str(BENCH))
+    import tomllib
+
+    import sqlalchemy as sa
+
+    from automlperf.measure.check import check_run
+    from automlperf.store import open_store
+
+    run = tmp_path / "run"
+    large_run.generate(run, trials=12, epochs=60, replicas=3, seed_model="resnet_small",
+                       samples=False)
+    store = open_store(run_dir=run)
+    with store.engine.begin() as conn:
+        stored = json.loads(conn.execute(sa.text("SELECT config FROM amp_runs")).scalar())
+        assert stored["data"]["gpu_decode"] is False
+        stored["data"]["gpu_decode"] = None  # as an earlier version stored it
+        conn.execute(sa.text("UPDATE amp_runs SET config = :c"), {"c": json.dumps(stored)})
+    store.close()
+    toml = (run / "config.toml").read_text()
+    assert "gpu_decode = false\n" in toml
+    old = toml.replace("gpu_decode = false\n", "")
+    (run / "config.toml").write_text(old)
+    checked = check_run(run)
+    assert checked.ok, checked.mismatches[:5]
+    heartbeat = tomllib.loads(old)["run"]["heartbeat_s"]
+    (run / "config.toml").write_text(old.replace(f"heartbeat_s = {heartbeat!r}",
+                                                 f"heartbeat_s = {heartbeat * 2!r}"))
+    checked = check_run(run)
+    assert any("config.toml differs from the configuration the run was started with" in m
+               for m in checked.mismatches)

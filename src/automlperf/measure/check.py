@@ -250,11 +250,26 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
 
 
 def _check_config(rd: RunDir, stored: dict[str, Any], bad: list[str]) -> Config:
-    """The configuration file is the one the run was started with."""
+    """The configuration file is the one the run was started with: the same settings, or
+    the same file. The file leaves out unset (null) settings, which this version fills with
+    its defaults; where a default changed since the run was written, only the file itself
+    still matches the store."""
+    import tomllib
+
     config = Config.load(rd.config)
-    if config.model_dump(mode="json") != Config.parse(stored).model_dump(mode="json"):
+    if (config.model_dump(mode="json") != Config.parse(stored).model_dump(mode="json")
+            and tomllib.loads(rd.config.read_text()) != _without_nulls(stored)):
         bad.append(f"{rd.config} differs from the configuration the run was started with")
     return config
+
+
+def _without_nulls(value: Any) -> Any:
+    """A stored configuration as its TOML file holds it (TOML has no null)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 # Below this many trials the graphs are checked in this process; above, in one process per
