@@ -33,6 +33,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     "softmax": (),
 }
 _PARAMS = ("out_channels", "kernel", "stride", "padding")
+# The fields a layer of each kind may have in JSON.
+_FIELDS = {kind: frozenset({"name", "kind", "inputs", "in_channels", *params})
+           for kind, params in KINDS.items()}
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
@@ -207,7 +210,7 @@ class Graph:
                 parts = [digests[src] for src in layer.inputs]
                 if layer.kind == "add":
                     parts.sort()  # addition commutes
-                params = ",".join(f"{k}={v}" for k, v in layer.params().items())
+                params = ",".join([f"{k}={getattr(layer, k)}" for k in KINDS[layer.kind]])
                 token = f"{layer.kind}({params})[{'|'.join(parts)}]"
                 digests[layer.name] = hashlib.sha256(token.encode()).hexdigest()
             cached = digests[self.output.name][:32]
@@ -234,9 +237,8 @@ def _layer_from_dict(i: int, item: Any) -> Layer:
         if isinstance(value, bool) or not isinstance(value, int):
             raise GraphError(f"layer {name!r}: {kind} needs an integer {param!r}, got {value!r}")
         values[param] = value
-    known = {"name", "kind", "inputs", "in_channels", *KINDS[kind]}
-    extra = set(item) - known
-    if extra:
+    if not item.keys() <= _FIELDS[kind]:
+        extra = set(item) - _FIELDS[kind]
         raise GraphError(f"layer {name!r}: unknown field(s) {', '.join(sorted(extra))}")
     return Layer(name, kind, tuple(inputs), **values)
 
