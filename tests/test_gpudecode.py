@@ -113,6 +113,37 @@ def test_resampling_tensors_matches_pillow_within_one_level():
     assert out.shape == (8, 8, 3) and torch.equal(out[..., 0], out[..., 2])
 
 
+@pytest.mark.parametrize("chunk_floats", [None, 3 * 300 * 300])
+def test_a_steps_images_resampled_together_equal_each_resampled_alone(monkeypatch, chunk_floats):
+    """The device stage resamples a step's images in batched products over windows padded to
+    the largest of their chunk: each output row equals that image resampled alone, whatever
+    the sizes, boxes, flips and channels, and however the images fall into chunks."""
+    from automlperf.train.data import resample as rs
+
+    if chunk_floats:  # many small chunks, and an image larger than a chunk alone
+        monkeypatch.setattr(rs, "CHUNK_FLOATS", chunk_floats)
+    rng = np.random.default_rng(1)
+    images, boxes, flips, alone = [], [], [], []
+    size = 32
+    for k in range(17):
+        width, height = int(rng.integers(12, 700)), int(rng.integers(12, 700))
+        img = _smooth(rng, width, height)
+        chw = torch.from_numpy(np.array(img)).permute(2, 0, 1)
+        if k % 5 == 0:
+            chw = torch.from_numpy(np.array(img.convert("L")))[None]
+        box, flip = (train_params(3, 1, k, width, height) if k % 2 else
+                     (val_params(width, height, size), k % 4 == 0))
+        boxes.append(box)
+        flips.append(flip)
+        images.append(chw)
+        alone.append(resample(chw, box, flip, size))
+    rows = [int(r) for r in rng.permutation(len(images))]
+    out = torch.full((len(images), size, size, 3), 7, dtype=torch.uint8)
+    rs.apply_many(images, boxes, flips, size, out, rows)
+    for j, want in enumerate(alone):
+        assert torch.equal(out[rows[j]], want), j
+
+
 def test_a_list_that_fails_as_a_whole_is_decoded_image_by_image():
     files = [_jpeg(photo().crop((0, 0, 40 + i, 30))) for i in range(3)]
     tensors = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]

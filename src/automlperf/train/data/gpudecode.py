@@ -1,9 +1,10 @@
 """Image folders decoded on the GPU with NVIDIA nvJPEG, computing the reference's function
 (train/data/transform.py): the same crop boxes and flips, drawn on the host, and the same
 resampling (train/data/resample.py) applied to the decoded images on the device. Used only
-when ``data.gpu_decode = true``: on one H200 the device stage fed 540 img/s against the
-4,825 img/s the CPU workers delivered, while decoding alone ran at 36,780 img/s (the
-per-image resampling is the cost).
+when ``data.gpu_decode = true``: on one H200 the path fed a rank 2,293 img/s against the
+5,639 img/s of the CPU workers (an 8,000-image folder of 500x375 photos); its device stage
+alone runs at 5,040 img/s (nvJPEG alone 31,615), so the reader threads, which read each file
+and parse its header in Python, are what limits it (bench/RESULTS.md).
 
 The library is a seam (:class:`JpegDecoder`): torchcodec's ``decode_jpeg(device="cuda")``
 (the ``nvjpeg`` extra, imported lazily), else torchvision's, whichever imports first; tests
@@ -21,15 +22,15 @@ bench/bench_gpu_decode.py; DALI as a whole weighs about 0.5 GB and draws its own
   ``MAX_PIXELS``) are decoded here by the CPU reference instead, one by one; files that
   cannot be read are left out and counted, as on the CPU path.
 * **Device stage** (one thread per rank, its own CUDA stream): decode the step's list in one
-  call, resample each image into the batch, record an event; the training thread waits on
-  that event, not on the host. Two steps are in flight.
+  call, resample the images into the batch together, record an event; the training thread
+  waits on that event, not on the host. Two steps are in flight.
 
 Guards against nvJPEG's known hazards: the decode stream is synchronised before each call
 (hardware decoding writes its outputs without waiting for earlier work on the stream), the
 call runs outside the training thread (the decoder holds a process-wide lock and
 synchronises its stream before returning), a list that fails as a whole is decoded again
-image by image and what still fails goes to the CPU reference, and the resampling is a pair
-of matrix products per image (no limit on the downscale factor). A decoder that fails every
+image by image and what still fails goes to the CPU reference, and the resampling is two
+batched matrix products over the step's windows (no limit on the downscale factor). A decoder that fails every
 image of two steps in a row is given up for the rest of the trial, and the path records it.
 """
 
@@ -51,7 +52,7 @@ import torch
 from automlperf.train.data import jpeghead
 from automlperf.train.data.base import DataError, step_plan
 from automlperf.train.data.folders import ImageFolderDataset
-from automlperf.train.data.resample import apply, plan, upload
+from automlperf.train.data.resample import apply_many
 from automlperf.train.data.transform import DECODE_ERRORS, Box, decode_box, train_params, val_params
 
 # Larger images go to the CPU path: a decoded 64-megapixel image is 192 MB on the device.
@@ -238,15 +239,13 @@ def decode_step(items: list[HostItem], decoder: JpegDecoder | None, device: torc
     keep = [i for i, it in enumerate(items) if not it.error]
     out = torch.empty((len(keep), size, size, 3), dtype=torch.uint8, device=device)
     on_gpu = [i for i in keep if by_index.get(i) is not None]
-    plans = {i: plan(items[i].box, items[i].flip, size, by_index[i].shape[-1],  # type: ignore[union-attr]
-                     by_index[i].shape[-2]) for i in on_gpu}  # type: ignore[union-attr]
-    weights = dict(zip(on_gpu, upload([plans[i] for i in on_gpu], device)))  # one copy a step
+    images = [image for i in on_gpu if (image := by_index[i]) is not None]
+    row = {i: n for n, i in enumerate(keep)}
+    apply_many(images, [items[i].box for i in on_gpu], [items[i].flip for i in on_gpu], size,
+               out, [row[i] for i in on_gpu])
     cpu = 0
     for n, i in enumerate(keep):
-        image = by_index.get(i)
-        if image is not None:
-            apply(image, plans[i], *weights[i], size, out[n])
-        else:
+        if by_index.get(i) is None:
             cpu += 1
             out[n].copy_(torch.from_numpy(np.array(items[i].pixels, dtype=np.uint8)))
     labels = torch.tensor([items[i].label for i in keep], dtype=torch.long)
