@@ -22,96 +22,9 @@ Box = tuple[float, float, float, float]
 PRECISION = float(1 << 22)
 
 
-def triangle_weights(start: float, end: float, in_size: int, out_size: int) -> tuple[int, np.ndarray]:
-    """(first source pixel, weights of shape ``(out_size, window)``) of Pillow's bilinear
-    resampling of the source span ``[start, end)`` of a line of ``in_size`` pixels onto
-    ``out_size`` pixels (``precompute_coeffs`` in Pillow's Resample.c)."""
-    scale = (end - start) / out_size
-    filterscale = max(scale, 1.0)
-    support = filterscale  # the triangle's support is 1 at scale 1
-    centres = start + (np.arange(out_size) + 0.5) * scale
-    # C's (int) truncates toward zero; both ends are clamped to the line.
-    lo = np.clip(np.trunc(centres - support + 0.5), 0, in_size).astype(np.int64)
-    hi = np.clip(np.trunc(centres + support + 0.5), 0, in_size).astype(np.int64)
-    first, last = int(lo.min()), int(max(hi.max(), lo.min() + 1))
-    # Each output pixel reads at most `taps` source pixels from its own `lo`: the weights are
-    # computed over that band (not the whole window, ~100 times more) and placed in the window.
-    taps = max(1, int((hi - lo).max()))
-    xs = lo[:, None] + np.arange(taps)[None, :]
-    band = np.maximum(0.0, 1.0 - np.abs((xs - centres[:, None] + 0.5) / filterscale))
-    band *= xs < hi[:, None]
-    sums = band.sum(axis=1, keepdims=True)
-    band = np.divide(band, sums, out=np.zeros_like(band), where=sums != 0)
-    # Pillow's 8-bit passes use these weights in fixed point, 22 fractional bits.
-    band = np.floor(band * PRECISION + 0.5) / PRECISION
-    weights = np.zeros((out_size, last - first))
-    inside = xs < last  # a band past the line's end holds only zeros
-    rows = np.broadcast_to(np.arange(out_size)[:, None], xs.shape)
-    weights[rows[inside], xs[inside] - first] = band[inside]
-    return first, weights
-
-
 def _round8(x: Any) -> Any:
     """Pillow's rounding of a pass's result to 8 bits: half up, clipped to 0..255."""
     return (x + 0.5).floor_().clamp_(0, 255)
-
-
-@dataclass
-class Plan:
-    """Where a box's window starts in the source (x0, y0) and the weights of both passes."""
-
-    x0: int
-    y0: int
-    wx: np.ndarray  # (size, window width), rows reversed for a flip
-    wy: np.ndarray  # (size, window height)
-
-
-def plan(box: Box, flip: bool, size: int, width: int, height: int) -> Plan:
-    """The weights that resample ``box`` of a ``width`` x ``height`` image (host side)."""
-    left, top, right, bottom = box
-    x0, wx = triangle_weights(left, right, width, size)
-    y0, wy = triangle_weights(top, bottom, height, size)
-    return Plan(x0, y0, wx[::-1] if flip else wx, wy)
-
-
-def upload(plans: list[Plan], device: Any) -> list[tuple[Any, Any]]:
-    """Every plan's weights on ``device`` in one copy (from pinned memory on a GPU)."""
-    import torch
-
-    sizes = [(p.wx.size, p.wy.size) for p in plans]
-    flat = np.empty(sum(a + b for a, b in sizes), dtype=np.float32)
-    at = 0
-    for p, (a, b) in zip(plans, sizes):
-        flat[at:at + a] = p.wx.ravel()
-        flat[at + a:at + a + b] = p.wy.ravel()
-        at += a + b
-    host = torch.from_numpy(flat)
-    if getattr(device, "type", "cpu") == "cuda":
-        host = host.pin_memory()
-    moved = host.to(device, non_blocking=True)
-    out, at = [], 0
-    for p, (a, b) in zip(plans, sizes):
-        out.append((moved[at:at + a].view(p.wx.shape), moved[at + a:at + a + b].view(p.wy.shape)))
-        at += a + b
-    return out
-
-
-def apply(image: Any, p: Plan, kx: Any, ky: Any, size: int, out: Any = None) -> Any:
-    """Resample ``image`` (CHW uint8, 1 or 3 channels) by plan ``p`` with its weights ``kx``,
-    ``ky`` on the image's device: the HWC uint8 result, written into ``out`` when given."""
-    import torch
-
-    channels = image.shape[0]
-    region = image[:, p.y0:p.y0 + p.wy.shape[1], p.x0:p.x0 + p.wx.shape[1]].float()
-    horizontal = _round8(region @ kx.T)  # (C, rows of the window, size)
-    pixels = _round8(ky @ horizontal)  # (C, size, size)
-    if channels == 1:  # greyscale as RGB, as Pillow's convert("RGB") gives it
-        pixels = pixels.expand(3, size, size)
-    hwc = pixels.permute(1, 2, 0)
-    if out is None:
-        return hwc.to(torch.uint8).contiguous()
-    out.copy_(hwc)
-    return out
 
 
 # A step's windows are resampled together, zero-padded to the largest window of their chunk;
@@ -133,12 +46,16 @@ class Bands:
 
 
 def triangle_bands(start: np.ndarray, end: np.ndarray, in_size: np.ndarray, out_size: int) -> Bands:
-    """The weights :func:`triangle_weights` gives each line (the same numbers), computed for
-    all lines together: a step's boxes cost a few array operations, not a few per image."""
+    """The weights of Pillow's bilinear resampling of the source span ``[start[k], end[k])``
+    of line ``k`` (``in_size[k]`` pixels) onto ``out_size`` pixels (``precompute_coeffs`` in
+    Pillow's Resample.c), for all lines together: a step's boxes cost a few array operations,
+    not a few per image. Each output pixel reads at most ``taps`` source pixels from its own
+    ``lo``, so the weights are computed over that band, not the whole window."""
     scale = (end - start) / out_size
-    filterscale = np.maximum(scale, 1.0)[:, None]
+    filterscale = np.maximum(scale, 1.0)[:, None]  # the triangle's support, 1 at scale 1
     centres = start[:, None] + (np.arange(out_size) + 0.5)[None, :] * scale[:, None]
     top = in_size[:, None]
+    # C's (int) truncates toward zero; both ends are clamped to the line.
     lo = np.clip(np.trunc(centres - filterscale + 0.5), 0, top).astype(np.int64)
     hi = np.clip(np.trunc(centres + filterscale + 0.5), 0, top).astype(np.int64)
     first = lo.min(axis=1)
@@ -149,6 +66,7 @@ def triangle_bands(start: np.ndarray, end: np.ndarray, in_size: np.ndarray, out_
     band *= xs < hi[:, :, None]
     sums = band.sum(axis=2, keepdims=True)
     band = np.divide(band, sums, out=np.zeros_like(band), where=sums != 0)
+    # Pillow's 8-bit passes use these weights in fixed point, 22 fractional bits.
     band = np.floor(band * PRECISION + 0.5) / PRECISION
     return Bands(first, last - first, lo, band)
 
@@ -158,8 +76,9 @@ def apply_many(images: list[Any], boxes: list[Box], flips: list[bool], size: int
     """:func:`resample` for a step's images at once: image ``j`` (CHW uint8, 1 or 3
     channels) resampled over ``boxes[j]``, flipped if ``flips[j]``, into ``out[rows[j]]``
     (``out``: NHWC uint8 on the images' device). The weights of every image are computed
-    together on the host; per chunk of windows, one copy of them to the device and two batched
-    products. They are zero-padded to the chunk's largest window, and zeros add nothing."""
+    together on the host; per chunk of windows, their bands are copied to the device, placed
+    in windows zero-padded to the chunk's largest (zeros add nothing), and applied in two
+    batched products."""
     if not images:
         return
     heights = np.array([image.shape[-2] for image in images], dtype=np.float64)
@@ -223,11 +142,12 @@ def _apply_chunk(images: list[Any], bx: Bands, by: Bands, chunk: list[int], heig
     out.index_copy_(0, index, pixels.permute(0, 2, 3, 1).to(torch.uint8))
 
 
-def resample(image: Any, box: Box, flip: bool, size: int, out: Any = None) -> Any:
+def resample(image: Any, box: Box, flip: bool, size: int) -> Any:
     """The ``size`` x ``size`` HWC uint8 image of ``box`` (left, top, right, bottom in source
     pixels) in ``image`` (CHW uint8, 1 or 3 channels, on any device), flipped left to right
-    if ``flip``; written into ``out`` (HWC uint8, same device) when given."""
-    _, height, width = image.shape
-    p = plan(box, flip, size, width, height)
-    ((kx, ky),) = upload([p], image.device)
-    return apply(image, p, kx, ky, size, out)
+    if ``flip``: :func:`apply_many` for one image."""
+    import torch
+
+    out = torch.empty((1, size, size, 3), dtype=torch.uint8, device=image.device)
+    apply_many([image], [box], [flip], size, out, [0])
+    return out[0]
