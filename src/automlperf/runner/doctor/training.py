@@ -138,17 +138,19 @@ def first_round_decision(figures: CompileFigures, shape: Shape, ranks: int) -> C
     shape measured (ImageNet-1k's training images when official), split over ``ranks``."""
     from automlperf.ops import count
     from automlperf.graph import seeds
-    from automlperf.config import Config
     from automlperf.train.compiling import decide_compile
 
-    epochs = Config().train.round_epochs(0)
+    epochs, images = first_round(shape)
     ops = count(seeds.seed(shape.model, shape.classes, shape.image_size, 3))
-    planned = epochs * first_round_images(shape) / ranks * (ops.forward + ops.backward_grad)
+    planned = epochs * images / ranks * (ops.forward + ops.backward_grad)
     return decide_compile(None, planned, figures.layers, figures)
 
 
-def first_round_images(shape: Shape) -> int:
-    return 1_281_167 if shape.official else 10_000
+def first_round(shape: Shape) -> tuple[int, int]:
+    """(epochs, training images) of a first-round trial of the shape measured."""
+    from automlperf.config import Config
+
+    return Config().train.round_epochs(0), 1_281_167 if shape.official else 10_000
 
 
 def compile_advice(node: Node, figures: CompileFigures, shape: Shape,
@@ -156,10 +158,7 @@ def compile_advice(node: Node, figures: CompileFigures, shape: Shape,
     """What the compile rule decides with these figures for a first-round trial of the
     shape measured, and how a run gets them (``kept``: the cache that holds them for the
     runs on this node)."""
-    from automlperf.config import Config
-
-    epochs = Config().train.round_epochs(0)
-    train_images = first_round_images(shape)
+    epochs, train_images = first_round(shape)
     decision = first_round_decision(figures, shape, len(node.devices))
     gain = figures.compiled_ops_per_s / figures.eager_ops_per_s - 1
     toml = ("train.compile_figures = {" + ", ".join(
