@@ -21,6 +21,16 @@ from helpers import cli, wait_for
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
+def _large_run():
+    """bench/large_run.py, the generator of long runs, imported from the bench folder."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import large_run
+    finally:
+        sys.path.remove(str(BENCH))
+    return large_run
+
+
 def epoch(run_id, trial_id, n, at, acc=0.5):
     return EpochRecord(trial_id, n, at - 10.0, at, 1000, 200, 8, 10**12 + n, 1.0, acc, "fp32",
                        128, 1, 0.01, 100.0, run_id=run_id)
@@ -251,11 +261,7 @@ def test_the_samples_of_a_sampler_reach_the_store_through_its_replica(tmp_path):
 def test_check_and_the_report_at_a_thousand_trials(tmp_path):
     """A generated run past the report's table size: check verifies it, the report lists the
     best trials (every trial in trials.csv beside it) and stays small."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import large_run
-    finally:
-        sys.path.remove(str(BENCH))
+    large_run = _large_run()
     from automlperf.measure.check import check_run
     from automlperf.report.html import TABLE_ROWS, write_report
 
@@ -290,11 +296,7 @@ def test_a_report_of_more_replicas_than_it_lists_keeps_every_one_in_replicas_csv
     """Past the report's replica rows (at 10,000 replicas a row each made a 13 MB report),
     its time and provenance tables list the replicas that trained least and those with the
     lowest ceilings; every replica is in replicas.csv beside it."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import large_run
-    finally:
-        sys.path.remove(str(BENCH))
+    large_run = _large_run()
     import csv
 
     from automlperf.report import html as report
@@ -380,11 +382,7 @@ def test_a_timed_generated_run_trains_every_node_until_its_deadline(tmp_path):
     """bench/large_run.py's timed shape, as a real run ends: every replica claims trials
     until the deadline, the trial running then keeps the epochs that ended before it and
     stops, and check verifies what was generated."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import large_run
-    finally:
-        sys.path.remove(str(BENCH))
+    large_run = _large_run()
     from automlperf.measure.check import check_run
 
     made = large_run.generate(tmp_path / "run", replicas=5, duration_s=1500.0,
@@ -410,11 +408,7 @@ def test_check_verifies_a_run_written_before_a_default_changed_and_names_an_edit
     """A setting left unset (null) when the run was written has a different default now
     (as data.gpu_decode went from null to false): the configuration file is still the one the
     run started with. An edited setting is still named."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import large_run
-    finally:
-        sys.path.remove(str(BENCH))
+    large_run = _large_run()
     import tomllib
 
     import sqlalchemy as sa
