@@ -164,7 +164,7 @@ def _gather(rd: RunDir, store: RunRecords, store_url: str | None) -> dict[str, A
         "all_replicas": (breakdown, described) if max(
             len(breakdown["replicas"]) if breakdown else 0, len(described),
             len(nodes)) > REPLICA_ROWS else None,
-        "ceiling_precisions": sorted({c["precision"] for n in result.get("node_descriptions") or []
+        "ceiling_precisions": sorted({c["precision"] for n in described
                                       for c in n.get("ceiling", [])}),
     }
 
