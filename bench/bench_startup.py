@@ -2,7 +2,7 @@
 private PostgreSQL server's start, the primary's imports, the node's description, and the
 dataset: walked (one stat per file) and its index saved, against the index loaded by a later
 step and the check a replica makes that the data is on its node. The dataset is ImageNet's
-file count, 1,281,167 + 50,000 hard links to one small JPEG (tests/test_identity.py's tree),
+file count, 1,281,167 + 50,000 hard links to one small JPEG (tests/trees.py's tree),
 in the page cache: a parallel file system answers each stat far slower (the suite's slow
 file system, 300 reads/s, took ~30 s for 104,000 files).
 
@@ -99,7 +99,7 @@ def main() -> None:
         return
     from automlperf.dataset_identity import build_shared_index, check_data_here, load_shared_index
     from automlperf.store.pgserver import PostgresServer
-    from test_identity import make_tree
+    from trees import make_tree
 
     py = sys.executable
     figures: dict[str, float] = {}

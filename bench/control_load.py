@@ -1,6 +1,6 @@
 """Protocol-faithful simulated replicas: each calls the store exactly as a replica does
 (runner/replica.py, runner/worker.py), at a node's rates, with nothing behind the calls but
-waiting. Used by bench/bench_control.py (10,000 of them) and tests/test_service.py (200).
+waiting. Used by bench/bench_control.py (10,000 of them) and tests/store/test_service.py (200).
 
 Per replica, as ``automlperf worker`` does: open the run's store (its store service, or a
 database), read the session, register, record the node; its heartbeat thread's beat every

@@ -1,7 +1,7 @@
 """Store faults for the hostile-conditions campaign: each case runs a short simulated run
 through the real `automlperf run` command line, breaks its store mid-run, and reports what
 happened. ``cases()`` lists them; ``python bench/fault_cases_store.py`` runs them all and
-prints a table. The tests (tests/test_store_faults.py) run the same scenarios, smaller.
+prints a table. The tests (tests/store/test_store_faults.py) run the same scenarios, smaller.
 
 A case's function takes a fresh scratch directory and returns: happened (short text), exit
 (the run's exit status), the run's records accounted for on both sides at the end

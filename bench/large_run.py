@@ -29,7 +29,7 @@ node every 30 s. Two shapes:
   the deadline keeps the epochs that ended before it and stops ("deadline reached"). Every
   node trains the whole run, as in a real one.
 
-Used by bench/bench_scale.py and tests/test_scale.py; also runnable:
+Used by bench/bench_scale.py and tests/e2e/test_scale.py; also runnable:
     python bench/large_run.py DIR [--trials 10000] [--epochs 500000] [--replicas 512]
 """
 

@@ -150,10 +150,10 @@ def slurm_cluster_8(tmp_path_factory):
 @pytest.fixture(scope="session")
 def imagenet_1k_tree(tmp_path_factory):
     """ImageNet-1k's file list, once per session: the 1,000 ILSVRC-2012 class folders and
-    1,281,167 + 50,000 hard links to one small JPEG (test_identity.make_tree). Read it,
+    1,281,167 + 50,000 hard links to one small JPEG (trees.make_tree). Read it,
     never write."""
     from automlperf import rules
-    from test_identity import make_tree
+    from trees import make_tree
 
     return make_tree(tmp_path_factory.mktemp("imagenet_1k") / "imagenet", counts=(
         rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images))

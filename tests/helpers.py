@@ -6,10 +6,15 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from automlperf.graph import INPUT, Graph, seeds
 from automlperf.graph.graph import conv, dense, simple
 from automlperf.train.spec import TrialSpec
+
+# The suite lives in package folders; these name its root and the repository's.
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 MARK = "AUTOMLPERF_TEST_MARK"
 
@@ -316,3 +321,20 @@ class MemoryCgroup:
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError(f"{self.path} could not be removed")
+
+
+def make_replica(session, trainer, clock=None):
+    """A replica of a prepared run, in this process, with ``trainer`` for its accelerators."""
+    from automlperf.runner.replica import Placement, Replica
+    from automlperf.search import searcher_for
+    from automlperf.search.hpo import HyperSearch
+    from automlperf.store import open_store
+
+    store = open_store(None, run_dir=session.dir.path)
+    segment = store.segments(session.run_id)[-1]
+    place = Placement(session.dir, session.run_id, session.config, 0, segment, ["fake"], 1)
+    cfg = session.config.search
+    hpo = HyperSearch(store.url, "run-1-replica-0", (32, 128), cfg.kernel_sizes,
+                      startup_trials=cfg.tpe_startup_trials)
+    extra = {"clock": clock} if clock else {}
+    return Replica(place, store, trainer, searcher_for(cfg), hpo, 64, **extra), store

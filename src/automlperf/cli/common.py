@@ -3,7 +3,7 @@
 The consoles read no markup: what they print is the text as written, so a message holding
 square brackets (``pip install 'automlperf[mlperf]'``, a file name, a list) reaches the
 terminal whole. Colour comes from :func:`styled` pieces and ``style=``, never from tags in
-the text (tests/test_console_text.py holds every console of the package to it)."""
+the text (tests/report/test_console_text.py holds every console of the package to it)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ matrix product with the same weights (computed as Pillow computes them, over the
 source pixels the box touches), so any box, fractional or not, and any downscale factor
 resamples alike; the flip reverses the horizontal weights' rows. Pillow's fixed-point weights
 (22 bits) and its integer sums against float32 sums here move a pixel by one level at
-most (a few percent of them on some boxes; tests/test_gpudecode.py bounds it).
+most (a few percent of them on some boxes; tests/train/test_gpudecode.py bounds it).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 `automlperf slurm` line, as written, with the site's paths put in (the run directories, and
 the data: a tree of ImageNet-1k's 1,000 classes and 1,331,167 files, hard links to one
 small JPEG, which the official configuration accepts) and without `--submit`: this machine
-has no GPUs, partition or account to give the jobs (tests/test_slurm.py and the tests named
+has no GPUs, partition or account to give the jobs (tests/cluster/test_slurm.py and the tests named
 there submit the same scripts to the local SLURM cluster). `scancel --batch --signal=TERM`
-and `automlperf slurm --resume ... --submit` run for real in tests/test_cluster_clock.py."""
+and `automlperf slurm --resume ... --submit` run for real in tests/cluster/test_cluster_clock.py."""
 
 import re
 import shlex
@@ -16,7 +16,7 @@ from helpers import cli
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def cluster_commands() -> list[str]:

@@ -241,7 +241,7 @@ def test_same_candidates_beside_cpu_burning_processes():
     import subprocess
     import sys
 
-    code = GENERATE.format(tests=str(pathlib.Path(__file__).parent))
+    code = GENERATE.format(tests=str(pathlib.Path(__file__).resolve().parents[1]))
 
     def generate(env_extra):
         env = {**os.environ, **env_extra}

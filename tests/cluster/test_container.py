@@ -99,7 +99,7 @@ def test_the_images_hold_what_installing_automlperf_needs(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     docker = (repo / "examples/container/Dockerfile").read_text()
     definition = (repo / "examples/apptainer/automlperf.def").read_text()
     copied = re.findall(r"^COPY (.+) /opt/automlperf/", docker, re.M)

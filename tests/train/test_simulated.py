@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers import SMALL8, trial_spec
 from helpers import sim_config as sim_run_config
-from test_replica import make_replica
+from helpers import make_replica
 
 from automlperf.config import Config, ConfigError
 from automlperf.events import TrialStatus

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from helpers import cli, sim_config
-from test_identity import WNIDS, make_tree
+from trees import WNIDS, make_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-REPO = Path(__file__).resolve().parent.parent
-STANDINS = Path(__file__).resolve().parent / "standins"
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
 
 
 @pytest.fixture(scope="module")

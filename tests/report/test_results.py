@@ -15,7 +15,7 @@ from automlperf.measure.result import RESULT_SCHEMA_VERSION, read_result
 from helpers import cli, fast_config
 
 pytestmark = pytest.mark.slow
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):

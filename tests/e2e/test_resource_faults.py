@@ -2,7 +2,7 @@
 the run directory's file system turning read-only mid-run, a training process killed by the
 kernel's out-of-memory killer. Each either carries on with a one-line warning or stops with
 a one-line error: never a traceback, never silent loss. (A trial whose allocation fails:
-tests/test_run.py, test_trials_that_keep_failing_alike_stop_the_run.)"""
+tests/e2e/test_run.py, test_trials_that_keep_failing_alike_stop_the_run.)"""
 
 import logging
 import os

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from automlperf.cli import app
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "automlperf"
+SRC = Path(__file__).resolve().parents[2] / "src" / "automlperf"
 # Rich objects that parse markup in their text unless told not to.
 PARSERS = {"Console", "TextColumn"}
 

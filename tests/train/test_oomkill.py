@@ -1,7 +1,7 @@
 """A training process killed by the kernel's out-of-memory killer is told from one killed
 otherwise by the kernel's own count: its memory cgroup's oom_kill (cgroup v2's
 memory.events, v1's memory.oom_control), or the kernel log's line for its pid. Here on
-files laid out as /proc and /sys lay them out; tests/test_resource_faults.py has the
+files laid out as /proc and /sys lay them out; tests/e2e/test_resource_faults.py has the
 kernel do it."""
 
 from automlperf.train.oomkill import MemoryGroup, OomWatch, kernel_log_kill, memory_group

@@ -16,7 +16,7 @@ from automlperf.dataset_identity import (SHARED_INDEX, DatasetIdentityError, Fil
                                          build_shared_index, check_data_here, identify,
                                          load_shared_index)
 from automlperf.runner.session import record_origin
-from test_identity import SMALL, WNIDS, make_tree
+from trees import SMALL, WNIDS, make_tree
 
 CLASSES = WNIDS[:20]
 

@@ -24,7 +24,7 @@ LEASE_S = 10
 def node_fault_config() -> str:
     """A trial of the small seed on the digits lasts seconds on these simulated devices; the
     run ends at its deadline. The epoch in flight there gets a short grace: these tests are
-    about the faults, not the grace (tests/test_replica.py), and a quarter of the duration
+    about the faults, not the grace (tests/runner/test_replica.py), and a quarter of the duration
     would only lengthen the job."""
     return sim_config(max_epochs=4, lease_timeout_s=LEASE_S, stop_grace_s=10,
                       deadline_grace_s=2)

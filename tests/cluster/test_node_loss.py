@@ -14,7 +14,7 @@ import pytest
 from automlperf.runner.localslurm import fail_node, node_state
 from automlperf.store.rundir import run_store
 from helpers import cli, sim_config, wait_for
-from test_identity import WNIDS, make_tree
+from trees import WNIDS, make_tree
 from test_node_faults import opened
 from test_slurm import wait_job
 

@@ -18,7 +18,7 @@ from automlperf.store import connections
 from automlperf.store.rundir import RunDir
 from helpers import cli, wait_for
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _large_run():

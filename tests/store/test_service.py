@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from automlperf.store import connections
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 

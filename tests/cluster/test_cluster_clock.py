@@ -17,7 +17,7 @@ from test_slurm import wait_job
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 # The clock is not what these tests are about: a short run, whose epochs in flight at the
-# deadline get a short grace (the grace has its own tests, tests/test_replica.py).
+# deadline get a short grace (the grace has its own tests, tests/runner/test_replica.py).
 DURATION_S = 20
 GRACE_S = 2
 

@@ -4,12 +4,11 @@ that stands in for the accelerators (it reports epochs without training anything
 import json
 from pathlib import Path
 
+from helpers import make_replica
+
 from automlperf.config import Config
 from automlperf.events import EpochEvent, TrialOutcome, TrialStatus, read_jsonl
 from automlperf.runner import session as steps
-from automlperf.runner.replica import Placement, Replica
-from automlperf.search import searcher_for
-from automlperf.search.hpo import HyperSearch
 from automlperf.store import open_store
 from automlperf.train.spec import TrainerError
 
@@ -100,17 +99,6 @@ candidates_per_generation = 16
     session = steps.prepare(config, tmp_path / "run", None, False, {})
     session.store.close()
     return session
-
-
-def make_replica(session, trainer, clock=None):
-    store = open_store(None, run_dir=session.dir.path)
-    segment = store.segments(session.run_id)[-1]
-    place = Placement(session.dir, session.run_id, session.config, 0, segment, ["fake"], 1)
-    cfg = session.config.search
-    hpo = HyperSearch(store.url, "run-1-replica-0", (32, 128), cfg.kernel_sizes,
-                      startup_trials=cfg.tpe_startup_trials)
-    extra = {"clock": clock} if clock else {}
-    return Replica(place, store, trainer, searcher_for(cfg), hpo, 64, **extra), store
 
 
 def test_the_loop_searches_records_and_tunes(tmp_path):

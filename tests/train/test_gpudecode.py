@@ -266,7 +266,7 @@ def test_the_gpu_paths_images_conform_to_the_cpu_reference_on_imagenet_size_phot
     from automlperf.train.data.generate import write_photo_folder
 
     spec = importlib.util.spec_from_file_location(
-        "bench_gpu_decode", Path(__file__).resolve().parent.parent / "bench" / "bench_gpu_decode.py")
+        "bench_gpu_decode", Path(__file__).resolve().parents[2] / "bench" / "bench_gpu_decode.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     write_photo_folder(tmp_path, 2, 12, 2)

@@ -8,7 +8,7 @@ from automlperf.graph import INPUT, Graph, GraphError, Layer, seeds
 from automlperf.graph.graph import conv, dense, simple
 from automlperf.ops import layer_table
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def small_graph(extra=()):

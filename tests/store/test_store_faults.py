@@ -24,7 +24,7 @@ from automlperf.runner.launch import ExternalLauncher
 from automlperf.store import StoreError, open_store, sql
 from automlperf.store.base import BACKOFF_MAX_S, EpochRecord
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "fault_cases_store.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "fault_cases_store.py"
 
 
 def campaign():
