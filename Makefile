@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast lint setup setup-dali system bench clean
+.PHONY: run test test-fast test-dali lint setup setup-dali system bench clean
 
 run: setup
 	$(BIN)/automlperf run
@@ -12,13 +12,21 @@ run: setup
 # tests share one worker and the slow tests go first (tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+FAST := not slow and not postgres and not slurm and not browser and not dali
 
-test: setup-dali system
+# The whole suite, but for the tests of an optional extra (test-dali): nothing to download
+# that a user does not need. `system` installs the programs once; later runs only look.
+test: setup system
 	$(BIN)/python -m pytest $(XDIST) --durations=20
 
-# Day-to-day: no root, no services (PostgreSQL, SLURM, Chromium), no end-to-end runs.
+# Day-to-day: no root, no services (PostgreSQL, SLURM, Chromium), no end-to-end runs; a
+# package's own lane is its folder (`pytest tests/store`).
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not postgres and not slurm and not browser"
+	$(BIN)/python -m pytest $(XDIST) -m "$(FAST)" --durations=10
+
+# The optional NVIDIA DALI extra (a 0.5 GB download) and its tests, on DALI's CPU decoders.
+test-dali: setup-dali
+	$(BIN)/python -m pytest -m dali
 
 lint: setup
 	$(BIN)/ruff check src tests bench
@@ -31,7 +39,7 @@ $(VENV)/.ready: pyproject.toml scripts/setup-venv.sh
 	touch $@
 
 # NVIDIA DALI (the `dali` extra, about 0.5 GB): its own GPU pipeline (data.dali), and the `dali` tests, which run
-# its CPU decoders on any machine; the whole suite installs it so those tests always run.
+# its CPU decoders on any machine.
 setup-dali: setup
 	$(BIN)/python -m pip --disable-pip-version-check -q install -e ".[test,dali]"
 

@@ -58,6 +58,30 @@ def _start_order(item) -> int:
     return 1 if item.get_closest_marker("slow") else 2
 
 
+# A test that takes longer than this and carries no lane's mark is named at the end of the
+# session: the quick lane stays quick only if slow tests say so. It names, never fails: how
+# long a test takes depends on the machine.
+QUICK_LIMIT_S = 5.0
+LANE_MARKS = ("slow", "postgres", "slurm", "browser", "dali")
+_unmarked_slow: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    """Note every unmarked test whose set-up, call or tear-down passed the quick limit (on the
+    pytest-xdist controller too: the report carries the test's marks as keywords)."""
+    if report.duration > QUICK_LIMIT_S and not any(m in report.keywords for m in LANE_MARKS):
+        _unmarked_slow.append((report.duration, f"{report.nodeid} ({report.when})"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if hasattr(terminalreporter.config, "workerinput") or not _unmarked_slow:
+        return
+    terminalreporter.section(f"unmarked tests over {QUICK_LIMIT_S:.0f} s (mark them slow, or "
+                             "make them quick)")
+    for seconds, name in sorted(_unmarked_slow, reverse=True):
+        terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
+
+
 @functools.cache
 def _dali_installed() -> bool:
     from automlperf.train.data import dali_available
