@@ -1,4 +1,4 @@
-"""The paper's rules where they move the number: the measurements behind README's section
+"""The paper's rules where they move the number: the measurements behind docs/official.md's section
 *Comparing with published AIPerf results*. Every run is a real ``automlperf run``.
 
 ``charge``: how run time is charged. Runs the built-in task with 1 and with 4 replicas (the

@@ -129,7 +129,7 @@ AIPERF_2021_1 = Ruleset(
 AIPERF_2021_2 = replace(
     AIPERF_2021_1, id="aiperf-2021.2", charge="per_replica",
     # Early stopping and the order of TPE and the search move trials per hour, and with them
-    # the score: fixed, as measured and decided in README's comparison with the paper.
+    # the score: fixed, as measured and decided in docs/official.md's comparison with the paper.
     fixed=MappingProxyType({**AIPERF_2021_1.fixed,
                             "search.hpo_order": "with_nas",
                             "train.early_stop_metric": "val_loss",

@@ -58,9 +58,9 @@ def test_a_slow_scan_costs_the_job_not_the_runs_clock(slurm_cluster, tmp_path):
 
 
 def test_a_run_stopped_with_scancel_resumes_with_the_time_it_still_needs(slurm_cluster, tmp_path):
-    """README's way to stop a job cleanly, `scancel --batch --signal=TERM`, writes the result
-    of the time run so far; `automlperf slurm --resume --run-dir RUN_DIR --submit` submits the
-    same script with a time limit for what is left, and the run ends with its whole duration."""
+    """docs/cluster.md's way to stop a job cleanly, `scancel --batch --signal=TERM`, writes the
+    result of the time run so far; `automlperf slurm --resume --run-dir RUN_DIR --submit` submits
+    the same script with a time limit for what is left, and the run ends with its whole duration."""
     from test_node_faults import opened
 
     (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e11, stop_grace_s=10,

@@ -74,7 +74,7 @@ def test_resnet50_reproduces_paper_table_a1():
 
 
 def test_the_update_counted_per_step_is_the_papers_per_image_count_less_0_22_percent():
-    """README: the paper counts the weight update per image; here once per optimiser step."""
+    """docs/official.md: the paper counts the weight update per image; here once per optimiser step."""
     graph = seeds.resnet50(num_classes=1000, image_size=224)
     per_image = count(graph, batch_size=1)
     at_256 = count(graph, batch_size=256)

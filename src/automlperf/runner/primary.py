@@ -182,7 +182,7 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     system = describe(nodes=count if req.launcher == "slurm" else 1,
                       simulated=simulated_system(planned))
     # How long this process took to reach its clock, part by part: a job's time limit must
-    # hold it besides the run's duration (README, "Running on a cluster").
+    # hold it besides the run's duration (docs/cluster.md, "Running on a cluster").
     started = _process_start()
     system["startup"] = {"imports_s": round(described - started, 3),
                          "describe_s": round(time.time() - described, 3)}
