@@ -55,7 +55,7 @@ from automlperf.ops import count, epoch_ops
 from automlperf.search.morph import MorphError, morph
 from automlperf.store import TrialStatus, open_store
 from automlperf.store.rundir import RunDir, write_atomic
-from automlperf.store.sql import T_EPOCHS
+from automlperf.store.schema import T_EPOCHS
 from automlperf.store.urls import strip_password
 
 NODE_OPS = 2.7e15

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from automlperf.store import (SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError, open_store, redact,
                               resolve_store_url)
 from automlperf.store.feed import EpochFeed
-from automlperf.store.sql import T_EPOCHS
+from automlperf.store.schema import T_EPOCHS
 from automlperf.store.urls import normalise_url
 
 

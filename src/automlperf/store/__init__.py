@@ -4,7 +4,8 @@ from automlperf.events import TrialStatus
 from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,
                                    SegmentRecord, Store, StoreError, TrialRecord, TrialSummary,
                                    TrialTally)
-from automlperf.store.sql import SQLStore, open_store
+from automlperf.store.opening import open_store
+from automlperf.store.sql import SQLStore
 from automlperf.store.urls import redact, resolve_store_url
 
 __all__ = ["SCHEMA_VERSION", "EpochRecord", "ReplicaRecord", "SQLStore", "SchemaMismatch",

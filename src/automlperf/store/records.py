@@ -29,7 +29,7 @@ from typing import Any
 
 from automlperf.store.base import (EpochRecord, ReplicaRecord, RunRecords, SampleFigures,
                                    SegmentRecord, StoreError, TrialRecord, sample_figures)
-from automlperf.store.sql import bulk
+from automlperf.store.values import bulk
 
 FORMAT = "automlperf-records"
 VERSION = 1

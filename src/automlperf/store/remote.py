@@ -8,7 +8,7 @@ contract). The service's address is re-read from
 its file before each new connection, so a service restarted elsewhere is found.
 
 A store URL ``store-service://FILE`` names the service whose address is in FILE
-(``open_store`` opens it)."""
+(store/opening.py ``open_store`` opens it)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.store import wire
-from automlperf.store.base import (BACKOFF_MAX_S, Changes, EpochRecord, ReplicaRecord,
-                                   SampleFigures, SchemaMismatch, SegmentRecord, Store,
-                                   StoreError, TrialChange, TrialRecord, TrialSummary,
+from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, Changes, EpochRecord,
+                                   ReplicaRecord, SampleFigures, SchemaMismatch, SegmentRecord,
+                                   Store, StoreError, TrialChange, TrialRecord, TrialSummary,
                                    TrialTally)
-from automlperf.store.sql import OUTAGE_NOTICE_S, RETRY_ENV, _retry_s
+from automlperf.store.retry import OUTAGE_NOTICE_S, RETRY_ENV, configured_retry_s
 
 SCHEME = "store-service://"
 SERVICE_FILE = "store-service.json"
@@ -55,7 +55,7 @@ class RemoteStore(Store):
         self.service_file = Path(service_file)
         self.token_file = Path(token_file) if token_file else self.service_file.with_name(TOKEN_FILE)
         self.url = SCHEME + str(self.service_file)
-        self.retry_s = _retry_s() if retry_s is None else retry_s
+        self.retry_s = configured_retry_s() if retry_s is None else retry_s
         self.direct = direct
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -65,8 +65,6 @@ class RemoteStore(Store):
         self.calls: Counter[str] = Counter()
         self.bytes_in: Counter[str] = Counter()
         self.bytes_out: Counter[str] = Counter()
-        from automlperf.store.base import SCHEMA_VERSION
-
         # Opening checks the schema (the service asks the database, one query).
         served = self._call("open")
         if served != SCHEMA_VERSION:
@@ -311,26 +309,5 @@ class RemoteStore(Store):
         return list(self._call("nodes", run_id))
 
 
-def open_remote(url: str) -> RemoteStore:
-    """The store a ``store-service://FILE`` URL names."""
-    return RemoteStore(url[len(SCHEME):])
-
-
 def service_file(run_dir: Path | str) -> Path:
     return Path(run_dir) / SERVICE_FILE
-
-
-def open_run_store(run_dir: Path | str, url: str | None) -> Store:
-    """The store a replica (or a launcher watching replicas) of the run in ``run_dir`` uses:
-    the run's store service when the store is a PostgreSQL server (the primary starts it),
-    else the store itself (the run directory's SQLite file by default)."""
-    from automlperf.store.sql import open_store
-
-    if served(url):
-        return RemoteStore(service_file(run_dir))
-    return open_store(url, run_dir=run_dir)
-
-
-def served(url: str | None) -> bool:
-    """Whether a run on the store at ``url`` is served by a store service."""
-    return bool(url) and str(url).startswith(("postgresql", "postgres:"))

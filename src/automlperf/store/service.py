@@ -34,7 +34,7 @@ from automlperf.store import reads, schema, servicestate, wire
 from automlperf.store.base import SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError
 from automlperf.store.servicestate import RunState
 from automlperf.store.servicedb import READERS, Job, ServiceStore, Writer
-from automlperf.store.sql import _one_line
+from automlperf.store.retry import one_line
 from automlperf.store.urls import redact
 
 log = logging.getLogger("automlperf.store.service")
@@ -414,7 +414,7 @@ class Service:
             return wire.encode({"e": "value", "m": str(exc)})
         except DBAPIError as exc:
             return wire.encode({"e": "store",
-                                "m": f"store {redact(self.url)}: {_one_line(exc.orig)}"})
+                                "m": f"store {redact(self.url)}: {one_line(exc.orig)}"})
         except Exception as exc:  # noqa: BLE001 - a bug answers its caller, the rest go on
             log.exception("call %s failed", message.get("op"))
             return wire.encode({"e": "store", "m": f"the store service failed: "
