@@ -86,8 +86,8 @@ def test_two_hundred_replicas_lose_nothing_on_a_few_connections_through_kill_9_a
 def served(pg_url, tmp_path):
     """(the store service's client, the database's store), as a run's primary starts it."""
     from automlperf.store import open_store
-    from automlperf.store.remote import RemoteStore
-    from automlperf.store.serviceproc import ServiceProcess
+    from automlperf.store.service.client import RemoteStore
+    from automlperf.store.service.process import ServiceProcess
 
     direct = open_store(pg_url, create=True)
     service = ServiceProcess(tmp_path / "run", pg_url)

@@ -31,7 +31,7 @@ class ServedStore(str):
 @pytest.fixture
 def service_url(pg_url, tmp_path):
     """A store service, as the primary starts it, on a database of its own."""
-    from automlperf.store.serviceproc import ServiceProcess
+    from automlperf.store.service.process import ServiceProcess
 
     open_store(pg_url, create=True).close()  # the primary makes the store first
     service = ServiceProcess(tmp_path / "served", pg_url)

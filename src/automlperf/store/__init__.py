@@ -1,4 +1,7 @@
-"""The shared history of a run: one interface, SQLite and PostgreSQL backends."""
+"""The shared history of a run: one interface (store/base.py), SQLite and PostgreSQL backends
+(store/sql.py), and, for a run on PostgreSQL, the run's store service (store/service/): one
+process that holds the database connections and serves the replicas and the primary over TCP.
+``open_store`` (store/opening.py) opens any of them by URL."""
 
 from automlperf.events import TrialStatus
 from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, ReplicaRecord, SchemaMismatch,

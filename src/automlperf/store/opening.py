@@ -1,6 +1,6 @@
 """Opening a store by its URL: a database's (:class:`~automlperf.store.sql.SQLStore`), the
 run's store service's (``store-service://FILE``:
-:class:`~automlperf.store.remote.RemoteStore`), or a run directory's ``history.db``; and
+:class:`~automlperf.store.service.client.RemoteStore`), or a run directory's ``history.db``; and
 which of them the processes of a run use."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from automlperf.store.base import Store, StoreError
-from automlperf.store.remote import SCHEME, RemoteStore, service_file
+from automlperf.store.service.client import SCHEME, RemoteStore, service_file
 from automlperf.store.sql import SQLStore
 
 

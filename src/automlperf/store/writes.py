@@ -1,6 +1,6 @@
 """What each write of the store does inside a transaction it is given: one call per
 transaction in :class:`~automlperf.store.sql.SQLStore`, many per transaction in the store
-service's group commit (store/service.py). Every write can be sent again after its first try
+service's group commit (store/service/db.py). Every write can be sent again after its first try
 committed unseen (``retried``): it then takes effect once."""
 
 from __future__ import annotations

@@ -1,21 +1,22 @@
 """The store service: one process per run that owns the database connections (a few, however
 many replicas run) and serves the store's calls to every replica and to the primary over TCP
-(store/wire.py; the client is store/remote.py).
+(store/service/wire.py; the client is store/service/client.py).
 
 * Writes are committed in groups: whatever calls are waiting when the writer thread is free
   go in one transaction, and each caller is answered once it has committed, so an answer
   still means "on disk" and nothing acknowledged is lost if the service dies.
 * Heartbeats, leases, the history's change log, tallies and the replicas' states are kept in
-  memory (store/servicestate.py) and answered without the database; heartbeats and the
-  session's ``last_seen`` are written in bulk every ``servicenet.FLUSH_S`` (asynchronous
+  memory (store/service/state.py) and answered without the database; heartbeats and the
+  session's ``last_seen`` are written in bulk every ``net.FLUSH_S`` (asynchronous
   commit: losing the last few costs nothing, the service's restart grants a full lease of
   grace).
 * Graphs are kept in a bounded cache; other reads go to the database in reader threads.
 
-Its network side (listening, greeting clients, the heartbeats' flush) is store/servicenet.py.
-The primary starts it (store/serviceproc.py) and restarts it if it dies; it writes where it
-listens, with a token only the run's user can read, to a file in the run directory that the
-clients read."""
+Its database side (connections, the group commit) is store/service/db.py; its network side
+(listening, greeting clients, the heartbeats' flush) store/service/net.py. The primary starts
+its process (store/service/process.py, store/service/__main__.py) and restarts it if it dies;
+it writes where it listens, with a token only the run's user can read, to a file in the run
+directory that the clients read."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from automlperf.store import reads, schema, servicestate, wire
-from automlperf.store.base import SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError
-from automlperf.store.servicestate import RunState
-from automlperf.store.servicedb import READERS, Job, ServiceStore, Writer
+from automlperf.store import reads, schema
+from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, SchemaMismatch, SegmentRecord,
+                                   StoreError)
 from automlperf.store.retry import one_line
+from automlperf.store.service import wire
+from automlperf.store.service.db import READERS, Job, ServiceStore, Writer
+from automlperf.store.service.state import RunState, load_run, replica_record, trial_of
 from automlperf.store.urls import redact
 
 log = logging.getLogger("automlperf.store.service")
@@ -69,7 +72,7 @@ class Service:
         self.graph_bytes = 0
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="store-reader")
         self.clients: set[asyncio.StreamWriter] = set()
-        self.writer: Writer  # the group commit's thread, started by servicenet.serve
+        self.writer: Writer  # the group commit's thread, started by net.serve
         self.calls = 0
         self.ops: dict[str, Callable[[list[Any], bool], Awaitable[Any]]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
@@ -116,7 +119,7 @@ class Service:
         if loading is None:
             loading = self._loading[run_id] = asyncio.get_running_loop().create_future()
             try:
-                loaded = await self.read(servicestate.load, run_id)
+                loaded = await self.read(load_run, run_id)
                 state = RunState(run_id, loaded)
                 self.runs[run_id] = state
                 for rid in state.replicas:
@@ -182,8 +185,6 @@ class Service:
         state = await self.run_state(run_id)
 
         def apply(index: int) -> int:
-            from automlperf.store.base import SegmentRecord
-
             state.segments[index] = SegmentRecord(run_id, index, now, deadline, now, None)
             return index
 
@@ -221,7 +222,7 @@ class Service:
 
         def apply(found: tuple[int, int]) -> int:
             rid, changed = found
-            state.registered(servicestate.replica_record(run_id, rid, *args[1:]), changed)
+            state.registered(replica_record(run_id, rid, *args[1:]), changed)
             self.replica_run[rid] = run_id
             self._changed(changed)
             return rid
@@ -275,7 +276,7 @@ class Service:
             if found is None:
                 return None
             tid, changed = found
-            state.claimed(servicestate.trial_of(args, tid, changed))
+            state.claimed(trial_of(args, tid, changed))
             self.trial_run[tid] = run_id
             self._keep_graph(tid, graph_json)
             self._changed(changed)
@@ -423,8 +424,3 @@ class Service:
             return value  # an answer encoded before, for several callers
         return wire.answer(value, self.came_back)
 
-
-if __name__ == "__main__":
-    from automlperf.store.serviceproc import serve
-
-    serve()

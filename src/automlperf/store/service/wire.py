@@ -1,4 +1,4 @@
-"""The store service's protocol (store/service.py, store/remote.py): frames of JSON over one
+"""The store service's protocol (store/service/server.py, store/service/client.py): frames of JSON over one
 TCP connection, a request answered before the next is sent on the same connection.
 
 A frame is a 5-byte header (the payload's length, big-endian, and a flags byte: 1 when the

@@ -1,4 +1,4 @@
-"""The store service's side of the database (store/service.py): its connections, and the
+"""The store service's side of the database (store/service/server.py): its connections, and the
 writer thread that commits the calls waiting for it in one transaction (group commit),
 answering each in commit order once committed."""
 

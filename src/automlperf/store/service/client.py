@@ -1,6 +1,6 @@
 """The store as a replica (and the primary) reaches it through the run's store service
-(store/service.py): a :class:`~automlperf.store.base.Store` whose calls travel over TCP
-(store/wire.py). It keeps one connection (a second is made while two of its threads call at
+(store/service/server.py): a :class:`~automlperf.store.base.Store` whose calls travel over
+TCP (store/service/wire.py). It keeps one connection (a second is made while two of its threads call at
 once, and closed after); a call whose connection breaks (the service restarting, a network
 hiccup) is sent again on a new one, after a jittered back-off, within the limit of a
 database's outages (``retry_s``), and a write sent again takes effect once (the store's
@@ -23,12 +23,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from automlperf.store import wire
 from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, Changes, EpochRecord,
                                    ReplicaRecord, SampleFigures, SchemaMismatch, SegmentRecord,
                                    Store, StoreError, TrialChange, TrialRecord, TrialSummary,
                                    TrialTally)
 from automlperf.store.retry import OUTAGE_NOTICE_S, RETRY_ENV, configured_retry_s
+from automlperf.store.service import wire
 
 SCHEME = "store-service://"
 SERVICE_FILE = "store-service.json"

@@ -18,8 +18,8 @@ from automlperf.events import TrialStatus
 from automlperf.store.base import (BACKOFF_MAX_S, ReplicaRecord, SegmentRecord, TrialChange,
                                    TrialSummary, TrialTally)
 from automlperf.store.reads import segments as read_segments
-from automlperf.store import wire
 from automlperf.store.schema import T_REPLICAS, T_TRIALS
+from automlperf.store.service import wire
 
 RUNNING = TrialStatus.RUNNING.value
 
@@ -46,7 +46,7 @@ class Trial:
                            changed=self.changed)
 
     def encoded(self) -> tuple[str, str]:
-        """The trial's change as a history read sends it (store/wire.py pack), with its hash
+        """The trial's change as a history read sends it (store/service/wire.py pack), with its hash
         and without: encoded once, sent to every reader."""
         full = json.dumps(wire.pack(self.change(False)), separators=(",", ":"))
         return full, json.dumps(wire.pack(self.change(True)), separators=(",", ":"))
@@ -68,7 +68,7 @@ class Loaded:
     trials: list[Trial]
 
 
-def load(conn: sa.Connection, run_id: int) -> Loaded:
+def load_run(conn: sa.Connection, run_id: int) -> Loaded:
     r = T_REPLICAS
     reps = []
     for row in conn.execute(sa.select(r).where(r.c.run_id == run_id).order_by(r.c.id)).mappings():
