@@ -28,8 +28,11 @@ WRITER = textwrap.dedent("""
     print("ready", flush=True)
     sys.stdin.readline()
     for e in range(n):
-        s.record_epoch(EpochRecord(trial, e, 1.0, 2.0, 1281167, 50000, 2860, 10**16, 2.1, 0.7,
-                                   "bf16", 448, 8, 0.02, 3000.0, run_id=run_id))
+        s.record_epoch(EpochRecord(
+            trial_id=trial, epoch=e, started_at=1.0, ended_at=2.0, train_images=1281167,
+            val_images=50000, steps=2860, ops=10**16, train_loss=2.1, val_accuracy=0.7,
+            precision="bf16", batch_size=448, world_size=8, data_share=0.02,
+            images_per_s=3000.0, run_id=run_id))
 """)
 
 

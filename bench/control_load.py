@@ -265,8 +265,10 @@ class SimulatedReplica:
         assert store is not None and self.trial is not None
         now = time.time()
         ok = self._guard("epoch", lambda: t.time("epoch", store.record_epoch, EpochRecord(
-            self.trial, e, now - self.epoch_s, now, 1_281_167, 50_000, 1252, 3 * 10**16, 1.0,
-            0.5 + 0.005 * e, "bf16", 1024, 8, 0.02, 40_000.0, run_id=self.run_id)))
+            trial_id=self.trial, epoch=e, started_at=now - self.epoch_s, ended_at=now,
+            train_images=1_281_167, val_images=50_000, steps=1252, ops=3 * 10**16,
+            train_loss=1.0, val_accuracy=0.5 + 0.005 * e, precision="bf16", batch_size=1024,
+            world_size=8, data_share=0.02, images_per_s=40_000.0, run_id=self.run_id)))
         if ok:
             with t.lock:
                 t.epochs.append((self.trial, e))

@@ -228,9 +228,12 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
                 start = deadline
                 break
             acc = top * (1 - math.exp(-(e + 1) / 8.0)) + 0.01 * rng.random()
-            event = EpochEvent(trial_id, e, start, end, TRAIN_IMAGES, VAL_IMAGES, steps,
-                               per_epoch, 2.0 * (1 - acc), acc, "bf16", BATCH, DEVICES, 0.02,
-                               TRAIN_IMAGES / (0.95 * (end - start)))
+            event = EpochEvent(trial_id=trial_id, epoch=e, started_at=start, ended_at=end,
+                               train_images=TRAIN_IMAGES, val_images=VAL_IMAGES, steps=steps,
+                               ops=per_epoch, train_loss=2.0 * (1 - acc), val_accuracy=acc,
+                               precision="bf16", batch_size=BATCH, world_size=DEVICES,
+                               data_share=0.02,
+                               images_per_s=TRAIN_IMAGES / (0.95 * (end - start)))
             fields = dict(event.__dict__)  # to_dict()'s plain values, without its deep copy
             lines.append(json.dumps({"type": "epoch", **fields}))
             rows.append({**fields, "run_id": run_id})

@@ -32,8 +32,10 @@ def _large_run():
 
 
 def epoch(run_id, trial_id, n, at, acc=0.5):
-    return EpochRecord(trial_id, n, at - 10.0, at, 1000, 200, 8, 10**12 + n, 1.0, acc, "fp32",
-                       128, 1, 0.01, 100.0, run_id=run_id)
+    return EpochRecord(trial_id=trial_id, epoch=n, started_at=at - 10.0, ended_at=at,
+                       train_images=1000, val_images=200, steps=8, ops=10**12 + n, train_loss=1.0,
+                       val_accuracy=acc, precision="fp32", batch_size=128, world_size=1,
+                       data_share=0.01, images_per_s=100.0, run_id=run_id)
 
 
 class Counting:

@@ -17,8 +17,11 @@ from automlperf.store.records import ExportedRecords, RecordsError, export_recor
 
 
 def _epoch(run_id, trial_id, n, t):
-    return EpochRecord(trial_id, n, t, t + 10.5, 1000, 200, 8, 10**15 + n, 1.5 - n / 10,
-                       0.5 + n / 100, "bf16", 128, 2, 0.01, 900.25, run_id=run_id)
+    return EpochRecord(trial_id=trial_id, epoch=n, started_at=t, ended_at=t + 10.5,
+                       train_images=1000, val_images=200, steps=8, ops=10**15 + n,
+                       train_loss=1.5 - n / 10, val_accuracy=0.5 + n / 100, precision="bf16",
+                       batch_size=128, world_size=2, data_share=0.01, images_per_s=900.25,
+                       run_id=run_id)
 
 
 @pytest.fixture

@@ -18,8 +18,10 @@ from automlperf.store.urls import normalise_url
 
 
 def epoch(run_id, trial_id, n, ended=None, ops=10**15):
-    return EpochRecord(trial_id, n, 100.0 + n, ended or 101.0 + n, 1000, 200, 8, ops, 1.5,
-                       0.5 + n / 100, "bf16", 128, 2, 0.01, 900.0, run_id=run_id)
+    return EpochRecord(trial_id=trial_id, epoch=n, started_at=100.0 + n, ended_at=ended or 101.0 + n,
+                       train_images=1000, val_images=200, steps=8, ops=ops, train_loss=1.5,
+                       val_accuracy=0.5 + n / 100, precision="bf16", batch_size=128, world_size=2,
+                       data_share=0.01, images_per_s=900.0, run_id=run_id)
 
 
 class ServedStore(str):
@@ -214,8 +216,11 @@ class TestStoreContract:
                 t = s.claim_trial({run_id}, rep, w, f"w{{w}}-{{i}}", "{{}}", None, [], i, {{}}, 1.0, 60.0)
                 s.claim_trial({run_id}, rep, w, "shared", "{{}}", None, [], i, {{}}, 1.0, 60.0)
                 for e in range(3):
-                    s.record_epoch(EpochRecord(t, e, 1.0, 2.0 + e, 10, 5, 1, 7 * w + e, 0.1,
-                                               0.2, "fp32", 8, 1, 0.0, 1.0, run_id={run_id}))
+                    s.record_epoch(EpochRecord(
+                        trial_id=t, epoch=e, started_at=1.0, ended_at=2.0 + e, train_images=10,
+                        val_images=5, steps=1, ops=7 * w + e, train_loss=0.1, val_accuracy=0.2,
+                        precision="fp32", batch_size=8, world_size=1, data_share=0.0,
+                        images_per_s=1.0, run_id={run_id}))
                 s.finish_trial(t, "completed", 3.0, best_accuracy=0.2)
                 s.heartbeat(rep, 3.0, 60.0)
         """)

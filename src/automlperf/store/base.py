@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from automlperf.events import EpochEvent
@@ -55,7 +55,7 @@ class SchemaMismatch(StoreError):
     """The store was written by an incompatible version of automlperf."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialRecord:
     id: int
     run_id: int
@@ -131,11 +131,16 @@ class TrialTally:
     last_id: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EpochRecord(EpochEvent):
     """An epoch as stored: the trainer's event and the run it belongs to."""
 
-    run_id: int = field(kw_only=True)
+    run_id: int
+
+
+# EpochRecord's fields, in order, but its run: the trial log's order (events.EpochEvent), an
+# exported epoch's line (store/records.py), and the columns a read takes (store/reads.py).
+EPOCH_FIELDS = tuple(f.name for f in fields(EpochRecord) if f.name != "run_id")
 
 
 @dataclass
@@ -154,7 +159,7 @@ class SegmentRecord:
         return self.ended_at if self.ended_at is not None else self.last_seen
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ReplicaRecord:
     id: int
     run_id: int

@@ -13,9 +13,9 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from automlperf.events import TrialStatus
-from automlperf.store.base import (LEASE_EXPIRED, EpochRecord, SegmentRecord, StoreError,
-                                   sample_figures)
-from automlperf.store.schema import (EPOCH_FIELDS, T_EPOCHS, T_NODES, T_REPLICAS, T_RUNS,
+from automlperf.store.base import (EPOCH_FIELDS, LEASE_EXPIRED, EpochRecord, SegmentRecord,
+                                   StoreError, sample_figures)
+from automlperf.store.schema import (T_EPOCHS, T_NODES, T_REPLICAS, T_RUNS,
                                      T_SAMPLES, T_SEGMENTS, T_TRIALS)
 from automlperf.store.values import packed
 

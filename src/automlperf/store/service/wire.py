@@ -88,22 +88,21 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
 
 
 # --- records as lists ----------------------------------------------------------------------
-_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls))
-           for cls in (SegmentRecord, ReplicaRecord, TrialRecord, TrialSummary, TrialTally,
-                       EpochRecord)}
-_CHANGE = ("changed", *_FIELDS[TrialSummary])
+# Each record's fields in the order they travel (a trial's change leads with its number).
+FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls))
+    for cls in (SegmentRecord, ReplicaRecord, TrialRecord, TrialSummary, TrialTally, EpochRecord)}
+FIELDS[TrialChange] = ("changed", *FIELDS[TrialSummary])
 
 
 def pack(record: Any) -> list[Any]:
-    if isinstance(record, TrialChange):
-        return [getattr(record, name) for name in _CHANGE]
-    return [getattr(record, name) for name in _FIELDS[type(record)]]
+    """A record as the list that travels: its fields' values in ``FIELDS`` order."""
+    return [getattr(record, name) for name in FIELDS[type(record)]]
 
 
 def unpack(cls: type[T], values: list[Any]) -> T:
-    if cls is TrialChange:
-        changed, *rest = values
-        return TrialChange(*rest, changed=changed)  # type: ignore[return-value]
-    if cls is EpochRecord:
-        return EpochRecord(**dict(zip(_FIELDS[EpochRecord], values)))  # type: ignore[return-value]
-    return cls(*values)
+    """The record ``pack`` made ``values`` of, built by its fields' names."""
+    names = FIELDS[cls]
+    if len(values) != len(names):
+        raise ValueError(f"a {cls.__name__} travels as {len(names)} values, not {len(values)}")
+    return cls(**dict(zip(names, values)))
