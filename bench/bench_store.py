@@ -20,11 +20,13 @@ from automlperf.store import open_store
 
 WRITER = textwrap.dedent("""
     import sys, time
-    from automlperf.store import EpochRecord, open_store
+    from automlperf.store import Claim, EpochRecord, open_store
     url, run_id, worker, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     s = open_store(url)
     rep = s.register_replica(run_id, worker, 0, "bench", worker, [], time.time())
-    trial = s.claim_trial(run_id, rep, worker, f"w{worker}", "{}", None, [], 0, {}, time.time(), 600)
+    trial = s.claim_trial(Claim(run_id=run_id, replica_id=rep, replica_index=worker,
+                                graph_hash=f"w{worker}", graph_json="{}", parent_id=None, morphs=[],
+                                round=0, hparams={}, now=time.time(), lease_s=600))
     print("ready", flush=True)
     sys.stdin.readline()
     for e in range(n):

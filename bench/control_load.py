@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from automlperf.store import EpochRecord, Store
+from automlperf.store import Claim, EpochRecord, Store
 from automlperf.store.feed import TrialFeed
 from automlperf.store.history import History
 
@@ -236,10 +236,12 @@ class SimulatedReplica:
         parent = ids[0] if ids else None
         while True:
             self.k += 1
-            trial = t.time("claim", store.claim_trial, self.run_id, self.rid, self.index,
-                           f"sim-{self.index}-{self.k}-{self.rng.getrandbits(64):016x}",
-                           self.graph_json, parent, [{"op": "deepen", "target": "relu", "kernel": 3}], self.k,
-                           {"batch_size": 1024}, time.time(), self.rates.lease_s)
+            claim = Claim(run_id=self.run_id, replica_id=self.rid, replica_index=self.index,
+                          graph_hash=f"sim-{self.index}-{self.k}-{self.rng.getrandbits(64):016x}",
+                          graph_json=self.graph_json, parent_id=parent,
+                          morphs=[{"op": "deepen", "target": "relu", "kernel": 3}], round=self.k,
+                          hparams={"batch_size": 1024}, now=time.time(), lease_s=self.rates.lease_s)
+            trial = t.time("claim", store.claim_trial, claim)
             if trial is not None:
                 break
             with t.lock:

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from automlperf.runner import session as steps
 from automlperf.runner.launch import ExternalLauncher
 from automlperf.store import StoreError, open_store, retry
 from automlperf.store.base import BACKOFF_MAX_S, EpochRecord
+from helpers import new_claim
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fault_cases_store.py"
 
@@ -187,13 +189,13 @@ def test_a_retried_claim_or_epoch_whose_first_try_committed_is_taken_once(store_
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)
     seg = s.start_segment(run_id, 1.0, 100.0)
     mine, other = (s.register_replica(run_id, i, seg, "n", 1, [], 1.0) for i in (0, 1))
-    claim = (run_id, mine, 0, "h", "{}", None, [], 0, {}, 5.0, 60.0)
-    t = s.claim_trial(*claim)
+    claim = new_claim(run_id=run_id, replica_id=mine, replica_index=0, graph_hash="h", now=5.0)
+    t = s.claim_trial(claim)
     # The same claim again (its first try committed, unseen) is the same trial ...
-    assert s.claim_trial(*claim) == t
+    assert s.claim_trial(claim) == t
     # ... and another replica's, or a later one, is refused as before.
-    assert s.claim_trial(run_id, other, 1, "h", "{}", None, [], 0, {}, 5.0, 60.0) is None
-    assert s.claim_trial(run_id, mine, 0, "h", "{}", None, [], 0, {}, 6.0, 60.0) is None
+    assert s.claim_trial(replace(claim, replica_id=other, replica_index=1)) is None
+    assert s.claim_trial(replace(claim, now=6.0)) is None
     s.record_epoch(epoch(run_id, t, 0))
     s.record_epoch(epoch(run_id, t, 0))
     with pytest.raises(StoreError, match="already recorded"):

@@ -33,7 +33,7 @@ from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch
 from automlperf.seeding import mix_seed
-from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus
+from automlperf.store import Claim, EpochRecord, SegmentRecord, Store, TrialStatus
 from automlperf.store.history import History
 from automlperf.store.rundir import UNWRITABLE, RunDir, make_durable, write_atomic
 from automlperf.train.spec import Trainer, TrainerError, TrialSpec
@@ -420,10 +420,11 @@ class Replica:
                    "parent_accuracy": job.candidate.parent_accuracy,
                    "generation_s": job.candidate.stats.get("seconds"),
                    "candidate_wait_s": round(job.waited_s, 6)}
-        trial_id = self.store.claim_trial(
-            self.run_id, self.replica_id, self.index, graph.content_hash(), graph.to_json(None),
-            job.candidate.parent_id, job.candidate.morphs, job.round, hparams, self.clock(),
-            self.config.run.lease_timeout_s)
+        trial_id = self.store.claim_trial(Claim(
+            run_id=self.run_id, replica_id=self.replica_id, replica_index=self.index,
+            graph_hash=graph.content_hash(), graph_json=graph.to_json(None),
+            parent_id=job.candidate.parent_id, morphs=job.candidate.morphs, round=job.round,
+            hparams=hparams, now=self.clock(), lease_s=self.config.run.lease_timeout_s))
         if trial_id is None and job.hpo_number is not None:
             self.hpo.tell(job.hpo_number, None)
         return trial_id

@@ -85,6 +85,25 @@ class TrialRecord:
         return self.predicted_accuracy if self.predicted_accuracy is not None else self.best_accuracy
 
 
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """A replica's claim on an architecture, as :meth:`Store.claim_trial` records it: the
+    trial it makes, running under the claim's lease (``lease_s`` from ``now``) until its
+    replica's heartbeats hold it."""
+
+    run_id: int
+    replica_id: int
+    replica_index: int
+    graph_hash: str
+    graph_json: str
+    parent_id: int | None
+    morphs: list[dict[str, Any]]
+    round: int
+    hparams: dict[str, Any]
+    now: float
+    lease_s: float
+
+
 @dataclass
 class TrialSummary:
     id: int
@@ -303,10 +322,9 @@ class Store(RunRecords):
 
     # trials --------------------------------------------------------------------------------
     @abstractmethod
-    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
-                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
-                    round_index: int, hparams: dict[str, Any], now: float,
-                    lease_s: float) -> int | None: ...
+    def claim_trial(self, claim: Claim) -> int | None:
+        """The id of the trial ``claim`` makes; None when its architecture is claimed in the
+        run already."""
 
     @abstractmethod
     def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",

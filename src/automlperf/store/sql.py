@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from automlperf.store import connections, reads, schema
-from automlperf.store.base import (Changes, EpochRecord, ReplicaRecord, SampleFigures,
-                                   SegmentRecord, Store, StoreError, TrialChange, TrialRecord,
-                                   TrialSummary, TrialTally)
+from automlperf.store.base import (Changes, Claim, EpochRecord, ReplicaRecord,
+                                   SampleFigures, SegmentRecord, Store, StoreError, TrialChange,
+                                   TrialRecord, TrialSummary, TrialTally)
 from automlperf.store.retry import configured_retry_s, retried, retrying
 from automlperf.store.schema import T_TRIALS
 from automlperf.store.urls import normalise_url, redact
@@ -123,13 +123,8 @@ class SQLStore(Store):
 
     # trials --------------------------------------------------------------------------------
     @retrying
-    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
-                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
-                    round_index: int, hparams: dict[str, Any], now: float,
-                    lease_s: float) -> int | None:
-        claimed = self._write(self.writes.claim_trial, run_id, replica_id, replica_index,
-                              graph_hash, graph_json, parent_id, morphs, round_index, hparams,
-                              now, lease_s, retried=retried())
+    def claim_trial(self, claim: Claim) -> int | None:
+        claimed = self._write(self.writes.claim_trial, claim, retried=retried())
         return None if claimed is None else claimed[0]
 
     @retrying

@@ -1,11 +1,11 @@
 """The store as a replica (and the primary) reaches it through the run's store service
 (store/service/server.py): a :class:`~automlperf.store.base.Store` whose calls travel over
-TCP (store/service/wire.py). It keeps one connection (a second is made while two of its threads call at
-once, and closed after); a call whose connection breaks (the service restarting, a network
-hiccup) is sent again on a new one, after a jittered back-off, within the limit of a
-database's outages (``retry_s``), and a write sent again takes effect once (the store's
-contract). The service's address is re-read from
-its file before each new connection, so a service restarted elsewhere is found.
+TCP (store/service/wire.py). It keeps one connection (a second is made while two of its
+threads call at once, and closed after); a call whose connection breaks (the service
+restarting, a network hiccup) is sent again on a new one, after a jittered back-off, within
+the limit of a database's outages (``retry_s``), and a write sent again takes effect once
+(the store's contract). The service's address is re-read from its file before each new
+connection, so a service restarted elsewhere is found.
 
 A store URL ``store-service://FILE`` names the service whose address is in FILE
 (store/opening.py ``open_store`` opens it)."""
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, Changes, EpochRecord,
+from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, Changes, Claim, EpochRecord,
                                    ReplicaRecord, SampleFigures, SchemaMismatch, SegmentRecord,
                                    Store, StoreError, TrialChange, TrialRecord, TrialSummary,
                                    TrialTally)
@@ -218,12 +218,8 @@ class RemoteStore(Store):
         return list(self._call("silent_replicas", run_id, before))
 
     # --- trials -----------------------------------------------------------------------------
-    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
-                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
-                    round_index: int, hparams: dict[str, Any], now: float,
-                    lease_s: float) -> int | None:
-        found = self._call("claim_trial", run_id, replica_id, replica_index, graph_hash,
-                           graph_json, parent_id, morphs, round_index, hparams, now, lease_s)
+    def claim_trial(self, claim: Claim) -> int | None:
+        found = self._call("claim_trial", wire.pack(claim))
         return None if found is None else int(found)
 
     def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",

@@ -32,8 +32,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from automlperf.store import reads, schema
-from automlperf.store.base import (SCHEMA_VERSION, EpochRecord, SchemaMismatch, SegmentRecord,
-                                   StoreError)
+from automlperf.store.base import (SCHEMA_VERSION, Claim, EpochRecord, SchemaMismatch,
+                                   SegmentRecord, StoreError)
 from automlperf.store.retry import one_line
 from automlperf.store.service import wire
 from automlperf.store.service.db import READERS, Job, ServiceStore, Writer
@@ -262,28 +262,28 @@ class Service:
 
     # --- trials -----------------------------------------------------------------------------
     async def op_claim_trial(self, args: list[Any], again: bool) -> Any:
-        run_id, replica_id, _index, graph_hash, graph_json = args[:5]
-        now = args[9]
-        state = await self.run_state(run_id)
-        taken = state.by_hash.get(graph_hash)
+        claim = wire.unpack(Claim, args[0])
+        state = await self.run_state(claim.run_id)
+        taken = state.by_hash.get(claim.graph_hash)
         if taken is not None:
             # Known here: another replica's, or this very claim's when its answer was lost.
             t = state.trials[taken]
-            mine = t.replica_id == replica_id and t.created_at == now and t.status == "running"
+            mine = (t.replica_id == claim.replica_id and t.created_at == claim.now
+                    and t.status == "running")
             return taken if mine else None
 
         def apply(found: tuple[int, int] | None) -> int | None:
             if found is None:
                 return None
             tid, changed = found
-            state.claimed(trial_of(args, tid, changed))
-            self.trial_run[tid] = run_id
-            self._keep_graph(tid, graph_json)
+            state.claimed(trial_of(claim, tid, changed))
+            self.trial_run[tid] = claim.run_id
+            self._keep_graph(tid, claim.graph_json)
             self._changed(changed)
             return tid
 
         return await self.write(lambda conn, again_: self.writes.claim_trial(
-            conn, *args, retried=again_), again, apply)
+            conn, claim, retried=again_), again, apply)
 
     async def op_finish_trial(self, args: list[Any], again: bool) -> Any:
         trial_id, status, _now, _reason, best, predicted = args[:6]

@@ -10,12 +10,11 @@ import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import sqlalchemy as sa
 
 from automlperf.events import TrialStatus
-from automlperf.store.base import (BACKOFF_MAX_S, ReplicaRecord, SegmentRecord, TrialChange,
+from automlperf.store.base import (BACKOFF_MAX_S, Claim, ReplicaRecord, SegmentRecord, TrialChange,
                                    TrialSummary, TrialTally)
 from automlperf.store.reads import replica_from_row
 from automlperf.store.reads import segments as read_segments
@@ -269,11 +268,9 @@ def replica_record(run_id: int, rid: int, index: int, segment: int, host: str, p
                          status=RUNNING, reason="")
 
 
-def trial_of(args: list[Any], tid: int, changed: int) -> Trial:
-    """The trial a claim made (its arguments as the store's ``claim_trial`` takes them)."""
-    (run_id, replica_id, replica_index, graph_hash, _json, _parent, _morphs, _round, _hparams,
-     now, lease_s) = args
-    return Trial(id=tid, replica_id=replica_id, replica_index=replica_index,
-                 graph_hash=graph_hash, status=RUNNING, best_accuracy=None,
-                 predicted_accuracy=None, lease_until=now + lease_s, created_at=now,
-                 claimed=changed, changed=changed)
+def trial_of(claim: Claim, tid: int, changed: int) -> Trial:
+    """The trial ``claim`` made, numbered ``tid``, claimed at change ``changed``."""
+    return Trial(id=tid, replica_id=claim.replica_id, replica_index=claim.replica_index,
+                 graph_hash=claim.graph_hash, status=RUNNING, best_accuracy=None,
+                 predicted_accuracy=None, lease_until=claim.now + claim.lease_s,
+                 created_at=claim.now, claimed=changed, changed=changed)
