@@ -1,5 +1,5 @@
 """The store given back what the trial logs kept. A replica logs an epoch before it stores it
-(runner/replica.py ``TrialRecorder``) and logs a trial's outcome before it finishes the
+(runner/trials.py ``TrialRecorder``) and logs a trial's outcome before it finishes the
 trial in the store; a store that goes down past its retry limit, or a replica killed
 between the two writes, leaves the log ahead of the store. Before the primary counts a
 session's epochs (when it finishes, and when a run is resumed) it records every epoch a log
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from automlperf.config import Config
 from automlperf.events import TrialOutcome, TrialStatus, read_jsonl
-from automlperf.runner.replica import conclusion
+from automlperf.runner.trials import conclusion
 from automlperf.store import EpochRecord, Store, TrialRecord
 from automlperf.store.base import EPOCH_FIELDS, LEASE_EXPIRED, StoreError
 from automlperf.store.ledger import LOG, Logs
