@@ -41,7 +41,8 @@ async def serve(service: Service, host: str, port: int,
     service.writer.start()
     with service.db.engine.connect() as conn:
         for table in (schema.T_TRIALS, schema.T_REPLICAS):
-            service._changed(conn.execute(sa.select(sa.func.max(table.c.changed))).scalar() or 0)
+            last = conn.execute(sa.select(sa.func.max(table.c.changed))).scalar()
+            service.changed_through(last or 0)
     server = await asyncio.start_server(lambda r, w: client(service, r, w), host, port,
                                         backlog=16384)
     stop = asyncio.Event()

@@ -142,7 +142,9 @@ class Service:
                 raise StoreError(f"{table.name[4:-1]} {row_id} is not in store {redact(self.url)}")
         return await self.run_state(int(run_id))
 
-    def _changed(self, number: int | None) -> None:
+    def changed_through(self, number: int | None) -> None:
+        """Everything up to change ``number`` is in memory (and what a history read vouches
+        for, ``through``)."""
         if number is not None:
             self.through = max(self.through, number)
 
@@ -224,7 +226,7 @@ class Service:
             rid, changed = found
             state.registered(replica_record(run_id, rid, *args[1:]), changed)
             self.replica_run[rid] = run_id
-            self._changed(changed)
+            self.changed_through(changed)
             return rid
 
         return await self.write(lambda conn, again_: self.writes.register_replica(
@@ -243,7 +245,7 @@ class Service:
         def apply(changed: int | None) -> None:
             if changed is not None:
                 state.replica_ended(replica_id, changed, status, reason)
-                self._changed(changed)
+                self.changed_through(changed)
 
         await self.write(lambda conn, _r: self.db.writes.end_replica(conn, *args), again, apply)
 
@@ -279,7 +281,7 @@ class Service:
             state.claimed(trial_of(claim, tid, changed))
             self.trial_run[tid] = claim.run_id
             self._keep_graph(tid, claim.graph_json)
-            self._changed(changed)
+            self.changed_through(changed)
             return tid
 
         return await self.write(lambda conn, again_: self.writes.claim_trial(
@@ -293,7 +295,7 @@ class Service:
             ok, changed = found
             if changed is not None:
                 state.ended(trial_id, changed, status, best, predicted)
-                self._changed(changed)
+                self.changed_through(changed)
             return ok
 
         return await self.write(lambda conn, _r: self.db.writes.finish_trial(conn, *args),
@@ -309,7 +311,7 @@ class Service:
         def apply(expired: list[tuple[int, int]]) -> list[int]:
             for tid, changed in expired:
                 state.ended(tid, changed, "failed", None, None)
-                self._changed(changed)
+                self.changed_through(changed)
             return [tid for tid, _ in expired]
 
         return await self.write(lambda conn, _r: self.db.writes.expire_leases(
