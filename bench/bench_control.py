@@ -86,7 +86,7 @@ _ENGINE_KWARGS: Any = None
 
 def worker(args: argparse.Namespace) -> None:
     from automlperf.graph import seeds
-    from automlperf.store.remote import RemoteStore, service_file
+    from automlperf.store.service.client import RemoteStore, service_file
 
     run_dir = Path(args.run_dir)
     rates = Rates(trial_epochs=args.trial_epochs, epoch_s=args.epoch_s)
@@ -259,7 +259,7 @@ def run(args: argparse.Namespace,
     """The bench. ``hook`` is called every second with the run directory, the service's pid
     and the database's URL (a test's faults)."""
     from automlperf.store.pgserver import PostgresServer
-    from automlperf.store.remote import service_file
+    from automlperf.store.service.client import service_file
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-control-"))
     work.mkdir(parents=True, exist_ok=True)

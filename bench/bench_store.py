@@ -20,16 +20,21 @@ from automlperf.store import open_store
 
 WRITER = textwrap.dedent("""
     import sys, time
-    from automlperf.store import EpochRecord, open_store
+    from automlperf.store import Claim, EpochRecord, open_store
     url, run_id, worker, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     s = open_store(url)
     rep = s.register_replica(run_id, worker, 0, "bench", worker, [], time.time())
-    trial = s.claim_trial(run_id, rep, worker, f"w{worker}", "{}", None, [], 0, {}, time.time(), 600)
+    trial = s.claim_trial(Claim(run_id=run_id, replica_id=rep, replica_index=worker,
+                                graph_hash=f"w{worker}", graph_json="{}", parent_id=None, morphs=[],
+                                round=0, hparams={}, now=time.time(), lease_s=600))
     print("ready", flush=True)
     sys.stdin.readline()
     for e in range(n):
-        s.record_epoch(EpochRecord(trial, e, 1.0, 2.0, 1281167, 50000, 2860, 10**16, 2.1, 0.7,
-                                   "bf16", 448, 8, 0.02, 3000.0, run_id=run_id))
+        s.record_epoch(EpochRecord(
+            trial_id=trial, epoch=e, started_at=1.0, ended_at=2.0, train_images=1281167,
+            val_images=50000, steps=2860, ops=10**16, train_loss=2.1, val_accuracy=0.7,
+            precision="bf16", batch_size=448, world_size=8, data_share=0.02,
+            images_per_s=3000.0, run_id=run_id))
 """)
 
 

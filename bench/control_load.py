@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from automlperf.store import EpochRecord, Store
+from automlperf.store import Claim, EpochRecord, Store
 from automlperf.store.feed import TrialFeed
 from automlperf.store.history import History
 
@@ -236,10 +236,12 @@ class SimulatedReplica:
         parent = ids[0] if ids else None
         while True:
             self.k += 1
-            trial = t.time("claim", store.claim_trial, self.run_id, self.rid, self.index,
-                           f"sim-{self.index}-{self.k}-{self.rng.getrandbits(64):016x}",
-                           self.graph_json, parent, [{"op": "deepen", "target": "relu", "kernel": 3}], self.k,
-                           {"batch_size": 1024}, time.time(), self.rates.lease_s)
+            claim = Claim(run_id=self.run_id, replica_id=self.rid, replica_index=self.index,
+                          graph_hash=f"sim-{self.index}-{self.k}-{self.rng.getrandbits(64):016x}",
+                          graph_json=self.graph_json, parent_id=parent,
+                          morphs=[{"op": "deepen", "target": "relu", "kernel": 3}], round=self.k,
+                          hparams={"batch_size": 1024}, now=time.time(), lease_s=self.rates.lease_s)
+            trial = t.time("claim", store.claim_trial, claim)
             if trial is not None:
                 break
             with t.lock:
@@ -265,8 +267,10 @@ class SimulatedReplica:
         assert store is not None and self.trial is not None
         now = time.time()
         ok = self._guard("epoch", lambda: t.time("epoch", store.record_epoch, EpochRecord(
-            self.trial, e, now - self.epoch_s, now, 1_281_167, 50_000, 1252, 3 * 10**16, 1.0,
-            0.5 + 0.005 * e, "bf16", 1024, 8, 0.02, 40_000.0, run_id=self.run_id)))
+            trial_id=self.trial, epoch=e, started_at=now - self.epoch_s, ended_at=now,
+            train_images=1_281_167, val_images=50_000, steps=1252, ops=3 * 10**16,
+            train_loss=1.0, val_accuracy=0.5 + 0.005 * e, precision="bf16", batch_size=1024,
+            world_size=8, data_share=0.02, images_per_s=40_000.0, run_id=self.run_id)))
         if ok:
             with t.lock:
                 t.epochs.append((self.trial, e))

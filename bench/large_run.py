@@ -53,9 +53,9 @@ from automlperf.graph import Graph, seeds
 from automlperf.measure.result import build_result, write_result
 from automlperf.ops import count, epoch_ops
 from automlperf.search.morph import MorphError, morph
-from automlperf.store import TrialStatus, open_store
+from automlperf.store import Claim, TrialStatus, open_store
 from automlperf.store.rundir import RunDir, write_atomic
-from automlperf.store.sql import T_EPOCHS
+from automlperf.store.schema import T_EPOCHS
 from automlperf.store.urls import strip_password
 
 NODE_OPS = 2.7e15
@@ -204,9 +204,10 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
             parent_accuracy = search_of[parent_id]
             hparams.update(parent_accuracy=parent_accuracy, predicted_std=0.01,
                            predicted_mean=parent_accuracy + predictions.gauss(0.005, 0.01))
-        trial_id = store.claim_trial(run_id, replica_ids[r], r, graph.content_hash(),
-                                     graph.to_json(None), parent_id, morphs, round_index,
-                                     hparams, claimed_at, 60.0)
+        trial_id = store.claim_trial(Claim(
+            run_id=run_id, replica_id=replica_ids[r], replica_index=r,
+            graph_hash=graph.content_hash(), graph_json=graph.to_json(None), parent_id=parent_id,
+            morphs=morphs, round=round_index, hparams=hparams, now=claimed_at, lease_s=60.0))
         assert trial_id is not None
         graphs[trial_id] = graph
         ops = counts.setdefault(trial_id, count(graph, batch_size=BATCH))
@@ -228,9 +229,12 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
                 start = deadline
                 break
             acc = top * (1 - math.exp(-(e + 1) / 8.0)) + 0.01 * rng.random()
-            event = EpochEvent(trial_id, e, start, end, TRAIN_IMAGES, VAL_IMAGES, steps,
-                               per_epoch, 2.0 * (1 - acc), acc, "bf16", BATCH, DEVICES, 0.02,
-                               TRAIN_IMAGES / (0.95 * (end - start)))
+            event = EpochEvent(trial_id=trial_id, epoch=e, started_at=start, ended_at=end,
+                               train_images=TRAIN_IMAGES, val_images=VAL_IMAGES, steps=steps,
+                               ops=per_epoch, train_loss=2.0 * (1 - acc), val_accuracy=acc,
+                               precision="bf16", batch_size=BATCH, world_size=DEVICES,
+                               data_share=0.02,
+                               images_per_s=TRAIN_IMAGES / (0.95 * (end - start)))
             fields = dict(event.__dict__)  # to_dict()'s plain values, without its deep copy
             lines.append(json.dumps({"type": "epoch", **fields}))
             rows.append({**fields, "run_id": run_id})

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from automlperf.graph import INPUT, Graph, seeds
 from automlperf.graph.graph import conv, dense, simple
+from automlperf.store import Claim, EpochRecord
 from automlperf.train.spec import TrialSpec
 
 # The suite lives in package folders; these name its root and the repository's.
@@ -321,6 +322,33 @@ class MemoryCgroup:
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError(f"{self.path} could not be removed")
+
+
+def new_claim(**fields) -> Claim:
+    """A claim by name: ``fields`` give its run, replica and architecture (run_id,
+    replica_id, replica_index, graph_hash) and whatever else differs from a seed's claim with
+    no hyperparameters, at time 1.0 with a lease of 60 s."""
+    seed = {"graph_json": "{}", "parent_id": None, "morphs": [], "round": 0, "hparams": {},
+            "now": 1.0, "lease_s": 60.0}
+    return Claim(**{**seed, **fields})
+
+
+def epoch_of(run_id, trial_id, n, ended=None, ops=10**15) -> EpochRecord:
+    """Epoch ``n`` of a trial, made up: it ends at ``ended`` (101 + n by default) with an
+    accuracy of 0.5 + n / 100."""
+    return EpochRecord(trial_id=trial_id, epoch=n, started_at=100.0 + n, ended_at=ended or 101.0 + n,
+                       train_images=1000, val_images=200, steps=8, ops=ops, train_loss=1.5,
+                       val_accuracy=0.5 + n / 100, precision="bf16", batch_size=128, world_size=2,
+                       data_share=0.01, images_per_s=900.0, run_id=run_id)
+
+
+def one_trial(store, name="r", graph_hash="h"):
+    """A run in ``store`` with one replica holding one running trial: (run id, trial id)."""
+    run_id = store.create_run(name, {}, {}, 60.0, 1.0)
+    seg = store.start_segment(run_id, 1.0, 100.0)
+    rep = store.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
+    return run_id, store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                               graph_hash=graph_hash))
 
 
 def make_replica(session, trainer, clock=None):

@@ -48,9 +48,10 @@ class FailureKind(StrEnum):
     ERROR = "error"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EpochEvent:
-    """One completed epoch, the unit the score is made of."""
+    """One completed epoch, the unit the score is made of (built by name: it has many
+    fields, and the store's record adds its run)."""
 
     trial_id: Any
     epoch: int

@@ -16,7 +16,7 @@ from automlperf.config import Config
 from automlperf.store import EpochRecord, open_store
 from automlperf.store import connections
 from automlperf.store.rundir import RunDir
-from helpers import cli, wait_for
+from helpers import cli, new_claim, wait_for
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -32,8 +32,10 @@ def _large_run():
 
 
 def epoch(run_id, trial_id, n, at, acc=0.5):
-    return EpochRecord(trial_id, n, at - 10.0, at, 1000, 200, 8, 10**12 + n, 1.0, acc, "fp32",
-                       128, 1, 0.01, 100.0, run_id=run_id)
+    return EpochRecord(trial_id=trial_id, epoch=n, started_at=at - 10.0, ended_at=at,
+                       train_images=1000, val_images=200, steps=8, ops=10**12 + n, train_loss=1.0,
+                       val_accuracy=acc, precision="fp32", batch_size=128, world_size=1,
+                       data_share=0.01, images_per_s=100.0, run_id=run_id)
 
 
 class Counting:
@@ -68,8 +70,9 @@ def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
     run_id = store.create_run("r", {}, {}, 3600.0, now - 100)
     seg = store.start_segment(run_id, now - 100, now + 3500)
     reps = [store.register_replica(run_id, i, seg, f"n{i}", i, [], now - 100) for i in range(4)]
-    trials = [store.claim_trial(run_id, reps[i % 4], i % 4, f"h{i}", "{}", None, [], 0, {},
-                                now - 90, 600.0) for i in range(8)]
+    trials = [store.claim_trial(new_claim(run_id=run_id, replica_id=reps[i % 4], replica_index=i % 4,
+                                          graph_hash=f"h{i}", now=now - 90, lease_s=600.0))
+              for i in range(8)]
     for n in range(40):  # 320 epochs
         for i, t in enumerate(trials):
             store.record_epoch(epoch(run_id, t, n, now - 80 + n, acc=0.1 + 0.01 * i + 0.001 * n))
@@ -80,7 +83,8 @@ def test_the_live_view_reads_only_what_is_new(store_url, tmp_path):
     view = LiveView(session)
     view.view(now, ["up"] * 4)
     assert counting.rows["epochs_after"] == 320 and counting.rows["changes"] == 8
-    later = [store.claim_trial(run_id, reps[i], i, f"new{i}", "{}", None, [], 1, {}, now, 600.0)
+    later = [store.claim_trial(new_claim(run_id=run_id, replica_id=reps[i], replica_index=i,
+                                         graph_hash=f"new{i}", round=1, now=now, lease_s=600.0))
              for i in range(2)]
     for t in later:
         for n in range(3):
@@ -142,7 +146,8 @@ def test_a_replica_holds_one_connection(pg_url, tmp_path):
 
         def work(k):
             for i in range(20):
-                t = store.claim_trial(run_id, rep, 0, f"{k}-{i}", "{}", None, [], 0, {}, 1.0, 60.0)
+                t = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                                graph_hash=f"{k}-{i}"))
                 store.record_epoch(epoch(run_id, t, 0, 50.0))
                 store.changes(run_id, 0)
                 store.heartbeat(rep, 2.0, 60.0)
@@ -333,8 +338,9 @@ def test_a_replicas_history_reads_only_what_changed(store_url):
     seg = store.start_segment(run_id, 1.0, 3600.0)
     reps = [store.register_replica(run_id, i, seg, f"n{i}", i, [], 1.0) for i in range(4)]
     graph = seeds.seed("resnet_small", 10, 8, 1).to_json(None)
-    trials = [store.claim_trial(run_id, reps[i % 4], i % 4, f"h{i}", graph, None, [], 0, {},
-                                2.0, 600.0) for i in range(200)]
+    trials = [store.claim_trial(new_claim(run_id=run_id, replica_id=reps[i % 4], replica_index=i % 4,
+                                          graph_hash=f"h{i}", graph_json=graph, now=2.0,
+                                          lease_s=600.0)) for i in range(200)]
     for t in trials[:150]:
         store.finish_trial(t, "completed", 3.0, best_accuracy=0.5)
     counting = Counting(store)
@@ -343,8 +349,9 @@ def test_a_replicas_history_reads_only_what_changed(store_url):
     assert history.completed == 150 and history.claimed[3] == 50 and len(history) == 200
     # Ten trials claimed, five of them ended since: each read once, as it stands now (not
     # the 210 trials).
-    later = [store.claim_trial(run_id, reps[0], 0, f"new{i}", graph, None, [], 1, {}, 4.0, 600.0)
-             for i in range(10)]
+    later = [store.claim_trial(new_claim(run_id=run_id, replica_id=reps[0], replica_index=0,
+                                         graph_hash=f"new{i}", graph_json=graph, round=1, now=4.0,
+                                         lease_s=600.0)) for i in range(10)]
     for t in later[:5]:
         store.finish_trial(t, "completed", 5.0, best_accuracy=0.9)
     counting.rows.clear()

@@ -11,6 +11,7 @@ from automlperf.measure.energy import RaplReader, counter_delta, energy_summary
 from automlperf.measure.monitor import GPUSampler, sample
 from automlperf.measure.result import build_result
 from automlperf.store import EpochRecord, TrialStatus, open_store
+from helpers import new_claim
 
 
 def powercap(root, domains):
@@ -109,7 +110,8 @@ def test_samples_difference_into_joules_and_ops_per_watt(tmp_path, monkeypatch):
 
     rep = store.register_replica(run_id, 0, segment, "node1", 1, ["cuda:0", "cuda:1"], t0)
     graph = seeds.seed("resnet_small", 10, 8, 1).to_json(None)
-    trial = store.claim_trial(run_id, rep, 0, "h", graph, None, [], 0, {}, t0, 60)
+    trial = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                        graph_hash="h", graph_json=graph, now=t0))
     store.record_epoch(EpochRecord(
         trial_id=trial, epoch=0, started_at=t0, ended_at=t0 + 50, train_images=1000,
         val_images=100, steps=8, ops=10**15, train_loss=1.0, val_accuracy=0.9,

@@ -14,9 +14,12 @@ def trial(id, parent=None, best=None, predicted=None, replica=0, status="complet
     hparams = {"batch_size": 64, "kernel_size": 3}
     if mean is not None:
         hparams.update(predicted_mean=mean, parent_accuracy=parent_acc)
-    return TrialRecord(id, 1, replica, None, f"h{id}", "{}", parent,
-                       morphs if morphs is not None else [{"op": "deepen", "kernel": 3}],
-                       0, hparams, status, "", 0.0, 1.0, None, best, predicted, 3, None)
+    return TrialRecord(id=id, run_id=1, replica_index=replica, replica_id=None, graph_hash=f"h{id}",
+                       graph_json="{}", parent_id=parent,
+                       morphs=morphs if morphs is not None else [{"op": "deepen", "kernel": 3}],
+                       round=0, hparams=hparams, status=status, reason="", created_at=0.0,
+                       finished_at=1.0, lease_until=None, best_accuracy=best,
+                       predicted_accuracy=predicted, epochs_done=3, weights_path=None)
 
 
 @dataclass

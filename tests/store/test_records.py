@@ -12,13 +12,16 @@ from automlperf.graph import seeds
 from automlperf.measure import bundle
 from automlperf.measure.samples import sample_digest
 from automlperf.search.morph import widen, widen_targets
-from automlperf.store import EpochRecord, open_store
+from automlperf.store import Claim, EpochRecord, open_store
 from automlperf.store.records import ExportedRecords, RecordsError, export_records
 
 
 def _epoch(run_id, trial_id, n, t):
-    return EpochRecord(trial_id, n, t, t + 10.5, 1000, 200, 8, 10**15 + n, 1.5 - n / 10,
-                       0.5 + n / 100, "bf16", 128, 2, 0.01, 900.25, run_id=run_id)
+    return EpochRecord(trial_id=trial_id, epoch=n, started_at=t, ended_at=t + 10.5,
+                       train_images=1000, val_images=200, steps=8, ops=10**15 + n,
+                       train_loss=1.5 - n / 10, val_accuracy=0.5 + n / 100, precision="bf16",
+                       batch_size=128, world_size=2, data_share=0.01, images_per_s=900.25,
+                       run_id=run_id)
 
 
 @pytest.fixture
@@ -38,9 +41,11 @@ def recorded(store_url, tmp_path):
     ids = []
     for k in range(3):
         g = widen(graph, widen_targets(graph)[0], 1 + k).graph if k else graph
-        trial = store.claim_trial(run_id, reps[k % 2], k % 2, g.content_hash(), g.to_json(None),
-                                  ids[0] if ids else None, [{"op": "widen"}] if k else [], k,
-                                  {"batch_size": 128}, 1000.0 + k, 60.0)
+        trial = store.claim_trial(Claim(
+            run_id=run_id, replica_id=reps[k % 2], replica_index=k % 2,
+            graph_hash=g.content_hash(), graph_json=g.to_json(None),
+            parent_id=ids[0] if ids else None, morphs=[{"op": "widen"}] if k else [], round=k,
+            hparams={"batch_size": 128}, now=1000.0 + k, lease_s=60.0))
         ids.append(trial)
         for n in range(k + 1):
             store.record_epoch(_epoch(run_id, trial, n, 1010.0 + 20 * n + k))

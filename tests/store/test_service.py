@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from automlperf.store import connections
+from helpers import new_claim
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -86,8 +87,8 @@ def test_two_hundred_replicas_lose_nothing_on_a_few_connections_through_kill_9_a
 def served(pg_url, tmp_path):
     """(the store service's client, the database's store), as a run's primary starts it."""
     from automlperf.store import open_store
-    from automlperf.store.remote import RemoteStore
-    from automlperf.store.serviceproc import ServiceProcess
+    from automlperf.store.service.client import RemoteStore
+    from automlperf.store.service.process import ServiceProcess
 
     direct = open_store(pg_url, create=True)
     service = ServiceProcess(tmp_path / "run", pg_url)
@@ -114,8 +115,9 @@ def test_history_reads_through_the_service_hold_what_the_database_holds(served):
     early, late = History(run_id), History(run_id)
 
     def claim(k):
-        return remote.claim_trial(run_id, reps[k % 4], k % 4, f"h{k}", "{}", None, [], 0, {},
-                                  2.0, 600.0)
+        return remote.claim_trial(new_claim(run_id=run_id, replica_id=reps[k % 4],
+                                            replica_index=k % 4, graph_hash=f"h{k}", now=2.0,
+                                            lease_s=600.0))
 
     def same(history):
         stored = {t.id: (t.graph_hash, t.status, t.search_accuracy if t.status == "completed"

@@ -10,16 +10,13 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from automlperf.store import (SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError, open_store, redact,
+from automlperf.store import (SCHEMA_VERSION, Claim, SchemaMismatch, StoreError, open_store, redact,
                               resolve_store_url)
 from automlperf.store.feed import EpochFeed
-from automlperf.store.sql import T_EPOCHS
+from automlperf.store.schema import T_EPOCHS
 from automlperf.store.urls import normalise_url
-
-
-def epoch(run_id, trial_id, n, ended=None, ops=10**15):
-    return EpochRecord(trial_id, n, 100.0 + n, ended or 101.0 + n, 1000, 200, 8, ops, 1.5,
-                       0.5 + n / 100, "bf16", 128, 2, 0.01, 900.0, run_id=run_id)
+from helpers import epoch_of as epoch
+from helpers import new_claim, one_trial
 
 
 class ServedStore(str):
@@ -31,7 +28,7 @@ class ServedStore(str):
 @pytest.fixture
 def service_url(pg_url, tmp_path):
     """A store service, as the primary starts it, on a database of its own."""
-    from automlperf.store.serviceproc import ServiceProcess
+    from automlperf.store.service.process import ServiceProcess
 
     open_store(pg_url, create=True).close()  # the primary makes the store first
     service = ServiceProcess(tmp_path / "served", pg_url)
@@ -99,12 +96,14 @@ class TestStoreContract:
     def test_each_architecture_is_claimed_once(self, store, run):
         run_id, seg, rep = run
         other = store.register_replica(run_id, 1, seg, "node2", 43, ["cuda:0"], 1000.0)
-        first = store.claim_trial(run_id, rep, 0, "h1", "{}", None, [], 0, {"batch_size": 64},
-                                  1000.0, 60.0)
+        first = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                            graph_hash="h1", hparams={"batch_size": 64}, now=1000.0))
         assert first is not None
-        assert store.claim_trial(run_id, other, 1, "h1", "{}", None, [], 0, {}, 1001.0, 60.0) is None
-        second = store.claim_trial(run_id, other, 1, "h2", '{"g": 1}', first,
-                                   [{"op": "deepen"}], 1, {"batch_size": 32}, 1002.0, 60.0)
+        assert store.claim_trial(new_claim(run_id=run_id, replica_id=other, replica_index=1,
+                                           graph_hash="h1", now=1001.0)) is None
+        second = store.claim_trial(Claim(run_id=run_id, replica_id=other, replica_index=1, graph_hash="h2",
+                                         graph_json='{"g": 1}', parent_id=first, morphs=[{"op": "deepen"}],
+                                         round=1, hparams={"batch_size": 32}, now=1002.0, lease_s=60.0))
         rows = store.trials(run_id)
         assert [t.id for t in rows] == [first, second]
         assert rows[1].parent_id == first and rows[1].morphs == [{"op": "deepen"}]
@@ -114,11 +113,11 @@ class TestStoreContract:
         assert [(t.id, t.graph_hash, t.status, t.replica_index) for t in light] == [
             (first, "h1", "running", 0), (second, "h2", "running", 1)]
         other_run = store.create_run("r2", {}, {}, 60.0, 1000.0)
-        assert store.claim_trial(other_run, rep, 0, "h1", "{}", None, [], 0, {}, 1.0, 60.0)
+        assert store.claim_trial(new_claim(run_id=other_run, replica_id=rep, replica_index=0, graph_hash="h1"))
 
     def test_a_trial_finishes_once(self, store, run):
         run_id, _, rep = run
-        t = store.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1000.0, 60.0)
+        t = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0, graph_hash="h", now=1000.0))
         assert store.finish_trial(t, "completed", 1100.0, best_accuracy=0.7,
                                   predicted_accuracy=0.8, weights_path="w", extra={"k": 1})
         assert not store.finish_trial(t, "failed", 1200.0, reason="late")
@@ -130,7 +129,7 @@ class TestStoreContract:
 
     def test_epochs_are_insert_only(self, store, run):
         run_id, _, rep = run
-        t = store.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1000.0, 60.0)
+        t = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0, graph_hash="h", now=1000.0))
         for n in (1, 0):
             store.record_epoch(epoch(run_id, t, n))
         with pytest.raises(StoreError, match="epoch 1 of trial .* is already recorded"):
@@ -144,10 +143,10 @@ class TestStoreContract:
     def test_new_epochs_are_read_once_in_order(self, store, run):
         run_id, seg, rep = run
         other = store.register_replica(run_id, 1, seg, "node2", 43, [], 1000.0)
-        a = store.claim_trial(run_id, rep, 0, "a", "{}", None, [], 0, {}, 1000.0, 60.0)
-        b = store.claim_trial(run_id, other, 1, "b", "{}", None, [], 0, {}, 1000.0, 60.0)
+        a = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0, graph_hash="a", now=1000.0))
+        b = store.claim_trial(new_claim(run_id=run_id, replica_id=other, replica_index=1, graph_hash="b", now=1000.0))
         elsewhere = store.create_run("r2", {}, {}, 60.0, 1000.0)
-        c = store.claim_trial(elsewhere, rep, 0, "a", "{}", None, [], 0, {}, 1000.0, 60.0)
+        c = store.claim_trial(new_claim(run_id=elsewhere, replica_id=rep, replica_index=0, graph_hash="a", now=1000.0))
         feed = EpochFeed(store, run_id)
         assert feed.read() == []
         for n in range(3):  # another run's epochs in between
@@ -169,8 +168,10 @@ class TestStoreContract:
     def test_leases_expire_when_heartbeats_stop(self, store, run):
         run_id, seg, rep = run
         silent = store.register_replica(run_id, 1, seg, "node2", 43, [], 1000.0)
-        alive_t = store.claim_trial(run_id, rep, 0, "a", "{}", None, [], 0, {}, 1000.0, 30.0)
-        dead_t = store.claim_trial(run_id, silent, 1, "b", "{}", None, [], 0, {}, 1000.0, 30.0)
+        alive_t = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0, graph_hash="a",
+                                              now=1000.0, lease_s=30.0))
+        dead_t = store.claim_trial(new_claim(run_id=run_id, replica_id=silent, replica_index=1, graph_hash="b",
+                                             now=1000.0, lease_s=30.0))
         store.record_epoch(epoch(run_id, dead_t, 0))
         store.heartbeat(rep, 1025.0, 30.0)
         assert store.expire_leases(run_id, 1040.0) == [dead_t]
@@ -206,16 +207,21 @@ class TestStoreContract:
         run_id, seg, _ = run
         script = textwrap.dedent(f"""
             import sys
-            from automlperf.store import EpochRecord, open_store
+            from automlperf.store import Claim, EpochRecord, open_store
             w = int(sys.argv[1])
             s = open_store({store_url!r})
             rep = s.register_replica({run_id}, w, {seg}, "n", w, [], 1.0)
             for i in range(15):
-                t = s.claim_trial({run_id}, rep, w, f"w{{w}}-{{i}}", "{{}}", None, [], i, {{}}, 1.0, 60.0)
-                s.claim_trial({run_id}, rep, w, "shared", "{{}}", None, [], i, {{}}, 1.0, 60.0)
+                claim = dict(run_id={run_id}, replica_id=rep, replica_index=w, graph_json="{{}}", parent_id=None,
+                             morphs=[], round=i, hparams={{}}, now=1.0, lease_s=60.0)
+                t = s.claim_trial(Claim(graph_hash=f"w{{w}}-{{i}}", **claim))
+                s.claim_trial(Claim(graph_hash="shared", **claim))
                 for e in range(3):
-                    s.record_epoch(EpochRecord(t, e, 1.0, 2.0 + e, 10, 5, 1, 7 * w + e, 0.1,
-                                               0.2, "fp32", 8, 1, 0.0, 1.0, run_id={run_id}))
+                    s.record_epoch(EpochRecord(
+                        trial_id=t, epoch=e, started_at=1.0, ended_at=2.0 + e, train_images=10,
+                        val_images=5, steps=1, ops=7 * w + e, train_loss=0.1, val_accuracy=0.2,
+                        precision="fp32", batch_size=8, world_size=1, data_share=0.0,
+                        images_per_s=1.0, run_id={run_id}))
                 s.finish_trial(t, "completed", 3.0, best_accuracy=0.2)
                 s.heartbeat(rep, 3.0, 60.0)
         """)
@@ -249,14 +255,6 @@ def test_an_unreachable_postgres_server_is_retried(pg_server, pg_url):
     finally:
         pg_server.start()
     assert "***" in str(redact(pg_url)) and pg_server.password not in redact(pg_url)
-
-
-def one_trial(s, name="r", graph_hash="h"):
-    """A run with one replica holding one running trial: (run id, trial id)."""
-    run_id = s.create_run(name, {}, {}, 60.0, 1.0)
-    seg = s.start_segment(run_id, 1.0, 100.0)
-    rep = s.register_replica(run_id, 0, seg, "n", 1, [], 1.0)
-    return run_id, s.claim_trial(run_id, rep, 0, graph_hash, "{}", None, [], 0, {}, 1.0, 60.0)
 
 
 @contextlib.contextmanager
@@ -323,20 +321,6 @@ def test_the_numbers_asked_for_again_are_bounded(tmp_path, monkeypatch):
     s.close()
 
 
-def test_a_postgres_store_from_before_epoch_numbers_gets_them(pg_url):
-    s = open_store(pg_url, create=True)
-    run_id, t = one_trial(s)
-    with s.engine.begin() as conn:  # as an automlperf before epoch numbers made it
-        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN seq")
-        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
-    s.record_epoch(epoch(run_id, t, 0))
-    s.close()
-    s = open_store(pg_url)
-    s.record_epoch(epoch(run_id, t, 1))
-    assert [e.epoch for _, e in EpochFeed(s, run_id).read()] == [0, 1]
-    s.close()
-
-
 def test_a_locked_sqlite_database_is_waited_for(tmp_path):
     url = f"sqlite:///{tmp_path / 'h.db'}"
     s = open_store(url, create=True)
@@ -391,110 +375,3 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path):
     open_store(f"sqlite:///{path}", create=True).create_run("r", {}, {}, 1.0, 1.0)
     seen = proc.communicate(timeout=300)[0]
     assert "half-made" not in seen and "ok" in seen
-
-
-def test_a_store_from_before_node_descriptions_gets_their_table(tmp_path):
-    """Schema 1 stores made without the nodes table still open, and gain it."""
-    import sqlalchemy as sa
-
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    s = open_store(url, create=True)
-    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
-    s.close()
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:  # as an automlperf before node descriptions made it
-        conn.exec_driver_sql("DROP TABLE amp_nodes")
-        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
-    engine.dispose()
-    s = open_store(url)
-    assert s.nodes(run_id) == [] and s.run(run_id)["name"] == "r"
-    s.close()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def sql_url(request, tmp_path):
-    """A database's URL (the store service serves one of these)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'history.db'}"
-    return request.getfixturevalue("pg_url")
-
-
-def test_a_store_from_before_change_numbers_gets_them(sql_url):
-    """A store an earlier automlperf made (no change numbers, leases on the trials) opens,
-    numbers its trials and replicas, and keeps its running trials' leases."""
-    s = open_store(sql_url, create=True)
-    run_id, t = one_trial(s)  # claimed at 1.0 with a lease of 60 s
-    with s.engine.begin() as conn:
-        for index in ("amp_trials_changed", "amp_trials_running", "amp_replicas_changed",
-                      "amp_samples_node"):
-            conn.exec_driver_sql(f"DROP INDEX {index}")
-        for table, column in (("amp_trials", "changed"), ("amp_replicas", "changed"),
-                              ("amp_replicas", "lease_until")):
-            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
-        if not s.url.startswith("sqlite"):
-            conn.exec_driver_sql("DROP SEQUENCE amp_changes")
-        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")
-    s.close()
-    s = open_store(sql_url)
-    assert [c.id for c in s.changes(run_id, 0).rows] == [t]
-    (rep,) = s.replicas(run_id)
-    assert s.expire_leases(run_id, 50.0) == []  # the lease its trial had
-    assert s.heartbeat(rep.id, 50.0, 60.0).index == 0
-    assert s.expire_leases(run_id, 100.0) == []  # extended by the beat
-    assert s.expire_leases(run_id, 120.0) == [t]
-    assert [c.status for c in s.changes(run_id, 0).rows] == ["failed"]
-
-
-def test_a_store_from_before_the_device_share_gets_its_column(tmp_path):
-    """Epochs stored before the device's side was measured apart read as None (not measured);
-    the column is added when the store is opened, and later epochs keep their figure."""
-    import dataclasses
-
-    import sqlalchemy as sa
-
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    s = open_store(url, create=True)
-    run_id, t = one_trial(s)
-    s.close()
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN device_share")
-        conn.exec_driver_sql("DELETE FROM amp_meta WHERE key = 'layout'")  # none was kept then
-        conn.exec_driver_sql(
-            "INSERT INTO amp_epochs (trial_id, epoch, run_id, started_at, ended_at, train_images,"
-            " val_images, steps, ops, train_loss, val_accuracy, precision, batch_size, world_size,"
-            " data_share, images_per_s, skipped_images, val_skipped) VALUES "
-            f"({t}, 0, {run_id}, 100, 101, 1000, 200, 8, 1000, 1.5, 0.5, 'bf16', 128, 2, 0.3,"
-            " 900, 0, 0)")
-    engine.dispose()
-    s = open_store(url)
-    s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), device_share=0.6))
-    assert [(e.epoch, e.data_share, e.device_share) for e in s.epochs(run_id)] == \
-        [(0, 0.3, None), (1, 0.01, 0.6)]
-    s.close()
-
-
-def test_a_store_from_before_validation_losses_gets_their_column(tmp_path):
-    """Epochs recorded before the validation loss was kept read back with none; new ones
-    keep theirs."""
-    import dataclasses
-
-    import sqlalchemy as sa
-
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    s = open_store(url, create=True)
-    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
-    seg = s.start_segment(run_id, 1.0, 61.0)
-    rep = s.register_replica(run_id, 0, seg, "node1", 42, ["cpu"], 1.0)
-    t = s.claim_trial(run_id, rep, 0, "h", "{}", None, [], 0, {}, 1.0, 60.0)
-    s.record_epoch(epoch(run_id, t, 0))
-    s.close()
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("ALTER TABLE amp_epochs DROP COLUMN val_loss")
-        conn.exec_driver_sql("UPDATE amp_meta SET value = '2' WHERE key = 'layout'")
-    engine.dispose()
-    s = open_store(url)
-    s.record_epoch(dataclasses.replace(epoch(run_id, t, 1), val_loss=0.875))
-    assert [e.val_loss for e in s.epochs(run_id)] == [None, 0.875]
-    s.close()

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,9 @@ from sqlalchemy import event
 from automlperf.config import Config
 from automlperf.runner import session as steps
 from automlperf.runner.launch import ExternalLauncher
-from automlperf.store import StoreError, open_store, sql
+from automlperf.store import StoreError, open_store, retry
 from automlperf.store.base import BACKOFF_MAX_S, EpochRecord
+from helpers import new_claim
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fault_cases_store.py"
 
@@ -52,7 +54,7 @@ def test_a_call_that_rides_out_an_outage_notes_when_the_store_came_back(pg_serve
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)
     assert s.restored_at == 0.0 and s.silent_since(5.0) == 5.0
     # The server is back by the first retry, however long the machine takes to fail once.
-    monkeypatch.setattr(sql, "time", clock_with(lambda _: pg_server.start()))
+    monkeypatch.setattr(retry, "time", clock_with(lambda _: pg_server.start()))
     pg_server._run("pg_ctl", "-D", str(pg_server.data), "-m", "fast", "-w", "stop")
     before = time.time()
     try:
@@ -88,12 +90,12 @@ class DownUntil:
 
     retry_s = 120.0
     restored_at = 0.0
-    _outage_said = False
+    outage_said = False
 
     def __init__(self, clock: FakeClock, until: float, url: str) -> None:
         self.clock, self.until, self.url = clock, until, url
 
-    @sql.retrying
+    @retry.retrying
     def call(self) -> str:
         if self.clock.now < self.until:
             raise sa.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
@@ -107,19 +109,19 @@ PG_URL = "postgresql+psycopg://amp:secret@db.example:5432/run"
 def test_an_outage_is_said_once_after_five_seconds_and_a_hiccup_not_at_all(monkeypatch, caplog,
                                                                           down_s, said):
     clock = FakeClock()
-    monkeypatch.setattr(sql, "time", clock)
+    monkeypatch.setattr(retry, "time", clock)
     store = DownUntil(clock, clock.now + down_s, PG_URL)
     with caplog.at_level("WARNING", logger="automlperf.store"):
         assert store.call() == "ok"
     notices = [r.getMessage() for r in caplog.records if r.name == "automlperf.store"]
     assert len(notices) == said
     assert all("retrying for up to 120 s" in n and "secret" not in n for n in notices)
-    assert store.restored_at >= clock.now - sql.BACKOFF_MAX_S
+    assert store.restored_at >= clock.now - BACKOFF_MAX_S
 
 
 def test_calls_waiting_on_one_outage_say_so_once_and_the_next_outage_again(monkeypatch, caplog):
     clock = FakeClock()
-    monkeypatch.setattr(sql, "time", clock)
+    monkeypatch.setattr(retry, "time", clock)
     store = DownUntil(clock, clock.now + 30.0, PG_URL)
     notices = lambda: [r for r in caplog.records if r.name == "automlperf.store"]  # noqa: E731
     second: list[str] = []
@@ -147,7 +149,7 @@ def test_calls_waiting_on_one_outage_say_so_once_and_the_next_outage_again(monke
 
 def test_an_outage_past_the_limit_names_what_to_check_for_each_kind_of_store(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(sql, "time", clock)
+    monkeypatch.setattr(retry, "time", clock)
     for url, advice in ((PG_URL, "check that its server is running"),
                         ("sqlite:////data/run/history.db", "holds its file locked")):
         store = DownUntil(clock, float("inf"), url)
@@ -187,13 +189,13 @@ def test_a_retried_claim_or_epoch_whose_first_try_committed_is_taken_once(store_
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)
     seg = s.start_segment(run_id, 1.0, 100.0)
     mine, other = (s.register_replica(run_id, i, seg, "n", 1, [], 1.0) for i in (0, 1))
-    claim = (run_id, mine, 0, "h", "{}", None, [], 0, {}, 5.0, 60.0)
-    t = s.claim_trial(*claim)
+    claim = new_claim(run_id=run_id, replica_id=mine, replica_index=0, graph_hash="h", now=5.0)
+    t = s.claim_trial(claim)
     # The same claim again (its first try committed, unseen) is the same trial ...
-    assert s.claim_trial(*claim) == t
+    assert s.claim_trial(claim) == t
     # ... and another replica's, or a later one, is refused as before.
-    assert s.claim_trial(run_id, other, 1, "h", "{}", None, [], 0, {}, 5.0, 60.0) is None
-    assert s.claim_trial(run_id, mine, 0, "h", "{}", None, [], 0, {}, 6.0, 60.0) is None
+    assert s.claim_trial(replace(claim, replica_id=other, replica_index=1)) is None
+    assert s.claim_trial(replace(claim, now=6.0)) is None
     s.record_epoch(epoch(run_id, t, 0))
     s.record_epoch(epoch(run_id, t, 0))
     with pytest.raises(StoreError, match="already recorded"):
@@ -216,7 +218,7 @@ def test_a_full_sqlite_store_fails_at_once_saying_so(tmp_path, monkeypatch):
     def no_retry(_):
         raise AssertionError("a full disk was retried")
 
-    monkeypatch.setattr(sql, "time", clock_with(no_retry))
+    monkeypatch.setattr(retry, "time", clock_with(no_retry))
     sample = {"t": 1.0, "host": {"note": "x" * 4000}}
     with pytest.raises(StoreError, match=r"the disk of store .*history.db is full .*free space"):
         for _ in range(100):
@@ -230,17 +232,17 @@ def test_a_full_sqlite_store_fails_at_once_saying_so(tmp_path, monkeypatch):
 
 def test_a_sqlite_stores_file_system_without_room_is_full(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'history.db'}"
-    assert sql._full_file_system(url) is None
+    assert retry.full_file_system(url) is None
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-    monkeypatch.setattr(sql, "FULL_BELOW_BYTES", free + (1 << 30))
-    assert sql._full_file_system(url) == str(tmp_path)
-    assert sql._full_file_system("postgresql://h/db") is None
+    monkeypatch.setattr(retry, "FULL_BELOW_BYTES", free + (1 << 30))
+    assert retry.full_file_system(url) == str(tmp_path)
+    assert retry.full_file_system("postgresql://h/db") is None
 
 
 def test_the_retry_limit_comes_from_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(sql.RETRY_ENV, "7.5")
+    monkeypatch.setenv(retry.RETRY_ENV, "7.5")
     assert open_store(None, run_dir=tmp_path, create=True).retry_s == 7.5
-    monkeypatch.setenv(sql.RETRY_ENV, "soon")
+    monkeypatch.setenv(retry.RETRY_ENV, "soon")
     with pytest.raises(StoreError, match="AUTOMLPERF_STORE_RETRY_S='soon' is not a number"):
         open_store(None, run_dir=tmp_path)
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from automlperf.cli import app
 from automlperf.store import open_store
-from automlperf.store import sql
+from automlperf.store import retry
 from automlperf.store.pgserver import PostgresServer, free_port
 from helpers import fast_config
 
@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 def test_a_wrong_store_url_at_the_start_is_the_users_error(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(sql, "RETRY_S", 1.0)
-    monkeypatch.setattr(sql, "OUTAGE_NOTICE_S", 0.0)  # the notice comes with the first retry
+    monkeypatch.setattr(retry, "RETRY_S", 1.0)
+    monkeypatch.setattr(retry, "OUTAGE_NOTICE_S", 0.0)  # the notice comes with the first retry
     url = f"postgresql+psycopg://nobody:pw@127.0.0.1:{free_port()}/none"
     done = CliRunner().invoke(app, ["run", "--store", url, "--run-dir", str(tmp_path / "r"),
                                     "--duration", "1m"])
@@ -35,7 +35,7 @@ def test_a_wrong_store_url_at_the_start_is_the_users_error(tmp_path, monkeypatch
 
 def test_a_store_lost_mid_run_fails_the_run_and_keeps_it(tmp_path, monkeypatch):
     # In this process and in those the run starts (its store service, its replicas).
-    monkeypatch.setenv(sql.RETRY_ENV, "2")
+    monkeypatch.setenv(retry.RETRY_ENV, "2")
     # Its own server, to lose; outside pytest's base folder, whose mode another session
     # on the machine may reset while the server (another account, as root) starts.
     home = tempfile.mkdtemp(prefix="amp-lost-")

@@ -10,6 +10,7 @@ from automlperf.graph import seeds
 from automlperf.measure.mlperf import rules_path, system_desc, write_mllog
 from automlperf.measure.result import build_result
 from automlperf.store import EpochRecord, TrialStatus, open_store
+from helpers import new_claim
 
 SYSTEM = {"host": "node1", "os": "Linux 6.1", "memory_gib": 24.0, "nodes": 1,
           "cpu": {"model": "AMD EPYC 9654", "physical_cores": 96, "logical_cores": 192},
@@ -37,8 +38,8 @@ def run(tmp_path):
     for index in (0, 1):
         rep = store.register_replica(run_id, index, segment, "node1", 1, ["cpu"], t0 + 1)
         g = graph.to_json(None)
-        trial = store.claim_trial(run_id, rep, index, f"h{index}", g, None, [], 0, {}, t0 + 2,
-                                  60)
+        trial = store.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=index,
+                                            graph_hash=f"h{index}", graph_json=g, now=t0 + 2))
         for n in range(3):
             store.record_epoch(epoch(run_id, trial, n, t0 + 2 + 5 * index + 10 * n,
                                      0.5 + 0.1 * n))

@@ -53,7 +53,7 @@ from automlperf.store.base import RunRecords
 from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
 from automlperf.store.rundir import RunDir, run_store
-from automlperf.store.sql import bulk
+from automlperf.store.values import bulk
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.urls import strip_password
 

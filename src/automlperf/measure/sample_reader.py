@@ -18,7 +18,7 @@ from automlperf.hardware import cores_available
 from automlperf.measure.samples import SampleDigest, sample_digest
 from automlperf.store import SQLStore, open_store
 from automlperf.store.base import RunRecords
-from automlperf.store.sql import bulk
+from automlperf.store.values import bulk
 
 PARALLEL_FROM = 100_000
 

@@ -175,7 +175,7 @@ class ExternalLauncher:
 
     def start(self) -> None:
         from automlperf.store.feed import ReplicaFeed
-        from automlperf.store.remote import open_run_store
+        from automlperf.store.opening import open_run_store
         from automlperf.store.rundir import RunDir
 
         rd = RunDir(self.run_dir)

@@ -1,5 +1,5 @@
 """The store given back what the trial logs kept. A replica logs an epoch before it stores it
-(runner/replica.py ``TrialRecorder``) and logs a trial's outcome before it finishes the
+(runner/trials.py ``TrialRecorder``) and logs a trial's outcome before it finishes the
 trial in the store; a store that goes down past its retry limit, or a replica killed
 between the two writes, leaves the log ahead of the store. Before the primary counts a
 session's epochs (when it finishes, and when a run is resumed) it records every epoch a log
@@ -22,14 +22,13 @@ from pathlib import Path
 
 from automlperf.config import Config
 from automlperf.events import TrialOutcome, TrialStatus, read_jsonl
-from automlperf.runner.replica import conclusion
+from automlperf.runner.trials import conclusion
 from automlperf.store import EpochRecord, Store, TrialRecord
-from automlperf.store.base import LEASE_EXPIRED, StoreError
+from automlperf.store.base import EPOCH_FIELDS, LEASE_EXPIRED, StoreError
 from automlperf.store.ledger import LOG, Logs
 from automlperf.store.rundir import RunDir
 
 log = logging.getLogger("automlperf.recovery")
-_EPOCH_FIELDS = {f.name for f in dataclasses.fields(EpochRecord)} - {"run_id"}
 _OUTCOME_FIELDS = {f.name for f in dataclasses.fields(TrialOutcome)}
 
 
@@ -73,7 +72,7 @@ def recover(store: Store, rd: RunDir, run_id: int, config: Config) -> Recovered:
         logs.add(trial.id, read_jsonl(path))
         mine = sorted((key, rec) for key, rec in logs.epochs.items())
         for (_, _epoch), rec in mine:
-            fields = {k: v for k, v in rec.items() if k in _EPOCH_FIELDS}
+            fields = {k: v for k, v in rec.items() if k in EPOCH_FIELDS}
             try:
                 store.record_epoch(EpochRecord(**{**fields, "trial_id": trial.id},
                                                run_id=run_id))

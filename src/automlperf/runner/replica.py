@@ -10,46 +10,32 @@ time the epoch in flight finishes if it can within the run's grace (and counts).
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import random
-import re
 import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 from automlperf import rules
 from automlperf.config import Config
-from automlperf.events import EpochEvent, FailureKind, JsonlSink, TrialOutcome
+from automlperf.events import TrialOutcome
 from automlperf.graph import Graph, seeds
+from automlperf.runner.trials import FailureStreak, TrialRecorder, conclusion, why_giving_up
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
-from automlperf.search.curve import predict_final
 from automlperf.search.hpo import HyperSearch
 from automlperf.seeding import mix_seed
-from automlperf.store import EpochRecord, SegmentRecord, Store, TrialStatus
+from automlperf.store import Claim, SegmentRecord, Store, TrialStatus
 from automlperf.store.history import History
-from automlperf.store.rundir import UNWRITABLE, RunDir, make_durable, write_atomic
+from automlperf.store.rundir import RunDir, make_durable, write_atomic
 from automlperf.train.spec import Trainer, TrainerError, TrialSpec
 
 log = logging.getLogger("automlperf.replica")
-
-# What to do about a failure that repeats, by the trainer's failure kind.
-FIXES: dict[FailureKind, str] = {
-    FailureKind.OOM: "lower train.batch_size (or data.image_size) in the configuration, or "
-                     "give each replica more memory (a job's or container's memory limit)",
-    FailureKind.NAN: "lower train.lr_per_256 or raise train.warmup_epochs in the configuration",
-    FailureKind.DATA: "check the dataset: `automlperf train --dataset ... --data-dir ...` shows "
-                      "the problem on its own",
-    FailureKind.CRASH: "a training process died: look for the system killing it (host memory, "
-                       "the job's limits) in {log}",
-}
 
 
 class Sampler(Protocol):
@@ -58,24 +44,6 @@ class Sampler(Protocol):
     def terminate(self) -> None: ...
 
     def wait(self, timeout: float | None = None) -> Any: ...
-
-
-class CannotTrain(RuntimeError):
-    """Trials keep failing for the same reason: the replica cannot do its job."""
-
-
-def _reason_key(reason: str) -> str:
-    # Sizes, counts and ids differ between occurrences of the same failure, and so does the
-    # example a reason may end with (an unreadable file, say).
-    return re.sub(r"\d+(\.\d+)?", "#", re.sub(r" \(e\.g\. .*$", "", reason))
-
-
-def repeated_failure(reasons: list[str], limit: int) -> str | None:
-    """The reason, when the last ``limit`` trials all failed alike (numbers aside)."""
-    if len(reasons) < limit:
-        return None
-    last = reasons[-limit:]
-    return last[-1] if len({_reason_key(r) for r in last}) == 1 else None
 
 
 @dataclass
@@ -89,52 +57,6 @@ class Job:
     # Trained again with TPE's batch size once trained with its parent's (search.hpo_order
     # "after_nas", the paper's order).
     retrain: bool = False
-
-
-def conclusion(outcome: TrialOutcome, accuracies: list[float], weights_out: str | None,
-               round_index: int, config: Config) -> dict[str, Any]:
-    """What the store records of a trial that ended with ``outcome`` after the epochs of
-    ``accuracies``: the arguments of ``Store.finish_trial`` but the time. The replica records
-    it; the primary rebuilds it from the trial's log when the store lost it
-    (runner/recovery.py)."""
-    predicted = None
-    if round_index < config.search.hpo_start_round and accuracies:
-        predicted = predict_final(accuracies, config.train.max_epochs)
-    # A trial cut short (deadline, crash) still has the epochs it reported, and the weights
-    # saved at the best of them.
-    best = max(accuracies) if accuracies else None
-    weights = weights_out if accuracies and weights_out and Path(weights_out).exists() else None
-    extra = {"early_stopped": outcome.early_stopped, "precision": outcome.precision,
-             "batch_size": outcome.batch_size,
-             "best_epoch": accuracies.index(max(accuracies)) if accuracies else None,
-             **outcome.extra}
-    return {"status": TrialStatus.of_outcome(outcome.status), "reason": outcome.reason,
-            "best_accuracy": best, "predicted_accuracy": predicted, "weights_path": weights,
-            "extra": extra}
-
-
-class TrialRecorder:
-    """The :class:`~automlperf.events.EventSink` a trial's events go to: the trial's
-    ``log.jsonl`` and the run's store; it keeps the validation accuracies for the replica."""
-
-    def __init__(self, store: Store, run_id: int, trial_id: int, folder: Path) -> None:
-        self.store = store
-        self.run_id = run_id
-        self.trial_id = trial_id
-        self.log = JsonlSink(folder / "log.jsonl")
-        self.accuracies: list[float] = []
-
-    def epoch(self, event: EpochEvent) -> None:
-        self.log.epoch(event)
-        self.store.record_epoch(EpochRecord(**{**event.to_dict(), "trial_id": self.trial_id},
-                                            run_id=self.run_id))
-        self.accuracies.append(event.val_accuracy)
-        log.info("trial %d epoch %d: val acc %.4f, %.3e ops, %.0f img/s", self.trial_id,
-                 event.epoch, event.val_accuracy, event.ops, event.images_per_s)
-
-    def trial(self, outcome: TrialOutcome) -> None:
-        self.log.trial(outcome)
-        self.log.close()
 
 
 @dataclass(frozen=True)
@@ -182,7 +104,7 @@ class Replica:
         self.stop = threading.Event()
         self.rng = random.Random(mix_seed(self.config.run.seed, place.index))
         self.history = history if history is not None else History(place.run_id)
-        self.failures: list[str] = []  # reasons of the trials failed in a row
+        self.failures = FailureStreak(self.config.run.max_repeated_failures, self._log_name())
         self.replica_id: int | None = None
         self.seed_graph: Graph | None = None
         self.grace_s = 0.0  # after the deadline, for the epoch in flight (set by run())
@@ -218,34 +140,15 @@ class Replica:
                 if sampler is not None:
                     sampler.terminate()
                     sampler.wait(timeout=30)
-        except (CannotTrain, TrainerError) as exc:
-            # A trainer that cannot start, or can no longer bring its accelerators back, and
-            # a failure that keeps repeating, are recorded for the primary, which retires
-            # this replica in one line and ends the run only when no replica is left.
-            reason = str(exc)
-            log.error("replica %d gives up: %s", self.index, reason)
-            return 1
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
+        except Exception as exc:
+            given_up = why_giving_up(exc, self.dir.path)
+            if given_up is None:
                 reason = f"replica error: {type(exc).__name__}: {exc}; see {self._log_name()}"
                 log.exception("replica %d failed", self.index)
                 raise
-            # Nothing the replica can fix: the run stops, resumable once there is room.
-            reason = (f"no space left on the disk of {exc.filename or self.dir.path}: free "
-                      f"space there, then `automlperf run --resume --run-dir {self.dir.path}`")
+            reason = given_up
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
-        except Exception as exc:
-            if isinstance(exc, OSError) and exc.errno in UNWRITABLE:
-                # Not a bug: the run directory takes no more writes. The primary says so in
-                # one line; the run resumes once it is writable.
-                reason = (f"cannot write {exc.filename or self.dir.path}: {exc.strerror}; make "
-                          f"the run directory writable and resume the run")
-                log.error("replica %d gives up: %s", self.index, reason)
-                return 1
-            reason = f"replica error: {type(exc).__name__}: {exc}; see {self._log_name()}"
-            log.exception("replica %d failed", self.index)
-            raise
         finally:
             self.stop.set()
             self.store.end_replica(replica_id, status, self.clock(), reason)
@@ -420,10 +323,11 @@ class Replica:
                    "parent_accuracy": job.candidate.parent_accuracy,
                    "generation_s": job.candidate.stats.get("seconds"),
                    "candidate_wait_s": round(job.waited_s, 6)}
-        trial_id = self.store.claim_trial(
-            self.run_id, self.replica_id, self.index, graph.content_hash(), graph.to_json(None),
-            job.candidate.parent_id, job.candidate.morphs, job.round, hparams, self.clock(),
-            self.config.run.lease_timeout_s)
+        trial_id = self.store.claim_trial(Claim(
+            run_id=self.run_id, replica_id=self.replica_id, replica_index=self.index,
+            graph_hash=graph.content_hash(), graph_json=graph.to_json(None),
+            parent_id=job.candidate.parent_id, morphs=job.candidate.morphs, round=job.round,
+            hparams=hparams, now=self.clock(), lease_s=self.config.run.lease_timeout_s))
         if trial_id is None and job.hpo_number is not None:
             self.hpo.tell(job.hpo_number, None)
         return trial_id
@@ -524,20 +428,4 @@ class Replica:
             if not upcoming.done():
                 upcoming.exception()
             self.hpo.tell(job.hpo_number, best if status == TrialStatus.COMPLETED else None)
-        self._note_failure(status, outcome.reason, outcome.extra.get("failure"))
-
-    def _note_failure(self, status: str, reason: str, kind: str | None) -> None:
-        """One failing architecture is the search's business; the same failure again and
-        again means this replica cannot train at all, and it says so."""
-        if status == TrialStatus.COMPLETED:
-            self.failures.clear()
-        if status != TrialStatus.FAILED:
-            return
-        self.failures.append(reason or "failed")
-        limit = self.config.run.max_repeated_failures
-        repeated = repeated_failure(self.failures, limit)
-        if repeated is not None:
-            unknown = "see {log} for the traceback"
-            fix = FIXES.get(FailureKind(kind), unknown) if kind in set(FailureKind) else unknown
-            fix = fix.format(log=self._log_name())
-            raise CannotTrain(f"{limit} trials in a row failed with \"{repeated}\"; {fix}")
+        self.failures.note(status, outcome.reason, outcome.extra.get("failure"))

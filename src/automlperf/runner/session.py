@@ -27,8 +27,9 @@ from automlperf.runner.launch import Launcher, wait_all
 from automlperf.runner.recovery import Recovered, recover
 from automlperf.store import ReplicaRecord, Store, TrialStatus, open_store, redact
 from automlperf.store.feed import ReplicaFeed
-from automlperf.store.remote import RemoteStore, served, service_file
-from automlperf.store.serviceproc import ServiceProcess
+from automlperf.store.opening import served
+from automlperf.store.service.client import RemoteStore, service_file
+from automlperf.store.service.process import ServiceProcess
 from automlperf.store.rundir import RunDir, RunDirError, write_atomic
 from automlperf.store.urls import strip_password
 

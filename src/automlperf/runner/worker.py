@@ -24,7 +24,8 @@ from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch, batch_range, journal_path
 from automlperf.store import TrialStatus, history
-from automlperf.store.remote import open_run_store, served, service_file
+from automlperf.store.opening import open_run_store, served
+from automlperf.store.service.client import service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from automlperf.events import EpochEvent
@@ -55,7 +55,7 @@ class SchemaMismatch(StoreError):
     """The store was written by an incompatible version of automlperf."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialRecord:
     id: int
     run_id: int
@@ -83,6 +83,25 @@ class TrialRecord:
         """What the architecture search ranks by: the predicted accuracy while a trial was
         trained short (warm-up rounds), the measured one otherwise."""
         return self.predicted_accuracy if self.predicted_accuracy is not None else self.best_accuracy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """A replica's claim on an architecture, as :meth:`Store.claim_trial` records it: the
+    trial it makes, running under the claim's lease (``lease_s`` from ``now``) until its
+    replica's heartbeats hold it."""
+
+    run_id: int
+    replica_id: int
+    replica_index: int
+    graph_hash: str
+    graph_json: str
+    parent_id: int | None
+    morphs: list[dict[str, Any]]
+    round: int
+    hparams: dict[str, Any]
+    now: float
+    lease_s: float
 
 
 @dataclass
@@ -131,11 +150,16 @@ class TrialTally:
     last_id: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EpochRecord(EpochEvent):
     """An epoch as stored: the trainer's event and the run it belongs to."""
 
-    run_id: int = field(kw_only=True)
+    run_id: int
+
+
+# EpochRecord's fields, in order, but its run: the trial log's order (events.EpochEvent), an
+# exported epoch's line (store/records.py), and the columns a read takes (store/reads.py).
+EPOCH_FIELDS = tuple(f.name for f in fields(EpochRecord) if f.name != "run_id")
 
 
 @dataclass
@@ -154,7 +178,7 @@ class SegmentRecord:
         return self.ended_at if self.ended_at is not None else self.last_seen
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ReplicaRecord:
     id: int
     run_id: int
@@ -298,10 +322,9 @@ class Store(RunRecords):
 
     # trials --------------------------------------------------------------------------------
     @abstractmethod
-    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
-                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
-                    round_index: int, hparams: dict[str, Any], now: float,
-                    lease_s: float) -> int | None: ...
+    def claim_trial(self, claim: Claim) -> int | None:
+        """The id of the trial ``claim`` makes; None when its architecture is claimed in the
+        run already."""
 
     @abstractmethod
     def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",

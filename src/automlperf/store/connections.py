@@ -1,7 +1,7 @@
 """How many connections a run opens to a PostgreSQL store, the size of a private server for
 it, and whether a given server allows them (said before the run starts, with the fix).
 
-A run on PostgreSQL reaches it through its store service (store/service.py), which the
+A run on PostgreSQL reaches it through its store service (store/service/), which the
 primary starts: the replicas open no database connection at all, however many they are.
 
 * The service holds ``SERVICE`` (4): its writer's, which commits the calls waiting for it in
@@ -24,7 +24,7 @@ from typing import Any
 POOL_SIZE = 1
 MAX_OVERFLOW = 1
 PER_PROCESS = POOL_SIZE + MAX_OVERFLOW
-# store/service.py CONNECTIONS (the writer and three readers).
+# store/service/db.py CONNECTIONS (the writer and three readers).
 SERVICE = 4
 PRIMARY = PER_PROCESS
 # `check`, `report`, a person's psql and the like while the run goes on.

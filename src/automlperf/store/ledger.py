@@ -2,7 +2,7 @@
 first) and the store (written second), compared in both directions.
 
 A replica appends an epoch to its trial's log, then records it in the store
-(runner/replica.py ``TrialRecorder``). An epoch in a log and not in the store was trained
+(runner/trials.py ``TrialRecorder``). An epoch in a log and not in the store was trained
 and lost on its way (the store went down, the replica was killed between the two writes);
 an epoch in the store and not in its log was never reported by the trial that holds it.
 Both are named by ``check``; the primary gives the store what the logs hold before it

@@ -12,10 +12,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from automlperf.events import TrialStatus
-from automlperf.store.base import (EpochRecord, ReplicaRecord, SampleFigures, SegmentRecord,
-                                   TrialChange, TrialRecord, TrialSummary, TrialTally,
-                                   sample_figures)
-from automlperf.store.schema import (EPOCH_FIELDS, T_EPOCHS, T_NODES, T_REPLICAS, T_RUNS,
+from automlperf.store.base import (EPOCH_FIELDS, EpochRecord, ReplicaRecord, SampleFigures,
+                                   SegmentRecord, TrialChange, TrialRecord, TrialSummary,
+                                   TrialTally, sample_figures)
+from automlperf.store.schema import (T_EPOCHS, T_NODES, T_REPLICAS, T_RUNS,
                                      T_SAMPLES, T_SEGMENTS, T_TRIALS)
 from automlperf.store.values import bulk, unpacked
 
@@ -38,20 +38,23 @@ def run(conn: sa.Connection, run_id: int) -> dict[str, Any] | None:
 def segments(conn: sa.Connection, run_id: int) -> list[SegmentRecord]:
     rows = conn.execute(sa.select(T_SEGMENTS).where(T_SEGMENTS.c.run_id == run_id)
                         .order_by(T_SEGMENTS.c.idx)).mappings().all()
-    return [SegmentRecord(r["run_id"], r["idx"], r["started_at"], r["deadline_at"],
-                          r["last_seen"], r["ended_at"]) for r in rows]
+    return [SegmentRecord(run_id=r["run_id"], index=r["idx"], started_at=r["started_at"],
+                          deadline_at=r["deadline_at"], last_seen=r["last_seen"],
+                          ended_at=r["ended_at"]) for r in rows]
 
 
-def _replica(r: Any) -> ReplicaRecord:
-    return ReplicaRecord(r["id"], r["run_id"], r["idx"], r["segment"], r["host"], r["pid"],
-                         json.loads(r["devices"]), r["started_at"], r["last_heartbeat"],
-                         r["status"], r["reason"])
+def replica_from_row(r: Any) -> ReplicaRecord:
+    """The replica of a row of its table."""
+    return ReplicaRecord(id=r["id"], run_id=r["run_id"], index=r["idx"], segment=r["segment"],
+                         host=r["host"], pid=r["pid"], devices=json.loads(r["devices"]),
+                         started_at=r["started_at"], last_heartbeat=r["last_heartbeat"],
+                         status=r["status"], reason=r["reason"])
 
 
 def replicas(conn: sa.Connection, run_id: int) -> list[ReplicaRecord]:
     rows = conn.execute(sa.select(T_REPLICAS).where(T_REPLICAS.c.run_id == run_id)
                         .order_by(T_REPLICAS.c.id)).mappings().all()
-    return [_replica(r) for r in rows]
+    return [replica_from_row(r) for r in rows]
 
 
 def replica_changes(conn: sa.Connection, run_id: int, after: int,
@@ -62,7 +65,7 @@ def replica_changes(conn: sa.Connection, run_id: int, after: int,
         wanted = wanted | T_REPLICAS.c.changed.in_(list(also))
     rows = conn.execute(sa.select(T_REPLICAS).where((T_REPLICAS.c.run_id == run_id) & wanted)
                         .order_by(T_REPLICAS.c.changed)).mappings().all()
-    return [(int(r["changed"]), _replica(r)) for r in rows]
+    return [(int(r["changed"]), replica_from_row(r)) for r in rows]
 
 
 def silent_replicas(conn: sa.Connection, run_id: int, before: float) -> list[int]:
@@ -86,11 +89,14 @@ def trial_rows(conn: sa.Connection, where: Any) -> list[TrialRecord]:
         if r["status"] == RUNNING:
             best = r["best"]  # so far
         out.append(TrialRecord(
-            r["id"], r["run_id"], r["replica_index"], r["replica_id"], r["graph_hash"],
-            r["graph_json"], r["parent_id"], json.loads(r["morphs"]), r["round"],
-            json.loads(r["hparams"]), r["status"], r["reason"], r["created_at"],
-            r["finished_at"], r["lease_until"], best, r["predicted_accuracy"],
-            int(r["n"] or 0), r["weights_path"], json.loads(r["extra"])))
+            id=r["id"], run_id=r["run_id"], replica_index=r["replica_index"],
+            replica_id=r["replica_id"], graph_hash=r["graph_hash"], graph_json=r["graph_json"],
+            parent_id=r["parent_id"], morphs=json.loads(r["morphs"]), round=r["round"],
+            hparams=json.loads(r["hparams"]), status=r["status"], reason=r["reason"],
+            created_at=r["created_at"], finished_at=r["finished_at"],
+            lease_until=r["lease_until"], best_accuracy=best,
+            predicted_accuracy=r["predicted_accuracy"], epochs_done=int(r["n"] or 0),
+            weights_path=r["weights_path"], extra=json.loads(r["extra"])))
     return out
 
 
@@ -145,11 +151,13 @@ def epochs(conn: sa.Connection, run_id: int) -> list[EpochRecord]:
                         .where(T_EPOCHS.c.run_id == run_id)
                         .order_by(T_EPOCHS.c.ended_at, T_EPOCHS.c.trial_id,
                                   T_EPOCHS.c.epoch)).all()
-    ops = EPOCH_FIELDS.index("ops")
+    out = []
     with bulk():
-        # The row holds exactly the fields before run_id.
-        return [EpochRecord(*r[:ops], int(r[ops]), *r[ops + 1:], run_id=run_id)  # type: ignore[misc]
-                for r in rows]
+        for r in rows:
+            found = dict(zip(EPOCH_FIELDS, r))
+            found["ops"] = int(found["ops"])
+            out.append(EpochRecord(**found, run_id=run_id))
+    return out
 
 
 def epochs_after(conn: sa.Connection, sqlite: bool, run_id: int, after: int,

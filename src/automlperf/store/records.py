@@ -27,17 +27,16 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from automlperf.store.base import (EpochRecord, ReplicaRecord, RunRecords, SampleFigures,
-                                   SegmentRecord, StoreError, TrialRecord, sample_figures)
-from automlperf.store.sql import bulk
+from automlperf.store.base import (EPOCH_FIELDS, EpochRecord, ReplicaRecord, RunRecords,
+                                   SampleFigures, SegmentRecord, StoreError, TrialRecord,
+                                   sample_figures)
+from automlperf.store.values import bulk
 
 FORMAT = "automlperf-records"
 VERSION = 1
 RECORDS = "records"
 EPOCHS = "epochs"
 SAMPLES = "samples.jsonl"
-# The trial log's order (events.EpochEvent), so an epoch's line repeats the log's text.
-EPOCH_FIELDS = tuple(f.name for f in dataclasses.fields(EpochRecord) if f.name != "run_id")
 TRIAL_FIELDS = tuple(f.name for f in dataclasses.fields(TrialRecord)
                      if f.name not in ("run_id", "graph_json"))
 SEGMENT_FIELDS = ("index", "started_at", "deadline_at", "last_seen", "ended_at")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.store.base import SCHEMA_VERSION
+from automlperf.store.opening import open_store
 from automlperf.store.urls import resolve_store_url, strip_password
 from automlperf.errors import UserError
 
@@ -124,8 +125,6 @@ def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
     """The run's store, opened for reading it afterwards. A run that used a private
     PostgreSQL server in its directory (a SLURM job without --store) gets that server started
     for as long as it is needed, then stopped again."""
-    from automlperf.store import open_store
-
     rd = RunDir(Path(run_dir))
     private = rd.path / "postgres"
     url = rd.store_url(explicit)

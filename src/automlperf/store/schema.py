@@ -3,11 +3,10 @@ layouts are brought up to date by whoever opens them first)."""
 
 from __future__ import annotations
 
-import dataclasses
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from automlperf.store.base import SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError
+from automlperf.store.base import SCHEMA_VERSION, SchemaMismatch, StoreError
 from automlperf.store.urls import redact
 
 # Prefixed names: stores made before the TPE studies moved to the run directory hold Optuna's
@@ -138,9 +137,6 @@ T_NODES = sa.Table(
 # Change numbers: one sequence for the whole database on PostgreSQL; on SQLite, whose writes
 # take turns, the run's highest number plus one.
 CHANGES = sa.Sequence("amp_changes", metadata=meta)
-
-# EpochRecord's fields, in order, but its run.
-EPOCH_FIELDS = tuple(f.name for f in dataclasses.fields(EpochRecord) if f.name != "run_id")
 
 # The tables' layout within schema version 2: what was added without changing the version
 # (nodes, sample figures, epoch numbers, skipped validation images: layout 1; change numbers,

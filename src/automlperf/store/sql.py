@@ -1,208 +1,36 @@
 """The store on SQLAlchemy: SQLite (one machine, the default) or PostgreSQL (clusters). The
 tables and their check on open are store/schema.py; what each write does in its transaction,
 store/writes.py; the reads, store/reads.py. Here: one transaction per call, retried through
-outages."""
+outages (store/retry.py)."""
 
 from __future__ import annotations
 
-import errno
-import functools
-import logging
-import os
-import random
-import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from automlperf.store import connections, reads, schema
-from automlperf.store.base import (BACKOFF_MAX_S, Changes, EpochRecord, ReplicaRecord,
-                                   SampleFigures, SegmentRecord, Store, StoreError,
-                                   TrialChange, TrialRecord, TrialSummary, TrialTally)
-from automlperf.store.schema import (EPOCH_FIELDS, T_EPOCHS, T_META, T_NODES, T_REPLICAS,
-                                     T_RUNS, T_SAMPLES, T_SEGMENTS, T_TRIALS, meta)
+from automlperf.store.base import (Changes, Claim, EpochRecord, ReplicaRecord,
+                                   SampleFigures, SegmentRecord, Store, StoreError, TrialChange,
+                                   TrialRecord, TrialSummary, TrialTally)
+from automlperf.store.retry import configured_retry_s, retried, retrying
+from automlperf.store.schema import T_TRIALS
 from automlperf.store.urls import normalise_url, redact
-from automlperf.store.values import bulk
 from automlperf.store.writes import Writes
 
 R = TypeVar("R")
 
 
-# How long a store rides out a server restart or a network hiccup before giving up; the
-# environment variable overrides it for every process of a run (replicas inherit it).
-RETRY_S = 120.0
-RETRY_ENV = "AUTOMLPERF_STORE_RETRY_S"
-# A call still failing after this long says so once, rather than waiting out retry_s in
-# silence; shorter hiccups (a lock, a reconnect) pass unremarked.
-OUTAGE_NOTICE_S = 5.0
-log = logging.getLogger("automlperf.store")
-
-
-def _retry_s() -> float:
-    value = os.environ.get(RETRY_ENV)
-    if not value:
-        return RETRY_S
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise StoreError(f"{RETRY_ENV}={value!r} is not a number of seconds: unset it or give "
-                         "one such as 120") from None
-    if not seconds > 0:
-        raise StoreError(f"{RETRY_ENV}={value!r} must be more than 0 seconds")
-    return seconds
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, IntegrityError):
-        return False
-    if isinstance(exc, OperationalError):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
-
-
-def _sqlite_folder(url: str) -> str | None:
-    """The folder of a SQLite store's file; None for other stores."""
-    if not url.startswith("sqlite:///"):
-        return None
-    return os.path.dirname(url[len("sqlite:///"):]) or "."
-
-
-def _read_only_file(url: str) -> str | None:
-    """The folder of a SQLite store's file, when its file system has turned read-only."""
-    folder = _sqlite_folder(url)
-    if folder is None:
-        return None
-    # A probe write: a file system turned read-only by an error (ext4's errors=remount-ro)
-    # may still call itself read-write to statvfs() and access().
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe-")
-    except OSError as exc:
-        return folder if exc.errno == errno.EROFS else None
-    os.close(fd)
-    os.unlink(probe)
-    return None
-
-
-# Less room than this beside a SQLite store whose write failed: its file system is full.
-FULL_BELOW_BYTES = 1 << 20
-
-
-def _full_file_system(url: str) -> str | None:
-    """The folder of a SQLite store's file, when its file system has (almost) no room left.
-    SQLite reports a write into a full file system as "disk I/O error" as often as
-    "database or disk is full" (its WAL and shared-memory files), and waiting frees nothing."""
-    folder = _sqlite_folder(url)
-    if folder is None:
-        return None
-    try:
-        found = os.statvfs(folder)
-    except OSError:
-        return None
-    return folder if found.f_bavail * found.f_frsize < FULL_BELOW_BYTES else None
-
-
-def _disk_full(exc: DBAPIError) -> bool:
-    """SQLite's SQLITE_FULL, PostgreSQL's disk_full (53100): waiting would not free space."""
-    return getattr(exc.orig, "sqlstate", None) == "53100" or any(
-        words in str(exc.orig) for words in ("database or disk is full",
-                                             "No space left on device"))
-
-
-def _one_line(error: BaseException | None) -> str:
-    # A driver's message may run over lines (psycopg adds a hint); an error is one line.
-    return " ".join(str(error).split())[:200]
-
-
-def _waiting_advice(url: str) -> str:
-    if url.startswith("sqlite"):
-        return "check that no other program holds its file locked and that its folder is reachable"
-    return "check that its server is running and the URL is right"
-
-
-# One notice per store and outage, whichever of a process's threads waits first.
-_notice_lock = threading.Lock()
-# Per thread: whether the call under way is a second try (see ``retried``).
-_attempt = threading.local()
-
-
-def retrying(method: Callable[..., R]) -> Callable[..., R]:
-    """Retry a store method on transient failures (server restarting, network hiccup,
-    database locked) with exponential back-off, for up to the store's ``retry_s``. A call
-    that succeeds after failing sets the store's ``restored_at``."""
-
-    @functools.wraps(method)
-    def wrapper(self: SQLStore, *args: Any, **kwargs: Any) -> R:
-        started = time.monotonic()
-        delay, deadline = 0.1, started + self.retry_s
-        failed = False
-        outer = getattr(_attempt, "retried", None)
-        while True:
-            _attempt.retried = failed or bool(outer)
-            try:
-                result = method(self, *args, **kwargs)
-            except DBAPIError as exc:
-                if _disk_full(exc) or _full_file_system(self.url) is not None:
-                    raise StoreError(f"the disk of store {redact(self.url)} is full "
-                                     f"({_one_line(exc.orig)}): free space "
-                                     "there") from None
-                read_only = _read_only_file(self.url)
-                if read_only is not None:
-                    # Waiting does not make a file system writable again: fail now, in one
-                    # line, rather than after retry_s.
-                    raise StoreError(f"store {redact(self.url)} cannot be written: {read_only} "
-                                     f"is on a read-only file system ({_one_line(exc.orig)[:100]}); "
-                                     "make it writable again") from None
-                if not _transient(exc):
-                    raise
-                failed = True
-                if time.monotonic() - started >= OUTAGE_NOTICE_S:
-                    with _notice_lock:
-                        first, self._outage_said = not self._outage_said, True
-                    if first:
-                        log.warning("store %s unavailable (%s); retrying for up to %.0f s "
-                                    "(%s sets how long)", redact(self.url),
-                                    _one_line(exc.orig), self.retry_s, RETRY_ENV)
-                if time.monotonic() + delay > deadline:
-                    raise StoreError(f"store {redact(self.url)} unreachable for "
-                                     f"{self.retry_s:.0f} s: {_one_line(exc.orig)}; "
-                                     f"{_waiting_advice(self.url)} ({RETRY_ENV} sets how "
-                                     "long to wait)") from None
-                # Jittered: the replicas of a run that lost the store together do not all
-                # come back at the same instant.
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, BACKOFF_MAX_S)
-            else:
-                if failed:
-                    self.restored_at = time.time()
-                    with _notice_lock:
-                        self._outage_said = False
-                return result
-            finally:
-                _attempt.retried = outer
-
-    return wrapper
-
-
-def retried() -> bool:
-    """Whether the store call under way is a second try, whose first may have committed
-    unseen (a write then checks before it writes again)."""
-    return bool(getattr(_attempt, "retried", False))
-
-
 class SQLStore(Store):
-    # Whether the current outage has been announced (see ``retrying``).
-    _outage_said = False
+    # Whether the current outage has been announced (store/retry.py ``retrying``).
+    outage_said = False
     SAMPLE_CHUNK = reads.SAMPLE_CHUNK
 
     def __init__(self, url: str, create: bool = False, retry_s: float | None = None) -> None:
         self.url = normalise_url(url)
-        self.retry_s = _retry_s() if retry_s is None else retry_s
+        self.retry_s = configured_retry_s() if retry_s is None else retry_s
         self.sqlite = self.url.startswith("sqlite")
         if self.sqlite:
             # The sqlite3 module commits DDL on its own, so a reader could see the schema
@@ -295,13 +123,8 @@ class SQLStore(Store):
 
     # trials --------------------------------------------------------------------------------
     @retrying
-    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
-                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
-                    round_index: int, hparams: dict[str, Any], now: float,
-                    lease_s: float) -> int | None:
-        claimed = self._write(self.writes.claim_trial, run_id, replica_id, replica_index,
-                              graph_hash, graph_json, parent_id, morphs, round_index, hparams,
-                              now, lease_s, retried=retried())
+    def claim_trial(self, claim: Claim) -> int | None:
+        claimed = self._write(self.writes.claim_trial, claim, retried=retried())
         return None if claimed is None else claimed[0]
 
     @retrying
@@ -417,30 +240,3 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA busy_timeout=60000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
-
-
-def open_store(url: str | None = None, run_dir: Path | str | None = None,
-               create: bool = False) -> Store:
-    """The store at ``url`` (a database's, or ``store-service://FILE``: the run's store
-    service whose address is in FILE), or the run directory's ``history.db``."""
-    if url is None:
-        if run_dir is None:
-            raise StoreError("no store: give a URL or a run directory")
-        url = f"sqlite:///{Path(run_dir).resolve() / 'history.db'}"
-    if url.startswith("store-service://"):
-        from automlperf.store.remote import open_remote
-
-        return open_remote(url)
-    try:
-        return SQLStore(url, create=create)
-    except ModuleNotFoundError as exc:
-        if "psycopg" in str(exc):
-            raise StoreError("a PostgreSQL store needs the psycopg driver: "
-                             "pip install 'automlperf[postgres]'") from None
-        raise
-
-
-# Names other modules and old scripts import from here.
-__all__ = ["EPOCH_FIELDS", "SQLStore", "T_EPOCHS", "T_META", "T_NODES", "T_REPLICAS", "T_RUNS",
-           "T_SAMPLES", "T_SEGMENTS", "T_TRIALS", "bulk", "meta", "open_store", "retried",
-           "retrying"]

@@ -1,6 +1,6 @@
 """What each write of the store does inside a transaction it is given: one call per
 transaction in :class:`~automlperf.store.sql.SQLStore`, many per transaction in the store
-service's group commit (store/service.py). Every write can be sent again after its first try
+service's group commit (store/service/db.py). Every write can be sent again after its first try
 committed unseen (``retried``): it then takes effect once."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from automlperf.events import TrialStatus
-from automlperf.store.base import (LEASE_EXPIRED, EpochRecord, SegmentRecord, StoreError,
-                                   sample_figures)
-from automlperf.store.schema import (EPOCH_FIELDS, T_EPOCHS, T_NODES, T_REPLICAS, T_RUNS,
+from automlperf.store.base import (EPOCH_FIELDS, LEASE_EXPIRED, Claim, EpochRecord, SegmentRecord,
+                                   StoreError, sample_figures)
+from automlperf.store.schema import (T_EPOCHS, T_NODES, T_REPLICAS, T_RUNS,
                                      T_SAMPLES, T_SEGMENTS, T_TRIALS)
 from automlperf.store.values import packed
 
@@ -121,26 +121,24 @@ class Writes:
         return None if changed is None else int(changed)
 
     # trials ----------------------------------------------------------------------------------
-    def claim_trial(self, conn: sa.Connection, run_id: int, replica_id: int,
-                    replica_index: int, graph_hash: str, graph_json: str,
-                    parent_id: int | None, morphs: list[dict[str, Any]], round_index: int,
-                    hparams: dict[str, Any], now: float, lease_s: float,
+    def claim_trial(self, conn: sa.Connection, claim: Claim,
                     retried: bool = False) -> tuple[int, int] | None:
         """(the trial's id, the change number of its claim); None: another replica has it."""
+        c = claim
         row = conn.execute(self._insert(T_TRIALS).values(
-            run_id=run_id, replica_index=replica_index, replica_id=replica_id,
-            graph_hash=graph_hash, graph_json=graph_json, parent_id=parent_id,
-            morphs=json.dumps(morphs), round=round_index, hparams=json.dumps(hparams),
-            status=RUNNING, reason="", created_at=now, lease_until=now + lease_s, extra="{}",
-            changed=self.next_change(T_TRIALS, run_id))
+            run_id=c.run_id, replica_index=c.replica_index, replica_id=c.replica_id,
+            graph_hash=c.graph_hash, graph_json=c.graph_json, parent_id=c.parent_id,
+            morphs=json.dumps(c.morphs), round=c.round, hparams=json.dumps(c.hparams),
+            status=RUNNING, reason="", created_at=c.now, lease_until=c.now + c.lease_s,
+            extra="{}", changed=self.next_change(T_TRIALS, c.run_id))
             .on_conflict_do_nothing(index_elements=["run_id", "graph_hash"])
             .returning(T_TRIALS.c.id, T_TRIALS.c.changed)).first()
         if row is None:
             # Taken: by another replica, or by this very claim, when an earlier try committed
             # but its answer was lost.
             row = conn.execute(sa.select(T_TRIALS.c.id, T_TRIALS.c.changed).where(
-                (T_TRIALS.c.run_id == run_id) & (T_TRIALS.c.graph_hash == graph_hash)
-                & (T_TRIALS.c.replica_id == replica_id) & (T_TRIALS.c.created_at == now)
+                (T_TRIALS.c.run_id == c.run_id) & (T_TRIALS.c.graph_hash == c.graph_hash)
+                & (T_TRIALS.c.replica_id == c.replica_id) & (T_TRIALS.c.created_at == c.now)
                 & (T_TRIALS.c.status == RUNNING))).first()
         return None if row is None else (int(row[0]), int(row[1]))
 

@@ -1,8 +1,9 @@
 """The store service's network side: it listens, greets each client (the protocol and the
-run's token), hands every call to :meth:`Service.handle <automlperf.store.service.Service.handle>`
-and writes back its answer; a ticker flushes the heartbeats every ``FLUSH_S`` and takes a
-stalled event loop (a SIGSTOP, a swapping machine) for an outage. The calls themselves are
-store/service.py; the process around it, store/serviceproc.py."""
+run's token), hands every call to :meth:`Service.handle
+<automlperf.store.service.server.Service.handle>` and writes back its answer; a ticker flushes
+the heartbeats every ``FLUSH_S`` and takes a stalled event loop (a SIGSTOP, a swapping
+machine) for an outage. The calls themselves are store/service/server.py; the process around
+it, store/service/__main__.py."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
-from automlperf.store import schema, wire
+from automlperf.store import schema
 from automlperf.store.base import SCHEMA_VERSION, StoreError
-from automlperf.store.servicedb import Writer
-
-if TYPE_CHECKING:
-    from automlperf.store.service import Service
+from automlperf.store.service import wire
+from automlperf.store.service.db import Writer
+from automlperf.store.service.server import Service
 
 log = logging.getLogger("automlperf.store.service")
 
@@ -41,7 +41,8 @@ async def serve(service: Service, host: str, port: int,
     service.writer.start()
     with service.db.engine.connect() as conn:
         for table in (schema.T_TRIALS, schema.T_REPLICAS):
-            service._changed(conn.execute(sa.select(sa.func.max(table.c.changed))).scalar() or 0)
+            last = conn.execute(sa.select(sa.func.max(table.c.changed))).scalar()
+            service.changed_through(last or 0)
     server = await asyncio.start_server(lambda r, w: client(service, r, w), host, port,
                                         backlog=16384)
     stop = asyncio.Event()

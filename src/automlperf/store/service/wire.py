@@ -1,5 +1,6 @@
-"""The store service's protocol (store/service.py, store/remote.py): frames of JSON over one
-TCP connection, a request answered before the next is sent on the same connection.
+"""The store service's protocol (store/service/server.py, store/service/client.py): frames of
+JSON over one TCP connection, a request answered before the next is sent on the same
+connection.
 
 A frame is a 5-byte header (the payload's length, big-endian, and a flags byte: 1 when the
 payload is zlib-compressed, as payloads over ``COMPRESS_OVER`` bytes are) and the payload.
@@ -9,7 +10,9 @@ the service answers ``{"v": {...}}`` or an error and closes. Then each request i
 answer ``{"v": value, "s": when the service last came back from an outage (0: never)}`` or
 ``{"e": kind, "m": message}`` (kind: ``store``, ``schema``, ``value``, ``protocol``).
 
-Records travel as lists in their fields' order (``pack``/``unpack``).
+Records travel as lists in their fields' order (``pack``/``unpack``), and so does a claim:
+``claim_trial``'s one argument is a packed :class:`~automlperf.store.base.Claim`. A change to
+what travels changes ``PROTOCOL``.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ import struct
 import zlib
 from typing import Any, TypeVar
 
-from automlperf.store.base import (EpochRecord, ReplicaRecord, SegmentRecord, TrialChange,
-                                   TrialRecord, TrialSummary, TrialTally)
+from automlperf.store.base import (Claim, EpochRecord, ReplicaRecord, SegmentRecord,
+                                   TrialChange, TrialRecord, TrialSummary, TrialTally)
 
-PROTOCOL = 1
+# 2: a claim travels as a Claim record (one argument), no longer as 11 arguments: a client of
+# protocol 1 is refused at its greeting rather than misread.
+PROTOCOL = 2
 HEADER = struct.Struct("!IB")
 COMPRESSED = 1
 COMPRESS_OVER = 64 * 1024
@@ -88,22 +93,22 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
 
 
 # --- records as lists ----------------------------------------------------------------------
-_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls))
-           for cls in (SegmentRecord, ReplicaRecord, TrialRecord, TrialSummary, TrialTally,
-                       EpochRecord)}
-_CHANGE = ("changed", *_FIELDS[TrialSummary])
+# Each record's fields in the order they travel (a trial's change leads with its number).
+FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls))
+    for cls in (SegmentRecord, ReplicaRecord, TrialRecord, TrialSummary, TrialTally, EpochRecord,
+                Claim)}
+FIELDS[TrialChange] = ("changed", *FIELDS[TrialSummary])
 
 
 def pack(record: Any) -> list[Any]:
-    if isinstance(record, TrialChange):
-        return [getattr(record, name) for name in _CHANGE]
-    return [getattr(record, name) for name in _FIELDS[type(record)]]
+    """A record as the list that travels: its fields' values in ``FIELDS`` order."""
+    return [getattr(record, name) for name in FIELDS[type(record)]]
 
 
 def unpack(cls: type[T], values: list[Any]) -> T:
-    if cls is TrialChange:
-        changed, *rest = values
-        return TrialChange(*rest, changed=changed)  # type: ignore[return-value]
-    if cls is EpochRecord:
-        return EpochRecord(**dict(zip(_FIELDS[EpochRecord], values)))  # type: ignore[return-value]
-    return cls(*values)
+    """The record ``pack`` made ``values`` of, built by its fields' names."""
+    names = FIELDS[cls]
+    if len(values) != len(names):
+        raise ValueError(f"a {cls.__name__} travels as {len(names)} values, not {len(values)}")
+    return cls(**dict(zip(names, values)))

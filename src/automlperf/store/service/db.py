@@ -1,4 +1,4 @@
-"""The store service's side of the database (store/service.py): its connections, and the
+"""The store service's side of the database (store/service/server.py): its connections, and the
 writer thread that commits the calls waiting for it in one transaction (group commit),
 answering each in commit order once committed."""
 
@@ -15,7 +15,8 @@ from sqlalchemy.exc import DBAPIError
 
 from automlperf.store import connections
 from automlperf.store.base import StoreError
-from automlperf.store.sql import SQLStore, _one_line, retried, retrying
+from automlperf.store.retry import one_line, retried, retrying
+from automlperf.store.sql import SQLStore
 
 # The database connections the service holds: the writer's, and its readers'.
 CONNECTIONS = connections.SERVICE
@@ -122,7 +123,7 @@ class Writer(threading.Thread):
             try:
                 out += self.db.commit([op])
             except (StoreError, DBAPIError) as exc:
-                out.append((None, StoreError(_one_line(getattr(exc, "orig", exc)))))
+                out.append((None, StoreError(one_line(getattr(exc, "orig", exc)))))
         return out
 
     def stop(self) -> None:

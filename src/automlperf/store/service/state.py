@@ -10,21 +10,21 @@ import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import sqlalchemy as sa
 
 from automlperf.events import TrialStatus
-from automlperf.store.base import (BACKOFF_MAX_S, ReplicaRecord, SegmentRecord, TrialChange,
+from automlperf.store.base import (BACKOFF_MAX_S, Claim, ReplicaRecord, SegmentRecord, TrialChange,
                                    TrialSummary, TrialTally)
+from automlperf.store.reads import replica_from_row
 from automlperf.store.reads import segments as read_segments
-from automlperf.store import wire
 from automlperf.store.schema import T_REPLICAS, T_TRIALS
+from automlperf.store.service import wire
 
 RUNNING = TrialStatus.RUNNING.value
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trial:
     """A trial as the service keeps it (no graph)."""
 
@@ -41,12 +41,13 @@ class Trial:
     changed: int
 
     def change(self, omit_hash: bool) -> TrialChange:
-        return TrialChange(self.id, "" if omit_hash else self.graph_hash, self.status,
-                           self.replica_index, self.best_accuracy, self.predicted_accuracy,
-                           changed=self.changed)
+        return TrialChange(id=self.id, graph_hash="" if omit_hash else self.graph_hash,
+                           status=self.status, replica_index=self.replica_index,
+                           best_accuracy=self.best_accuracy,
+                           predicted_accuracy=self.predicted_accuracy, changed=self.changed)
 
     def encoded(self) -> tuple[str, str]:
-        """The trial's change as a history read sends it (store/wire.py pack), with its hash
+        """The trial's change as a history read sends it (store/service/wire.py pack), with its hash
         and without: encoded once, sent to every reader."""
         full = json.dumps(wire.pack(self.change(False)), separators=(",", ":"))
         return full, json.dumps(wire.pack(self.change(True)), separators=(",", ":"))
@@ -68,17 +69,19 @@ class Loaded:
     trials: list[Trial]
 
 
-def load(conn: sa.Connection, run_id: int) -> Loaded:
+def load_run(conn: sa.Connection, run_id: int) -> Loaded:
     r = T_REPLICAS
     reps = []
     for row in conn.execute(sa.select(r).where(r.c.run_id == run_id).order_by(r.c.id)).mappings():
-        rec = ReplicaRecord(row["id"], row["run_id"], row["idx"], row["segment"], row["host"],
-                            row["pid"], json.loads(row["devices"]), row["started_at"],
-                            row["last_heartbeat"], row["status"], row["reason"])
-        reps.append((rec, row["lease_until"] or row["last_heartbeat"], int(row["changed"] or 0)))
+        reps.append((replica_from_row(row), row["lease_until"] or row["last_heartbeat"],
+                     int(row["changed"] or 0)))
     t = T_TRIALS
-    trials = [Trial(int(i), rid, int(ri), h, st, best, pred, lease, created, 0, int(ch or 0))
-              for i, rid, ri, h, st, best, pred, lease, created, ch in conn.execute(
+    trials = [Trial(id=int(row.id), replica_id=row.replica_id,
+                    replica_index=int(row.replica_index), graph_hash=row.graph_hash,
+                    status=row.status, best_accuracy=row.best_accuracy,
+                    predicted_accuracy=row.predicted_accuracy, lease_until=row.lease_until,
+                    created_at=row.created_at, claimed=0, changed=int(row.changed or 0))
+              for row in conn.execute(
                   sa.select(t.c.id, t.c.replica_id, t.c.replica_index, t.c.graph_hash,
                             t.c.status, t.c.best_accuracy, t.c.predicted_accuracy,
                             t.c.lease_until, t.c.created_at, t.c.changed)
@@ -173,9 +176,10 @@ class RunState:
         return "[" + ",".join(out) + "]"
 
     def summaries(self) -> list[TrialSummary]:
-        return [TrialSummary(t.id, t.graph_hash, t.status, t.replica_index, t.best_accuracy,
-                             t.predicted_accuracy) for t in sorted(self.trials.values(),
-                                                                   key=lambda t: t.id)]
+        return [TrialSummary(id=t.id, graph_hash=t.graph_hash, status=t.status,
+                             replica_index=t.replica_index, best_accuracy=t.best_accuracy,
+                             predicted_accuracy=t.predicted_accuracy)
+                for t in sorted(self.trials.values(), key=lambda t: t.id)]
 
     def tallies(self) -> list[TrialTally]:
         out = []
@@ -259,13 +263,14 @@ class RunState:
 
 def replica_record(run_id: int, rid: int, index: int, segment: int, host: str, pid: int,
                    devices: list[str], now: float) -> ReplicaRecord:
-    return ReplicaRecord(rid, run_id, index, segment, host, pid, list(devices), now, now,
-                         RUNNING, "")
+    return ReplicaRecord(id=rid, run_id=run_id, index=index, segment=segment, host=host, pid=pid,
+                         devices=list(devices), started_at=now, last_heartbeat=now,
+                         status=RUNNING, reason="")
 
 
-def trial_of(args: list[Any], tid: int, changed: int) -> Trial:
-    """The trial a claim made (its arguments as the store's ``claim_trial`` takes them)."""
-    (run_id, replica_id, replica_index, graph_hash, _json, _parent, _morphs, _round, _hparams,
-     now, lease_s) = args
-    return Trial(tid, replica_id, replica_index, graph_hash, RUNNING, None, None, now + lease_s,
-                 now, changed, changed)
+def trial_of(claim: Claim, tid: int, changed: int) -> Trial:
+    """The trial ``claim`` made, numbered ``tid``, claimed at change ``changed``."""
+    return Trial(id=tid, replica_id=claim.replica_id, replica_index=claim.replica_index,
+                 graph_hash=claim.graph_hash, status=RUNNING, best_accuracy=None,
+                 predicted_accuracy=None, lease_until=claim.now + claim.lease_s,
+                 created_at=claim.now, claimed=changed, changed=changed)

@@ -1,14 +1,14 @@
 """The store as a replica (and the primary) reaches it through the run's store service
-(store/service.py): a :class:`~automlperf.store.base.Store` whose calls travel over TCP
-(store/wire.py). It keeps one connection (a second is made while two of its threads call at
-once, and closed after); a call whose connection breaks (the service restarting, a network
-hiccup) is sent again on a new one, after a jittered back-off, within the limit of a
-database's outages (``retry_s``), and a write sent again takes effect once (the store's
-contract). The service's address is re-read from
-its file before each new connection, so a service restarted elsewhere is found.
+(store/service/server.py): a :class:`~automlperf.store.base.Store` whose calls travel over
+TCP (store/service/wire.py). It keeps one connection (a second is made while two of its
+threads call at once, and closed after); a call whose connection breaks (the service
+restarting, a network hiccup) is sent again on a new one, after a jittered back-off, within
+the limit of a database's outages (``retry_s``), and a write sent again takes effect once
+(the store's contract). The service's address is re-read from its file before each new
+connection, so a service restarted elsewhere is found.
 
 A store URL ``store-service://FILE`` names the service whose address is in FILE
-(``open_store`` opens it)."""
+(store/opening.py ``open_store`` opens it)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from automlperf.store import wire
-from automlperf.store.base import (BACKOFF_MAX_S, Changes, EpochRecord, ReplicaRecord,
-                                   SampleFigures, SchemaMismatch, SegmentRecord, Store,
-                                   StoreError, TrialChange, TrialRecord, TrialSummary,
+from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, Changes, Claim, EpochRecord,
+                                   ReplicaRecord, SampleFigures, SchemaMismatch, SegmentRecord,
+                                   Store, StoreError, TrialChange, TrialRecord, TrialSummary,
                                    TrialTally)
-from automlperf.store.sql import OUTAGE_NOTICE_S, RETRY_ENV, _retry_s
+from automlperf.store.retry import OUTAGE_NOTICE_S, RETRY_ENV, configured_retry_s
+from automlperf.store.service import wire
 
 SCHEME = "store-service://"
 SERVICE_FILE = "store-service.json"
@@ -55,7 +55,7 @@ class RemoteStore(Store):
         self.service_file = Path(service_file)
         self.token_file = Path(token_file) if token_file else self.service_file.with_name(TOKEN_FILE)
         self.url = SCHEME + str(self.service_file)
-        self.retry_s = _retry_s() if retry_s is None else retry_s
+        self.retry_s = configured_retry_s() if retry_s is None else retry_s
         self.direct = direct
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -65,8 +65,6 @@ class RemoteStore(Store):
         self.calls: Counter[str] = Counter()
         self.bytes_in: Counter[str] = Counter()
         self.bytes_out: Counter[str] = Counter()
-        from automlperf.store.base import SCHEMA_VERSION
-
         # Opening checks the schema (the service asks the database, one query).
         served = self._call("open")
         if served != SCHEMA_VERSION:
@@ -220,12 +218,8 @@ class RemoteStore(Store):
         return list(self._call("silent_replicas", run_id, before))
 
     # --- trials -----------------------------------------------------------------------------
-    def claim_trial(self, run_id: int, replica_id: int, replica_index: int, graph_hash: str,
-                    graph_json: str, parent_id: int | None, morphs: list[dict[str, Any]],
-                    round_index: int, hparams: dict[str, Any], now: float,
-                    lease_s: float) -> int | None:
-        found = self._call("claim_trial", run_id, replica_id, replica_index, graph_hash,
-                           graph_json, parent_id, morphs, round_index, hparams, now, lease_s)
+    def claim_trial(self, claim: Claim) -> int | None:
+        found = self._call("claim_trial", wire.pack(claim))
         return None if found is None else int(found)
 
     def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
@@ -311,26 +305,5 @@ class RemoteStore(Store):
         return list(self._call("nodes", run_id))
 
 
-def open_remote(url: str) -> RemoteStore:
-    """The store a ``store-service://FILE`` URL names."""
-    return RemoteStore(url[len(SCHEME):])
-
-
 def service_file(run_dir: Path | str) -> Path:
     return Path(run_dir) / SERVICE_FILE
-
-
-def open_run_store(run_dir: Path | str, url: str | None) -> Store:
-    """The store a replica (or a launcher watching replicas) of the run in ``run_dir`` uses:
-    the run's store service when the store is a PostgreSQL server (the primary starts it),
-    else the store itself (the run directory's SQLite file by default)."""
-    from automlperf.store.sql import open_store
-
-    if served(url):
-        return RemoteStore(service_file(run_dir))
-    return open_store(url, run_dir=run_dir)
-
-
-def served(url: str | None) -> bool:
-    """Whether a run on the store at ``url`` is served by a store service."""
-    return bool(url) and str(url).startswith(("postgresql", "postgres:"))

@@ -1,21 +1,22 @@
 """The store service: one process per run that owns the database connections (a few, however
 many replicas run) and serves the store's calls to every replica and to the primary over TCP
-(store/wire.py; the client is store/remote.py).
+(store/service/wire.py; the client is store/service/client.py).
 
 * Writes are committed in groups: whatever calls are waiting when the writer thread is free
   go in one transaction, and each caller is answered once it has committed, so an answer
   still means "on disk" and nothing acknowledged is lost if the service dies.
 * Heartbeats, leases, the history's change log, tallies and the replicas' states are kept in
-  memory (store/servicestate.py) and answered without the database; heartbeats and the
-  session's ``last_seen`` are written in bulk every ``servicenet.FLUSH_S`` (asynchronous
+  memory (store/service/state.py) and answered without the database; heartbeats and the
+  session's ``last_seen`` are written in bulk every ``net.FLUSH_S`` (asynchronous
   commit: losing the last few costs nothing, the service's restart grants a full lease of
   grace).
 * Graphs are kept in a bounded cache; other reads go to the database in reader threads.
 
-Its network side (listening, greeting clients, the heartbeats' flush) is store/servicenet.py.
-The primary starts it (store/serviceproc.py) and restarts it if it dies; it writes where it
-listens, with a token only the run's user can read, to a file in the run directory that the
-clients read."""
+Its database side (connections, the group commit) is store/service/db.py; its network side
+(listening, greeting clients, the heartbeats' flush) store/service/net.py. The primary starts
+its process (store/service/process.py, store/service/__main__.py) and restarts it if it dies;
+it writes where it listens, with a token only the run's user can read, to a file in the run
+directory that the clients read."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from automlperf.store import reads, schema, servicestate, wire
-from automlperf.store.base import SCHEMA_VERSION, EpochRecord, SchemaMismatch, StoreError
-from automlperf.store.servicestate import RunState
-from automlperf.store.servicedb import READERS, Job, ServiceStore, Writer
-from automlperf.store.sql import _one_line
+from automlperf.store import reads, schema
+from automlperf.store.base import (SCHEMA_VERSION, Claim, EpochRecord, SchemaMismatch,
+                                   SegmentRecord, StoreError)
+from automlperf.store.retry import one_line
+from automlperf.store.service import wire
+from automlperf.store.service.db import READERS, Job, ServiceStore, Writer
+from automlperf.store.service.state import RunState, load_run, replica_record, trial_of
 from automlperf.store.urls import redact
 
 log = logging.getLogger("automlperf.store.service")
@@ -69,7 +72,7 @@ class Service:
         self.graph_bytes = 0
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="store-reader")
         self.clients: set[asyncio.StreamWriter] = set()
-        self.writer: Writer  # the group commit's thread, started by servicenet.serve
+        self.writer: Writer  # the group commit's thread, started by net.serve
         self.calls = 0
         self.ops: dict[str, Callable[[list[Any], bool], Awaitable[Any]]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
@@ -116,7 +119,7 @@ class Service:
         if loading is None:
             loading = self._loading[run_id] = asyncio.get_running_loop().create_future()
             try:
-                loaded = await self.read(servicestate.load, run_id)
+                loaded = await self.read(load_run, run_id)
                 state = RunState(run_id, loaded)
                 self.runs[run_id] = state
                 for rid in state.replicas:
@@ -139,7 +142,9 @@ class Service:
                 raise StoreError(f"{table.name[4:-1]} {row_id} is not in store {redact(self.url)}")
         return await self.run_state(int(run_id))
 
-    def _changed(self, number: int | None) -> None:
+    def changed_through(self, number: int | None) -> None:
+        """Everything up to change ``number`` is in memory (and what a history read vouches
+        for, ``through``)."""
         if number is not None:
             self.through = max(self.through, number)
 
@@ -182,8 +187,6 @@ class Service:
         state = await self.run_state(run_id)
 
         def apply(index: int) -> int:
-            from automlperf.store.base import SegmentRecord
-
             state.segments[index] = SegmentRecord(run_id, index, now, deadline, now, None)
             return index
 
@@ -221,9 +224,9 @@ class Service:
 
         def apply(found: tuple[int, int]) -> int:
             rid, changed = found
-            state.registered(servicestate.replica_record(run_id, rid, *args[1:]), changed)
+            state.registered(replica_record(run_id, rid, *args[1:]), changed)
             self.replica_run[rid] = run_id
-            self._changed(changed)
+            self.changed_through(changed)
             return rid
 
         return await self.write(lambda conn, again_: self.writes.register_replica(
@@ -242,7 +245,7 @@ class Service:
         def apply(changed: int | None) -> None:
             if changed is not None:
                 state.replica_ended(replica_id, changed, status, reason)
-                self._changed(changed)
+                self.changed_through(changed)
 
         await self.write(lambda conn, _r: self.db.writes.end_replica(conn, *args), again, apply)
 
@@ -261,28 +264,28 @@ class Service:
 
     # --- trials -----------------------------------------------------------------------------
     async def op_claim_trial(self, args: list[Any], again: bool) -> Any:
-        run_id, replica_id, _index, graph_hash, graph_json = args[:5]
-        now = args[9]
-        state = await self.run_state(run_id)
-        taken = state.by_hash.get(graph_hash)
+        claim = wire.unpack(Claim, args[0])
+        state = await self.run_state(claim.run_id)
+        taken = state.by_hash.get(claim.graph_hash)
         if taken is not None:
             # Known here: another replica's, or this very claim's when its answer was lost.
             t = state.trials[taken]
-            mine = t.replica_id == replica_id and t.created_at == now and t.status == "running"
+            mine = (t.replica_id == claim.replica_id and t.created_at == claim.now
+                    and t.status == "running")
             return taken if mine else None
 
         def apply(found: tuple[int, int] | None) -> int | None:
             if found is None:
                 return None
             tid, changed = found
-            state.claimed(servicestate.trial_of(args, tid, changed))
-            self.trial_run[tid] = run_id
-            self._keep_graph(tid, graph_json)
-            self._changed(changed)
+            state.claimed(trial_of(claim, tid, changed))
+            self.trial_run[tid] = claim.run_id
+            self._keep_graph(tid, claim.graph_json)
+            self.changed_through(changed)
             return tid
 
         return await self.write(lambda conn, again_: self.writes.claim_trial(
-            conn, *args, retried=again_), again, apply)
+            conn, claim, retried=again_), again, apply)
 
     async def op_finish_trial(self, args: list[Any], again: bool) -> Any:
         trial_id, status, _now, _reason, best, predicted = args[:6]
@@ -292,7 +295,7 @@ class Service:
             ok, changed = found
             if changed is not None:
                 state.ended(trial_id, changed, status, best, predicted)
-                self._changed(changed)
+                self.changed_through(changed)
             return ok
 
         return await self.write(lambda conn, _r: self.db.writes.finish_trial(conn, *args),
@@ -308,7 +311,7 @@ class Service:
         def apply(expired: list[tuple[int, int]]) -> list[int]:
             for tid, changed in expired:
                 state.ended(tid, changed, "failed", None, None)
-                self._changed(changed)
+                self.changed_through(changed)
             return [tid for tid, _ in expired]
 
         return await self.write(lambda conn, _r: self.db.writes.expire_leases(
@@ -414,7 +417,7 @@ class Service:
             return wire.encode({"e": "value", "m": str(exc)})
         except DBAPIError as exc:
             return wire.encode({"e": "store",
-                                "m": f"store {redact(self.url)}: {_one_line(exc.orig)}"})
+                                "m": f"store {redact(self.url)}: {one_line(exc.orig)}"})
         except Exception as exc:  # noqa: BLE001 - a bug answers its caller, the rest go on
             log.exception("call %s failed", message.get("op"))
             return wire.encode({"e": "store", "m": f"the store service failed: "
@@ -423,8 +426,3 @@ class Service:
             return value  # an answer encoded before, for several callers
         return wire.answer(value, self.came_back)
 
-
-if __name__ == "__main__":
-    from automlperf.store.serviceproc import serve
-
-    serve()

@@ -1,0 +1,62 @@
+"""The store service as a process, ``python -m automlperf.store.service --file FILE``: it
+serves the store at $AUTOMLPERF_STORE_URL (its password from the environment, as every
+process of a run reads it) and writes where it listens to FILE. The primary starts it
+(store/service/process.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import resource
+from pathlib import Path
+
+from automlperf.procutil import die_with_parent
+from automlperf.store.base import StoreError
+from automlperf.store.rundir import write_atomic
+from automlperf.store.service import net, wire
+from automlperf.store.service.server import Service, log
+from automlperf.store.urls import redact, resolve_store_url
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m automlperf.store.service")
+    ap.add_argument("--file", type=Path, required=True, help="where to write the address")
+    ap.add_argument("--token-file", type=Path, required=True)
+    ap.add_argument("--host", default="127.0.0.1", help="the name clients reach it by")
+    ap.add_argument("--listen-all", action="store_true", help="accept other nodes")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--restarted", action="store_true",
+                    help="started again after it died: grant every lease a full term")
+    ap.add_argument("--no-parent", action="store_true",
+                    help="keep serving when the process that started it dies")
+    args = ap.parse_args()
+    # A connection per replica: as many as the system lets this process have.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s store-service %(levelname)s %(message)s")
+    if not args.no_parent:
+        die_with_parent()
+    url = resolve_store_url(None)
+    if not url:
+        raise SystemExit("error: no store: set AUTOMLPERF_STORE_URL")
+    try:
+        service = Service(url, args.token_file.read_text().strip(), args.restarted)
+    except StoreError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+    def listening(port: int) -> None:
+        write_atomic(args.file, json.dumps({"host": args.host, "port": port,
+                                            "pid": os.getpid(), "protocol": wire.PROTOCOL})
+                     + "\n")
+        log.info("serving %s on %s:%d", redact(service.url), args.host, port)
+
+    asyncio.run(net.serve(service, "0.0.0.0" if args.listen_all else args.host, args.port,
+                          listening))
+
+
+if __name__ == "__main__":
+    main()
