@@ -142,8 +142,8 @@ def slurm(
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
     from automlperf.config import load_config, parse_duration, set_option
-    from automlperf.runner.slurm import (Container, ScriptOptions, format_time, resubmission,
-                                         submit as sbatch, write_job)
+    from automlperf.runner.sbatch import ScriptOptions, resubmission, submit as sbatch, write_job
+    from automlperf.runner.slurm import Container, format_time
     from automlperf.store.urls import resolve_store_url
 
     if resume:
