@@ -176,7 +176,6 @@ def slurm(
         raise UserError("--container-mount and --container-option need --container-image")
     written = write_job(ScriptOptions(
         run_dir=run_dir, nodes=nodes, duration_s=settings.run.duration_s,
-        grace_s=settings.deadline_grace(),
         gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, store_url=url,
         partition=partition, account=account, time_limit_s=limit, settings=settings,
         sbatch_extra=sbatch_option or [], container=box, exclusive=exclusive,

@@ -54,9 +54,6 @@ class ScriptOptions:
     run_dir: Path
     nodes: int
     duration_s: float
-    # The deadline's grace for epochs in flight (config run.deadline_grace_s); None: its
-    # default, a quarter of the duration.
-    grace_s: float | None = None
     gpus_per_node: int = 0
     cpus_per_task: int | None = None
     store_url: str | None = None
@@ -77,6 +74,15 @@ class ScriptOptions:
         sets the job's memory (sbatch refuses --mem beside --mem-per-cpu/--mem-per-gpu)."""
         return self.exclusive and not any(re.match(r"--mem(-per-(cpu|gpu))?(=|\s|$)", extra.strip())
                                           for extra in self.sbatch_extra)
+
+    def grace_s(self) -> float:
+        """The grace the run gives epochs in flight at its deadline (Config.deadline_grace),
+        which the job outlives it by: that of its settings, or of the default configuration
+        for this duration."""
+        settings = self.settings
+        if settings is None:
+            settings = Config.parse({"run": {"duration_s": self.duration_s}})
+        return settings.deadline_grace()
 
 
 @dataclass
@@ -131,7 +137,7 @@ def write_job(opts: ScriptOptions) -> Written:
             finally:
                 os.umask(old)
     # The job outlives the deadline by the grace the epochs in flight have to finish.
-    grace = opts.duration_s / 4 if opts.grace_s is None else opts.grace_s
+    grace = opts.grace_s()
     limit, lead = margins(opts.duration_s + grace)
     if opts.time_limit_s is not None:
         if opts.time_limit_s < opts.duration_s + grace + 120:
