@@ -21,6 +21,7 @@ LAYERS = [
     {"train"},
     {"store"},
     {"measure"},
+    {"submission"},
     {"report"},
     {"runner"},
     {"cli"},

@@ -293,7 +293,7 @@ def mlperf_logs(run_dir: Path, url: str | None,
                 org: str = "unspecified") -> tuple[dict[str, Path], list[str]]:
     """Write the MLPerf-style logs of a run whose result is written: the files written, and
     what could not be, with the command that redoes it."""
-    from automlperf.measure.mlperf import write_mlperf
+    from automlperf.submission.mlperf import write_mlperf
 
     written: dict[str, Path] = {}
     problems: list[str] = []
