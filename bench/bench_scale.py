@@ -347,7 +347,7 @@ def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[st
 def slurm_series(sizes: list[int], duration: str, work: Path) -> dict[str, Any]:
     """The simulated benchmark at each N on one local cluster of max(N) slurmd nodes, then
     `automlperf compare --scaling` over the runs."""
-    from automlperf.runner.localslurm import start_slurm, stop_slurm
+    from automlperf.testing.slurm import start_slurm, stop_slurm
 
     t = time.perf_counter()
     env = start_slurm(work / "slurm", max(sizes), "ampbench")

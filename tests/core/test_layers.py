@@ -25,6 +25,7 @@ LAYERS = [
     {"report"},
     {"runner"},
     {"cli"},
+    {"testing"},  # the tests' and benchmarks' infrastructure, shipped; the product never imports it
 ]
 
 # Importable, and usable, without torch.
