@@ -72,7 +72,7 @@ def prepare(run: Path, trials: int, epochs: int, replicas: int) -> dict[str, Any
 
 def shares(folder: Path) -> dict[str, int]:
     """Each group of the bundle's files compressed alone, in the archive's order (bytes)."""
-    from automlperf.measure.bundle import MANIFEST, _order, files
+    from automlperf.submission.bundle import MANIFEST, _order, files
 
     groups = {0: "top-level files", 1: "records (run, sessions, replicas, nodes, trials)",
               2: "graphs", 3: "trial logs and their epochs", 4: "samples", 5: "weights",
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=500_000)
     ap.add_argument("--replicas", type=int, default=512)
     args = ap.parse_args()
-    from automlperf.measure.bundle import pack
+    from automlperf.submission.bundle import pack
 
     args.work.mkdir(parents=True, exist_ok=True)
     run = args.work / "run"

@@ -242,7 +242,8 @@ def steps_alone(per_rank: int, steps: int = 30) -> dict[str, Any]:
     from automlperf.graph import Graph, seeds
     from automlperf.train.spec import TrialSpec
     from automlperf.train.data import SyntheticDataset
-    from automlperf.train.trainer import RankContext, _Run, synchronize
+    from automlperf.train.device import synchronize
+    from automlperf.train.trainer import RankContext, _Run
 
     device = torch.device("cuda:0")
     graph = seeds.resnet50()

@@ -46,7 +46,7 @@ from automlperf.train.builder import build_module
 from automlperf.train.data import builtin
 from automlperf.train.evaluate import count_correct
 from automlperf.train.rankenv import keep_host_memory
-from automlperf.train.trainer import channels_last_default
+from automlperf.train.device import channels_last_default
 from automlperf.hardware import cores_available
 
 

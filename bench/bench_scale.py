@@ -80,7 +80,7 @@ def real_run(replicas: int, duration: str, work: Path) -> dict[str, Any]:
 def size_step(args: argparse.Namespace) -> None:
     """One step of part 2 in a process of its own (its CPU and peak memory measured alone)."""
     from automlperf.config import Config
-    from automlperf.measure.check import check_run
+    from automlperf.submission.check import check_run
     from automlperf.measure.result import build_result, write_result
     from automlperf.report.html import write_report
     from automlperf.store.rundir import RunDir, run_store
@@ -347,7 +347,7 @@ def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[st
 def slurm_series(sizes: list[int], duration: str, work: Path) -> dict[str, Any]:
     """The simulated benchmark at each N on one local cluster of max(N) slurmd nodes, then
     `automlperf compare --scaling` over the runs."""
-    from automlperf.runner.localslurm import start_slurm, stop_slurm
+    from automlperf.testing.slurm import start_slurm, stop_slurm
 
     t = time.perf_counter()
     env = start_slurm(work / "slurm", max(sizes), "ampbench")

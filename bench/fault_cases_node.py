@@ -82,7 +82,7 @@ def check(run_dir: Path, env: dict[str, str] | None = None) -> str:
 
 @contextmanager
 def slurm_cluster(base: Path, nodes: int) -> Iterator[dict[str, str]]:
-    from automlperf.runner.localslurm import start_slurm, stop_slurm
+    from automlperf.testing.slurm import start_slurm, stop_slurm
 
     env = start_slurm(base, nodes, f"fault{os.getpid() % 10000}")
     try:

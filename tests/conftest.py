@@ -140,8 +140,8 @@ def store_url(request, tmp_path):
 def start_slurm(base, nodes, cluster, memory_mb=8000):
     """A real SLURM cluster of ``nodes`` slurmd daemons on this host (runner/localslurm.py);
     its absence is a failure, not a skip."""
-    from automlperf.runner.localslurm import SlurmError
-    from automlperf.runner.localslurm import start_slurm as start
+    from automlperf.testing.slurm import SlurmError
+    from automlperf.testing.slurm import start_slurm as start
 
     try:
         return start(base, nodes, cluster, memory_mb)
@@ -153,7 +153,7 @@ def start_slurm(base, nodes, cluster, memory_mb=8000):
 def slurm_cluster(tmp_path_factory):
     """A real two-node SLURM cluster on this host. Yields the environment that points
     SLURM's commands at it."""
-    from automlperf.runner.localslurm import stop_slurm
+    from automlperf.testing.slurm import stop_slurm
 
     env = start_slurm(tmp_path_factory.mktemp("slurm"), 2, "amptest")
     yield env
@@ -164,7 +164,7 @@ def slurm_cluster(tmp_path_factory):
 def slurm_cluster_8(tmp_path_factory):
     """A real SLURM cluster of eight slurmd nodes on this host, for the tests of one module
     (light job steps only: the nodes share this machine's cores)."""
-    from automlperf.runner.localslurm import stop_slurm
+    from automlperf.testing.slurm import stop_slurm
 
     env = start_slurm(tmp_path_factory.mktemp("slurm8"), 8, "amptest8")
     yield env

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from automlperf.runner.slurm import ScriptOptions, write_script
+from automlperf.runner.sbatch import ScriptOptions, write_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

@@ -123,4 +123,4 @@ def test_the_images_hold_what_installing_automlperf_needs(tmp_path):
     import zipfile
 
     inside = zipfile.ZipFile(wheel).namelist()
-    assert "automlperf/presets/official.toml" in inside and "automlperf/runner/slurm.sh.j2" in inside
+    assert "automlperf/presets/official.toml" in inside and "automlperf/runner/sbatch.sh.j2" in inside

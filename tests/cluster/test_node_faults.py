@@ -33,7 +33,7 @@ def node_fault_config() -> str:
 
 @pytest.fixture(scope="module")
 def slurm_cluster_3(tmp_path_factory):
-    from automlperf.runner.localslurm import SlurmError, start_slurm, stop_slurm
+    from automlperf.testing.slurm import SlurmError, start_slurm, stop_slurm
 
     try:
         env = start_slurm(tmp_path_factory.mktemp("slurm3"), 3, "ampfault")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from automlperf.runner.localslurm import fail_node, node_state
+from automlperf.testing.slurm import fail_node, node_state
 from automlperf.store.rundir import run_store
 from helpers import cli, sim_config, wait_for
 from trees import WNIDS, make_tree
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from automlperf.runner.localslurm import SlurmError, start_slurm, stop_slurm
+    from automlperf.testing.slurm import SlurmError, start_slurm, stop_slurm
 
     data = make_tree(tmp_path_factory.mktemp("data") / "imagenet", per_class=(4, 2),
                      classes=WNIDS[:10])

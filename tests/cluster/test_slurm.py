@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from automlperf.cli import app
-from automlperf.runner.slurm import format_time, margins
+from automlperf.runner.sbatch import margins
+from automlperf.runner.slurm import format_time
 from helpers import cli, fast_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -223,7 +224,7 @@ def test_a_script_with_the_users_memory_is_valid_for_sbatch(slurm_cluster, tmp_p
 
 
 def test_the_script_asks_for_whole_nodes(tmp_path):
-    from automlperf.runner.slurm import ScriptOptions, write_script
+    from automlperf.runner.sbatch import ScriptOptions, write_script
 
     def script(name, *args):
         done = cli("slurm", "--nodes", 2, "--duration", "1h", "--run-dir", tmp_path / name,

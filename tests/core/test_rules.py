@@ -60,7 +60,7 @@ def test_changing_any_fixed_setting_is_refused_for_an_official_run(name):
 
 def test_precisions_are_the_rulesets():
     assert Precision.__args__ == ("auto", *rules.CURRENT.allowed_precisions)
-    from automlperf.train.trainer import ALLOWED_PRECISIONS
+    from automlperf.train.device import ALLOWED_PRECISIONS
 
     assert ALLOWED_PRECISIONS == rules.CURRENT.allowed_precisions
 

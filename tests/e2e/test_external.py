@@ -76,7 +76,7 @@ def test_replicas_started_by_mpiexec_complete_a_run_that_verifies(tmp_path):
     # The MLPerf-style log written at the end passes mlperf-logging's checker with our rules.
     from mlperf_logging.compliance_checker import mlp_compliance
 
-    from automlperf.measure.mlperf import rules_path
+    from automlperf.submission.mlperf import rules_path
 
     checker = mlp_compliance.make_checker("training", "6.1.0", quiet=True, werror=False)
     assert checker.check_file(str(run_dir / "mllog.txt"), str(rules_path()))

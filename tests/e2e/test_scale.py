@@ -267,7 +267,7 @@ def test_check_and_the_report_at_a_thousand_trials(tmp_path):
     """A generated run past the report's table size: check verifies it, the report lists the
     best trials (every trial in trials.csv beside it) and stays small."""
     large_run = _large_run()
-    from automlperf.measure.check import check_run
+    from automlperf.submission.check import check_run
     from automlperf.report.html import TABLE_ROWS, write_report
 
     made = large_run.generate(tmp_path / "run", trials=1100, epochs=5_500, replicas=32,
@@ -390,7 +390,7 @@ def test_a_timed_generated_run_trains_every_node_until_its_deadline(tmp_path):
     until the deadline, the trial running then keeps the epochs that ended before it and
     stops, and check verifies what was generated."""
     large_run = _large_run()
-    from automlperf.measure.check import check_run
+    from automlperf.submission.check import check_run
 
     made = large_run.generate(tmp_path / "run", replicas=5, duration_s=1500.0,
                               seed_model="resnet_small", node_ops=1e15)
@@ -420,7 +420,7 @@ def test_check_verifies_a_run_written_before_a_default_changed_and_names_an_edit
 
     import sqlalchemy as sa
 
-    from automlperf.measure.check import check_run
+    from automlperf.submission.check import check_run
     from automlperf.store import open_store
 
     run = tmp_path / "run"

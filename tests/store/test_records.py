@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from automlperf.graph import seeds
-from automlperf.measure import bundle
+from automlperf.submission import bundle
 from automlperf.measure.samples import sample_digest
 from automlperf.search.morph import widen, widen_targets
 from automlperf.store import Claim, EpochRecord, open_store

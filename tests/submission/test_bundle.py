@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from automlperf.measure.check import check_run
+from automlperf.submission.check import check_run
 from automlperf.store import open_store
 from helpers import cli, sim_config
 from test_results import browser
@@ -196,7 +196,7 @@ def test_an_edited_file_inside_the_archive_is_named(bundle_tgz, tmp_path):
 def test_a_forged_manifest_does_not_hide_an_edit(bundle_dir, tmp_path):
     """Digests show what changed after the bundle was made; a submitter who edits a figure
     and writes the manifest again is caught by the figures recomputed from the records."""
-    from automlperf.measure.bundle import write_manifest
+    from automlperf.submission.bundle import write_manifest
 
     copy = copy_of(bundle_dir, tmp_path)
     result = json.loads((copy / "result.json").read_text())
@@ -216,7 +216,7 @@ def test_a_forged_manifest_does_not_hide_an_edit(bundle_dir, tmp_path):
 def test_a_bundle_whose_records_lost_an_epoch_its_log_holds_is_named(bundle_dir, tmp_path):
     """An epoch taken out of the exported records (the manifest written again, as a forger
     would) is still in its trial's log: named, as the other way round."""
-    from automlperf.measure.bundle import write_manifest
+    from automlperf.submission.bundle import write_manifest
 
     copy = copy_of(bundle_dir, tmp_path)
     epochs = copy / "records" / "epochs" / "2.jsonl"
@@ -236,7 +236,7 @@ def test_a_bundle_whose_records_lost_an_epoch_its_log_holds_is_named(bundle_dir,
 def _swap_weights(bundle, trial, state):
     from safetensors.torch import save_file
 
-    from automlperf.measure.bundle import write_manifest
+    from automlperf.submission.bundle import write_manifest
 
     save_file({k: v.contiguous() for k, v in state.items()},
               str(bundle / "trials" / str(trial) / "weights.safetensors"))
@@ -247,7 +247,7 @@ def test_revalidate_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundl
     from safetensors.torch import load_file
 
     from automlperf.graph import Graph
-    from automlperf.measure.revalidate import tolerance
+    from automlperf.submission.remeasure import tolerance
     from automlperf.train.inherit import inherit
 
     for where in (bundle_tgz, builtin_run):
@@ -416,7 +416,7 @@ def test_a_recorded_re_measurement_is_verified_wherever_the_bundle_goes(
         recorded_bundle, official_shape_run, bundle_dir, tmp_path):
     """The record is checked like every figure: an edited one, or one moved from another
     bundle, is named; an ImageNet-layout bundle without one is listed unranked, saying so."""
-    from automlperf.measure.bundle import write_manifest
+    from automlperf.submission.bundle import write_manifest
     from automlperf.report.listing import entry
 
     done = cli("check", recorded_bundle)

@@ -7,7 +7,7 @@ import pytest
 
 from automlperf.config import Config
 from automlperf.graph import seeds
-from automlperf.measure.mlperf import rules_path, system_desc, write_mllog
+from automlperf.submission.mlperf import rules_path, system_desc, write_mllog
 from automlperf.measure.result import build_result
 from automlperf.store import EpochRecord, TrialStatus, open_store
 from helpers import new_claim

@@ -17,7 +17,7 @@ from helpers import make_replica
 from automlperf.config import Config, ConfigError
 from automlperf.events import TrialStatus
 from automlperf.graph import seeds
-from automlperf.measure.check import check_run, official_refusal
+from automlperf.submission.check import check_run, official_refusal
 from automlperf.measure.result import build_result, write_result
 from automlperf.measure.system import describe
 from automlperf.ops import count, epoch_ops

@@ -205,7 +205,7 @@ def test_mixed_precision_paths_train_on_cpu(precision):
 def test_precision_rules():
     import torch
 
-    from automlperf.train.trainer import resolve_precision
+    from automlperf.train.device import resolve_precision
 
     cpu = torch.device("cpu")
     assert resolve_precision("auto", cpu) == "fp32"

@@ -68,8 +68,8 @@ def check(
 ) -> None:
     """Recompute every figure of a run directory or a submission bundle and verify it; exit 1
     on any mismatch. A bundle is verified from its own files alone."""
-    from automlperf.measure.check import CheckOptions, check_run, official_refusal
-    from automlperf.measure.revalidated import describe
+    from automlperf.submission.check import CheckOptions, check_run, official_refusal
+    from automlperf.submission.remeasure_record import describe
 
     if revalidate and as_json is False:
         err.print("re-measuring the best trial's accuracy after the check…", highlight=False)
@@ -151,7 +151,7 @@ def submit(
     """Verify a finished run and write its submission bundle: result, configuration, system
     description, MLPerf-style files, records, graphs and logs, report, the best weights and
     a manifest of SHA-256 digests. Check it with `automlperf check BUNDLE`."""
-    from automlperf.measure.submit import submit as write_bundle
+    from automlperf.submission.submit import submit as write_bundle
 
     done = write_bundle(run_dir, out_path, as_dir, org, system, all_weights, all_samples, store,
                         site_details=site_details)

@@ -142,8 +142,8 @@ def slurm(
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
     from automlperf.config import load_config, parse_duration, set_option
-    from automlperf.runner.slurm import (Container, ScriptOptions, format_time, resubmission,
-                                         submit as sbatch, write_job)
+    from automlperf.runner.sbatch import ScriptOptions, resubmission, submit as sbatch, write_job
+    from automlperf.runner.slurm import Container, format_time
     from automlperf.store.urls import resolve_store_url
 
     if resume:
@@ -176,7 +176,6 @@ def slurm(
         raise UserError("--container-mount and --container-option need --container-image")
     written = write_job(ScriptOptions(
         run_dir=run_dir, nodes=nodes, duration_s=settings.run.duration_s,
-        grace_s=settings.deadline_grace(),
         gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, store_url=url,
         partition=partition, account=account, time_limit_s=limit, settings=settings,
         sbatch_extra=sbatch_option or [], container=box, exclusive=exclusive,

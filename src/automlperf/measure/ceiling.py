@@ -32,7 +32,7 @@ def _operands(dev: Any, precision: str, *shapes: tuple[int, ...]) -> tuple[str, 
     in it (made on the CPU, so that every device measures the same numbers)."""
     import torch
 
-    from automlperf.train.trainer import resolve_precision
+    from automlperf.train.device import resolve_precision
 
     resolved = resolve_precision(precision, dev)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolved, torch.float32)

@@ -5,7 +5,7 @@ Every entry is verified first (``check``, from the bundle alone), and its best a
 re-measured from its weights (the regulated score rests on it, and no operation count can
 confirm it): by the list itself where it has the validation set (the built-in datasets
 always, ImageNet with ``data_dir``), else by a ``check --revalidate --record`` the bundle
-carries, which is verified (:mod:`automlperf.measure.revalidated`). Only results that are
+carries, which is verified (:mod:`automlperf.submission.remeasure_record`). Only results that are
 official, valid, verified, measured and re-measured are ranked; official and valid ones
 whose accuracy was not re-measured follow, unranked, saying why; then measured results
 that are unofficial or not valid; simulated ones apart; and entries that fail verification
@@ -33,11 +33,11 @@ import jinja2
 from automlperf import __version__
 from automlperf.config import Config
 from automlperf.errors import UserError
-from automlperf.measure.bundle import Source, opened, read_bundle_file
-from automlperf.measure.mlperf import read_system_desc
-from automlperf.measure.check import CheckOptions, CheckReport, check_source
-from automlperf.measure.revalidate import RevalidateError
-from automlperf.measure.revalidated import describe
+from automlperf.submission.bundle import Source, opened, read_bundle_file
+from automlperf.submission.mlperf import read_system_desc
+from automlperf.submission.check import CheckOptions, CheckReport, check_source
+from automlperf.submission.remeasure import RevalidateError
+from automlperf.submission.remeasure_record import describe
 from automlperf.measure.units import format_ops
 from automlperf.report.compare import row
 from automlperf.report.html import gather, render, render_records

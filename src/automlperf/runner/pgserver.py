@@ -1,6 +1,8 @@
-"""The private PostgreSQL server's command line at the path that batch scripts written by
-earlier versions call (``python -m automlperf.runner.pgserver start|stop``): resubmitting
-such a script resumes its run. The server lives in :mod:`automlperf.store.pgserver`."""
+"""A shim kept only for batch scripts written by earlier versions, which call the private
+PostgreSQL server's command line here (``python -m automlperf.runner.pgserver start|stop``):
+resubmitting such a script resumes its run (tests/cli/test_old_scripts.py). Nothing imports
+this module; the server, and the command line that scripts written now call, live in
+:mod:`automlperf.store.pgserver`."""
 
 from automlperf.store.pgserver import main
 

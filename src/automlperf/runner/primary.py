@@ -21,6 +21,7 @@ from automlperf.errors import RunFailure, UserError
 from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
 from automlperf.runner import session as steps
+from automlperf.runner.slurm import SlurmLauncher, job_limit
 from automlperf.store.base import StoreError
 from automlperf.store.connections import check_room
 from automlperf.store.rundir import UNWRITABLE, RunDir
@@ -106,8 +107,6 @@ def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> t
     from automlperf.runner.launch import ExternalLauncher, LocalLauncher
 
     if req.launcher == "slurm":
-        from automlperf.runner.slurm import SlurmLauncher
-
         return SlurmLauncher(run_dir, url), int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
     count = req.replicas or cfg.run.replicas
     if req.launcher == "local":
@@ -188,8 +187,6 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
                          "describe_s": round(time.time() - described, 3)}
     limit = None
     if req.launcher == "slurm":
-        from automlperf.runner.slurm import job_limit
-
         limit = job_limit()
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
                             process_start=started, listen_all=req.launcher != "local")
@@ -296,7 +293,7 @@ def mlperf_logs(run_dir: Path, url: str | None,
                 org: str = "unspecified") -> tuple[dict[str, Path], list[str]]:
     """Write the MLPerf-style logs of a run whose result is written: the files written, and
     what could not be, with the command that redoes it."""
-    from automlperf.measure.mlperf import write_mlperf
+    from automlperf.submission.mlperf import write_mlperf
 
     written: dict[str, Path] = {}
     problems: list[str] = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from automlperf.config import SearchConfig
 from automlperf.search.bo import Candidate, Model, NoCandidate, Searcher
 
 # Children tried per parent before the next parent is taken.
@@ -52,8 +51,3 @@ class GreedySearcher(RandomSearcher):
         # Stable: the earliest of equally accurate models first.
         return sorted(trained, key=lambda m: -(m.accuracy or 0.0))
 
-
-def searcher_for(config: SearchConfig) -> Searcher:
-    """The searcher ``config.strategy`` names."""
-    kind = {"bayesian": Searcher, "greedy": GreedySearcher, "random": RandomSearcher}
-    return kind[config.strategy](config)

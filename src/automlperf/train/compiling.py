@@ -116,7 +116,7 @@ def timed_steps(runner: Any, optimizer: Any, loss_fn: Any, autocast: Any, device
                 images: Any, labels: Any) -> float:
     """Seconds ``n`` training steps of ``runner`` on one batch take, the device drained
     before and after."""
-    from automlperf.train.trainer import synchronize
+    from automlperf.train.device import synchronize
 
     synchronize(device)
     started = time.perf_counter()

@@ -62,7 +62,7 @@ def _loader_figures(loader: Any, before: dict[str, Any] | None) -> dict[str, Any
 
 def _timed_pass(dataset: Any, split: str, epoch: int, per_rank: int, device: Any,
                 then: tuple[str, int] | None) -> dict[str, Any]:
-    from automlperf.train.trainer import synchronize
+    from automlperf.train.device import synchronize
 
     loader = dataset.loader(0, 1, per_rank, 0, device) if hasattr(dataset, "loader") else None
     before = _loader_figures(loader, None) if loader is not None else None

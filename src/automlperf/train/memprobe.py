@@ -20,7 +20,7 @@ def step_peak(model: str, image_size: int, classes: int, batch: int, device: str
     from automlperf.graph import seeds
     from automlperf.train.builder import build_module
     from automlperf.train.rankenv import keep_host_memory
-    from automlperf.train.trainer import is_oom, resolve_precision
+    from automlperf.train.device import is_oom, resolve_precision
 
     dev = torch.device(device)
     if dev.type == "cpu":

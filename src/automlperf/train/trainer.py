@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from automlperf import rules
 from automlperf.events import EpochEvent, FailureKind, TrialOutcome, TrialStatus
 from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
@@ -28,11 +27,11 @@ from automlperf.train.builder import build_module
 from automlperf.train.compilecache import cached_figures, key_for
 from automlperf.train.compiling import CompileDecision, CompileFigures, compile_module, decide_compile
 from automlperf.train.data import DataError, Dataset, plan_steps
+from automlperf.train.device import channels_last_default, is_oom, resolve_precision, synchronize
 from automlperf.train.evaluate import evaluate, precision_context
 from automlperf.train.inherit import inherit
 from automlperf.train.spec import EarlyStopping, TrialSpec
 
-ALLOWED_PRECISIONS = rules.CURRENT.allowed_precisions
 # Where linear scaling of the learning rate with the global batch stops: beyond it SGD on
 # ResNets is no longer stable (Goyal et al. scale to 8k images at 3.2).
 MAX_LR = 3.2
@@ -54,34 +53,6 @@ class RankContext:
     device: torch.device
     dataset: Dataset
     distributed: bool = False
-
-
-def resolve_precision(requested: str, device: torch.device) -> str:
-    """The precision a trial runs in: ``auto`` is bf16 on GPUs that have it, fp16 on other
-    GPUs, fp32 on CPUs (where 16-bit autocast is far slower)."""
-    if requested not in ("auto", *ALLOWED_PRECISIONS):
-        raise ValueError(f"precision {requested!r} is not allowed: the minimum is 16-bit "
-                         "floating point (bf16, fp16, tf32, fp32)")
-    if requested != "auto":
-        return requested
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "fp32"
-
-
-def channels_last_default(device_type: str) -> bool:
-    """Whether a trial trains channels-last unless configured: on NVIDIA and AMD GPUs (their
-    convolution libraries' native layout) and on CPUs (oneDNN's: ResNet-50 at 224 trains
-    about a fifth faster, the built-in task's small seed a quarter; bench/RESULTS.md)."""
-    return device_type in ("cuda", "cpu")
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text
-                                              or "can't allocate memory" in text)
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -387,14 +358,6 @@ class _Run:
         for b in buffers:
             b.copy_(flat[offset:offset + b.numel()].view_as(b))
             offset += b.numel()
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so a clock read after it includes that work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type != "cpu":
-        torch.accelerator.synchronize(device.index)
 
 
 def compiled_graphs() -> int:

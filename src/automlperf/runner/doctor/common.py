@@ -63,7 +63,7 @@ class Node:
 
     def __init__(self, req: DoctorRequest) -> None:
         from automlperf.hardware import choose_devices, cores_available
-        from automlperf.train.trainer import channels_last_default
+        from automlperf.train.device import channels_last_default
 
         self.req = req
         self.devices = choose_devices(req.devices)

@@ -70,7 +70,7 @@ def run_seconds(node: Node, root: Path) -> float:
 
 def official_run(node: Node, shape: Shape) -> Check:
     """A short `automlperf run` through the real command, then `automlperf check`."""
-    from automlperf.measure.check import check_run
+    from automlperf.submission.check import check_run
 
     root = dataset_dir(node, shape)
     run_dir = node.req.out / "run"

@@ -15,11 +15,11 @@ What is checked:
   ceiling and time breakdown equal what the run recorded in its store, and the data folder,
   when reachable, still has the fingerprint recorded at the start.
 
-A submission bundle (:mod:`automlperf.measure.bundle`) is checked the same way, its exported
+A submission bundle (:mod:`automlperf.submission.bundle`) is checked the same way, its exported
 records standing for the store, after every file's digest is compared with its manifest and
 what bundle.json says it holds with what it holds, and the record of a re-measurement it
-carries, if any (:mod:`automlperf.measure.revalidated`). With ``revalidate``, the best
-trial's accuracy is measured again from its weights (:mod:`automlperf.measure.revalidate`);
+carries, if any (:mod:`automlperf.submission.remeasure_record`). With ``revalidate``, the best
+trial's accuracy is measured again from its weights (:mod:`automlperf.submission.remeasure`);
 with ``record`` too, a bundle that verifies keeps that re-measurement as its record.
 """
 
@@ -46,9 +46,9 @@ from automlperf.measure.sample_reader import PendingDigest
 from automlperf.ops import count, epoch_ops
 from automlperf.ops.count import OpCount
 from automlperf.errors import UserError
-from automlperf.measure import bundle
-from automlperf.measure.revalidate import RevalidateError, Revalidation, revalidate as remeasure
-from automlperf.measure.revalidated import read_record, verify_record, write_record
+from automlperf.submission import bundle
+from automlperf.submission.remeasure import RevalidateError, Revalidation, revalidate as remeasure
+from automlperf.submission.remeasure_record import read_record, verify_record, write_record
 from automlperf.store.base import RunRecords
 from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords

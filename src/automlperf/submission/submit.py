@@ -1,5 +1,5 @@
 """``automlperf submit``: one verified run directory made into a submission bundle that a
-list-keeper can verify with nothing else (layout: :mod:`automlperf.measure.bundle`).
+list-keeper can verify with nothing else (layout: :mod:`automlperf.submission.bundle`).
 
 A run is bundled only once ``check`` verifies it. The bundle holds an allow-list of the run's
 files, never its logs folder, its private database or password files; run.json's store URL
@@ -25,9 +25,9 @@ from typing import Any
 
 from automlperf import __version__
 from automlperf.errors import UserError
-from automlperf.measure import bundle
-from automlperf.measure.mlperf import read_system_desc
-from automlperf.measure.check import check_run
+from automlperf.submission import bundle
+from automlperf.submission.mlperf import read_system_desc
+from automlperf.submission.check import check_run
 from automlperf.measure.result import read_result
 from automlperf.measure.samples import energy_preserving
 from automlperf.store.records import export_records
@@ -67,7 +67,7 @@ def submit(run_dir: Path, out: Path | None = None, as_dir: bool = False,
     """Verify ``run_dir`` and write its bundle at ``out`` (a .tar.gz, or a folder with
     ``as_dir``; by default beside the current folder, named after the run). Without
     ``site_details`` its host, user, account, cluster names and paths are replaced by
-    neutral names (:mod:`automlperf.measure.site`)."""
+    neutral names (:mod:`automlperf.submission.site`)."""
     rd = RunDir(Path(run_dir))
     if bundle.is_bundle(rd.path):
         raise SubmitError(f"{rd.path} is already a bundle: send it as it is")
@@ -93,7 +93,7 @@ def submit(run_dir: Path, out: Path | None = None, as_dir: bool = False,
         made = _fill(rd, meta, staging, submitter, system_name, all_weights, all_samples,
                      store_url, sample_limit)
         if not site_details:
-            from automlperf.measure.site import leave_out, site_names
+            from automlperf.submission.site import leave_out, site_names
 
             leave_out(staging, site_names(staging, rd.path))
         count = bundle.write_manifest(staging)

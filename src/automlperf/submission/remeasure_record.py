@@ -15,7 +15,7 @@ the manifest, like every file; it was made on exactly this bundle (the manifest 
 the bundle's, so any file changed since, or a record moved from another bundle, shows);
 and it agrees with the records: the best trial and its best epoch, the accuracy and image
 count recorded for that epoch, the precision, the weights, and a measured accuracy within
-the tolerance of the rule (:func:`automlperf.measure.revalidate.tolerance`). It cannot show
+the tolerance of the rule (:func:`automlperf.submission.remeasure.tolerance`). It cannot show
 who ran it: a submitter could write one by hand. A list-keeper who re-measures with the data
 (``list --data-dir``, or the built-in datasets, which ``list`` always re-measures) does not
 need to trust it; one who cannot, trusts the record only as far as whoever recorded it.
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from automlperf import __version__
-from automlperf.measure.bundle import MANIFEST, BundleError, sha256, write_manifest
-from automlperf.measure.revalidate import Revalidation, best_epoch, tolerance
+from automlperf.submission.bundle import MANIFEST, BundleError, sha256, write_manifest
+from automlperf.submission.remeasure import Revalidation, best_epoch, tolerance
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.records import read_versioned
 

@@ -1,0 +1,240 @@
+"""The SLURM batch script, written on the login node by ``automlperf slurm``: its time limit
+(the start-up, the run, the grace for epochs in flight, the time to write the result), the
+checks that refuse a job before it queues, the dataset scanned once for the job, and its
+submission with ``sbatch`` (again, to resume an interrupted run: resubmission()).
+
+Inside the job, the script runs ``automlperf run --launcher slurm``, whose launcher and view
+of the job's environment are in runner/slurm.py. The template is runner/sbatch.sh.j2.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from automlperf.config import Config
+from automlperf.dataset_identity import SHARED_INDEX
+from automlperf.runner.primary import check_cluster_task
+from automlperf.runner.session import record_origin
+from automlperf.runner.slurm import MARGIN_ENV, Container, SlurmError, format_time, require
+from automlperf.store import connections
+from automlperf.store.pgserver import find_binaries
+from automlperf.store.rundir import RunDir, run_store, write_atomic
+from automlperf.store.urls import redact, split_password
+
+
+# Time the job gives the start-up before the run's clock: the private PostgreSQL server,
+# the primary's imports and system description, and loading the dataset index that
+# `automlperf slurm` saved at submission. Measured here at under half a minute in all
+# (bench/RESULTS.md, "A cluster job's start-up"); the rest is room for a busy shared file
+# system. A start-up that takes longer starts no clock (JobLimit).
+STARTUP_S = 300.0
+
+
+def margins(duration_s: float, startup_s: float = STARTUP_S) -> tuple[float, int]:
+    """(time limit, signal lead) in seconds. The job holds the start-up, the run, and the
+    lead: the primary's time to stop the replicas and write the result once signalled,
+    which SLURM may send up to a minute early, so the signal still lands after the run's
+    own deadline however long the start-up took within ``startup_s``."""
+    lead = int(max(120.0, 0.03 * duration_s))
+    return startup_s + duration_s + lead + 60, lead
+
+
+@dataclass
+class ScriptOptions:
+    run_dir: Path
+    nodes: int
+    duration_s: float
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    store_url: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    time_limit_s: float | None = None
+    settings: Config | None = None  # the run's configuration, resolved; None: the default
+    job_name: str = "automlperf"
+    sbatch_extra: list[str] = field(default_factory=list)
+    container: Container | None = None
+    # The whole node for each replica (a benchmark shares no node's CPUs, memory or GPUs);
+    # False leaves the node's sharing to the site and to --cpus-per-task and --sbatch.
+    exclusive: bool = True
+    small_task: bool = False  # the built-in or digits task on several nodes, asked for
+
+    def all_memory(self) -> bool:
+        """Ask for all of each node's memory (``--mem=0``): on whole nodes, unless the user
+        sets the job's memory (sbatch refuses --mem beside --mem-per-cpu/--mem-per-gpu)."""
+        return self.exclusive and not any(re.match(r"--mem(-per-(cpu|gpu))?(=|\s|$)", extra.strip())
+                                          for extra in self.sbatch_extra)
+
+    def grace_s(self) -> float:
+        """The grace the run gives epochs in flight at its deadline (Config.deadline_grace),
+        which the job outlives it by: that of its settings, or of the default configuration
+        for this duration."""
+        settings = self.settings
+        if settings is None:
+            settings = Config.parse({"run": {"duration_s": self.duration_s}})
+        return settings.deadline_grace()
+
+
+@dataclass
+class Written:
+    """A batch script written, and what sized its time limit."""
+
+    script: Path
+    time_limit_s: float
+    signal_lead_s: int
+    startup_s: float
+    dataset: dict[str, Any] | None = None  # the dataset index saved at submission
+
+
+def write_script(opts: ScriptOptions) -> Path:
+    """Write RUN_DIR/automlperf.sbatch (and the files it needs); return its path."""
+    return write_job(opts).script
+
+
+def write_job(opts: ScriptOptions) -> Written:
+    """Write RUN_DIR/automlperf.sbatch and the files it needs. An image-folder dataset is
+    scanned here, once, before the job: its identity is checked (an official run on other
+    data is refused now, not in the queue) and its file index saved in the run directory,
+    where the job's primary and replicas load it instead of walking the folder again."""
+    run_dir = opts.run_dir.resolve()
+    if (run_dir / "run.json").exists():
+        raise SlurmError(f"{run_dir} already holds a run; choose a new --run-dir, or resubmit "
+                         f"it with `automlperf slurm --resume --run-dir {run_dir}`")
+    # Fail here, on the login node, rather than in the queue.
+    if opts.store_url is None:
+        find_binaries()
+    else:
+        connections.check_room(opts.store_url, opts.nodes)  # one replica per node
+    settings = opts.settings
+    if settings is not None:
+        settings.check_official()
+        check_cluster_task(settings, opts.nodes, opts.small_task)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dataset = _scan_dataset(settings, run_dir) if settings is not None else None
+    (run_dir / "logs").mkdir(exist_ok=True)
+    if opts.store_url is None:
+        (run_dir / "postgres").mkdir(exist_ok=True)
+    password_file = None
+    store_url = None
+    if opts.store_url:
+        store_url, password = split_password(opts.store_url)
+        if password is not None:
+            # Kept out of the script and the logs, in a file only its owner can read.
+            password_file = run_dir / ".store-password"
+            old = os.umask(0o077)
+            try:
+                password_file.write_text(password + "\n")
+            finally:
+                os.umask(old)
+    # The job outlives the deadline by the grace the epochs in flight have to finish.
+    grace = opts.grace_s()
+    limit, lead = margins(opts.duration_s + grace)
+    if opts.time_limit_s is not None:
+        if opts.time_limit_s < opts.duration_s + grace + 120:
+            raise SlurmError(f"--time-limit {format_time(opts.time_limit_s)} leaves no room to "
+                             f"finish the epochs in flight ({grace:.0f} s of grace), stop and "
+                             f"write the result after a {opts.duration_s:.0f} s run: give at "
+                             "least the grace and 2 minutes more than --duration (or lower "
+                             "[run] deadline_grace_s)")
+        limit = opts.time_limit_s
+        lead = int(max(30, min(lead, limit - opts.duration_s - grace - 60)))
+    if opts.container is not None:
+        opts.container.save(run_dir)
+    run_args = [f"--duration {int(opts.duration_s)}s"]
+    if settings is not None:
+        config_copy = run_dir / "submitted-config.toml"
+        write_atomic(config_copy, settings.to_toml())
+        run_args.insert(0, f"--config {shlex.quote(str(config_copy))}")
+    if opts.small_task:
+        run_args.append("--small-task")
+    env = jinja2.Environment(loader=jinja2.PackageLoader("automlperf.runner", "."),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["shq"] = lambda v: shlex.quote(str(v))
+    script = run_dir / "automlperf.sbatch"
+    text = env.get_template("sbatch.sh.j2").render(
+        written=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), script=script,
+        run_dir=run_dir, nodes=opts.nodes, gpus_per_node=opts.gpus_per_node,
+        cpus_per_task=opts.cpus_per_task, time_limit=format_time(limit), signal_s=lead,
+        margin_s=lead + 60, margin_env=MARGIN_ENV,
+        partition=opts.partition, account=opts.account, job_name=opts.job_name,
+        sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
+        store_shown=redact(store_url) if store_url else None, password_file=password_file,
+        run_args=" ".join(run_args), container=opts.container, exclusive=opts.exclusive,
+        all_memory=opts.all_memory(), dataset=dataset)
+    write_atomic(script, text)
+    script.chmod(0o750)
+    return Written(script, limit, lead, STARTUP_S, dataset)
+
+
+def _scan_dataset(settings: Config, run_dir: Path) -> dict[str, Any] | None:
+    """Scan the run's image folder now and save its index in the run directory (see
+    write_job); what was found, for the script's header and the command's output."""
+    data_dir = settings.data.data_dir
+    if settings.data.dataset != "imagenet" or data_dir is None:
+        return None
+    if not Path(data_dir).is_dir():
+        raise SlurmError(f"{data_dir} is not readable here: `automlperf slurm` scans the dataset "
+                         "once, before the job, so that the job's clock and time limit do not "
+                         "pay for a million file look-ups; run it on a node that sees the data "
+                         "at the path the compute nodes use (srun -N1 --pty automlperf slurm ...)")
+    origin = record_origin(settings, run_dir=run_dir)
+    identity = origin["dataset_identity"] or {}
+    startup = origin.get("startup", {})
+    return {"files": identity.get("files"), "classes": identity.get("classes"),
+            "fingerprint": identity.get("fingerprint"), "problems": identity.get("problems", []),
+            "scan_s": startup.get("dataset_scan_s"), "index": str(run_dir / SHARED_INDEX)}
+
+
+def resubmission(run_dir: Path) -> tuple[float, float]:
+    """(time limit, seconds of the run left) for submitting a run's script again: the time
+    the run still needs, its start-up and the margin to write the result."""
+    run_dir = run_dir.resolve()
+    if not (run_dir / "automlperf.sbatch").exists():
+        raise SlurmError(f"{run_dir} has no automlperf.sbatch: write one with `automlperf slurm`")
+    text = (run_dir / "automlperf.sbatch").read_text()
+    # The script's signal lead stays (its #SBATCH line, and what it tells the primary).
+    signal = re.search(r"#SBATCH --signal=B:TERM@(\d+)", text)
+    lead = float(signal.group(1)) if signal else float(margins(0)[1])
+    if not (run_dir / "run.json").exists():
+        # The job never started the run's clock: it needs the whole duration.
+        found = re.search(r"--duration (\d+)s", text)
+        if found is None:
+            raise SlurmError(f"{run_dir}/automlperf.sbatch names no --duration")
+        left = float(found.group(1))
+    else:
+        rd = RunDir(run_dir)
+        run_id = int(rd.meta()["run_id"])
+        with run_store(run_dir) as store:
+            duration = float(store.run(run_id)["duration_s"])
+            done = sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
+        left = max(0.0, duration - done)
+    return STARTUP_S + left + _grace(run_dir) + lead + 60, left
+
+
+def _grace(run_dir: Path) -> float:
+    """The grace the submitted run gives epochs in flight at its deadline."""
+    submitted = run_dir / "submitted-config.toml"
+    return Config.load(submitted).deadline_grace() if submitted.exists() else 0.0
+
+
+def submit(script: Path, test_only: bool = False, options: list[str] | None = None) -> str:
+    """sbatch the script (``options`` before it override its #SBATCH lines); the job id (or
+    sbatch's verdict with ``test_only``)."""
+    cmd = [require("sbatch")] + (["--test-only"] if test_only else ["--parsable"]) + \
+        (options or []) + [str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SlurmError(f"sbatch refused {script}: {done.stderr.strip()}")
+    if test_only:
+        return done.stderr.strip() or done.stdout.strip()
+    return done.stdout.strip().split(";")[0]
