@@ -58,3 +58,21 @@ def make_tree(root, per_class=(2, 1), flat_val=False, classes=WNIDS, counts=None
     if flat_val:
         (root / KAGGLE_LABELS).write_text("\n".join(rows) + "\n")
     return root
+
+
+def near_miss(root, kind):
+    """Make one kind of difference from ImageNet-1k in a tree of make_tree's."""
+    if kind == "999 classes":
+        for split in ("train", "val"):
+            for f in (root / split / WNIDS[-1]).iterdir():
+                f.unlink()
+            (root / split / WNIDS[-1]).rmdir()
+    elif kind == "one image missing":
+        next((root / "train" / WNIDS[5]).iterdir()).unlink()
+    elif kind == "renamed class":
+        for split in ("train", "val"):
+            (root / split / WNIDS[7]).rename(root / split / "n99999999")
+    elif kind == "extra file":
+        (root / "train" / WNIDS[3] / "notes.txt").write_text("x")
+    elif kind == "extra image":
+        os.link(next((root / "val" / WNIDS[0]).iterdir()), root / "val" / WNIDS[0] / "x.JPEG")

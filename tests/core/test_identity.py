@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trees import SMALL, WNIDS, make_tree
+from trees import SMALL, WNIDS, make_tree, near_miss
 
 from automlperf import rules
 from automlperf.dataset_identity import (KAGGLE_LABELS, DatasetIdentityError, identify,
@@ -41,23 +41,6 @@ def test_flat_val_with_only_the_devkit_ground_truth_is_refused(tmp_path):
     (root / KAGGLE_LABELS).rename(root / "ILSVRC2012_validation_ground_truth.txt")
     with pytest.raises(DatasetIdentityError, match="meta.mat order.*LOC_val_solution.csv"):
         scan(root)
-
-
-def near_miss(root, kind):
-    if kind == "999 classes":
-        for split in ("train", "val"):
-            for f in (root / split / WNIDS[-1]).iterdir():
-                f.unlink()
-            (root / split / WNIDS[-1]).rmdir()
-    elif kind == "one image missing":
-        next((root / "train" / WNIDS[5]).iterdir()).unlink()
-    elif kind == "renamed class":
-        for split in ("train", "val"):
-            (root / split / WNIDS[7]).rename(root / split / "n99999999")
-    elif kind == "extra file":
-        (root / "train" / WNIDS[3] / "notes.txt").write_text("x")
-    elif kind == "extra image":
-        os.link(next((root / "val" / WNIDS[0]).iterdir()), root / "val" / WNIDS[0] / "x.JPEG")
 
 
 @pytest.mark.parametrize("kind,named", [

@@ -5,10 +5,10 @@ import os
 import re
 import shutil
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
+from browser import browser
 
 from automlperf.measure.breakdown import OF_TRAINING
 from automlperf.measure.result import RESULT_SCHEMA_VERSION, read_result
@@ -214,21 +214,6 @@ def test_the_monitor_samples_without_a_gpu(run_dir):
     from automlperf.store import open_store
 
     assert len(open_store(run_dir=run_dir).samples(1)) == len(readings)
-
-
-def chromium():
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    pytest.fail("chromium is not installed (run scripts/setup-system.sh)")
-
-
-def browser(*args, tmp_path):
-    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-                           "--disable-background-networking", "--disable-component-update",
-                           "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                           f"--user-data-dir={tmp_path / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.browser

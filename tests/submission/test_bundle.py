@@ -14,7 +14,7 @@ import pytest
 from automlperf.submission.check import check_run
 from automlperf.store import open_store
 from helpers import cli, sim_config
-from test_results import browser
+from browser import browser
 
 pytestmark = pytest.mark.slow
 

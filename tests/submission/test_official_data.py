@@ -10,7 +10,7 @@ from automlperf import rules
 from automlperf.config import Config, ConfigError
 from automlperf.runner.session import record_origin
 from helpers import cli
-from test_identity import SMALL, WNIDS, make_tree, near_miss
+from trees import SMALL, WNIDS, make_tree, near_miss
 
 SMALL_RULES = dataclasses.replace(rules.CURRENT, dataset=SMALL)
 
