@@ -30,7 +30,7 @@ from automlperf.store.urls import normalise_url, resolve_store_url
 LAUNCHERS = ("local", "slurm", "external")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunRequest:
     """What ``automlperf run`` was asked; None leaves a setting to the configuration."""
 
@@ -48,7 +48,7 @@ class RunRequest:
     small_task: bool = False  # the built-in or digits task on several nodes, asked for
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunOutcome:
     """How a run ended and what it wrote."""
 

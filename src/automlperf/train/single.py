@@ -15,7 +15,7 @@ from automlperf.graph import Graph, seeds
 from automlperf.train.spec import DataArgs, TrialSpec
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainRequest:
     """What ``automlperf train`` was asked; None leaves a setting to the configuration."""
 
