@@ -29,6 +29,14 @@ def cli_args(*args):
     return [sys.executable, "-m", "automlperf.cli", *map(str, args)]
 
 
+def data_section(dataset, **settings):
+    """The data section of a dataset's preset (its image size, ...), ``settings`` on top: what
+    a run's ranks load."""
+    from automlperf.config import Config
+
+    return Config.for_dataset(dataset, {"data": settings}).data
+
+
 def sim_config(sustained_ops=2e10, max_epochs=2, candidates=16, monitor_interval=5,
                ceiling_s=0.3, time_compression=1.0, **run) -> str:
     """A run of simulated devices on the small digits, with ``run`` settings: at the default
@@ -236,13 +244,12 @@ def pool_under_memory_limit(devices, gib=4):
     """A pool on synthetic 16x16 images whose rank processes inherit a ``gib`` address-space
     limit; this process gets its own limit back."""
     from automlperf.train.pool import DevicePool
-    from automlperf.train.spec import DataArgs
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (gib * 2**30, hard))
     try:
-        return DevicePool(devices, DataArgs("synthetic", image_size=16, synthetic_images=2048,
-                                            synthetic_classes=10))
+        return DevicePool(devices, data_section("synthetic", image_size=16, synthetic_images=2048,
+                                                synthetic_classes=10))
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 

@@ -52,6 +52,15 @@ class DataConfig(Section):
                                   "that may be unreadable in an epoch; beyond it the trial "
                                   "fails for its data. An official run allows none.")
 
+    def for_ranks(self, threads: int) -> DataConfig:
+        """This section as training processes with ``threads`` cores each load it: unless
+        set, ``workers`` is the spare cores beside a rank's threads for image files (data
+        held in memory needs no decoding workers)."""
+        if self.workers is not None:
+            return self
+        spare = max(0, threads - 1) if self.dataset == "imagenet" else 0
+        return self.model_copy(update={"workers": spare})
+
 
 class ModelConfig(Section):
     seed_model: Literal["resnet50", "resnet_small"] = Field(

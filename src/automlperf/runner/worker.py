@@ -28,7 +28,7 @@ from automlperf.store.remote import open_run_store, served, service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
-from automlperf.train.spec import DataArgs, Trainer
+from automlperf.train.spec import Trainer
 
 log = logging.getLogger("automlperf.replica")
 
@@ -76,10 +76,10 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     else:
         chosen = choose_devices(wanted, require_accelerators or config.run.require_accelerators)
         per_device = max(1, (threads or cores_available()) // len(chosen))
-        data = DataArgs.from_config(config.data, per_device)
+        index_dir = None
         if config.data.dataset == "imagenet" and (shared / FileIndex.META).exists():
-            data.index_dir = str(shared)  # the primary's scan: no replica walks the folder
-        trainer = PoolTrainer(chosen, data, per_device)
+            index_dir = str(shared)  # the primary's scan: no replica walks the folder
+        trainer = PoolTrainer(chosen, config.data, per_device, index_dir=index_dir)
         memory = accelerator_memory_gib()
     place = Placement(rd, run_id, config, index, store.segments(run_id)[-1], chosen, per_device)
     world = len(chosen)
