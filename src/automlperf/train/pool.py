@@ -126,8 +126,8 @@ class DevicePool:
     devices: list[str]
     data: DataConfig
     threads_per_rank: int = 1
-    # A scanned index of the image folder (a run's primary scans once for every replica);
-    # None: the pool scans the folder itself.
+    # A scanned index of the image folder, given by the caller, who saw the data is here (a
+    # run's primary scans once for every replica); None: the pool scans the folder itself.
     index_dir: str | None = None
     start_timeout_s: float = 300.0
     failure_grace_s: float = 10.0
@@ -159,21 +159,13 @@ class DevicePool:
             raise
 
     def _prepare_data(self) -> None:
-        """Scan an image-folder dataset here, once, unless the run's primary has (its index
-        in the run directory): every rank start (and restart) maps the saved index instead of
-        walking a million files on a shared file system."""
-        if self.data.dataset != "imagenet":
+        """Scan an image-folder dataset here, once, unless the caller gave its index (a run's
+        primary saves one in the run directory): every rank start (and restart) maps the
+        saved index instead of walking a million files on a shared file system."""
+        if self.data.dataset != "imagenet" or self.index_dir is not None:
             return
         from automlperf.train.data import DataError, prepare_index
-        from automlperf.train.data.index import check_reachable
 
-        if self.index_dir is not None:
-            # The run's own index, scanned once by its primary: the data need only be here.
-            try:
-                check_reachable(self.index_dir, self.data.data_dir)
-            except DataError as exc:
-                raise PoolError(str(exc)) from None
-            return
         folder = os.path.join(self._scratch, "index")
         try:
             prepare_index(self.data.data_dir, folder)
