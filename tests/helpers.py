@@ -339,7 +339,8 @@ def make_replica(session, trainer, clock=None):
 
     store = open_store(None, run_dir=session.dir.path)
     segment = store.segments(session.run_id)[-1]
-    place = Placement(session.dir, session.run_id, session.config, 0, segment, ["fake"], 1)
+    place = Placement(dir=session.dir, run_id=session.run_id, config=session.config, index=0,
+                      segment=segment, devices=["fake"], threads=1)
     cfg = session.config.search
     hpo = HyperSearch(store.url, "run-1-replica-0", (32, 128), cfg.kernel_sizes,
                       startup_trials=cfg.tpe_startup_trials)

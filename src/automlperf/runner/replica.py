@@ -137,7 +137,7 @@ class TrialRecorder:
         self.log.close()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Placement:
     """Where a replica works: its run, its number, the session it joins and its node's
     resources."""

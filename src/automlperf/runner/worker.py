@@ -81,7 +81,8 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         per_device = max(1, (threads or cores_available()) // len(chosen))
         trainer = PoolTrainer(chosen, config.data, per_device, index_dir=index_dir)
         memory = accelerator_memory_gib()
-    place = Placement(rd, run_id, config, index, store.segments(run_id)[-1], chosen, per_device)
+    place = Placement(dir=rd, run_id=run_id, config=config, index=index,
+                      segment=store.segments(run_id)[-1], devices=chosen, threads=per_device)
     world = len(chosen)
     default_batch = config.train.per_device_batch(memory) * world
     search = config.search
