@@ -219,14 +219,15 @@ def under_training(root: Path, gpu: bool, per_rank: int, steps: int) -> dict[str
     """The seed ResNet-50 at 224, eager channels-last, fed by the GPU path or the CPU
     workers: train/loaderprobe.py's measurement (alone, then beside ``steps`` training
     steps), in this process."""
+    from automlperf.config import DataConfig
     from automlperf.graph import seeds
     from automlperf.hardware import cores_available
     from automlperf.train import data as datasets
     from automlperf.train.loaderprobe import probe_loader
 
     threads = cores_available()
-    ds = datasets.load("imagenet", root, 224, workers=max(1, threads - 1), gpu_decode=gpu,
-                       device_type="cuda")
+    ds = datasets.load(DataConfig(dataset="imagenet", data_dir=root, image_size=224,
+                                  workers=max(1, threads - 1), gpu_decode=gpu), device_type="cuda")
     device = torch.device("cuda:0")
     torch.cuda.reset_peak_memory_stats(device)
     path = ds.decode_path

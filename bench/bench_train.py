@@ -20,6 +20,7 @@ import time
 import torch
 from torch import nn
 
+from automlperf.config import Config
 from automlperf.graph import seeds
 from automlperf.train.builder import build_module
 from automlperf.train.data import load
@@ -53,8 +54,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(cores_available())
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    data = load(args.dataset, image_size=args.image_size, synthetic_images=2048,
-                synthetic_classes=10)
+    data = load(Config.for_dataset(args.dataset, {"data": {
+        "image_size": args.image_size, "synthetic_images": 2048, "synthetic_classes": 10}}).data)
     graph = seeds.seed(args.model, data.num_classes, data.image_size, data.channels)
 
     spec = TrialSpec("bench", graph.to_dict(), epochs=args.epochs, batch_size=args.batch_size,

@@ -30,6 +30,14 @@ def cli_args(*args):
     return [sys.executable, "-m", "automlperf.cli", *map(str, args)]
 
 
+def data_section(dataset, **settings):
+    """The data section of a dataset's preset (its image size, ...), ``settings`` on top: what
+    a run's ranks load."""
+    from automlperf.config import Config
+
+    return Config.for_dataset(dataset, {"data": settings}).data
+
+
 def sim_config(sustained_ops=2e10, max_epochs=2, candidates=16, monitor_interval=5,
                ceiling_s=0.3, time_compression=1.0, **run) -> str:
     """A run of simulated devices on the small digits, with ``run`` settings: at the default
@@ -237,13 +245,12 @@ def pool_under_memory_limit(devices, gib=4):
     """A pool on synthetic 16x16 images whose rank processes inherit a ``gib`` address-space
     limit; this process gets its own limit back."""
     from automlperf.train.pool import DevicePool
-    from automlperf.train.spec import DataArgs
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (gib * 2**30, hard))
     try:
-        return DevicePool(devices, DataArgs("synthetic", image_size=16, synthetic_images=2048,
-                                            synthetic_classes=10))
+        return DevicePool(devices, data_section("synthetic", image_size=16, synthetic_images=2048,
+                                                synthetic_classes=10))
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
@@ -360,7 +367,8 @@ def make_replica(session, trainer, clock=None):
 
     store = open_store(None, run_dir=session.dir.path)
     segment = store.segments(session.run_id)[-1]
-    place = Placement(session.dir, session.run_id, session.config, 0, segment, ["fake"], 1)
+    place = Placement(dir=session.dir, run_id=session.run_id, config=session.config, index=0,
+                      segment=segment, devices=["fake"], threads=1)
     cfg = session.config.search
     hpo = HyperSearch(store.url, "run-1-replica-0", (32, 128), cfg.kernel_sizes,
                       startup_trials=cfg.tpe_startup_trials)

@@ -59,6 +59,16 @@ def test_unknown_model_is_a_usage_error():
     assert result.exit_code == 2 and "unknown model 'vgg'" in result.output
 
 
+@pytest.mark.parametrize("command", [["run"], ["slurm", "--nodes", "2"]])
+def test_run_and_slurm_refuse_bad_options_alike_before_writing_anything(tmp_path, command):
+    run_dir = tmp_path / "r"
+    for options, message in ((["--duration", "soon"], "--duration: 'soon' is not a duration"),
+                             (["--dataset", "imagenet"], "imagenet needs --data-dir")):
+        result = runner.invoke(app, [*command, "--run-dir", str(run_dir), *options])
+        assert result.exit_code == 2 and message in result.output, result.output
+    assert not run_dir.exists()
+
+
 def test_console_script_is_installed():
     exe = shutil.which("automlperf") or str(__import__("pathlib").Path(sys.executable).parent / "automlperf")
     result = subprocess.run([exe, "ops", "--model", "resnet_small", "--image-size", "32",

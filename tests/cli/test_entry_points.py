@@ -54,21 +54,21 @@ def test_run_benchmark_runs_scores_and_writes_everything(tmp_path):
 def test_a_training_plan_refuses_what_cannot_train(tmp_path):
     digits = Config.for_dataset("digits", {"data": {"image_size": 8}})
     with pytest.raises(UserError, match="--graph or --model, not both"):
-        plan_training(TrainRequest(digits, graph=tmp_path / "g.json", model="resnet_small"))
+        plan_training(TrainRequest(config=digits, graph=tmp_path / "g.json", model="resnet_small"))
     graph = tmp_path / "g.json"
     graph.write_text(seeds.resnet_small(10, 16, 1).to_json())
     with pytest.raises(UserError, match="pick a matching --image-size or graph"):
-        plan_training(TrainRequest(digits, graph=graph))
+        plan_training(TrainRequest(config=digits, graph=graph))
     with pytest.raises(UserError, match="cannot read graph file"):
-        plan_training(TrainRequest(digits, graph=tmp_path / "none.json"))
+        plan_training(TrainRequest(config=digits, graph=tmp_path / "none.json"))
     with pytest.raises(UserError, match="cifar10 needs --data-dir"):
-        plan_training(TrainRequest(Config.for_dataset("cifar10")))
+        plan_training(TrainRequest(config=Config.for_dataset("cifar10")))
 
 
 @pytest.mark.slow
 def test_train_planned_trains_and_keeps_the_best_weights(tmp_path):
     digits = Config.for_dataset("digits", {"data": {"image_size": 8}})
-    plan = plan_training(TrainRequest(digits, model="resnet_small", epochs=2, batch_size=128,
+    plan = plan_training(TrainRequest(config=digits, model="resnet_small", epochs=2, batch_size=128,
                                       weights_out=tmp_path / "w.safetensors"))
     assert plan.spec.batch_size == 128 and plan.spec.patience == 3
     assert "digits" in plan.describe()

@@ -1,6 +1,9 @@
+from pathlib import Path
+
 import pytest
 
 from automlperf.config import Config, ConfigError, parse_duration
+from automlperf.errors import UserError
 
 
 def write(tmp_path, text):
@@ -103,8 +106,7 @@ def test_official_settings_hold_a_run_to_the_data_rule_unless_declared_unofficia
 
 
 def test_a_cluster_run_of_a_built_in_task_must_be_asked_for():
-    from automlperf.errors import UserError
-    from automlperf.runner.primary import check_cluster_task
+    from automlperf.settings import check_cluster_task
 
     digits = Config.for_dataset("digits")
     with pytest.raises(UserError, match="a 4-node run of the digits task .*--small-task"):
@@ -113,3 +115,22 @@ def test_a_cluster_run_of_a_built_in_task_must_be_asked_for():
     check_cluster_task(digits, 1, asked=False)
     check_cluster_task(Config.parse({"run": {"accelerator": "simulated"},
                                      "data": {"dataset": "digits"}}), 4, asked=False)
+
+
+def test_the_options_of_run_slurm_and_train_make_one_configuration(tmp_path, monkeypatch):
+    from automlperf.settings import settings_from_options
+
+    monkeypatch.chdir(tmp_path)
+    cfg = settings_from_options(None, "imagenet", duration="1h30m", data_dir=Path("d"),
+                                unofficial=True, options={"run.replicas": 3,
+                                                          "train.precision": None})
+    assert cfg.run.duration_s == 5400 and cfg.run.replicas == 3 and cfg.run.official is False
+    assert cfg.data.data_dir == tmp_path.resolve() / "d"  # read again from other folders
+    assert cfg.train.precision == "auto"  # None: not given
+    with pytest.raises(ConfigError, match="^--duration: 'soon' is not a duration"):
+        settings_from_options(None, "digits", duration="soon")
+    with pytest.raises(UserError, match=r"^cifar10 needs --data-dir \(or data.data_dir"):
+        settings_from_options(None, "cifar10")
+    settings_from_options(None, "cifar10", data_required=False)  # the loader says it then
+    simulated = settings_from_options(None, "imagenet", options={"run.accelerator": "simulated"})
+    assert simulated.data.data_dir is None  # a simulated run reads no images

@@ -16,7 +16,7 @@ PACKAGE = Path(automlperf.__file__).parent
 # torch about devices only inside its functions.
 LAYERS = [
     {"__init__", "errors", "events", "rules", "config", "procutil", "hardware", "dataset_identity",
-     "seeding"},
+     "seeding", "sections", "settings"},
     {"graph"},
     {"ops"},
     {"search"},

@@ -17,7 +17,7 @@ from automlperf.train.compiling import (MARGIN, NO_FIGURES, CompileFigures, deci
                                         measure_compile)
 from automlperf.train.spec import TrialSpec
 from automlperf.train.trainer import RankContext, train_on_rank
-from helpers import trial_spec
+from helpers import data_section, trial_spec
 from test_rank_state import TINY
 
 CPU = torch.device("cpu")
@@ -73,7 +73,7 @@ def test_a_rank_without_figures_stays_eager_and_measures_nothing(monkeypatch):
 
     monkeypatch.setattr(compiling, "measure_compile", no)
     assert not hasattr(trainer, "measure_compile")
-    ctx = RankContext(0, 1, CPU, datasets.load("digits"))
+    ctx = RankContext(0, 1, CPU, datasets.load(data_section("digits")))
     run = _run(trial_spec("t", graph=TINY, epochs=100), ctx)
     assert not run.compiled and run.decision.reason == NO_FIGURES
     assert not compilecache.cache_path().exists()  # nothing measured, nothing kept
@@ -109,7 +109,7 @@ def test_the_doctors_figures_are_kept_and_decide_the_ranks_on_that_node_alone(tm
     assert kept == str(compilecache.cache_path())
     assert "kept in " + kept in training.compile_advice(
         node, figures, training.Shape("resnet50", 224, 1000, True), kept)
-    ctx = RankContext(0, 1, CPU, datasets.load("digits"))
+    ctx = RankContext(0, 1, CPU, datasets.load(data_section("digits")))
     run = _run(trial_spec("t", graph=TINY, epochs=100), ctx)
     assert run.compiled and "repays itself" in run.decision.reason
     source = run.decision.figures.source
@@ -158,7 +158,7 @@ def test_the_measurement_times_both_rates_and_the_compilation():
 
 @pytest.mark.slow
 def test_a_compiled_trial_counts_the_same_operations_and_says_it_ran_compiled():
-    ctx = RankContext(0, 1, CPU, datasets.load("digits"))
+    ctx = RankContext(0, 1, CPU, datasets.load(data_section("digits")))
     events = {}
     outcomes = {}
     for compile in (False, True):

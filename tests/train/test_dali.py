@@ -11,7 +11,7 @@ from automlperf.graph import seeds
 from automlperf.train import data as datasets
 from automlperf.train.data import dali
 from automlperf.train.trainer import RankContext, TrialSpec, train_on_rank
-from helpers import TEST_MAX_UNREADABLE, cli, marked_env, wait_no_strays
+from helpers import TEST_MAX_UNREADABLE, cli, data_section, marked_env, wait_no_strays
 from imagefolder import assert_every_image_counted, make_image_folder
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
@@ -42,7 +42,7 @@ def test_train_decodes_with_dali_and_counts_corrupt_files(tmp_path, photos, devi
 
 def test_one_pipeline_per_split_and_trial_with_nhwc_uint8_output(photos, monkeypatch):
     root, counts = photos
-    ds = datasets.load("imagenet", root, image_size=32, workers=1, dali=True)
+    ds = datasets.load(data_section("imagenet", data_dir=root, image_size=32, workers=1, dali=True))
     assert isinstance(ds, datasets.DaliImageFolderDataset)
     built: list[tuple[bool, int]] = []
     real_build = dali._DaliLoader._build
@@ -75,8 +75,8 @@ def test_one_pipeline_per_split_and_trial_with_nhwc_uint8_output(photos, monkeyp
 
 def test_a_trial_on_dali_images_through_the_trainer(photos):
     root, counts = photos
-    ds = datasets.load("imagenet", root, image_size=32, workers=1, dali=True,
-                       max_unreadable=TEST_MAX_UNREADABLE)
+    ds = datasets.load(data_section("imagenet", data_dir=root, image_size=32, workers=1, dali=True,
+                                    max_unreadable=TEST_MAX_UNREADABLE))
     graph = seeds.resnet_small(num_classes=3, image_size=32)
     spec = TrialSpec("dali", graph.to_dict(), epochs=2, batch_size=8, patience=5)
     out = train_on_rank(spec, RankContext(0, 1, torch.device("cpu"), ds))
@@ -90,8 +90,9 @@ def test_dali_is_chosen_only_when_asked_and_labelled_a_different_function(photos
 
     root, _ = photos
     monkeypatch.setattr(gpudecode, "DECODERS", ())  # no nvJPEG decoder: the CPU workers
-    assert type(datasets.load("imagenet", root, device_type="cuda")) is datasets.ImageFolderDataset
-    assert type(datasets.load("imagenet", root, device_type="cpu")) is datasets.ImageFolderDataset
-    ds = datasets.load("imagenet", root, device_type="cpu", dali=True)
+    folder = data_section("imagenet", data_dir=root)
+    assert type(datasets.load(folder, device_type="cuda")) is datasets.ImageFolderDataset
+    assert type(datasets.load(folder, device_type="cpu")) is datasets.ImageFolderDataset
+    ds = datasets.load(data_section("imagenet", data_dir=root, dali=True), device_type="cpu")
     assert isinstance(ds, datasets.DaliImageFolderDataset)
     assert ds.decode_path.startswith("dali-own-crops ") and "not the reference" in ds.decode_path

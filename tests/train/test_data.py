@@ -9,6 +9,7 @@ from PIL import Image
 
 from automlperf.train import data as datasets
 from automlperf.train.data import DataError, random_resized_crop_box, step_plan
+from helpers import data_section
 
 CPU = torch.device("cpu")
 
@@ -23,14 +24,14 @@ def collect(ds, split, world=1, batch=16, epoch=0):
 
 
 def test_builtin_mnist_sample_ships_with_the_package():
-    ds = datasets.load("builtin")
+    ds = datasets.load(data_section("builtin"))
     assert (ds.train_size, ds.val_size, ds.num_classes, ds.input_shape) == (4000, 1000, 10, (1, 12, 12))
     x, y = collect(ds, "val", batch=500)
     assert x.shape == (1000, 1, 12, 12) and torch.bincount(y).tolist() == [100] * 10
     assert abs(float(x.mean())) < 0.3 and 0.6 < float(x.std()) < 1.4  # normalised
     tx, ty = collect(ds, "train", batch=500)
     assert torch.bincount(ty).tolist() == [400] * 10
-    full = datasets.load("builtin", image_size=28)
+    full = datasets.load(data_section("builtin", image_size=28))
     assert full.input_shape == (1, 28, 28)
     # Validation and training images are disjoint (no image counted twice).
     vx, _ = collect(full, "val", batch=500)
@@ -40,12 +41,12 @@ def test_builtin_mnist_sample_ships_with_the_package():
 
 
 def test_digits_ship_with_the_package():
-    ds = datasets.load("digits", image_size=16)
+    ds = datasets.load(data_section("digits", image_size=16))
     assert (ds.train_size, ds.val_size, ds.num_classes, ds.input_shape) == (1437, 360, 10, (1, 16, 16))
     x, y = collect(ds, "val")
     assert x.shape == (360, 1, 16, 16) and torch.bincount(y).tolist() == [36] * 10
     assert abs(float(x.mean())) < 0.3 and 0.6 < float(x.std()) < 1.4  # normalised
-    assert datasets.load("digits").input_shape == (1, 8, 8)
+    assert datasets.load(data_section("digits")).input_shape == (1, 8, 8)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -79,9 +80,9 @@ def test_cifar10_batches(tmp_path, binary):
     write_cifar(tmp_path / "cifar-10-batches-x", binary)
     if binary:
         (tmp_path / "cifar-10-batches-x").rename(tmp_path / "cifar-10-batches-bin")
-        ds = datasets.load("cifar10", tmp_path)
+        ds = datasets.load(data_section("cifar10", data_dir=tmp_path))
     else:
-        ds = datasets.load("cifar10", tmp_path / "cifar-10-batches-x")
+        ds = datasets.load(data_section("cifar10", data_dir=tmp_path / "cifar-10-batches-x"))
     assert (ds.train_size, ds.val_size, ds.input_shape) == (100, 20, (3, 32, 32))
     x, y = collect(ds, "train", world=2)
     assert x.shape == (100, 3, 32, 32) and y.max() < 10
@@ -96,19 +97,19 @@ def test_cifar10_python_batches_are_never_unpickled_into_objects(tmp_path):
 
     (tmp_path / "c" / "data_batch_3").write_bytes(pickle.dumps({b"data": Evil(), b"labels": []}))
     with pytest.raises(DataError, match="data_batch_3: not a CIFAR-10 python batch"):
-        datasets.load("cifar10", tmp_path / "c")
+        datasets.load(data_section("cifar10", data_dir=tmp_path / "c"))
     assert not (tmp_path / "owned").exists()
 
 
 def test_cifar10_errors(tmp_path):
     with pytest.raises(DataError, match="cifar10 needs --data-dir"):
-        datasets.load("cifar10", None)
+        datasets.load(data_section("cifar10"))
     with pytest.raises(DataError, match="no CIFAR-10 batches found"):
-        datasets.load("cifar10", tmp_path)
+        datasets.load(data_section("cifar10", data_dir=tmp_path))
     write_cifar(tmp_path / "b", binary=True)
     (tmp_path / "b" / "test_batch.bin").write_bytes(b"\x00" * 100)
     with pytest.raises(DataError, match="not a multiple of 3073-byte records"):
-        datasets.load("cifar10", tmp_path / "b")
+        datasets.load(data_section("cifar10", data_dir=tmp_path / "b"))
 
 
 def make_image_folder(root, classes=("cat", "dog"), per_class=5, corrupt=True):
@@ -132,7 +133,7 @@ def make_image_folder(root, classes=("cat", "dog"), per_class=5, corrupt=True):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_imagenet_folders_skip_and_count_corrupt_images(tmp_path, workers):
     make_image_folder(tmp_path)
-    ds = datasets.load("imagenet", tmp_path, image_size=32, workers=workers)
+    ds = datasets.load(data_section("imagenet", data_dir=tmp_path, image_size=32, workers=workers))
     assert ds.num_classes == 2 and ds.train_size == 12 and ds.val_size == 10
     assert not ds.official  # two classes are not ImageNet-1k
     x, y = collect(ds, "train", batch=4)
@@ -145,29 +146,33 @@ def test_imagenet_folders_skip_and_count_corrupt_images(tmp_path, workers):
 
 def test_imagenet_folder_errors(tmp_path):
     with pytest.raises(DataError, match="imagenet needs --data-dir"):
-        datasets.load("imagenet", None)
+        datasets.load(data_section("imagenet"))
     with pytest.raises(DataError, match="train not found"):
-        datasets.load("imagenet", tmp_path)
+        datasets.load(data_section("imagenet", data_dir=tmp_path))
     (tmp_path / "train" / "a").mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(tmp_path / "train" / "a" / "x.JPEG")
     (tmp_path / "val" / "b").mkdir(parents=True)
     with pytest.raises(DataError, match="class 'b' is not in train/"):
-        datasets.load("imagenet", tmp_path)
+        datasets.load(data_section("imagenet", data_dir=tmp_path))
 
 
 def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monkeypatch):
     from automlperf.train.data import gpudecode
 
     make_image_folder(tmp_path, corrupt=False)
+
+    def folder(**settings):
+        return data_section("imagenet", data_dir=tmp_path, image_size=32, **settings)
+
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # as if not installed
     with pytest.raises(DataError, match=r"data.dali needs NVIDIA DALI: pip install 'automlperf\[dali\]'"):
-        datasets.load("imagenet", tmp_path, image_size=32, dali=True)
+        datasets.load(folder(dali=True))
     monkeypatch.setattr(gpudecode, "DECODERS", ())  # neither torchcodec nor torchvision
     with pytest.raises(DataError, match=r"gpu_decode needs an nvJPEG decoder: pip install "
                                         r"'automlperf\[nvjpeg\]'"):
-        datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True, device_type="cuda")
+        datasets.load(folder(gpu_decode=True), device_type="cuda")
     with pytest.raises(DataError, match="gpu_decode needs the ranks to train on NVIDIA GPUs"):
-        datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True)
+        datasets.load(folder(gpu_decode=True))
     # Unset, GPU ranks keep the CPU workers, even where a decoder imports: on an H200 the
     # GPU path fed a rank 2,293 img/s against the workers' 5,639.
     class Importable:
@@ -179,12 +184,11 @@ def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monke
     monkeypatch.setattr(gpudecode, "DECODERS", (Importable,))
     assert gpudecode.gpu_decoder() is not None
     for setting in (None, False):
-        ds = datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=setting,
-                           device_type="cuda")
+        ds = datasets.load(folder(gpu_decode=setting), device_type="cuda")
         assert type(ds) is datasets.ImageFolderDataset and ds.decode_path.startswith("cpu-pillow ")
-    ds = datasets.load("imagenet", tmp_path, image_size=32, device_type="cuda")
+    ds = datasets.load(folder(), device_type="cuda")
     assert type(ds) is datasets.ImageFolderDataset
-    ds = datasets.load("imagenet", tmp_path, image_size=32, gpu_decode=True, device_type="cuda")
+    ds = datasets.load(folder(gpu_decode=True), device_type="cuda")
     assert type(ds) is datasets.GpuImageFolderDataset  # asked for: the GPU path
     from automlperf.config import DataConfig
 
@@ -202,6 +206,6 @@ def test_random_resized_crop_box_stays_inside():
 
 
 def test_synthetic_data():
-    ds = datasets.load("synthetic", image_size=24, synthetic_images=50, synthetic_classes=7)
+    ds = datasets.load(data_section("synthetic", image_size=24, synthetic_images=50, synthetic_classes=7))
     x, y = collect(ds, "train", world=2, batch=8)
     assert x.shape == (50, 3, 24, 24) and y.max() < 7 and ds.val_size == 12

@@ -10,9 +10,10 @@ import psutil
 import pytest
 
 from automlperf.graph import seeds
-from automlperf.train.pool import DataArgs, DevicePool, train_trial
+from automlperf.train.pool import DevicePool, train_trial
 from automlperf.train.trainer import TrialSpec
-from helpers import TEST_MAX_UNREADABLE, cli, cli_args, default_sigint, marked_env, wait_no_strays
+from helpers import (TEST_MAX_UNREADABLE, cli, cli_args, data_section, default_sigint, marked_env,
+                     wait_no_strays)
 from imagefolder import assert_every_image_counted, make_image_folder
 from test_data import write_cifar
 
@@ -67,8 +68,8 @@ def test_a_killed_rank_takes_its_data_loading_workers_with_it(photos):
     """A rank is killed while its workers decode; they end with it, the trial is a recorded
     crash, and the restarted pool trains the next trial."""
     root, _ = photos
-    data = DataArgs("imagenet", str(root), image_size=32, workers=2,
-                    max_unreadable=TEST_MAX_UNREADABLE)
+    data = data_section("imagenet", data_dir=root, image_size=32, workers=2,
+                        max_unreadable=TEST_MAX_UNREADABLE)
     graph = seeds.resnet_small(num_classes=3, image_size=32)
     spec = TrialSpec("crash", graph.to_dict(), epochs=2, batch_size=4, patience=5)
     workers: list[psutil.Process] = []

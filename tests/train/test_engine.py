@@ -14,8 +14,7 @@ from automlperf.graph import seeds
 from automlperf.train.data import FileIndex
 from automlperf.hardware import cgroup_cpu_quota
 from automlperf.train.pool import DevicePool, PoolError, leaves_state_broken, train_trial
-from automlperf.train.spec import DataArgs
-from helpers import WIDE, Recorder, pool_under_memory_limit, trial_spec
+from helpers import WIDE, Recorder, data_section, pool_under_memory_limit, trial_spec
 from imagefolder import make_image_folder
 
 spec = trial_spec
@@ -45,7 +44,7 @@ def rendezvous_files(pool):
 def test_uneven_shards_train_on_two_gloo_ranks_without_join(tmp_path):
     # 1437 images, 359 per rank: the shards (719 and 718 images) would take 3 and 2 steps.
     rec = Recorder()
-    with DevicePool(["cpu"] * 2, DataArgs("digits", image_size=8)) as pool:
+    with DevicePool(["cpu"] * 2, data_section("digits")) as pool:
         # The ranks train with their rendezvous file gone (removed once they have joined).
         assert rendezvous_files(pool) == []
         out = train_trial(pool, spec("uneven", epochs=2, batch_size=718, lr_per_256=0.1,
@@ -85,7 +84,7 @@ def tree(pool):
 @pytest.fixture
 def folder_pool(tmp_path):
     make_image_folder(tmp_path / "data", classes=4, train_per_class=8, val_per_class=2, corrupt=0)
-    data = DataArgs("imagenet", str(tmp_path / "data"), image_size=16, workers=1)
+    data = data_section("imagenet", data_dir=tmp_path / "data", image_size=16, workers=1)
     with DevicePool(["cpu"], data, restart_backoff_s=0) as pool:
         yield pool, tmp_path / "data"
 
@@ -131,7 +130,7 @@ def test_sigterm_to_every_process_of_a_step_is_a_stop_not_a_crash(folder_pool):
 def test_the_folder_is_scanned_once_and_a_failed_restart_does_not_end_the_pool(folder_pool):
     pool, data_dir = folder_pool
     train_images = pool.description["dataset"]["train_images"]
-    index_dir = pool.data.index_dir
+    index_dir = pool.index_dir
     # Files added after the start are not picked up by a restart: nothing rescans.
     extra = data_dir / "train" / "n00000000" / "late.JPEG"
     extra.write_bytes(next((data_dir / "train" / "n00000000").glob("*.JPEG")).read_bytes())
@@ -339,7 +338,7 @@ def test_close_waits_for_all_ranks_together_and_leaves_nothing():
     then kills them; one by one it would have waited twice as long."""
     import time
 
-    pool = DevicePool(["cpu"] * 2, DataArgs("digits", image_size=8), stop_wait_s=10)
+    pool = DevicePool(["cpu"] * 2, data_section("digits"), stop_wait_s=10)
     scratch, ranks = pool._scratch, [r.process for r in pool._ranks]
     for proc in ranks:
         os.kill(proc.pid, signal.SIGSTOP)
@@ -352,10 +351,10 @@ def test_close_waits_for_all_ranks_together_and_leaves_nothing():
 
 KILLED_POOL = """
 import sys, time
+from automlperf.config import Config
 from automlperf.train.pool import DevicePool
-from automlperf.train.spec import DataArgs
 
-pool = DevicePool(["cpu"], DataArgs("digits", image_size=8))
+pool = DevicePool(["cpu"], Config.for_dataset("digits").data)
 print(pool._scratch, flush=True)
 time.sleep(3600)
 """

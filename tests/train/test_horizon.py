@@ -6,10 +6,11 @@ from automlperf.config import Config
 from automlperf.graph import Graph, seeds
 from automlperf.train import data
 from automlperf.train.trainer import RankContext, TrialSpec, _Run
+from helpers import data_section
 
 
 def schedule(epochs, horizon):
-    ds = data.load("builtin", image_size=8)
+    ds = data.load(data_section("builtin", image_size=8))
     graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=1)
     spec = TrialSpec("t", graph.to_dict(), epochs=epochs, batch_size=64, patience=5,
                      warmup_epochs=1.0, horizon_epochs=horizon)

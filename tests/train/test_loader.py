@@ -19,6 +19,7 @@ from automlperf.train.data.base import DataError
 from automlperf.train.data.handoff import HostHandoff
 from automlperf.train.data.ring import WorkerDied
 from automlperf.train.data.transform import decode_file
+from helpers import data_section
 from imagefolder import make_image_folder
 
 CPU = torch.device("cpu")
@@ -204,9 +205,8 @@ def test_the_ranks_own_loader_is_probed_alone_and_beside_training(folder):
     (the data and device shares a run's epochs record)."""
     from automlperf.graph import seeds
     from automlperf.train.loaderprobe import ProbeError, probe_in_rank_process
-    from automlperf.train.spec import DataArgs
 
-    data = DataArgs("imagenet", str(folder), image_size=16, workers=1)
+    data = data_section("imagenet", data_dir=folder, image_size=16, workers=1)
     graph = seeds.resnet_small(num_classes=3, image_size=16).to_dict()
     out = probe_in_rank_process(data, "cpu", threads=1, per_rank=4, graph=graph, train_steps=4)
     alone, training = out["alone"], out["training"]
@@ -218,8 +218,8 @@ def test_the_ranks_own_loader_is_probed_alone_and_beside_training(folder):
     assert 0 <= training["data_share"] <= 1 and 0 <= training["device_share"] <= 1
     assert training["data_share"] + training["device_share"] <= 1 + 1e-9
     with pytest.raises(ProbeError, match="train not found"):
-        probe_in_rank_process(DataArgs("imagenet", str(folder / "nowhere"), workers=1), "cpu",
-                              threads=1, per_rank=4)
+        probe_in_rank_process(data_section("imagenet", data_dir=folder / "nowhere", workers=1),
+                              "cpu", threads=1, per_rank=4)
 
 
 @pytest.mark.parametrize("per_rank, passes, steps", [(16, 3, 4), (8, 2, 6)])

@@ -11,6 +11,7 @@ from PIL import JpegImagePlugin
 from automlperf.train import data as datasets
 from automlperf.train.data import (FileIndex, ImageFolderDataset, plan_loader, plan_steps,
                                    prepare_index, step_plan)
+from helpers import data_section
 from imagefolder import make_image_folder, photo
 
 CPU = torch.device("cpu")
@@ -34,7 +35,7 @@ def test_every_rank_takes_the_same_steps_and_every_image_is_used_once(n, world, 
 def test_uneven_shards_give_in_memory_datasets_equal_batch_counts():
     # 1437 images over 2 ranks at 359 per rank: shards of 719 and 718 images would take 3 and
     # 2 steps, leaving one rank alone in an all-reduce.
-    ds = datasets.load("digits")
+    ds = datasets.load(data_section("digits"))
     counts = [len(list(ds.batches("train", r, 2, 359, 0, 0, CPU))) for r in range(2)]
     assert counts == [2, 2]
     seen = sum(len(y) for r in range(2) for _, y in ds.batches("train", r, 2, 359, 0, 0, CPU))
@@ -134,10 +135,10 @@ def test_the_index_is_arrays_scanned_once_and_mapped_by_every_rank(tmp_path):
     # New files after the scan are not seen by a dataset built from the saved index.
     (tmp_path / "d" / "train" / "n00000000" / "late.JPEG").write_bytes(
         (tmp_path / "d" / "train" / "n00000000" / "train_0_0.JPEG").read_bytes())
-    ds = datasets.load("imagenet", tmp_path / "d", image_size=16, workers=0,
+    ds = datasets.load(data_section("imagenet", data_dir=tmp_path / "d", image_size=16, workers=0),
                        index_dir=str(tmp_path / "index"))
     assert (ds.train_size, ds.val_size) == (counts["train"], counts["val"])
     assert isinstance(ds.index.blob, np.memmap) and not hasattr(ds, "_items")
     assert ds.index.items("val") == FileIndex.scan(tmp_path / "d").items("val")
     with pytest.raises(datasets.DataError, match="image index cannot be read"):
-        datasets.load("imagenet", tmp_path / "d", index_dir=str(tmp_path / "missing"))
+        datasets.load(data_section("imagenet", data_dir=tmp_path / "d"), index_dir=str(tmp_path / "missing"))

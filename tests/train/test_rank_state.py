@@ -14,7 +14,7 @@ from automlperf.train.data import folders
 from automlperf.train.rankenv import (ALLOC_DEFAULT, COMPILE_THREADS_VAR, compile_threads,
                                       set_rank_environment)
 from automlperf.train.trainer import RankContext, train_on_rank
-from helpers import TEST_MAX_UNREADABLE, trial_spec
+from helpers import TEST_MAX_UNREADABLE, data_section, trial_spec
 
 CPU = torch.device("cpu")
 # The smallest graph with every kind of layer a trial compiles: Inductor builds it in seconds.
@@ -48,8 +48,8 @@ def test_a_trial_leaves_no_module_optimiser_or_loader_behind(tmp_path):
     from imagefolder import make_image_folder
 
     make_image_folder(tmp_path, classes=2, train_per_class=6, val_per_class=2, corrupt=1)
-    folder = datasets.load("imagenet", tmp_path, image_size=8, workers=1,
-                           max_unreadable=TEST_MAX_UNREADABLE)
+    folder = datasets.load(data_section("imagenet", data_dir=tmp_path, image_size=8, workers=1,
+                                        max_unreadable=TEST_MAX_UNREADABLE))
     graph = Graph.build((3, 8, 8), [conv("c", INPUT, 4, 3, 1, padding=1),
                                     simple("pool", "global_avgpool", "c"),
                                     dense("fc", "pool", 2), simple("softmax", "softmax", "fc")])
@@ -79,7 +79,7 @@ def test_every_trial_in_a_rank_is_compiled_not_run_eagerly(monkeypatch):
     import torch._inductor.config
 
     monkeypatch.setenv(COMPILE_THREADS_VAR, "1")
-    ctx = RankContext(0, 1, CPU, datasets.load("digits"))
+    ctx = RankContext(0, 1, CPU, datasets.load(data_section("digits")))
     with torch._dynamo.config.patch(recompile_limit=1):
         for trial in ("first", "second"):
             out = train_on_rank(trial_spec(trial, graph=TINY, batch_size=256, compile=True), ctx)
@@ -94,7 +94,7 @@ def test_a_trial_that_runs_eagerly_says_so():
     still trains, and its outcome records that it ran eagerly."""
     import torch._dynamo
 
-    ctx = RankContext(0, 1, CPU, datasets.load("digits"))
+    ctx = RankContext(0, 1, CPU, datasets.load(data_section("digits")))
     with torch._dynamo.config.patch(recompile_limit=0):
         out = train_on_rank(trial_spec("eager", graph=TINY, batch_size=256, compile=True), ctx)
     assert out.status == "completed", out.reason

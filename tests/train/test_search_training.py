@@ -11,8 +11,9 @@ from automlperf.search import Model, Searcher
 from automlperf.train import build_module
 from automlperf.train.data import digits
 from automlperf.train.inherit import inherit
-from automlperf.train.pool import DataArgs, DevicePool, train_trial
+from automlperf.train.pool import DevicePool, train_trial
 from automlperf.train.trainer import TrialSpec
+from helpers import data_section
 
 pytestmark = pytest.mark.slow
 SEED = seeds.resnet_small(num_classes=10, image_size=8, in_channels=1)
@@ -32,7 +33,7 @@ def test_children_start_from_their_parents_accuracy(tmp_path):
     data = digits(8)
     history: list[Model] = []
     searcher = Searcher()
-    with DevicePool(["cpu"], DataArgs("digits", image_size=8), threads_per_rank=2) as pool:
+    with DevicePool(["cpu"], data_section("digits"), threads_per_rank=2) as pool:
         weights = str(tmp_path / "seed.safetensors")
         out = train_trial(pool, TrialSpec("seed", SEED.to_dict(), epochs=4, batch_size=64,
                                         patience=10, lr_per_256=0.4, warmup_epochs=1,

@@ -130,7 +130,7 @@ def test_the_simulated_datasets_have_the_real_counts():
 
     for name in ("digits", "builtin"):
         config = Config.for_dataset(name)
-        real = data.load(name, image_size=config.data.image_size).describe()
+        real = data.load(config.data).describe()
         shape = dataset_shape(config.data)
         assert {k: shape[k] for k in real if k != "official"} == \
             {k: real[k] for k in real if k != "official"}

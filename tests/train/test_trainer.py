@@ -14,10 +14,10 @@ import pytest
 from automlperf.graph import seeds
 from automlperf.ops import count, epoch_ops
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome, read_jsonl
-from automlperf.train.pool import DataArgs, DevicePool, train_trial
+from automlperf.train.pool import DevicePool, train_trial
 from automlperf.train.spec import EarlyStopping
 from automlperf.train.trainer import lr_factor
-from helpers import SMALL8, WIDE, Recorder, pool_under_memory_limit, trial_spec
+from helpers import SMALL8, WIDE, Recorder, data_section, pool_under_memory_limit, trial_spec
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ spec = functools.partial(trial_spec, epochs=3)
 
 @pytest.fixture(scope="module")
 def pool():
-    with DevicePool(["cpu"], DataArgs("digits", image_size=8), threads_per_rank=2) as p:
+    with DevicePool(["cpu"], data_section("digits"), threads_per_rank=2) as p:
         yield p
 
 
@@ -135,7 +135,7 @@ def test_two_gloo_ranks_process_the_same_images_as_one():
     counts = {}
     for world in (1, 2):
         rec = Recorder()
-        with DevicePool(["cpu"] * world, DataArgs("digits", image_size=8)) as p:
+        with DevicePool(["cpu"] * world, data_section("digits")) as p:
             out = train_trial(p, spec(f"dp{world}", epochs=2, batch_size=64), rec)
         assert out.status == "completed"
         counts[world] = [(e["train_images"], e["val_images"], e["steps"]) for e in rec.epochs]

@@ -96,15 +96,16 @@ def train(
     """Train one architecture by itself and print its per-epoch events (a machine check)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from automlperf.config import load_config, set_option
+    from automlperf.settings import settings_from_options
     from automlperf.train.single import TrainRequest, plan_training, train_planned
 
-    tree: dict[str, Any] = {}
-    set_option(tree, "data.data_dir", str(data_dir) if data_dir else None)
-    set_option(tree, "data.image_size", image_size)
-    set_option(tree, "train.precision", precision)
-    plan = plan_training(TrainRequest(load_config(config, dataset, tree), graph, model, epochs,
-                                      batch_size, devices, weights_out, patience, seed))
+    # The data loader says what a missing folder must hold.
+    settings = settings_from_options(config, dataset, data_dir=data_dir, data_required=False,
+                                     options={"data.image_size": image_size,
+                                              "train.precision": precision})
+    plan = plan_training(TrainRequest(config=settings, graph=graph, model=model, epochs=epochs,
+                                      batch_size=batch_size, devices=devices,
+                                      weights_out=weights_out, patience=patience, seed=seed))
     err.print(plan.describe(), highlight=False)
     progress = Progress(TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}",
                                    markup=False),

@@ -47,9 +47,10 @@ def run(
     from automlperf.runner.primary import RunRequest, run_benchmark
     from automlperf.report.console import summary
 
-    outcome = run_benchmark(RunRequest(config, duration, dataset, data_dir, replicas,
-                                       devices_per_replica, run_dir, store, resume, launcher,
-                                       unofficial, small_task), err)
+    outcome = run_benchmark(RunRequest(
+        config=config, duration=duration, dataset=dataset, data_dir=data_dir, replicas=replicas,
+        devices_per_replica=devices_per_replica, run_dir=run_dir, store=store, resume=resume,
+        launcher=launcher, unofficial=unofficial, small_task=small_task), err)
     out.print(summary(outcome.result, outcome.run_dir))
     out.print(f"result: {outcome.result_path}", highlight=False)
     for what, where in outcome.written.items():
@@ -141,10 +142,8 @@ def slurm(
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
-    from automlperf.config import load_config, parse_duration, set_option
-    from automlperf.runner.sbatch import ScriptOptions, resubmission, submit as sbatch, write_job
-    from automlperf.runner.slurm import Container, format_time
-    from automlperf.store.urls import resolve_store_url
+    from automlperf.runner.sbatch import SlurmRequest, resubmission, submit as sbatch, write_batch_job
+    from automlperf.runner.slurm import format_time
 
     if resume:
         needed, left = resubmission(run_dir)
@@ -155,31 +154,14 @@ def slurm(
         return
     if nodes is None:
         raise UserError("--nodes is needed to write a new script (or pass --resume)")
-    tree: dict = {}
-    if duration is not None:
-        set_option(tree, "run.duration_s", parse_duration(duration))
-    set_option(tree, "data.data_dir", str(data_dir.resolve()) if data_dir else None)
-    set_option(tree, "run.official", False if unofficial else None)
-    # A broken file, or an official run on other data, is refused here, not in the queue.
-    settings = load_config(config, dataset, tree)
-    if settings.data.dataset in ("imagenet", "cifar10") and settings.data.data_dir is None \
-            and not settings.simulated:
-        raise UserError(f"{settings.data.dataset} needs --data-dir (or data.data_dir in the "
-                        "configuration)")
-    limit = parse_duration(time_limit) if time_limit else None
-    url = resolve_store_url(store)
-    box = None
-    if container_image is not None:
-        box = Container(container_runtime, container_image, container_mount or [],
-                        container_option or [])
-    elif container_mount or container_option:
-        raise UserError("--container-mount and --container-option need --container-image")
-    written = write_job(ScriptOptions(
-        run_dir=run_dir, nodes=nodes, duration_s=settings.run.duration_s,
-        gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, store_url=url,
-        partition=partition, account=account, time_limit_s=limit, settings=settings,
-        sbatch_extra=sbatch_option or [], container=box, exclusive=exclusive,
-        small_task=small_task))
+    written, settings = write_batch_job(SlurmRequest(
+        run_dir=run_dir, nodes=nodes, duration=duration, config=config, dataset=dataset,
+        data_dir=data_dir, unofficial=unofficial, small_task=small_task,
+        gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, exclusive=exclusive,
+        store=store, partition=partition, account=account, time_limit=time_limit,
+        sbatch_extra=sbatch_option or [], container_image=container_image,
+        container_runtime=container_runtime, container_mounts=container_mount or [],
+        container_options=container_option or []))
     if written.dataset:
         d = written.dataset
         out.print(f"dataset: {d['files']:,} files scanned in {d['scan_s']:.1f} s; index saved in "

@@ -16,12 +16,13 @@ from typing import Any
 
 from rich.console import Console
 
-from automlperf.config import Config, load_config, parse_duration, set_option
+from automlperf.config import Config
 from automlperf.errors import RunFailure, UserError
 from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
 from automlperf.runner import session as steps
 from automlperf.runner.slurm import SlurmLauncher, job_limit
+from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store.base import StoreError
 from automlperf.store.connections import check_room
 from automlperf.store.rundir import UNWRITABLE, RunDir
@@ -30,7 +31,7 @@ from automlperf.store.urls import normalise_url, resolve_store_url
 LAUNCHERS = ("local", "slurm", "external")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunRequest:
     """What ``automlperf run`` was asked; None leaves a setting to the configuration."""
 
@@ -48,7 +49,7 @@ class RunRequest:
     small_task: bool = False  # the built-in or digits task on several nodes, asked for
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunOutcome:
     """How a run ended and what it wrote."""
 
@@ -82,23 +83,10 @@ def _config(req: RunRequest) -> Config | None:
             raise UserError("a resumed run keeps its configuration: drop --config, --dataset "
                             "and --duration")
         return None
-    tree: dict[str, Any] = {}
-    if req.duration is not None:
-        try:
-            set_option(tree, "run.duration_s", parse_duration(req.duration))
-        except ValueError as exc:
-            raise UserError(f"--duration: {exc}") from None
-    set_option(tree, "run.replicas", req.replicas)
-    set_option(tree, "run.devices_per_replica", req.devices_per_replica)
-    set_option(tree, "data.data_dir", str(req.data_dir) if req.data_dir else None)
-    set_option(tree, "run.official", False if req.unofficial else None)
-    cfg = load_config(req.config, req.dataset, tree)
-    # A simulated run reads no images: it only needs the dataset's shape and image counts.
-    if cfg.data.dataset in ("imagenet", "cifar10") and cfg.data.data_dir is None and \
-            not cfg.simulated:
-        raise UserError(f"{cfg.data.dataset} needs --data-dir (or data.data_dir in the "
-                        "configuration)")
-    return cfg
+    return settings_from_options(req.config, req.dataset, duration=req.duration,
+                                 data_dir=req.data_dir, unofficial=req.unofficial,
+                                 options={"run.replicas": req.replicas,
+                                          "run.devices_per_replica": req.devices_per_replica})
 
 
 def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> tuple[Any, int]:
@@ -118,17 +106,6 @@ def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> t
                                 lease_timeout_s=cfg.run.lease_timeout_s), count
     raise UserError(f"--launcher must be {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}, "
                     f"not {req.launcher!r}")
-
-
-def check_cluster_task(cfg: Config, nodes: int, asked: bool) -> None:
-    """A run on several nodes benchmarks a cluster: the built-in tasks (a few thousand
-    small images, for one machine) are refused there unless asked for, so that no cluster
-    is measured on MNIST by a forgotten --dataset. Simulated runs model the devices and
-    read no images: they are exempt."""
-    if nodes > 1 and cfg.data.dataset in ("builtin", "digits") and not cfg.simulated and not asked:
-        raise UserError(f"a {nodes}-node run of the {cfg.data.dataset} task measures a cluster on "
-                        "a few thousand small images: give --dataset imagenet --data-dir DIR (or "
-                        "--config official --data-dir DIR), or pass --small-task to run it anyway")
 
 
 def _process_start() -> float:
@@ -284,7 +261,8 @@ def _supervise_and_finish(req: RunRequest, session: steps.Session, starter: Any,
     state, reason = watch.state, watch.reason
     if state == "completed" and not result["epochs"] and result["trial_status"].get("failed"):
         state, reason = "failed", _nothing_trained(session, result)
-    outcome = RunOutcome(run_dir, state, reason, result, session.dir.result, count, joined)
+    outcome = RunOutcome(run_dir=run_dir, state=state, reason=reason, result=result,
+                         result_path=session.dir.result, replicas=count, joined=joined)
     write_records(outcome, url)
     return outcome
 

@@ -59,7 +59,7 @@ class Job:
     retrain: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Placement:
     """Where a replica works: its run, its number, the session it joins and its node's
     resources."""

@@ -21,15 +21,16 @@ from typing import Any
 
 import jinja2
 
-from automlperf.config import Config
+from automlperf.config import Config, parse_duration
 from automlperf.dataset_identity import SHARED_INDEX
-from automlperf.runner.primary import check_cluster_task
 from automlperf.runner.session import record_origin
+from automlperf.errors import UserError
 from automlperf.runner.slurm import MARGIN_ENV, Container, SlurmError, format_time, require
+from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store import connections
 from automlperf.store.pgserver import find_binaries
 from automlperf.store.rundir import RunDir, run_store, write_atomic
-from automlperf.store.urls import redact, split_password
+from automlperf.store.urls import redact, resolve_store_url, split_password
 
 
 # Time the job gives the start-up before the run's clock: the private PostgreSQL server,
@@ -238,3 +239,52 @@ def submit(script: Path, test_only: bool = False, options: list[str] | None = No
     if test_only:
         return done.stderr.strip() or done.stdout.strip()
     return done.stdout.strip().split(";")[0]
+
+
+@dataclass(kw_only=True)
+class SlurmRequest:
+    """What ``automlperf slurm`` was asked for a new script; None leaves a setting to the
+    configuration (or to SLURM)."""
+
+    run_dir: Path
+    nodes: int
+    duration: str | None = None
+    config: Path | None = None
+    dataset: str | None = None
+    data_dir: Path | None = None
+    unofficial: bool = False
+    small_task: bool = False  # the built-in or digits task on several nodes, asked for
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    exclusive: bool = True
+    store: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None
+    sbatch_extra: list[str] = field(default_factory=list)
+    container_image: str | None = None
+    container_runtime: str = "pyxis"
+    container_mounts: list[str] = field(default_factory=list)
+    container_options: list[str] = field(default_factory=list)
+
+
+def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
+    """Write the request's batch script into its run directory: what was written, and the
+    run's settings it was written for."""
+    settings = settings_from_options(req.config, req.dataset, duration=req.duration,
+                                     data_dir=req.data_dir, unofficial=req.unofficial)
+    limit = parse_duration(req.time_limit) if req.time_limit else None
+    url = resolve_store_url(req.store)
+    box = None
+    if req.container_image is not None:
+        box = Container(req.container_runtime, req.container_image, req.container_mounts,
+                        req.container_options)
+    elif req.container_mounts or req.container_options:
+        raise UserError("--container-mount and --container-option need --container-image")
+    written = write_job(ScriptOptions(
+        run_dir=req.run_dir, nodes=req.nodes, duration_s=settings.run.duration_s,
+        gpus_per_node=req.gpus_per_node, cpus_per_task=req.cpus_per_task, store_url=url,
+        partition=req.partition, account=req.account, time_limit_s=limit, settings=settings,
+        sbatch_extra=req.sbatch_extra, container=box, exclusive=req.exclusive,
+        small_task=req.small_task))
+    return written, settings

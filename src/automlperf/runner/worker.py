@@ -29,7 +29,7 @@ from automlperf.store.service.client import service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
 from automlperf.train.pool import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
-from automlperf.train.spec import DataArgs, Trainer
+from automlperf.train.spec import Trainer
 
 log = logging.getLogger("automlperf.replica")
 
@@ -61,11 +61,14 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     run_id = int(rd.meta()["run_id"])
     url = rd.store_url(store_url)
     config = Config.load(rd.config)
-    shared = rd.path / SHARED_INDEX
-    if config.data.dataset == "imagenet" and config.data.data_dir is not None and \
+    shared, data_dir = rd.path / SHARED_INDEX, config.data.data_dir
+    index_dir = None
+    if config.data.dataset == "imagenet" and data_dir is not None and \
             (shared / FileIndex.META).exists():
-        # The primary's scan serves every replica: the data need only be on this node.
-        check_data_here(shared, config.data.data_dir)
+        # The primary's scan serves every replica (none walks the folder): the data need
+        # only be on this node, which is checked here, once.
+        check_data_here(shared, data_dir)
+        index_dir = str(shared)
     store = open_run_store(rd.path, url)
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
@@ -77,12 +80,10 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     else:
         chosen = choose_devices(wanted, require_accelerators or config.run.require_accelerators)
         per_device = max(1, (threads or cores_available()) // len(chosen))
-        data = DataArgs.from_config(config.data, per_device)
-        if config.data.dataset == "imagenet" and (shared / FileIndex.META).exists():
-            data.index_dir = str(shared)  # the primary's scan: no replica walks the folder
-        trainer = PoolTrainer(chosen, data, per_device)
+        trainer = PoolTrainer(chosen, config.data, per_device, index_dir=index_dir)
         memory = accelerator_memory_gib()
-    place = Placement(rd, run_id, config, index, store.segments(run_id)[-1], chosen, per_device)
+    place = Placement(dir=rd, run_id=run_id, config=config, index=index,
+                      segment=store.segments(run_id)[-1], devices=chosen, threads=per_device)
     world = len(chosen)
     default_batch = config.train.per_device_batch(memory) * world
     search = config.search

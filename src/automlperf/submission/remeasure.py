@@ -114,15 +114,13 @@ def _remeasure(trial: TrialRecord, epoch: EpochRecord, weights: Path, config: Co
     from automlperf.graph import Graph
     from automlperf.hardware import cores_available
     from automlperf.train.data import DataError, load
-    from automlperf.train.spec import DataArgs
     from automlperf.train.evaluate import WeightsError, remeasure
 
     try:
         device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as exc:
         raise RevalidateError(f"--device {device_name!r}: {exc}") from None
-    args = DataArgs.from_config(config.data, cores_available())
-    args.data_dir = None if folder is None else str(folder)
+    section = config.data.model_copy(update={"data_dir": folder}).for_ranks(cores_available())
     world = max(1, epoch.world_size)
     per_rank = max(1, epoch.batch_size // world)
     allowed = tolerance(epoch.precision, epoch.val_images)
@@ -130,7 +128,7 @@ def _remeasure(trial: TrialRecord, epoch: EpochRecord, weights: Path, config: Co
     problem = None
     correct = seen = 0
     try:
-        data = load(**asdict(args), device_type=device.type)
+        data = load(section, device_type=device.type)
         if (graph.input_shape, graph.num_classes) != (data.input_shape, data.num_classes):
             problem = (f"trial {trial.id}'s architecture takes {graph.input_shape} images in "
                        f"{graph.num_classes} classes, but the data given are "

@@ -2,7 +2,7 @@
 
 :func:`probe_in_rank_process` starts a process set up as a training rank is
 (train/rank.py: its environment, intra-op threads, device and host allocator), loads the
-dataset with the run's own arguments (:class:`~automlperf.train.spec.DataArgs`: the same
+dataset with the run's own data section (:class:`~automlperf.config.DataConfig`: the same
 transform, workers and budget), and calls :func:`probe_loader`:
 
 * **alone**: training passes (the first starts the workers and warms the page cache; the
@@ -30,11 +30,10 @@ import json
 import multiprocessing as mp
 import time
 import traceback
-from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any
 
-from automlperf.train.spec import DataArgs
+from automlperf.config import DataConfig
 
 _ALONE_PASSES = 3
 WARM_STEPS = 2  # training steps before the probe's clocks start
@@ -156,12 +155,12 @@ def probe_loader(dataset: Any, device: Any, per_rank: int, graph: dict[str, Any]
     return out
 
 
-def _rank_process(conn: Connection, data: dict[str, Any], device_name: str, threads: int,
-                  kwargs: dict[str, Any]) -> None:
+def _rank_process(conn: Connection, data: DataConfig, index_dir: str | None, device_name: str,
+                  threads: int, kwargs: dict[str, Any]) -> None:
     """A probe in a process set up as train/rank.py sets up a rank."""
     from automlperf.train.rankenv import set_rank_environment, take_device
 
-    set_rank_environment(threads, int(data.get("workers") or 0))
+    set_rank_environment(threads, data.workers or 0)
     try:
         import torch
 
@@ -169,10 +168,10 @@ def _rank_process(conn: Connection, data: dict[str, Any], device_name: str, thre
 
         device = torch.device(device_name)
         take_device(device, threads)
-        dataset = datasets.load(**data, device_type=device.type)
+        dataset = datasets.load(data, index_dir, device.type)
         result = probe_loader(dataset, device, **kwargs)
         result["rank_threads"] = torch.get_num_threads()
-        result["workers"] = int(data.get("workers") or 0)
+        result["workers"] = data.workers or 0
         result["decode_path"] = dataset.decode_path
         conn.send_bytes(json.dumps({"ok": result}).encode())
     except Exception as exc:  # noqa: BLE001 - reported to the caller
@@ -184,20 +183,22 @@ class ProbeError(RuntimeError):
     """The probe could not run; the message says why."""
 
 
-def probe_in_rank_process(data: DataArgs, device: str, threads: int, per_rank: int,
+def probe_in_rank_process(data: DataConfig, device: str, threads: int, per_rank: int,
                           graph: dict[str, Any] | None = None, train_steps: int = 100,
                           precision: str = "auto", channels_last: bool | None = None,
-                          compile: bool = False, timeout_s: float = 1800.0) -> dict[str, Any]:
+                          compile: bool = False, timeout_s: float = 1800.0,
+                          index_dir: str | None = None) -> dict[str, Any]:
     """:func:`probe_loader` in a new process set up as a rank with ``threads`` cores on
-    ``device`` (``"cpu"``, ``"cuda:0"``), loading ``data`` as the run's ranks do
-    (``DataArgs.from_config(config.data, threads)``; an image folder needs its
-    ``data_dir``). Raises :class:`ProbeError` when it fails or outlasts ``timeout_s``."""
+    ``device`` (``"cpu"``, ``"cuda:0"``), loading the data section ``data`` as the run's
+    ranks do (an image folder needs its ``data_dir``; ``index_dir``: its scanned index).
+    Raises :class:`ProbeError` when it fails or outlasts ``timeout_s``."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     kwargs = {"per_rank": per_rank, "graph": graph, "train_steps": train_steps,
               "precision": precision, "channels_last": channels_last, "compile": compile}
     proc = ctx.Process(target=_rank_process, name="automlperf-loader-probe",
-                       args=(child, asdict(data), device, threads, kwargs))
+                       args=(child, data.for_ranks(threads), index_dir, device, threads,
+                             kwargs))
     proc.start()
     child.close()
     try:

@@ -1,12 +1,14 @@
 """A replica's training processes, from the replica's side (their own code is train/rank.py): one
 per accelerator, alive across trials.
 
-Each rank process initialises its device, the process group and the dataset once, then
-waits for trial specs. Messages are JSON over pipes (no pickled objects cross a process
-boundary). The parent watches every rank: a rank that dies, a failure that leaves the
-others stuck in a collective, or one that may leave device or collective state broken ends
-that trial with a recorded reason and the pool restarts, so the replica is ready for the
-next trial. An image-folder dataset is scanned once, by the parent, for every start.
+Each rank process is started with the configuration's data section (spawn pickles a
+process's arguments), initialises its device, the process group and the dataset once, then
+waits for trial specs. Messages are JSON over pipes (no pickled object crosses a pipe). The
+parent watches every rank: a rank that dies, a failure that leaves the others stuck in a
+collective, or one that may leave device or collective state broken ends that trial with a
+recorded reason and the pool restarts, so the replica is ready for the next trial. An
+image-folder dataset is scanned once, by the parent, for every start (unless the run's
+primary did, for every replica).
 
 Ranks ignore SIGTERM (a batch system sends it to every process of a job step at once): the
 parent alone decides when they stop, so a shutdown is a stop, never a crash to recover from.
@@ -26,14 +28,15 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from automlperf.config import DataConfig
 from automlperf.events import EpochEvent, EventSink, FailureKind, TrialOutcome, TrialStatus
 from automlperf.train.oomkill import OomWatch
 from automlperf.train.rank import rank_main, send
-from automlperf.train.spec import DataArgs, TrainerError, TrialSpec
+from automlperf.train.spec import TrainerError, TrialSpec
 
 OnMessage = Callable[[str, dict[str, Any]], None]
 log = logging.getLogger("automlperf.pool")
@@ -117,11 +120,15 @@ def remove_stale_scratch(root: str | None = None) -> list[str]:
 
 @dataclass
 class DevicePool:
-    """Training processes for ``devices`` (e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu"]``)."""
+    """Training processes for ``devices`` (e.g. ``["cuda:0", "cuda:1"]`` or ``["cpu"]``), each
+    loading the configuration's data section ``data`` with ``threads_per_rank`` cores."""
 
     devices: list[str]
-    data: DataArgs
+    data: DataConfig
     threads_per_rank: int = 1
+    # A scanned index of the image folder, given by the caller, who saw the data is here (a
+    # run's primary scans once for every replica); None: the pool scans the folder itself.
+    index_dir: str | None = None
     start_timeout_s: float = 300.0
     failure_grace_s: float = 10.0
     start_attempts: int = 3  # failed starts in a row before the pool gives up
@@ -138,6 +145,7 @@ class DevicePool:
     def __post_init__(self) -> None:
         if not self.devices:
             raise PoolError("no devices to train on")
+        self.data = self.data.for_ranks(self.threads_per_rank)
         # Rendezvous files and the dataset's index, for the pool's lifetime.
         self._scratch, self._scratch_lock = new_scratch()
         # Ranks are not daemonic, so at exit multiprocessing would wait for them: a pool that
@@ -151,27 +159,19 @@ class DevicePool:
             raise
 
     def _prepare_data(self) -> None:
-        """Scan an image-folder dataset here, once, unless the run's primary has (its index
-        in the run directory): every rank start (and restart) maps the saved index instead of
-        walking a million files on a shared file system."""
-        if self.data.dataset != "imagenet":
+        """Scan an image-folder dataset here, once, unless the caller gave its index (a run's
+        primary saves one in the run directory): every rank start (and restart) maps the
+        saved index instead of walking a million files on a shared file system."""
+        if self.data.dataset != "imagenet" or self.index_dir is not None:
             return
         from automlperf.train.data import DataError, prepare_index
-        from automlperf.train.data.index import check_reachable
 
-        if self.data.index_dir:
-            # The run's own index, scanned once by its primary: the data need only be here.
-            try:
-                check_reachable(self.data.index_dir, self.data.data_dir)
-            except DataError as exc:
-                raise PoolError(str(exc)) from None
-            return
         folder = os.path.join(self._scratch, "index")
         try:
             prepare_index(self.data.data_dir, folder)
         except DataError as exc:
             raise PoolError(str(exc)) from None
-        self.data = replace(self.data, index_dir=folder)
+        self.index_dir = folder
 
     @property
     def world(self) -> int:
@@ -195,7 +195,7 @@ class DevicePool:
             # close() and kill() end them otherwise.
             proc = ctx.Process(target=rank_main, name=f"automlperf-rank{index}", daemon=False,
                                args=(index, self.world, rendezvous, device, self.threads_per_rank,
-                                     self.data.__dict__, child, os.getpid()))
+                                     self.data, self.index_dir, child, os.getpid()))
             proc.start()
             child.close()
             self._ranks.append(_Rank(proc, parent, oom=OomWatch.of(proc.pid or 0)))
@@ -438,10 +438,12 @@ class PoolTrainer:
     """The :class:`~automlperf.train.spec.Trainer` of real runs: a :class:`DevicePool` on
     ``devices``, started by :meth:`start`."""
 
-    def __init__(self, devices: list[str], data: DataArgs, threads_per_rank: int = 1) -> None:
+    def __init__(self, devices: list[str], data: DataConfig, threads_per_rank: int = 1,
+                 index_dir: str | None = None) -> None:
         self.devices = list(devices)
         self.data = data
         self.threads_per_rank = threads_per_rank
+        self.index_dir = index_dir  # see DevicePool.index_dir
         self.pool: DevicePool | None = None
 
     @property
@@ -449,7 +451,8 @@ class PoolTrainer:
         return len(self.devices)
 
     def start(self) -> dict[str, Any]:
-        self.pool = DevicePool(self.devices, self.data, threads_per_rank=self.threads_per_rank)
+        self.pool = DevicePool(self.devices, self.data, threads_per_rank=self.threads_per_rank,
+                               index_dir=self.index_dir)
         return self.pool.description
 
     def _started(self) -> DevicePool:

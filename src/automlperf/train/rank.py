@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from automlperf import hardware
+from automlperf.config import DataConfig
 from automlperf.procutil import die_with_parent
 from automlperf.train.oomkill import volunteer_for_oom_kill
 from automlperf.train.rankenv import set_rank_environment, take_device
@@ -42,7 +43,10 @@ def send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
 
 
 def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
-               data: dict[str, Any], conn: Connection, parent_pid: int) -> None:
+              data: DataConfig, index_dir: str | None, conn: Connection, parent_pid: int) -> None:
+    """A training process: its device, its share of the process group and the dataset of
+    ``data`` (its image folder's index in ``index_dir``, if scanned), then trials from the
+    parent until it says stop."""
     die_with_parent(parent_pid)
     volunteer_for_oom_kill()
     # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
@@ -52,7 +56,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Before PyTorch reads them: the caching allocator's segments, Inductor's compile workers.
-    set_rank_environment(threads, int(data.get("workers") or 0))
+    set_rank_environment(threads, data.workers or 0)
     try:
         import torch
         import torch.distributed as dist
@@ -69,7 +73,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
             # A first collective, so that backends which connect lazily (NCCL) use the
             # rendezvous file now: the parent removes it once every rank is ready.
             dist.all_reduce(torch.zeros(1, device=device))
-        dataset = datasets.load(**data, device_type=device.type)
+        dataset = datasets.load(data, index_dir, device.type)
         ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
         send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
                              "device": hardware.device_name(torch, device),

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from automlperf.config import Config
+from automlperf.config import Config, DataConfig
 from automlperf.errors import UserError
 from automlperf.events import EpochEvent, TrialOutcome
 from automlperf.graph import Graph, seeds
-from automlperf.train.spec import DataArgs, TrialSpec
+from automlperf.train.spec import TrialSpec
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainRequest:
     """What ``automlperf train`` was asked; None leaves a setting to the configuration."""
 
@@ -38,7 +38,7 @@ class TrainPlan:
     spec: TrialSpec
     devices: list[str]
     threads: int  # per device
-    data: DataArgs
+    data: DataConfig  # the configuration's; the pool fills in its workers
     dataset: dict[str, Any]  # name, sizes and shape of the probed dataset
 
     def describe(self) -> str:
@@ -73,8 +73,7 @@ def plan_training(req: TrainRequest) -> TrainPlan:
     cfg = req.config
     ranks = choose_devices(req.devices)
     threads = max(1, cores_available() // len(ranks))
-    data = DataArgs.from_config(cfg.data, threads)
-    probe = datasets.load(**{**data.__dict__, "workers": 0})
+    probe = datasets.load(cfg.data.model_copy(update={"workers": 0}))
     if req.graph is not None:
         graph = Graph.read(req.graph)
     else:
@@ -93,7 +92,7 @@ def plan_training(req: TrainRequest) -> TrainPlan:
         epochs=req.epochs, batch_size=batch, patience=req.patience or req.epochs + 1,
         seed=req.seed, weights_out=str(req.weights_out) if req.weights_out else None)
     dataset = {"name": probe.name, "train_size": probe.train_size, "val_size": probe.val_size}
-    return TrainPlan(graph, spec, ranks, threads, data, dataset)
+    return TrainPlan(graph, spec, ranks, threads, cfg.data, dataset)
 
 
 class _Collect:

@@ -1,5 +1,6 @@
-"""What the rest of the package asks of training, without torch: the trial spec, the dataset
-a replica's ranks load, and the :class:`Trainer` protocol a replica trains through.
+"""What the rest of the package asks of training, without torch: the trial spec and the
+:class:`Trainer` protocol a replica trains through. (The dataset a replica's ranks load is the
+configuration's data section itself, :class:`automlperf.config.DataConfig`.)
 
 :class:`automlperf.train.pool.PoolTrainer` is the trainer of real runs (one process per
 accelerator); anything else that keeps the protocol can stand in for it.
@@ -12,13 +13,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from automlperf.config import DataConfig, ModelConfig, TrainConfig
+from automlperf.config import ModelConfig, TrainConfig
 from automlperf.events import EventSink, TrialOutcome
 from automlperf.errors import UserError
 
-# The configuration models are the one source of the training and data defaults.
+# The configuration models are the one source of the training defaults.
 _TRAIN = TrainConfig()
-_DATA = DataConfig()
 _MODEL = ModelConfig()
 
 
@@ -106,33 +106,6 @@ class EarlyStopping:
         else:
             self.stale += 1
         return self.stale >= self.patience
-
-
-@dataclass
-class DataArgs:
-    """The arguments of :func:`automlperf.train.data.load` that every rank of a pool uses."""
-
-    dataset: str
-    data_dir: str | None = None
-    image_size: int | None = None
-    workers: int = 0
-    gpu_decode: bool | None = _DATA.gpu_decode
-    dali: bool = _DATA.dali
-    synthetic_images: int = _DATA.synthetic_images
-    synthetic_classes: int = _DATA.synthetic_classes
-    index_dir: str | None = None  # a scanned image-folder index (data.FileIndex)
-    max_unreadable: float = _DATA.max_unreadable
-
-    @classmethod
-    def from_config(cls, data: DataConfig, threads: int) -> DataArgs:
-        """The dataset of a ``DataConfig``; unless set, decoding workers take the spare
-        cores beside each rank's ``threads`` (image files only: in-memory data needs none)."""
-        workers = data.workers
-        if workers is None:
-            workers = max(0, threads - 1) if data.dataset == "imagenet" else 0
-        return cls(data.dataset, str(data.data_dir) if data.data_dir else None, data.image_size,
-                   workers, data.gpu_decode, data.dali, data.synthetic_images,
-                   data.synthetic_classes, max_unreadable=data.max_unreadable)
 
 
 def plan_steps(n: int, world: int, per_rank: int) -> int:

@@ -25,17 +25,13 @@ def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
     """The rank's own loader measured in a process set up as a rank
     (train/loaderprobe.py): a run's data arguments, threads, per-rank batch and device, the
     seed trained beside it for about BESIDE_S of steps at the training item's rate."""
-    from dataclasses import replace
-
     from automlperf.config import load_config
     from automlperf.graph import seeds
     from automlperf.hardware import accelerator_memory_gib
     from automlperf.train.loaderprobe import probe_in_rank_process
-    from automlperf.train.spec import DataArgs
 
     cfg = load_config(None, "imagenet", {"data": {"data_dir": str(root),
                                                   "image_size": shape.image_size}})
-    data = replace(DataArgs.from_config(cfg.data, node.threads), index_dir=str(index))
     # Quick: the generated folder holds 48 training images, six steps of 8 a pass (a probe
     # that needs more goes on into the next epochs, as a run does).
     per_rank = 8 if node.req.quick else cfg.train.per_device_batch(accelerator_memory_gib())
@@ -43,10 +39,10 @@ def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
     rate = (node.train_images_per_s or 0.0) / ranks
     steps = max(MIN_STEPS, math.ceil((2.0 if node.req.quick else BESIDE_S) * rate / per_rank))
     graph = seeds.seed(shape.model, shape.classes, shape.image_size, 3)
-    measured = probe_in_rank_process(data, node.devices[0], node.threads, per_rank,
+    measured = probe_in_rank_process(cfg.data, node.devices[0], node.threads, per_rank,
                                      graph.to_dict(), train_steps=steps,
                                      precision=node.req.precision,
-                                     channels_last=node.channels_last)
+                                     channels_last=node.channels_last, index_dir=str(index))
     measured["threads"] = node.threads
     return measured
 

@@ -43,7 +43,7 @@ def train(node: Node, shape: Shape, name: str, channels_last: bool, compile: boo
     set_option(tree, "train.compile", compile)
     set_option(tree, "train.warmup_epochs", 0.0)
     cfg = load_config(None, "synthetic", tree)
-    plan = plan_training(TrainRequest(cfg, model=shape.model, epochs=2,
+    plan = plan_training(TrainRequest(config=cfg, model=shape.model, epochs=2,
                                       batch_size=per_device * ranks, devices=ranks))
     result = train_planned(plan)
     if result.outcome.status != "completed" or not result.epochs:

@@ -20,9 +20,8 @@ share of them is too many is the trainer's judgement (``max_unreadable``).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from automlperf.train.data.base import _DATA, IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
+from automlperf.config import DataConfig
+from automlperf.train.data.base import IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset, step_plan
 from automlperf.train.data.dali import DaliImageFolderDataset, dali_available
 from automlperf.train.data.transform import random_resized_crop_box, train_params, val_params
 from automlperf.train.data.folders import (
@@ -47,41 +46,38 @@ __all__ = ["CHUNK_IMAGES", "IMAGENET_MEAN", "IMAGENET_STD", "SHARED_BUDGET", "Da
            "val_params"]
 
 
-def load(dataset: str, data_dir: Path | str | None = None, image_size: int | None = None,
-         workers: int = 4, gpu_decode: bool | None = _DATA.gpu_decode, dali: bool = _DATA.dali,
-         synthetic_images: int = _DATA.synthetic_images,
-         synthetic_classes: int = _DATA.synthetic_classes, index_dir: str | None = None,
-         max_unreadable: float = _DATA.max_unreadable, device_type: str = "cpu") -> Dataset:
-    """A dataset by name (see :func:`_load`), allowed ``max_unreadable`` of its images
-    unreadable per split and epoch."""
-    data = _load(dataset, data_dir, image_size, workers, gpu_decode, dali, synthetic_images,
-                 synthetic_classes, index_dir, device_type)
-    data.max_unreadable = max_unreadable
-    return data
+def load(data: DataConfig, index_dir: str | None = None, device_type: str = "cpu") -> Dataset:
+    """The dataset of a configuration's data section (see :func:`_load`), allowed
+    ``data.max_unreadable`` of its images unreadable per split and epoch. ``index_dir``: a
+    scanned index of its image folder (:class:`FileIndex`), else the folder is walked;
+    ``device_type``: where the images go. ``data.workers`` unset is no decoding workers
+    (:meth:`DataConfig.for_ranks` sets them for a rank's cores)."""
+    dataset = _load(data, index_dir, device_type)
+    dataset.max_unreadable = data.max_unreadable
+    return dataset
 
 
-def _load(dataset: str, data_dir: Path | str | None, image_size: int | None, workers: int,
-          gpu_decode: bool | None, dali: bool, synthetic_images: int, synthetic_classes: int,
-          index_dir: str | None, device_type: str) -> Dataset:
+def _load(data: DataConfig, index_dir: str | None, device_type: str) -> Dataset:
     """A dataset by name; raises DataError naming what is missing. Image folders are decoded
     by DALI when ``dali`` is set; else on the GPU with nvJPEG when ``gpu_decode`` is true
     (never by default: on an H200 it fed a rank less than half what the CPU workers did); else
     by the CPU workers."""
-    if dataset == "builtin":
-        return builtin(image_size or 12)
-    if dataset == "digits":
-        return digits(image_size or 8)
-    if dataset == "cifar10":
-        return cifar10(data_dir, image_size or 32)
-    if dataset == "imagenet":
-        if dali:
-            return DaliImageFolderDataset(data_dir, image_size or 224, workers, index_dir=index_dir)
-        if gpu_decode and device_type != "cuda":
+    size, workers = data.image_size, data.workers or 0
+    if data.dataset == "builtin":
+        return builtin(size)
+    if data.dataset == "digits":
+        return digits(size)
+    if data.dataset == "cifar10":
+        return cifar10(data.data_dir, size)
+    if data.dataset == "imagenet":
+        if data.dali:
+            return DaliImageFolderDataset(data.data_dir, size, workers, index_dir=index_dir)
+        if data.gpu_decode and device_type != "cuda":
             raise DataError("gpu_decode needs the ranks to train on NVIDIA GPUs (nvJPEG); set "
                             "data.gpu_decode = false on this node")
-        cls = GpuImageFolderDataset if gpu_decode else ImageFolderDataset
-        return cls(data_dir, image_size or 224, workers, index_dir=index_dir)
-    if dataset == "synthetic":
-        return SyntheticDataset(image_size or 224, synthetic_classes, synthetic_images)
-    raise DataError(f"unknown dataset {dataset!r}; choose imagenet, cifar10, builtin, digits "
-                    "or synthetic")
+        cls = GpuImageFolderDataset if data.gpu_decode else ImageFolderDataset
+        return cls(data.data_dir, size, workers, index_dir=index_dir)
+    if data.dataset == "synthetic":
+        return SyntheticDataset(size, data.synthetic_classes, data.synthetic_images)
+    raise DataError(f"unknown dataset {data.dataset!r}; choose imagenet, cifar10, builtin, "
+                    "digits or synthetic")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from automlperf.dataset_identity import DatasetIdentityError, FileIndex, check_data_here
+from automlperf.dataset_identity import DatasetIdentityError, FileIndex
 from automlperf.train.data.base import DataError
 
 __all__ = ["FileIndex", "load_index", "prepare_index", "scan_image_folder"]
@@ -48,15 +48,3 @@ def prepare_index(data_dir: Path | str | None, folder: Path | str) -> FileIndex:
     index = scan_image_folder(data_dir)
     index.save(folder)
     return index
-
-
-def check_reachable(index_dir: Path | str, data_dir: Path | str | None) -> FileIndex:
-    """The run's saved index under this node's ``data_dir``, once the data is seen to be
-    here (:func:`automlperf.dataset_identity.check_data_here`)."""
-    if data_dir is None:
-        raise DataError("imagenet needs --data-dir: a folder with train/<class>/*.JPEG and "
-                        "val/<class>/*.JPEG")
-    try:
-        return check_data_here(index_dir, data_dir)
-    except DatasetIdentityError as exc:
-        raise DataError(str(exc)) from None
