@@ -17,6 +17,7 @@ _db_names = itertools.count()
 SHARED_MODULE_FIXTURE = ("test_results", "test_trainer")
 # Modules that share a session fixture: one worker for all of them, which runs it once.
 SHARED_SESSION_FIXTURE = {"test_official_shape": "official_shape", "test_bundle": "official_shape",
+                          "test_listing": "official_shape",
                           "test_identity": "imagenet_1k", "test_readme_cluster": "imagenet_1k"}
 
 
@@ -138,7 +139,7 @@ def store_url(request, tmp_path):
 
 
 def start_slurm(base, nodes, cluster, memory_mb=8000):
-    """A real SLURM cluster of ``nodes`` slurmd daemons on this host (runner/localslurm.py);
+    """A real SLURM cluster of ``nodes`` slurmd daemons on this host (automlperf/testing/slurm.py);
     its absence is a failure, not a skip."""
     from automlperf.testing.slurm import SlurmError
     from automlperf.testing.slurm import start_slurm as start

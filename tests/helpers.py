@@ -374,3 +374,12 @@ def make_replica(session, trainer, clock=None):
                       startup_trials=cfg.tpe_startup_trials)
     extra = {"clock": clock} if clock else {}
     return Replica(place, store, trainer, searcher_for(cfg), hpo, 64, **extra), store
+
+
+def copy_of(folder, tmp_path):
+    """A copy of ``folder`` (a run or a bundle) to change, as ``tmp_path / "bundle"``."""
+    import shutil
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(folder, copy)
+    return copy

@@ -241,7 +241,7 @@ def test_same_candidates_beside_cpu_burning_processes():
     import subprocess
     import sys
 
-    code = GENERATE.format(tests=str(pathlib.Path(__file__).resolve().parents[1]))
+    code = GENERATE.format(tests=str(pathlib.Path(__file__).resolve().parent))
 
     def generate(env_extra):
         env = {**os.environ, **env_extra}
