@@ -26,10 +26,11 @@ def pytest_collection_modifyitems(config, items):
     """Tests that start a real server carry its lane's mark, so `make test-fast` (no root, no
     services) leaves them out without a list to keep up to date.
 
-    On a pytest-xdist worker (`make test`, `--dist loadgroup`): every SLURM test runs on one
-    worker, so each local cluster starts once and never beside another worker's (they would
-    share this host's munge daemon), and the slow tests come first, so that the quick ones
-    fill the workers' ends and both finish together."""
+    On a pytest-xdist worker (`make test`, `--dist loadgroup`): a module's SLURM tests run on
+    one worker, so the cluster it starts for them starts once (clusters of several modules
+    run side by side: each has its own ports, folders and job ids, and they share the host's
+    munge daemon), and the slow tests come first, so that the quick ones fill the workers'
+    ends and all finish together."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         callspec = getattr(item, "callspec", None)
@@ -43,8 +44,8 @@ def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):
         return
     for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        if item.get_closest_marker("slurm") and item.module is not None:
+            item.add_marker(pytest.mark.xdist_group(f"slurm-{item.module.__name__}"))
         elif item.module is not None and item.module.__name__ in SHARED_MODULE_FIXTURE:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         elif item.module is not None and item.module.__name__ in SHARED_SESSION_FIXTURE:

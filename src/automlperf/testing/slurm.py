@@ -43,6 +43,7 @@ MpiDefault=none
 KillWait=10
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
+FirstJobId={first_job}
 """
 SLURM_NODE = ("NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 "
               "RealMemory={memory} State=UNKNOWN\n")
@@ -70,16 +71,18 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     names = [f"n{i}" for i in range(1, nodes + 1)]
     conf = base / "slurm.conf"
     extra = f"SlurmdTimeout={slurmd_timeout_s}\n" if slurmd_timeout_s else ""
+    ctld_port = free_port()
+    # Job ids of their own: clusters side by side on this host (pytest-xdist workers) never
+    # name the same job, which fail_node finds among all of the host's job steps.
     conf.write_text(SLURM_CONF.format(cluster=cluster, host=host, user=getpass.getuser(),
-                                      dir=base, ctld_port=free_port()) + extra
+                                      dir=base, ctld_port=ctld_port,
+                                      first_job=ctld_port * 1000) + extra
                     + "".join(SLURM_NODE.format(name=n, host=host, port=free_port(),
                                                 memory=memory_mb) for n in names)
                     + f"PartitionName=debug Nodes={','.join(names)} Default=YES "
                       "MaxTime=INFINITE State=UP\n")
     env = dict(os.environ, SLURM_CONF=str(conf))
-    alive = subprocess.run("munge -n | unmunge", shell=True, capture_output=True)
-    if alive.returncode != 0:
-        subprocess.run(["/etc/init.d/munge", "start"], capture_output=True)
+    _start_munge()
     subprocess.run([SBIN + "slurmctld", "-f", str(conf)], env=env, check=True)
     empty = base / "hidden"
     for node in names:
@@ -102,6 +105,23 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     stop_slurm(env)
     raise SlurmError(f"the local SLURM cluster did not come up: {state.stdout} {state.stderr}; "
                      f"see {base}/slurmctld.log")
+
+
+def _start_munge(timeout_s: float = 60.0) -> None:
+    """This host's munge daemon, which every local cluster shares: started if it is not
+    running (two clusters starting at once may both try; the second start is refused and
+    changes nothing), then waited for until it answers."""
+    def alive() -> bool:
+        return subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0
+
+    if alive():
+        return
+    subprocess.run(["/etc/init.d/munge", "start"], capture_output=True)
+    deadline = time.monotonic() + timeout_s  # a guard: munged answers within a second
+    while not alive():
+        if time.monotonic() > deadline:
+            raise SlurmError("munge does not answer (run scripts/setup-system.sh)")
+        time.sleep(0.2)
 
 
 def fail_node(env: dict[str, str], node: str) -> list[int]:
