@@ -23,7 +23,7 @@ from automlperf.measure.score import violations
 from automlperf.train import data as datasets
 from automlperf.train.data import folders
 from automlperf.train.trainer import RankContext, TrialSpec, train_on_rank
-from helpers import cli, folder_config, marked_env, wait_no_strays, write_config
+from helpers import cli, data_section, folder_config, marked_env, wait_no_strays, write_config
 from imagefolder import make_image_folder, photo
 
 CPU = torch.device("cpu")
@@ -158,7 +158,8 @@ def test_a_class_folder_without_images_still_defines_its_class(tmp_path):
 
 
 def _trial(root, max_unreadable=0.05, epochs=1):
-    ds = datasets.load("imagenet", root, image_size=16, workers=0, max_unreadable=max_unreadable)
+    ds = datasets.load(data_section("imagenet", data_dir=str(root), image_size=16, workers=0,
+                                    max_unreadable=max_unreadable))
     graph = seeds.resnet_small(num_classes=ds.num_classes, image_size=16)
     spec = TrialSpec("t", graph.to_dict(), epochs=epochs, batch_size=8, patience=5)
     events = []
