@@ -246,7 +246,7 @@ def test_revalidate_reads_an_image_folder(official_shape_run, tmp_path):
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["ok"], done.stdout + done.stderr
     again = report["revalidation"]
-    assert again["ok"] and again["images"] == again["recorded_images"] == 50
+    assert again["ok"] and again["images"] == again["recorded_images"] == 25
     (tmp_path / "empty").mkdir()
     done = cli("check", "--revalidate", "--data-dir", tmp_path / "empty", official_shape_run)
     assert done.returncode == 2 and "error:" in done.stderr and "empty" in done.stderr
