@@ -8,9 +8,11 @@ BIN := $(VENV)/bin
 run: setup
 	$(BIN)/automlperf run
 
-# Two pytest-xdist workers: much of the suite waits on processes, servers and jobs. SLURM's
-# tests share one worker and the slow tests go first (tests/conftest.py).
-TEST_WORKERS ?= 2
+# Four pytest-xdist workers on any machine: much of the suite waits on processes, servers and
+# jobs, and two workers left a 2-core machine idle for a third of the run (bench/RESULTS.md,
+# "The test suite"). A module's SLURM tests share a worker and the slow tests go first
+# (tests/conftest.py).
+TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 FAST := not slow and not postgres and not slurm and not browser and not dali
 
