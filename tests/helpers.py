@@ -2,6 +2,7 @@
 
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -378,8 +379,6 @@ def make_replica(session, trainer, clock=None):
 
 def copy_of(folder, tmp_path):
     """A copy of ``folder`` (a run or a bundle) to change, as ``tmp_path / "bundle"``."""
-    import shutil
-
     copy = tmp_path / "bundle"
     shutil.copytree(folder, copy)
     return copy
