@@ -2,12 +2,16 @@
 files. Runs end by their round limit or their deadline, and every assertion is about what
 happened, never about how much happened in some wall time."""
 
+import contextlib
 import json
 import os
 import resource
 import signal
+import sqlite3
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -242,13 +246,28 @@ def gone(pid):
         return True
 
 
+@contextlib.contextmanager
+def write_lock(db: Path) -> Iterator[None]:
+    """Hold a SQLite store's write lock: taken once the write in flight, if any, has
+    committed; while it is held, no other process is inside a write."""
+    conn = sqlite3.connect(db, timeout=600, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
 def test_a_frozen_primary(tmp_path):
     """The primary frozen (SIGSTOP) mid-run, as a hung process is: its replicas hear no
     heartbeat for a lease, stop by themselves and exit with everything they recorded; once
     it is killed, --resume goes on, the logs and the store hold the same epochs, and the run
     verifies. Two simulated replicas, held from the first epoch until the primary is frozen,
     so that both have most of their rounds still to train, however fast the machine; the
-    resumed session ends with their rounds."""
+    resumed session ends with their rounds. The processes are frozen while the test holds
+    the store's write lock, so the primary stops between two of its writes: frozen inside one,
+    it would keep SQLite's lock, and every replica's write would wait on it."""
     from automlperf.store.ledger import compare, read_logs
     from automlperf.store.rundir import RunDir
 
@@ -269,9 +288,10 @@ def test_a_frozen_primary(tmp_path):
     wait_for(both_up_and_an_epoch, 600, "both replicas and an epoch", every=0.1)
     try:
         replicas = store.replicas(1)
-        for r in replicas:
-            os.killpg(r.pid, signal.SIGSTOP)
-        primary.send_signal(signal.SIGSTOP)
+        with write_lock(run_dir / "history.db"):
+            for r in replicas:
+                os.killpg(r.pid, signal.SIGSTOP)
+            primary.send_signal(signal.SIGSTOP)
         for r in replicas:
             os.killpg(r.pid, signal.SIGCONT)
         wait_for(lambda: all(gone(r.pid) for r in replicas), 300,
