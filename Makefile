@@ -34,7 +34,11 @@ lint: setup
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 
+# The project's own bytecode, brought up to date on every use: an editable install has none,
+# and where PYTHONDONTWRITEBYTECODE is set every process of a run (primary, replicas, ranks,
+# loader workers: hundreds in `make test`) would compile the modules it imports again.
 setup: $(VENV)/.ready
+	$(BIN)/python -m compileall -q src > /dev/null
 
 $(VENV)/.ready: pyproject.toml scripts/setup-venv.sh
 	VENV=$(VENV) PYTHON=$(PYTHON) scripts/setup-venv.sh

@@ -16,6 +16,10 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
         spec="torch==2.13.0"
     fi
     echo "installing $spec"
-    pip install "$spec"
+    pip install --no-compile "$spec"
 fi
-pip install -e ".[test]"
+pip install --no-compile -e ".[test]"
+# pip compiles what it installs one file at a time (torch alone: about 3,000 files); here every
+# core does it, and a file that does not compile for this Python only keeps its source.
+site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+"$VENV/bin/python" -m compileall -q -j 0 "$site" > /dev/null || true
