@@ -83,23 +83,6 @@ def test_two_hundred_replicas_lose_nothing_on_a_few_connections_through_kill_9_a
     assert "stalled for" in log  # it noticed the stop, and held nobody's silence against them
 
 
-@pytest.fixture
-def served(pg_url, tmp_path):
-    """(the store service's client, the database's store), as a run's primary starts it."""
-    from automlperf.store import open_store
-    from automlperf.store.service.client import RemoteStore
-    from automlperf.store.service.process import ServiceProcess
-
-    direct = open_store(pg_url, create=True)
-    service = ServiceProcess(tmp_path / "run", pg_url)
-    service.start()
-    remote = RemoteStore(service.file)
-    yield remote, direct
-    remote.close()
-    service.stop()
-    direct.close()
-
-
 def test_history_reads_through_the_service_hold_what_the_database_holds(served):
     """Each reader of the history ends with every trial as the database has it. A read just
     behind gets what changed (claims it saw come back without their hash); a read far behind

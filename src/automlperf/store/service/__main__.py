@@ -54,8 +54,11 @@ def main() -> None:
                      + "\n")
         log.info("serving %s on %s:%d", redact(service.url), args.host, port)
 
-    asyncio.run(net.serve(service, "0.0.0.0" if args.listen_all else args.host, args.port,
-                          listening))
+    try:
+        asyncio.run(net.serve(service, "0.0.0.0" if args.listen_all else args.host, args.port,
+                              listening))
+    except StoreError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ answering each in commit order once committed."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from automlperf.store import connections
 from automlperf.store.base import StoreError
 from automlperf.store.retry import one_line, retried, retrying
 from automlperf.store.sql import SQLStore
+
+log = logging.getLogger("automlperf.store.service")
 
 # The database connections the service holds: the writer's, and its readers'.
 CONNECTIONS = connections.SERVICE
@@ -50,6 +53,10 @@ class ServiceStore(SQLStore):
                     out.append((op(conn, again), None))
                 except (StoreError, ValueError) as exc:
                     out.append((None, exc))
+                except DBAPIError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - see Broken
+                    raise Broken(exc) from exc
         return out
 
     @retrying
@@ -67,6 +74,16 @@ class ServiceStore(SQLStore):
             self.writes.beats(conn, beats)
             for run_id, index, last_seen in touches:
                 self.writes.touch_segment(conn, run_id, index, last_seen)
+
+
+class Broken(Exception):
+    """A call that failed in a way of its own (a wrong argument's type, a bug) rather than
+    being refused: its transaction is rolled back, as whatever it wrote may be half done,
+    and the failure is its answer alone."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass
@@ -89,6 +106,9 @@ class Writer(threading.Thread):
         self.stopping = False
         self.commits = 0
         self.committed = 0
+        self.failed: BaseException | None = None
+        # Called on the event loop when the writer has died: the service stops.
+        self.on_failure: Callable[[], None] = lambda: None
 
     def submit(self, job: Job) -> None:
         with self.ready:
@@ -96,6 +116,17 @@ class Writer(threading.Thread):
             self.ready.notify()
 
     def run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:
+            # Every later write would wait for ever on a writer that is gone: the service
+            # says why and stops, and the primary starts it again (as after a kill -9).
+            log.critical("the store service's writer failed (%s: %s); stopping the service",
+                         type(exc).__name__, exc, exc_info=True)
+            self.failed = exc
+            self.loop.call_soon_threadsafe(self.on_failure)
+
+    def _serve(self) -> None:
         while True:
             with self.ready:
                 while not self.queue and not self.stopping:
@@ -115,13 +146,15 @@ class Writer(threading.Thread):
             return answers
         except StoreError as exc:
             return [(None, exc)] * len(batch)  # the database stayed out past the retries
-        except DBAPIError:
+        except (DBAPIError, Broken):
             pass
         # One call broke the transaction (not an outage): each in a transaction of its own.
         out: list[tuple[Any, Any]] = []
         for op in ops:
             try:
                 out += self.db.commit([op])
+            except Broken as exc:
+                out.append((None, exc.error))
             except (StoreError, DBAPIError) as exc:
                 out.append((None, StoreError(one_line(getattr(exc, "orig", exc)))))
         return out

@@ -27,6 +27,9 @@ log = logging.getLogger("automlperf.store.service")
 
 # How often heartbeats and the session's last_seen are written to the database.
 FLUSH_S = 5.0
+# How long a new connection may take to greet: one that does not (a port scanner, a client
+# that sends a byte a second) is closed rather than held.
+GREETING_S = 30.0
 # An event loop that stalls this long (a SIGSTOP, the machine swapping) is an outage: the
 # heartbeats it could not take are not held against anyone.
 STALL_S = 5.0
@@ -37,7 +40,9 @@ async def serve(service: Service, host: str, port: int,
     """Serve ``service`` on ``host:port`` until SIGTERM or SIGINT; ``on_listening`` is told
     the port once clients can connect. What is waiting is written before it returns."""
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     service.writer = Writer(service.db, loop)
+    service.writer.on_failure = stop.set
     service.writer.start()
     with service.db.engine.connect() as conn:
         for table in (schema.T_TRIALS, schema.T_REPLICAS):
@@ -45,7 +50,6 @@ async def serve(service: Service, host: str, port: int,
             service.changed_through(last or 0)
     server = await asyncio.start_server(lambda r, w: client(service, r, w), host, port,
                                         backlog=16384)
-    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     on_listening(server.sockets[0].getsockname()[1])
@@ -61,6 +65,9 @@ async def serve(service: Service, host: str, port: int,
     service.writer.join()
     service.readers.shutdown()
     service.db.close()
+    if service.writer.failed is not None:
+        raise StoreError(f"the store service's writer failed: "
+                         f"{type(service.writer.failed).__name__}: {service.writer.failed}")
 
 
 async def client(service: Service, reader: asyncio.StreamReader,
@@ -68,7 +75,9 @@ async def client(service: Service, reader: asyncio.StreamReader,
     """One client's connection: its greeting checked, then its calls answered in order."""
     service.clients.add(writer)
     try:
-        hello = await read_message(reader)
+        # Bounded before anyone is known: a greeting's size, no compression, a deadline.
+        hello = await asyncio.wait_for(
+            read_message(reader, wire.MAX_GREETING, compressed=False), GREETING_S)
         if not isinstance(hello, dict) or hello.get("hello") != wire.PROTOCOL:
             await send_message(writer, {"e": "protocol", "m": "this store service speaks "
                                         f"protocol {wire.PROTOCOL}: use the automlperf that "
@@ -79,11 +88,15 @@ async def client(service: Service, reader: asyncio.StreamReader,
             return
         await send_message(writer, {"v": {"schema": SCHEMA_VERSION}})
         while True:
-            message = await read_message(reader)
+            message = await read_message(reader, wire.MAX_REQUEST)
             writer.write(await service.handle(message))
             await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError, wire.ProtocolError,
-            asyncio.CancelledError):
+    except wire.ProtocolError as exc:
+        log.warning("closed a connection from %s: %s", _peer(writer), exc)
+    except asyncio.TimeoutError:
+        log.warning("closed a connection from %s: no greeting within %.0f s", _peer(writer),
+                    GREETING_S)
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
         pass
     finally:
         service.clients.discard(writer)
@@ -110,12 +123,19 @@ async def tick(service: Service, stop: asyncio.Event) -> None:
                             exc_info=True)
 
 
-async def read_message(reader: asyncio.StreamReader) -> Any:
+async def read_message(reader: asyncio.StreamReader, limit: int,
+                       compressed: bool = True) -> Any:
+    """The next message, refused (:class:`~automlperf.store.service.wire.ProtocolError`) from
+    its header when longer than ``limit`` or compressed where it may not be."""
     head = await reader.readexactly(wire.HEADER.size)
     length, flags = wire.HEADER.unpack(head)
-    if length > wire.MAX_FRAME:
-        raise wire.ProtocolError(f"a frame of {length} bytes")
+    wire.check_header(length, flags, limit, compressed)
     return wire.decode(flags, await reader.readexactly(length))
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "an unknown peer"
 
 
 async def send_message(writer: asyncio.StreamWriter, message: Any) -> None:

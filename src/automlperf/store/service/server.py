@@ -36,6 +36,7 @@ from automlperf.store.base import (SCHEMA_VERSION, Claim, EpochRecord, SchemaMis
                                    SegmentRecord, StoreError)
 from automlperf.store.retry import one_line
 from automlperf.store.service import wire
+from automlperf.store.service.calls import check_call
 from automlperf.store.service.db import READERS, Job, ServiceStore, Writer
 from automlperf.store.service.state import RunState, load_run, replica_record, trial_of
 from automlperf.store.urls import redact
@@ -403,12 +404,18 @@ class Service:
     async def handle(self, message: dict[str, Any]) -> bytes:
         """The answer's frame."""
         self.calls += 1
-        op = self.ops.get(message.get("op", ""))
+        if not isinstance(message, dict) or not isinstance(message.get("a", []), list):
+            return wire.encode({"e": "protocol", "m": "a call is {\"op\": name, \"a\": "
+                                "[arguments]}: use the automlperf that started the run"})
+        op = self.ops.get(str(message.get("op", "")))
         if op is None:
             return wire.encode({"e": "protocol",
-                                "m": f"no call {message.get('op')!r} in this store service"})
+                                "m": f"no call {str(message.get('op'))[:100]!r} in this store "
+                                "service"})
         try:
-            value = await op(message.get("a", []), bool(message.get("r")))
+            args = message.get("a", [])
+            check_call(str(message.get("op")), args)
+            value = await op(args, bool(message.get("r")))
         except SchemaMismatch as exc:
             return wire.encode({"e": "schema", "m": str(exc)})
         except StoreError as exc:

@@ -33,8 +33,14 @@ PROTOCOL = 2
 HEADER = struct.Struct("!IB")
 COMPRESSED = 1
 COMPRESS_OVER = 64 * 1024
-# A frame larger than this is refused: a client that is not ours, or a broken stream.
+# A frame larger than this is refused: a client that is not ours, or a broken stream. An
+# answer (a whole history) may be large; a request is a call's arguments, and a greeting, read
+# before anyone is known, a few fields, never compressed.
 MAX_FRAME = 1 << 30
+MAX_REQUEST = 64 << 20
+MAX_GREETING = 4096
+# What a compressed frame may inflate to: zlib turns 1 MiB into about 1 GiB of zeros.
+MAX_INFLATED = 256 << 20
 
 T = TypeVar("T")
 
@@ -67,17 +73,34 @@ def encode_text(text: str) -> bytes:
     return HEADER.pack(len(data), flags) + data
 
 
-def decode(flags: int, payload: bytes) -> Any:
-    if flags & COMPRESSED:
-        payload = zlib.decompress(payload)
-    return json.loads(payload)
+def decode(flags: int, payload: bytes, inflated: int = MAX_INFLATED) -> Any:
+    """A frame's message; :class:`ProtocolError` for one that is not this protocol's (not
+    zlib, not JSON, or inflating past ``inflated`` bytes)."""
+    try:
+        if flags & COMPRESSED:
+            inflater = zlib.decompressobj()
+            payload = inflater.decompress(payload, inflated)
+            if inflater.unconsumed_tail or not inflater.eof:
+                raise ProtocolError(f"a compressed frame inflating past {inflated} bytes "
+                                    "(or cut short)")
+        return json.loads(payload)
+    except (zlib.error, ValueError) as exc:  # ValueError: JSON's and UTF-8's
+        raise ProtocolError(f"a frame that is not this protocol's ({str(exc)[:100]})") from None
+
+
+def check_header(length: int, flags: int, limit: int, compressed: bool = True) -> None:
+    """Refuse a frame before reading it: longer than ``limit``, or compressed where it may
+    not be."""
+    if length > limit:
+        raise ProtocolError(f"a frame of {length} bytes (at most {limit} here)")
+    if flags & COMPRESSED and not compressed:
+        raise ProtocolError("a compressed frame where none may be")
 
 
 def read_frame(sock: socket.socket) -> tuple[Any, int]:
     """The next message on a blocking socket, and the bytes it took on the wire."""
     length, flags = HEADER.unpack(_exactly(sock, HEADER.size))
-    if length > MAX_FRAME:
-        raise ProtocolError(f"a frame of {length} bytes")
+    check_header(length, flags, MAX_FRAME)
     return decode(flags, _exactly(sock, length)), HEADER.size + length
 
 

@@ -1,0 +1,154 @@
+"""The store service attacked on its own port, as anyone who reaches it could: strangers
+refused before they cost it memory, a connection that never greets closed, and calls that
+are not this protocol's answered in one line while the run's own clients go on. A real
+service on a real PostgreSQL server."""
+
+import json
+import socket
+import struct
+import zlib
+
+import psutil
+import pytest
+
+from automlperf.store.service import wire
+from helpers import new_claim
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+HEADER = struct.Struct("!IB")
+
+
+def address(service):
+    found = json.loads(service.file.read_text())
+    return found["host"], found["port"], service.token_file.read_text().strip()
+
+
+def connect(service):
+    host, port, _ = address(service)
+    sock = socket.create_connection((host, port), timeout=120)
+    return sock
+
+
+def closed(sock, limit=120.0):
+    """Whether the service closed ``sock`` (what it sent before is read and dropped)."""
+    sock.settimeout(limit)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def frame(message, compressed=False):
+    data = json.dumps(message).encode()
+    return HEADER.pack(len(data), 0) + data if not compressed else \
+        HEADER.pack(len(zlib.compress(data)), 1) + zlib.compress(data)
+
+
+def greet(service, token=None):
+    """A connection past the greeting, with the run's token (or ``token``)."""
+    sock = connect(service)
+    _, _, right = address(service)
+    sock.sendall(frame({"hello": wire.PROTOCOL, "token": right if token is None else token}))
+    return sock, wire.read_frame(sock)[0]
+
+
+def call(sock, message):
+    sock.sendall(frame(message))
+    return wire.read_frame(sock)[0]
+
+
+def rss(service):
+    return psutil.Process(service.proc.pid).memory_info().rss
+
+
+def bomb(size=1 << 30):
+    """A zlib stream of ``size`` zero bytes: about a thousandth of that on the wire."""
+    squeeze = zlib.compressobj(9)
+    chunk = bytes(1 << 20)
+    out = [squeeze.compress(chunk) for _ in range(size >> 20)]
+    return b"".join(out) + squeeze.flush()
+
+
+def test_strangers_are_refused_before_they_cost_the_service_memory(service, served):
+    remote, direct = served
+    slow = connect(service)
+    slow.sendall(b"\x00")  # one byte of a header, and nothing more: never greets
+    before = rss(service)
+    squeezed = bomb()
+    assert len(squeezed) < 2 << 20
+
+    for token in ("wrong", ""):
+        sock, answer = greet(service, token)
+        assert answer["e"] == "protocol" and "wrong token" in answer["m"]
+        assert closed(sock)
+    sock = connect(service)
+    sock.sendall(frame({"hello": wire.PROTOCOL}))  # no token at all
+    assert "wrong token" in wire.read_frame(sock)[0]["m"] and closed(sock)
+    # Before anyone is known: a header announcing 1 GiB, a compressed greeting that would
+    # inflate to 1 GiB, and bytes that are not this protocol.
+    sock = connect(service)
+    sock.sendall(HEADER.pack(1 << 30, 0) + b"x" * 1024)
+    assert closed(sock)
+    sock = connect(service)
+    sock.sendall(HEADER.pack(len(squeezed), 1) + squeezed)
+    assert closed(sock)
+    sock = connect(service)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert closed(sock)
+    # With the run's token: a compressed bomb as a call, and a call larger than any request.
+    sock, answer = greet(service)
+    assert "v" in answer
+    sock.sendall(HEADER.pack(len(squeezed), 1) + squeezed)
+    assert closed(sock)
+    sock, _ = greet(service)
+    sock.sendall(HEADER.pack(wire.MAX_REQUEST + 1, 0))
+    assert closed(sock)
+
+    assert rss(service) - before < 64 << 20  # no attack's size was ever held
+    assert closed(slow, limit=600)  # the greeting's deadline closed it
+    log = (service.logs / "store-service.log").read_text()
+    assert "no greeting within" in log and "inflating past" in log
+    assert service.restarts == 0  # the same service serves the run's own client
+    run_id = remote.create_run("r", {}, {}, 3600.0, 1.0)
+    seg = remote.start_segment(run_id, 1.0, 3600.0)
+    assert remote.register_replica(run_id, 0, seg, "n0", 1, [], 1.0) > 0
+
+
+def test_calls_that_are_not_this_protocols_get_one_line_and_the_service_goes_on(service, served):
+    """A client of the run (its token) sending calls a version-skewed or broken replica
+    could: each gets an error in one line; the writes before and after are stored, by the
+    same service process."""
+    remote, direct = served
+    run_id = remote.create_run("r", {}, {}, 3600.0, 1.0)
+    seg = remote.start_segment(run_id, 1.0, 3600.0)
+    rep = remote.register_replica(run_id, 0, seg, "n0", 1, [], 1.0)
+    first = remote.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                         graph_hash="a", now=2.0, lease_s=600.0))
+    pid = service.proc.pid
+    sock, _ = greet(service)
+    bad = [
+        {"op": "heartbeat", "a": [rep]},  # too few arguments
+        {"op": "heartbeat", "a": [rep, 1.0, 60.0, 4]},  # too many
+        {"op": "heartbeat", "a": [rep, "soon", {"x": 1}]},  # wrong types, to the database
+        {"op": "end_replica", "a": [{"id": rep}, "stopped", 3.0, ""]},
+        {"op": "finish_trial", "a": [first, ["completed"], 3.0]},
+        {"op": "claim_trial", "a": [[run_id, rep]]},  # a claim of another protocol's shape
+        {"op": "record_epoch", "a": [[1, 2, 3]]},
+        {"op": "touch_segment", "a": [run_id, "zero", None]},
+        {"op": "no_such_call", "a": []},
+        {"op": "heartbeat", "a": "not a list"},
+        ["not", "a", "call"],
+    ]
+    for message in bad:
+        answer = call(sock, message)
+        assert set(answer) == {"e", "m"}, (message, answer)
+        assert "\n" not in answer["m"] and len(answer["m"]) < 400, answer
+    second = remote.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                          graph_hash="b", now=2.0, lease_s=600.0))
+    assert remote.finish_trial(second, "completed", 3.0, best_accuracy=0.5)
+    assert service.proc.pid == pid and service.restarts == 0
+    assert {t.graph_hash for t in direct.trials(run_id)} == {"a", "b"}
+    sock.close()
