@@ -149,6 +149,11 @@ def test_the_run_directory_turning_read_only(tmp_path, photos):
         assert f"--resume --run-dir {run_dir}" in line
         wait_no_strays(mark)  # the replica and its training processes ended with the run
         subprocess.run(["umount", mount], check=True)
+        # The loop device outlives the unmount for a moment; mounted again before it is let
+        # go, the image would come back with the same, still read-only, file system.
+        wait_for(lambda: not subprocess.run(["losetup", "-j", str(image)], capture_output=True,
+                                            text=True).stdout.strip(),
+                 120, "the loop device to be released")
         mount_it()
         assert before <= records(run_dir)
     finally:

@@ -1,0 +1,139 @@
+"""The store service attacked on its own port: a real service (as a run's primary starts it) on
+a private PostgreSQL server, each attack sent over a raw socket, the service's resident memory
+read before and after it, and what the service did (closed the connection, answered one line).
+Then the run's own client makes a write, which must be stored by the same service process.
+
+Run: python bench/bench_service_attacks.py [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from automlperf.store import open_store
+from automlperf.store.pgserver import PostgresServer
+from automlperf.store.service import wire
+from automlperf.store.service.client import RemoteStore
+from automlperf.store.service.process import ServiceProcess
+
+HEADER = struct.Struct("!IB")
+
+
+def frame(message: Any) -> bytes:
+    data = json.dumps(message).encode()
+    return HEADER.pack(len(data), 0) + data
+
+
+def bomb(size: int = 1 << 30) -> bytes:
+    squeeze = zlib.compressobj(9)
+    chunk = bytes(1 << 20)
+    return b"".join(squeeze.compress(chunk) for _ in range(size >> 20)) + squeeze.flush()
+
+
+def outcome(sock: socket.socket, limit: float = 120.0) -> str:
+    """What the service did: the answer it sent, if any, and whether it closed."""
+    sock.settimeout(limit)
+    got = b""
+    try:
+        while chunk := sock.recv(1 << 16):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return "kept the connection open"
+    said = ""
+    if len(got) >= HEADER.size:
+        length, flags = HEADER.unpack(got[:HEADER.size])
+        said = str(wire.decode(flags, got[HEADER.size:HEADER.size + length]).get("m", ""))
+    return f"answered {said!r}, closed" if said else "closed, no answer"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="amp-attacks-"))
+    pg = PostgresServer(work / "pg")
+    pg.start()
+    url = pg.create_database("attacks")
+    open_store(url, create=True).close()
+    service = ServiceProcess(work / "run", url)
+    service.start()
+    found = json.loads(service.file.read_text())
+    host, port, token = found["host"], found["port"], service.token_file.read_text().strip()
+    proc = psutil.Process(service.proc.pid)
+    squeezed = bomb()
+
+    def connect() -> socket.socket:
+        return socket.create_connection((host, port), timeout=120)
+
+    def greeted() -> socket.socket:
+        sock = connect()
+        sock.sendall(frame({"hello": wire.PROTOCOL, "token": token}))
+        wire.read_frame(sock)
+        return sock
+
+    attacks: list[tuple[str, Any]] = [
+        ("wrong token", lambda s: s.sendall(frame({"hello": wire.PROTOCOL, "token": "x"}))),
+        ("no token", lambda s: s.sendall(frame({"hello": wire.PROTOCOL}))),
+        ("a 1 GiB length header", lambda s: s.sendall(HEADER.pack(1 << 30, 0) + b"x" * 4096)),
+        (f"a compressed greeting ({len(squeezed) >> 10} KiB -> 1 GiB)",
+         lambda s: s.sendall(HEADER.pack(len(squeezed), 1) + squeezed)),
+        ("garbage (an HTTP request)", lambda s: s.sendall(b"GET / HTTP/1.1\r\n\r\n")),
+    ]
+    rows = []
+    for name, send in attacks:
+        before = proc.memory_info().rss
+        sock = connect()
+        send(sock)
+        did = outcome(sock)
+        rows.append((name, did, before, proc.memory_info().rss))
+    for name, body in [
+        (f"with the token: a compressed call ({len(squeezed) >> 10} KiB -> 1 GiB)",
+         HEADER.pack(len(squeezed), 1) + squeezed),
+        ("with the token: a wrong-arity call", frame({"op": "heartbeat", "a": [1]})),
+        ("with the token: a wrong-type call",
+         frame({"op": "touch_segment", "a": [1, "zero", None]})),
+    ]:
+        before = proc.memory_info().rss
+        sock = greeted()
+        sock.sendall(body)
+        if "call (" in name:
+            did = outcome(sock)
+        else:
+            did = f"answered {wire.read_frame(sock)[0].get('m')!r}"
+            sock.close()
+        rows.append((name, did, before, proc.memory_info().rss))
+    before = proc.memory_info().rss
+    slow = connect()
+    slow.sendall(b"\x00")
+    started = time.monotonic()
+    did = outcome(slow, limit=600)
+    rows.append((f"one byte, then silence ({time.monotonic() - started:.0f} s)", did, before,
+                 proc.memory_info().rss))
+    remote = RemoteStore(service.file)
+    run_id = remote.create_run("after", {}, {}, 60.0, 1.0)
+    same = service.proc.pid == proc.pid and service.restarts == 0
+    print("| attack | what the service did | RSS before (MiB) | after (MiB) |")
+    print("|---|---|---|---|")
+    for name, did, rss0, rss1 in rows:
+        print(f"| {name} | {did} | {rss0 / 2**20:.1f} | {rss1 / 2**20:.1f} |")
+    print(f"\nafterwards: the run's own client stored run {run_id}; same service process, "
+          f"no restart: {same}")
+    remote.close()
+    service.stop()
+    pg.stop()
+
+
+if __name__ == "__main__":
+    main()
