@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import struct
 import tempfile
 import time
 import zlib
@@ -25,14 +24,6 @@ from automlperf.store.pgserver import PostgresServer
 from automlperf.store.service import wire
 from automlperf.store.service.client import RemoteStore
 from automlperf.store.service.process import ServiceProcess
-
-HEADER = struct.Struct("!IB")
-
-
-def frame(message: Any) -> bytes:
-    data = json.dumps(message).encode()
-    return HEADER.pack(len(data), 0) + data
-
 
 def bomb(size: int = 1 << 30) -> bytes:
     squeeze = zlib.compressobj(9)
@@ -52,9 +43,9 @@ def outcome(sock: socket.socket, limit: float = 120.0) -> str:
     except TimeoutError:
         return "kept the connection open"
     said = ""
-    if len(got) >= HEADER.size:
-        length, flags = HEADER.unpack(got[:HEADER.size])
-        said = str(wire.decode(flags, got[HEADER.size:HEADER.size + length]).get("m", ""))
+    if len(got) >= wire.HEADER.size:
+        length, flags = wire.HEADER.unpack(got[:wire.HEADER.size])
+        said = str(wire.decode(flags, got[wire.HEADER.size:wire.HEADER.size + length]).get("m", ""))
     return f"answered {said!r}, closed" if said else "closed, no answer"
 
 
@@ -79,16 +70,16 @@ def main() -> None:
 
     def greeted() -> socket.socket:
         sock = connect()
-        sock.sendall(frame({"hello": wire.PROTOCOL, "token": token}))
+        sock.sendall(wire.encode({"hello": wire.PROTOCOL, "token": token}))
         wire.read_frame(sock)
         return sock
 
     attacks: list[tuple[str, Any]] = [
-        ("wrong token", lambda s: s.sendall(frame({"hello": wire.PROTOCOL, "token": "x"}))),
-        ("no token", lambda s: s.sendall(frame({"hello": wire.PROTOCOL}))),
-        ("a 1 GiB length header", lambda s: s.sendall(HEADER.pack(1 << 30, 0) + b"x" * 4096)),
+        ("wrong token", lambda s: s.sendall(wire.encode({"hello": wire.PROTOCOL, "token": "x"}))),
+        ("no token", lambda s: s.sendall(wire.encode({"hello": wire.PROTOCOL}))),
+        ("a 1 GiB length header", lambda s: s.sendall(wire.HEADER.pack(1 << 30, 0) + b"x" * 4096)),
         (f"a compressed greeting ({len(squeezed) >> 10} KiB -> 1 GiB)",
-         lambda s: s.sendall(HEADER.pack(len(squeezed), 1) + squeezed)),
+         lambda s: s.sendall(wire.HEADER.pack(len(squeezed), 1) + squeezed)),
         ("garbage (an HTTP request)", lambda s: s.sendall(b"GET / HTTP/1.1\r\n\r\n")),
     ]
     rows = []
@@ -100,10 +91,10 @@ def main() -> None:
         rows.append((name, did, before, proc.memory_info().rss))
     for name, body in [
         (f"with the token: a compressed call ({len(squeezed) >> 10} KiB -> 1 GiB)",
-         HEADER.pack(len(squeezed), 1) + squeezed),
-        ("with the token: a wrong-arity call", frame({"op": "heartbeat", "a": [1]})),
+         wire.HEADER.pack(len(squeezed), 1) + squeezed),
+        ("with the token: a wrong-arity call", wire.encode({"op": "heartbeat", "a": [1]})),
         ("with the token: a wrong-type call",
-         frame({"op": "touch_segment", "a": [1, "zero", None]})),
+         wire.encode({"op": "touch_segment", "a": [1, "zero", None]})),
     ]:
         before = proc.memory_info().rss
         sock = greeted()

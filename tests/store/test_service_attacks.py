@@ -5,7 +5,6 @@ service on a real PostgreSQL server."""
 
 import json
 import socket
-import struct
 import zlib
 
 import psutil
@@ -15,9 +14,6 @@ from automlperf.store.service import wire
 from helpers import new_claim
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
-
-HEADER = struct.Struct("!IB")
-
 
 def address(service):
     found = json.loads(service.file.read_text())
@@ -41,22 +37,16 @@ def closed(sock, limit=120.0):
     return True
 
 
-def frame(message, compressed=False):
-    data = json.dumps(message).encode()
-    return HEADER.pack(len(data), 0) + data if not compressed else \
-        HEADER.pack(len(zlib.compress(data)), 1) + zlib.compress(data)
-
-
 def greet(service, token=None):
     """A connection past the greeting, with the run's token (or ``token``)."""
     sock = connect(service)
     _, _, right = address(service)
-    sock.sendall(frame({"hello": wire.PROTOCOL, "token": right if token is None else token}))
+    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "token": right if token is None else token}))
     return sock, wire.read_frame(sock)[0]
 
 
 def call(sock, message):
-    sock.sendall(frame(message))
+    sock.sendall(wire.encode(message))
     return wire.read_frame(sock)[0]
 
 
@@ -85,15 +75,15 @@ def test_strangers_are_refused_before_they_cost_the_service_memory(service, serv
         assert answer["e"] == "protocol" and "wrong token" in answer["m"]
         assert closed(sock)
     sock = connect(service)
-    sock.sendall(frame({"hello": wire.PROTOCOL}))  # no token at all
+    sock.sendall(wire.encode({"hello": wire.PROTOCOL}))  # no token at all
     assert "wrong token" in wire.read_frame(sock)[0]["m"] and closed(sock)
     # Before anyone is known: a header announcing 1 GiB, a compressed greeting that would
     # inflate to 1 GiB, and bytes that are not this protocol.
     sock = connect(service)
-    sock.sendall(HEADER.pack(1 << 30, 0) + b"x" * 1024)
+    sock.sendall(wire.HEADER.pack(1 << 30, 0) + b"x" * 1024)
     assert closed(sock)
     sock = connect(service)
-    sock.sendall(HEADER.pack(len(squeezed), 1) + squeezed)
+    sock.sendall(wire.HEADER.pack(len(squeezed), 1) + squeezed)
     assert closed(sock)
     sock = connect(service)
     sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -101,10 +91,10 @@ def test_strangers_are_refused_before_they_cost_the_service_memory(service, serv
     # With the run's token: a compressed bomb as a call, and a call larger than any request.
     sock, answer = greet(service)
     assert "v" in answer
-    sock.sendall(HEADER.pack(len(squeezed), 1) + squeezed)
+    sock.sendall(wire.HEADER.pack(len(squeezed), 1) + squeezed)
     assert closed(sock)
     sock, _ = greet(service)
-    sock.sendall(HEADER.pack(wire.MAX_REQUEST + 1, 0))
+    sock.sendall(wire.HEADER.pack(wire.MAX_REQUEST + 1, 0))
     assert closed(sock)
 
     assert rss(service) - before < 64 << 20  # no attack's size was ever held

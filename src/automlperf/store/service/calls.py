@@ -10,13 +10,13 @@ field's type."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import types
 import typing
 from typing import Any, Union
 
 from automlperf.store.base import Claim, EpochRecord
+from automlperf.store.service import wire
 
 NUM = float
 OPT_NUM = float | None
@@ -66,7 +66,7 @@ def check_call(op: str, args: list[Any]) -> None:
         raise CallError(f"{op} takes {len(wanted)} arguments, not {len(args)}: use the "
                         "automlperf that started the run")
     for i, (value, kind) in enumerate(zip(args, wanted)):
-        if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        if kind in wire.FIELDS:
             _check_record(op, kind, value)
         elif not conforms(value, kind):
             raise CallError(f"{op}: argument {i + 1} is {_shown(value)}, not {_name(kind)}")
@@ -74,7 +74,7 @@ def check_call(op: str, args: list[Any]) -> None:
 
 def _check_record(op: str, cls: type, value: Any) -> None:
     hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = wire.FIELDS[cls]
     if not isinstance(value, list) or len(value) != len(names):
         raise CallError(f"{op}: the {cls.__name__} travels as a list of {len(names)} values")
     for name, field_value in zip(names, value):
