@@ -160,19 +160,23 @@ def test_the_run_directory_turning_read_only(tmp_path, photos):
         subprocess.run(["umount", mount], check=False)
 
 
-@pytest.mark.slow
-def test_a_rank_killed_by_the_kernels_oom_killer(tmp_path):
-    """The run in a memory cgroup of 1.5 GiB, as a batch job's limit: the kernel's OOM
-    killer ends the training process (signal 9; no allocation fails in Python). The trial
-    is an `oom` failure, retried once at half the batch, and the run stops in one line with
-    the advice for memory; the primary and the replica survive to say so."""
+# A killed process returns its memory a moment after the kernel stops counting it as the
+# victim; an allocation by the primary in that moment has the kernel take a second process,
+# the replica (unprivileged, no process can lower its own score below 0 to be spared).
+SECOND_VICTIM = "every replica exited with an error before the deadline (replica 0: -9, " \
+    "the kernel's out-of-memory killer ended it"
+
+
+def run_out_of_memory(tmp_path, attempt):
+    """One run in a memory cgroup of 1.5 GiB: (its outcome, the group's kill count, its run
+    directory)."""
     group, why = MemoryCgroup.make(1536 << 20)
     if group is None:
         pytest.skip(why)
     config = tmp_path / "oom.toml"
     # One failed trial (and its retry) is enough to stop the run here.
     config.write_text(KERNEL_OOM_CONFIG.replace("[run]\n", "[run]\nmax_repeated_failures = 1\n"))
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / f"run-{attempt}"
     env, mark = marked_env()
     try:
         done = subprocess.run(cli_args("run", "--config", config, "--run-dir", run_dir),
@@ -182,9 +186,25 @@ def test_a_rank_killed_by_the_kernels_oom_killer(tmp_path):
         wait_no_strays(mark)
     finally:
         group.remove()
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr
-    line = done.stderr.strip().splitlines()[-1]
+    return done, kills, run_dir
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_the_kernels_oom_killer(tmp_path):
+    """The run in a memory cgroup of 1.5 GiB, as a batch job's limit: the kernel's OOM
+    killer ends the training process (signal 9; no allocation fails in Python). The trial
+    is an `oom` failure, retried once at half the batch, and the run stops in one line with
+    the advice for memory; the primary and the replica survive to say so. Where the kernel
+    takes the replica as well, the line says that, with the same advice, and the scenario
+    is run again (the kernel's own report decides, not a clock)."""
+    for attempt in range(3):
+        done, kills, run_dir = run_out_of_memory(tmp_path, attempt)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        line = done.stderr.strip().splitlines()[-1]
+        if SECOND_VICTIM not in line:
+            break
+        assert "give each replica more memory" in line
     assert line.startswith("error: the run cannot train: replica 0")
     assert "out-of-memory killer" in line and "give each replica more memory" in line
     assert kills >= 2  # the trial, and its retry at half the batch

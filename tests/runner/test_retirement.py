@@ -52,3 +52,41 @@ def test_replicas_that_exit_without_a_word_end_the_run_only_all_together(tmp_pat
     store, run_id, seg, _ = session_with(tmp_path, 2)
     assert failure(store, run_id, seg, [1, None], LOGS, left=True) is None
     assert "every replica exited with an error" in failure(store, run_id, seg, [1, 2], LOGS)
+
+
+def test_a_replica_the_kernel_killed_for_memory_is_named_with_the_fix(tmp_path):
+    """Under a job's memory limit the kernel can take a replica, not only a training process
+    (an allocation in the moment a killed one is still returning its memory). The local
+    launcher asks the kernel, and the run's one line says so with the advice for memory.
+    Here a process of the launcher's runs out of a 64 MiB memory cgroup."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from automlperf.runner.launch import LocalLauncher
+    from automlperf.train.oomkill import OomWatch
+    from helpers import MemoryCgroup
+
+    group, why = MemoryCgroup.make(64 << 20)
+    if group is None:
+        pytest.skip(why)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "b = bytearray(b'x') * (1 << 30)"],
+                                preexec_fn=group.enter, stderr=subprocess.DEVNULL)
+        launcher = LocalLauncher(tmp_path, 1, None, simulated=True)
+        launcher.procs.append(proc)
+        launcher.watches.append(OomWatch.of(proc.pid))
+        launcher.watches[0].arm()
+        assert proc.wait(timeout=300) == -9
+        [cause] = launcher.causes()
+    finally:
+        group.remove()
+    assert cause is not None and "out-of-memory killer" in cause
+    store, run_id, seg, _ = session_with(tmp_path, 1)
+    line = failure(store, run_id, seg, [-9], LOGS, causes=[cause])
+    assert line.startswith("every replica exited with an error before the deadline "
+                           "(replica 0: -9, the kernel's out-of-memory killer ended it")
+    assert "give each replica more memory" in line and "\n" not in line
+    # Killed otherwise (by hand, by the batch system): the exit code alone, no advice.
+    assert "memory" not in failure(store, run_id, seg, [-9], LOGS, causes=[None])

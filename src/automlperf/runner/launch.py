@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from automlperf.store.urls import STORE_ENV
 from automlperf.errors import UserError
+from automlperf.store.urls import STORE_ENV
+from automlperf.train.oomkill import OomWatch
 
 
 class Launcher(Protocol):
@@ -128,6 +129,7 @@ class LocalLauncher:
     cores: int = 1
     simulated: bool = False  # simulated devices: the machine's own accelerators stay unused
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    watches: list[OomWatch] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Refused here, before anything is written, when they do not fit.
@@ -152,9 +154,19 @@ class LocalLauncher:
                     worker_command(self.run_dir, index, threads, self.devices_per_replica,
                                    monitor=index == 0),
                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            watch = OomWatch.of(self.procs[-1].pid)
+            watch.arm()
+            self.watches.append(watch)
 
     def alive(self) -> list[bool]:
         return [p.poll() is None for p in self.procs]
+
+    def causes(self) -> list[str | None]:
+        """For each replica, why it ended, where the kernel says more than its exit code:
+        the out-of-memory killer, which under a job's memory limit can take a replica in the
+        moment a killed training process is still returning its memory."""
+        return [watch.killed(proc.poll(), log_first=True)
+                for proc, watch in zip(self.procs, self.watches)]
 
     def stop(self, grace_s: float) -> None:
         # A replica that ignores SIGTERM loses its whole session: worker and training ranks.

@@ -18,6 +18,7 @@ from rich.live import Live
 from automlperf import rules
 from automlperf.config import Config, ConfigError
 from automlperf.errors import RunFailure
+from automlperf.events import FailureKind
 from automlperf.dataset_identity import (SHARED_INDEX, DatasetIdentityError, build_shared_index,
                                          load_shared_index, problems, scan)
 from automlperf.measure import provenance
@@ -25,6 +26,7 @@ from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.runner.recovery import Recovered, recover
+from automlperf.runner.trials import FIXES
 from automlperf.store import ReplicaRecord, Store, TrialStatus, open_store, redact
 from automlperf.store.feed import ReplicaFeed
 from automlperf.store.opening import served
@@ -258,12 +260,14 @@ def gave_up(store: Store, run_id: int, segment: int,
 
 def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None],
             log_dir: Path, left: bool = False,
-            replicas: list[ReplicaRecord] | None = None) -> str | None:
+            replicas: list[ReplicaRecord] | None = None,
+            causes: list[str | None] | None = None) -> str | None:
     """Why the run cannot go on, if it cannot: no replica is ``left`` to train and those that
     gave up said why, or every replica exited with an error without saying why (it could
     not even start). One replica that gives up on a sick node is retired, not the run's end:
     the run ends only when the failure hits every replica. ``replicas``: the run's replicas
-    as last seen, else read from the store."""
+    as last seen, else read from the store; ``causes``: why each replica ended, where more
+    is known than its exit code (the kernel's out-of-memory killer)."""
     if left:
         return None
     if replicas is None:
@@ -275,9 +279,12 @@ def failure(store: Store, run_id: int, segment: int, exit_codes: list[int | None
         rep = given_up[0]
         return f"replica {rep.index} ({rep.host}): {rep.reason}"
     if exit_codes and all(code is not None and code != 0 for code in exit_codes):
-        codes = ", ".join(f"replica {i}: {code}" for i, code in enumerate(exit_codes))
-        return (f"every replica exited with an error before the deadline ({codes}); see "
-                f"{log_dir}/replica-*.log")
+        causes = causes or [None] * len(exit_codes)
+        codes = ", ".join(f"replica {i}: {code}" + (f", {cause}" if cause else "")
+                          for i, (code, cause) in enumerate(zip(exit_codes, causes)))
+        fix = f"; {FIXES[FailureKind.OOM]}" if any(causes) else ""
+        return (f"every replica exited with an error before the deadline ({codes}){fix}; "
+                f"see {log_dir}/replica-*.log")
     return None
 
 
@@ -327,8 +334,10 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
                 if rep.id not in retired and left:
                     retired.add(rep.id)
                     console.print(retirement(rep), highlight=False, soft_wrap=True)
+            causes = getattr(launcher, "causes", None)
             broken = failure(s.store, s.run_id, s.segment, [p.poll() for p in launcher.procs],
-                             s.dir.logs, left, list(seen.values()))
+                             s.dir.logs, left, list(seen.values()),
+                             causes() if causes is not None and not left else None)
             if broken is not None:
                 return Watch("failed", broken)
             if now >= s.deadline_at or not left:

@@ -158,10 +158,17 @@ class OomWatch:
         """Take the count a death is judged against (before each trial)."""
         self.before = self.group.kills() if self.group is not None else None
 
-    def killed(self, exitcode: int | None) -> str | None:
-        """Why the rank died, when the OOM killer ended it (exit by signal 9); else None."""
+    def killed(self, exitcode: int | None, log_first: bool = False) -> str | None:
+        """Why the process died, when the OOM killer ended it (exit by signal 9); else None.
+        ``log_first``: ask the kernel log (which names the process) before the group's
+        count, for a process whose group also holds processes the killer may have taken
+        since it was armed."""
         if exitcode != -9:
             return None
+        if log_first:
+            found = kernel_log_kill(self.pid)
+            if found is not None:
+                return "the kernel's out-of-memory killer ended it (kernel log)" if found else None
         if self.group is not None and self.before is not None:
             now = self.group.kills()
             if now is not None and now > self.before:
