@@ -16,6 +16,23 @@ class DeviceError(UserError):
     """More devices were asked for than are visible."""
 
 
+# The device files through which Linux runtimes reach their accelerators: NVIDIA's (WSL's
+# /dev/dxg), ROCm's, Intel's render nodes and Ascend's.
+ACCELERATOR_NODES = ("nvidia[0-9]*", "nvidiactl", "dxg", "kfd", "dri/renderD*", "davinci[0-9]*")
+
+
+def accelerator_nodes_present(dev: Path = Path("/dev"), platform: str | None = None) -> bool:
+    """Whether this machine may have an accelerator torch can use: on Linux, only where one
+    of their device files exists; elsewhere, always (torch is asked). A process that needs
+    nothing else from torch (the primary) does not import it (1.5 CPU-s) to learn there is
+    none."""
+    import sys
+
+    if not (platform or sys.platform).startswith("linux"):
+        return True
+    return any(any(dev.glob(pattern)) for pattern in ACCELERATOR_NODES)
+
+
 def accelerator_type(torch: Any) -> str | None:
     """The kind of accelerator torch will use here (``cuda`` also on ROCm, ``xpu``, ``npu``
     through its plugin, ...), or None for the CPU. CUDA is asked first, as before;

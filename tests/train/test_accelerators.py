@@ -2,6 +2,7 @@
 here: torch.accelerator, the backend modules and amdsmi are faked; the discovery, device
 choice, peak lookup and visibility logic are the real ones."""
 
+import json
 import sys
 import types
 
@@ -17,6 +18,7 @@ GiB = 2**30
 
 
 def fake_accelerator(monkeypatch, kind, count, memory=64 * GiB):
+    monkeypatch.setattr(hardware, "accelerator_nodes_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     # torch_npu renames the privateuse1 device "npu"; stock torch cannot make that device.
@@ -64,6 +66,7 @@ def test_ascend_npus_through_a_plugin_module(monkeypatch):
 
 
 def test_rocm_gpus_keep_the_cuda_path_with_amdsmi_details(monkeypatch):
+    monkeypatch.setattr(hardware, "accelerator_nodes_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
@@ -130,3 +133,38 @@ def test_a_replica_told_to_use_gpus_that_sees_none_says_why():
     said = hardware.missing_accelerators(broken, {}, ["/dev/nvidia0"])
     assert "(torch says: Found no NVIDIA driver on your system.)" in said and "nvidia-smi" in said
     assert all("\n" not in s for s in (said,))
+
+
+@pytest.mark.parametrize("nodes, present", [
+    ([], False), (["null", "kvm", "loop0", "dri/card0"], False),
+    (["nvidiactl", "nvidia0"], True), (["dxg"], True), (["kfd"], True),
+    (["dri/card1", "dri/renderD128"], True), (["davinci3"], True)])
+def test_accelerators_are_looked_for_where_their_runtimes_reach_them(tmp_path, nodes, present):
+    for node in nodes:
+        (tmp_path / node).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / node).touch()
+    assert hardware.accelerator_nodes_present(tmp_path, "linux") is present
+    assert hardware.accelerator_nodes_present(tmp_path, "darwin") is True  # torch is asked
+
+
+def test_a_primary_without_accelerators_does_not_load_torch():
+    """The primary asks torch for accelerators to divide among local replicas only where a
+    runtime's device file exists; without one, torch stays unloaded."""
+    import subprocess
+
+    if hardware.accelerator_nodes_present():
+        pytest.skip("this machine has an accelerator's device files")
+    code = ("import sys; from automlperf.runner.launch import gpu_slices; "
+            "print(gpu_slices(2, None), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["[]", "False"]
+    # Nor to describe the machine: torch's build as torch itself gives it.
+    code = ("import json, sys; from automlperf.measure.system import describe; "
+            "print(json.dumps([describe()['software'], 'torch' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    software, loaded = json.loads(done.stdout)
+    assert not loaded
+    assert (software["torch"], software["cuda"], software["hip"], software["cudnn"]) == \
+        (str(torch.__version__), torch.version.cuda, torch.version.hip, None)

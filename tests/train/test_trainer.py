@@ -217,8 +217,10 @@ def test_precision_rules():
 def test_local_replicas_get_disjoint_gpus(monkeypatch):
     import torch
 
+    from automlperf import hardware
     from automlperf.runner.launch import LaunchError, gpu_slices
 
+    monkeypatch.setattr(hardware, "accelerator_nodes_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

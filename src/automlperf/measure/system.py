@@ -12,6 +12,7 @@ import socket
 from importlib import metadata
 from typing import Any
 
+from automlperf import hardware
 from automlperf.hardware import accelerator_type, cpu_model, device_count, gpu_uuid
 
 # Dense peak operations per second of one device as torch numbers them, by device name
@@ -69,6 +70,8 @@ VENDORS = {"cuda": "NVIDIA", "xpu": "Intel", "npu": "Huawei", "mps": "Apple"}
 def accelerators() -> list[dict[str, Any]]:
     """Visible accelerators as torch numbers them, with NVML (NVIDIA) or amdsmi (AMD)
     details matched by UUID where those libraries are present."""
+    if not hardware.accelerator_nodes_present():
+        return []
     try:
         import torch
     except ImportError:
@@ -177,6 +180,39 @@ def _nvml_by_uuid() -> dict[str, dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
+def torch_build() -> dict[str, Any]:
+    """torch's version and the CUDA and ROCm it was built for, as ``torch.version`` gives
+    them, read from that module's file without loading torch (1.5 CPU-s); where no
+    accelerator can be used, that is all a description needs of it."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        with open(path) as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[str, Any] = {}
+    for node in tree.body:
+        value: ast.expr | None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            found[target.id] = value.value
+    if "__version__" not in found:
+        return {}
+    return {"torch": found["__version__"], "cuda": found.get("cuda"), "hip": found.get("hip"),
+            "cudnn": None}
+
+
 def describe(nodes: int = 1, simulated: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The system description stored as system.json with every run. A simulated run gives
     its simulated devices: the node's real accelerators are not the ones it reports on, and
@@ -184,7 +220,9 @@ def describe(nodes: int = 1, simulated: list[dict[str, Any]] | None = None) -> d
     import psutil
 
     torch_info: dict[str, Any] = {}
-    if simulated is None:
+    if simulated is None and not hardware.accelerator_nodes_present():
+        torch_info = torch_build()
+    elif simulated is None:
         try:
             import torch
 

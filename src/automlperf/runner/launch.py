@@ -99,9 +99,11 @@ def visibility_variable() -> str:
 def gpu_slices(replicas: int, per_replica: int | None) -> list[str]:
     """The visibility variable's value for each local replica: disjoint groups of this
     machine's accelerators (none without any)."""
-    import torch
+    from automlperf.hardware import accelerator_nodes_present, accelerator_type, device_count
 
-    from automlperf.hardware import accelerator_type, device_count
+    if not accelerator_nodes_present():
+        return []
+    import torch
 
     kind = accelerator_type(torch)
     if kind is None or kind not in VISIBILITY:
