@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from automlperf.store import open_store
+from automlperf.store.base import SCHEMA_VERSION
 from automlperf.store.pgserver import PostgresServer
 from automlperf.store.service import wire
 from automlperf.store.service.client import RemoteStore
@@ -68,15 +69,24 @@ def main() -> None:
     def connect() -> socket.socket:
         return socket.create_connection((host, port), timeout=120)
 
+    def prove(sock: socket.socket, proven: str) -> None:
+        """Greet on ``sock``, proving ``proven`` as the token."""
+        ours = wire.nonce()
+        sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION,
+                                  "nonce": ours}))
+        answer = wire.read_frame(sock)[0]
+        sock.sendall(wire.encode({"proof": wire.proof(proven, "client", answer["nonce"], ours)}))
+
     def greeted() -> socket.socket:
         sock = connect()
-        sock.sendall(wire.encode({"hello": wire.PROTOCOL, "token": token}))
-        wire.read_frame(sock)
+        prove(sock, token)
         return sock
 
     attacks: list[tuple[str, Any]] = [
-        ("wrong token", lambda s: s.sendall(wire.encode({"hello": wire.PROTOCOL, "token": "x"}))),
-        ("no token", lambda s: s.sendall(wire.encode({"hello": wire.PROTOCOL}))),
+        ("wrong token", lambda s: prove(s, "x")),
+        ("another protocol", lambda s: s.sendall(wire.encode({"hello": wire.PROTOCOL - 1}))),
+        ("no nonce", lambda s: s.sendall(wire.encode({"hello": wire.PROTOCOL,
+                                                      "schema": SCHEMA_VERSION}))),
         ("a 1 GiB length header", lambda s: s.sendall(wire.HEADER.pack(1 << 30, 0) + b"x" * 4096)),
         (f"a compressed greeting ({len(squeezed) >> 10} KiB -> 1 GiB)",
          lambda s: s.sendall(wire.HEADER.pack(len(squeezed), 1) + squeezed)),
@@ -98,6 +108,7 @@ def main() -> None:
     ]:
         before = proc.memory_info().rss
         sock = greeted()
+        wire.read_frame(sock)
         sock.sendall(body)
         if "call (" in name:
             did = outcome(sock)

@@ -21,8 +21,8 @@ PYTHON=${PYTHON:-python3}
 NNODES=$(flux resource list -no {nnodes})
 mkdir -p "$RUN_DIR/logs" "$RUN_DIR/postgres"
 
-"$PYTHON" -m automlperf.store.pgserver start --dir "$RUN_DIR/postgres" --listen-all \
-    --replicas "$NNODES" --host "$(hostname -f)" > "$RUN_DIR/postgres/url" || exit 1
+"$PYTHON" -m automlperf.store.pgserver start --dir "$RUN_DIR/postgres" \
+    --replicas "$NNODES" > "$RUN_DIR/postgres/url" || exit 1
 export AUTOMLPERF_STORE_URL="$(cat "$RUN_DIR/postgres/url")"
 export AUTOMLPERF_STORE_PASSWORD_FILE="$RUN_DIR/postgres/pg.password"
 trap '"$PYTHON" -m automlperf.store.pgserver stop --dir "$RUN_DIR/postgres"' EXIT

@@ -3,6 +3,7 @@ the run, the primary's live view reading only what is new, and check and the rep
 run of thousands of trials."""
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -15,8 +16,9 @@ import sqlalchemy as sa
 from automlperf.config import Config
 from automlperf.store import EpochRecord, open_store
 from automlperf.store import connections
+from automlperf.store.base import StoreError
 from automlperf.store.rundir import RunDir
-from helpers import cli, new_claim, wait_for
+from helpers import cli, cli_args, new_claim, wait_for
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -214,6 +216,31 @@ def test_a_store_too_small_for_the_run_is_refused_before_it_starts(tmp_path):
         connections.check_room(url, 10_000)
     finally:
         sized.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_an_open_file_limit_too_small_for_the_replicas_is_refused_before_it_starts(tmp_path,
+                                                                                   pg_url):
+    """The store service holds a connection per replica and inherits the primary's limit on
+    open files: where the hard limit cannot hold them, the run is refused in one line that
+    names the limit, before anything is written."""
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (150, 150))
+
+    done = subprocess.run(cli_args("run", "--replicas", 40, "--store", pg_url, "--run-dir",
+                                   tmp_path / "run", "--duration", "1m"),
+                          capture_output=True, text=True, timeout=600, preexec_fn=limited)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "needs 178 open files for 40 replicas" in line and "at most 150" in line
+    assert "ulimit -Hn" in line
+    assert not (tmp_path / "run").exists()
+    connections.check_open_files(10_000, (1024, 20_000))  # this machine's limit holds 10,000
+    with pytest.raises(StoreError, match="needs 12628 open files"):
+        connections.check_open_files(10_000, (1024, 4096))
 
 
 def test_connection_arithmetic():

@@ -10,6 +10,7 @@ import zlib
 import psutil
 import pytest
 
+from automlperf.store.base import SCHEMA_VERSION
 from automlperf.store.service import wire
 from helpers import new_claim
 
@@ -38,10 +39,17 @@ def closed(sock, limit=120.0):
 
 
 def greet(service, token=None):
-    """A connection past the greeting, with the run's token (or ``token``)."""
+    """A connection past the greeting, proving the run's token (or ``token``): it and the
+    service's last answer."""
     sock = connect(service)
     _, _, right = address(service)
-    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "token": right if token is None else token}))
+    ours = wire.nonce()
+    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION, "nonce": ours}))
+    answer = wire.read_frame(sock)[0]
+    if "e" in answer:
+        return sock, answer
+    sock.sendall(wire.encode({"proof": wire.proof(right if token is None else token, "client",
+                                                  answer["nonce"], ours)}))
     return sock, wire.read_frame(sock)[0]
 
 
@@ -75,8 +83,8 @@ def test_strangers_are_refused_before_they_cost_the_service_memory(service, serv
         assert answer["e"] == "protocol" and "wrong token" in answer["m"]
         assert closed(sock)
     sock = connect(service)
-    sock.sendall(wire.encode({"hello": wire.PROTOCOL}))  # no token at all
-    assert "wrong token" in wire.read_frame(sock)[0]["m"] and closed(sock)
+    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION}))  # no nonce
+    assert "without its nonce" in wire.read_frame(sock)[0]["m"] and closed(sock)
     # Before anyone is known: a header announcing 1 GiB, a compressed greeting that would
     # inflate to 1 GiB, and bytes that are not this protocol.
     sock = connect(service)

@@ -24,7 +24,8 @@ from automlperf.runner import session as steps
 from automlperf.runner.slurm import SlurmLauncher, job_limit
 from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store.base import StoreError
-from automlperf.store.connections import check_room
+from automlperf.store.connections import check_open_files, check_room
+from automlperf.store.opening import served
 from automlperf.store.rundir import UNWRITABLE, RunDir
 from automlperf.store.urls import normalise_url, resolve_store_url
 
@@ -152,6 +153,8 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
         check_cluster_task(cfg, count, req.small_task)
     # A store that would refuse the replicas connections says so now, not mid-run.
     check_room(normalise_url(replica_url) if replica_url else None, count)
+    if served(replica_url):
+        check_open_files(count)
     # An external launcher may place several replicas on a node: result.json counts the
     # nodes from the hosts that replicas report.
     described = time.time()

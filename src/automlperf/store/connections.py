@@ -150,3 +150,32 @@ def check_room(url: str | None, replicas: int) -> None:
         engine.dispose()
     if why:
         raise StoreError(f"store {redact(url)}: {why}")
+
+
+# Open files a store service keeps back from its clients: the database's connections, its
+# log, the event loop's own.
+SPARE_FILES = 128
+
+
+def service_files_needed(replicas: int) -> int:
+    """Open files a store service needs for ``replicas``: one connection each, a quarter
+    more for those that open a second while two of their threads call at once."""
+    return replicas + (replicas + 3) // 4 + SPARE_FILES
+
+
+def check_open_files(replicas: int, limits: tuple[int, int] | None = None) -> None:
+    """Refuse, before anything is written, a run whose store service could not hold a
+    connection per replica: the open-file limit it inherits from this process (which it
+    raises to the hard limit) would refuse them mid-run. ``limits``: (soft, hard), else
+    this process's."""
+    import resource
+
+    from automlperf.store.base import StoreError
+
+    _, hard = limits or resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = service_files_needed(replicas)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise StoreError(f"the store service needs {need} open files for {replicas} replicas, "
+                         f"but processes here may open at most {hard}: raise the hard limit "
+                         "(`ulimit -Hn`, a unit's LimitNOFILE=, the batch system's or the "
+                         "container's limit on open files) or start fewer replicas")

@@ -66,7 +66,8 @@ class SQLStore(Store):
     @retrying
     def create_run(self, name: str, config: dict[str, Any], system: dict[str, Any],
                    duration_s: float, now: float) -> int:
-        return self._write(self.writes.create_run, name, config, system, duration_s, now)
+        return self._write(self.writes.create_run, name, config, system, duration_s, now,
+                           retried=retried())
 
     @retrying
     def run(self, run_id: int) -> dict[str, Any]:
@@ -77,7 +78,8 @@ class SQLStore(Store):
 
     @retrying
     def start_segment(self, run_id: int, now: float, deadline_at: float) -> int:
-        return self._write(self.writes.start_segment, run_id, now, deadline_at)
+        return self._write(self.writes.start_segment, run_id, now, deadline_at,
+                           retried=retried())
 
     @retrying
     def touch_segment(self, run_id: int, index: int, now: float) -> None:

@@ -40,14 +40,26 @@ class Writes:
 
     # runs and segments -----------------------------------------------------------------------
     def create_run(self, conn: sa.Connection, name: str, config: dict[str, Any],
-                   system: dict[str, Any], duration_s: float, now: float) -> int:
-        result = conn.execute(T_RUNS.insert().values(
-            name=name, created_at=now, duration_s=duration_s, config=json.dumps(config),
-            system=json.dumps(system)))
-        return new_id(result)
+                   system: dict[str, Any], duration_s: float, now: float,
+                   retried: bool = False) -> int:
+        values = dict(name=name, created_at=now, duration_s=duration_s,
+                      config=json.dumps(config), system=json.dumps(system))
+        if retried:
+            # Ours, when an earlier try committed but its answer was lost.
+            mine = conn.execute(sa.select(T_RUNS.c.id).where(
+                *(T_RUNS.c[k] == v for k, v in values.items()))).scalar()
+            if mine is not None:
+                return int(mine)
+        return new_id(conn.execute(T_RUNS.insert().values(**values)))
 
     def start_segment(self, conn: sa.Connection, run_id: int, now: float,
-                      deadline_at: float) -> int:
+                      deadline_at: float, retried: bool = False) -> int:
+        if retried:
+            mine = conn.execute(sa.select(T_SEGMENTS.c.idx).where(
+                (T_SEGMENTS.c.run_id == run_id) & (T_SEGMENTS.c.started_at == now)
+                & (T_SEGMENTS.c.deadline_at == deadline_at))).scalar()
+            if mine is not None:
+                return int(mine)
         last = conn.execute(sa.select(sa.func.max(T_SEGMENTS.c.idx)).where(
             T_SEGMENTS.c.run_id == run_id)).scalar()
         index = 0 if last is None else last + 1

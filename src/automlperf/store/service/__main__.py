@@ -10,13 +10,13 @@ import asyncio
 import json
 import logging
 import os
-import resource
 from pathlib import Path
 
 from automlperf.procutil import die_with_parent
 from automlperf.store.base import StoreError
 from automlperf.store.rundir import write_atomic
 from automlperf.store.service import net, wire
+from automlperf.store.service.process import ADDRESS_ENV
 from automlperf.store.service.server import Service, log
 from automlperf.store.urls import redact, resolve_store_url
 
@@ -33,9 +33,6 @@ def main() -> None:
     ap.add_argument("--no-parent", action="store_true",
                     help="keep serving when the process that started it dies")
     args = ap.parse_args()
-    # A connection per replica: as many as the system lets this process have.
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s store-service %(levelname)s %(message)s")
     if not args.no_parent:
@@ -54,9 +51,16 @@ def main() -> None:
                      + "\n")
         log.info("serving %s on %s:%d", redact(service.url), args.host, port)
 
+    listen: str | list[str] | None = args.host
+    if args.listen_all:
+        # Only where the other nodes reach this host, by the name they are given.
+        listen = net.listen_addresses(args.host)
+        if listen is None:
+            log.warning("listening on every interface: %s resolves here to no address but "
+                        "loopback; set %s to the address the nodes reach this host by",
+                        args.host, ADDRESS_ENV)
     try:
-        asyncio.run(net.serve(service, "0.0.0.0" if args.listen_all else args.host, args.port,
-                              listening))
+        asyncio.run(net.serve(service, listen, args.port, listening))
     except StoreError as exc:
         raise SystemExit(f"error: {exc}") from None
 

@@ -88,17 +88,44 @@ class RemoteStore(Store):
         except OSError as exc:
             raise ServiceUnavailable(f"{host}:{port}: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wire.keepalive(sock)
         sock.settimeout(self.retry_s + 60.0)  # past the service's own database retries
         try:
-            sock.sendall(wire.encode({"hello": wire.PROTOCOL, "token": token}))
-            answer, _ = wire.read_frame(sock)
+            answer = self._greet(sock, token)
         except (OSError, ValueError) as exc:
             sock.close()
+            if isinstance(exc, ServiceUnavailable):
+                raise ServiceUnavailable(f"{host}:{port} {exc}") from None
             raise ServiceUnavailable(f"{host}:{port}: {exc}") from None
         if "e" in answer:
             sock.close()
-            raise StoreError(f"store service at {host}:{port} refused this client: {answer['m']}")
+            message = f"store service at {host}:{port} refused this client: {answer.get('m')}"
+            raise SchemaMismatch(message) if answer["e"] == "schema" else StoreError(message)
         return sock
+
+    def _greet(self, sock: socket.socket, token: str) -> dict[str, Any]:
+        """The greeting (store/service/wire.py): the service proves it holds the token before
+        this side proves it does; neither sends it. The service's last answer, or its
+        refusal."""
+        ours = wire.nonce()
+        sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION,
+                                  "nonce": ours}))
+        answer, _ = wire.read_frame(sock, wire.MAX_GREETING)
+        if not isinstance(answer, dict):
+            raise ServiceUnavailable("did not answer as a store service")
+        if "e" in answer:
+            return answer
+        theirs = answer.get("nonce")
+        if not isinstance(theirs, str) or not wire.proves(token, "service", ours, theirs,
+                                                         answer.get("proof")):
+            # Not the run's service (a process that took its port after a restart): nothing
+            # is sent to it, and the address is read again on the next try.
+            raise ServiceUnavailable(f"did not prove it holds the token in {self.token_file} "
+                                     "(a process that took the run's store service's port, or a "
+                                     "token file that is not the run's); nothing was sent to it")
+        sock.sendall(wire.encode({"proof": wire.proof(token, "client", theirs, ours)}))
+        answer, _ = wire.read_frame(sock, wire.MAX_GREETING)
+        return answer if isinstance(answer, dict) else {"e": "protocol", "m": str(answer)[:200]}
 
     def _call(self, op: str, *args: Any) -> Any:
         """Send one call and return its value, riding out the service's outages."""

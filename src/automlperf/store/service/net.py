@@ -8,17 +8,22 @@ it, store/service/__main__.py."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
-import secrets
+import resource
 import signal
+import socket
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
 from automlperf.store import schema
 from automlperf.store.base import SCHEMA_VERSION, StoreError
+from automlperf.store.connections import SPARE_FILES
 from automlperf.store.service import wire
 from automlperf.store.service.db import Writer
 from automlperf.store.service.server import Service
@@ -33,12 +38,96 @@ GREETING_S = 30.0
 # An event loop that stalls this long (a SIGSTOP, the machine swapping) is an outage: the
 # heartbeats it could not take are not held against anyone.
 STALL_S = 5.0
+# Connections any one other host may hold: a node's replicas keep one each (two while two
+# threads call at once); more is someone exhausting the service's files.
+PER_PEER = 256
+# How often a refused connection is logged, at most.
+REFUSALS_LOGGED_S = 60.0
 
 
-async def serve(service: Service, host: str, port: int,
+@dataclass
+class Gate:
+    """Which connections are held: at most ``total``, and ``per_peer`` from any one host
+    other than this one (this node's own replicas may be many, and anyone on it could read
+    the run directory anyway)."""
+
+    total: int
+    per_peer: int = PER_PEER
+    held: Counter[str] = field(default_factory=Counter)
+    refused: int = 0
+    said_at: float = float("-inf")
+
+    def admit(self, host: str) -> bool:
+        if sum(self.held.values()) >= self.total or \
+                (not _local(host) and self.held[host] >= self.per_peer):
+            self.refused += 1
+            now = time.monotonic()
+            if now - self.said_at >= REFUSALS_LOGGED_S:
+                self.said_at = now
+                log.warning("refused connections over the limits (%d in all, %d from one "
+                            "host): %d so far, the last from %s", self.total, self.per_peer,
+                            self.refused, host or "an unknown peer")
+            return False
+        self.held[host] += 1
+        return True
+
+    def leave(self, host: str) -> None:
+        self.held[host] -= 1
+        if self.held[host] <= 0:
+            del self.held[host]
+
+
+def _local(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_addresses(name: str) -> list[str] | None:
+    """Where to listen for clients that reach this host by ``name``: the addresses it
+    resolves to here. None (every interface) where it resolves only to loopback, as a host
+    name does that a hosts file maps to 127.0.1.1 while the cluster's DNS gives the nodes
+    another address."""
+    try:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+    return [a for a in addresses if not _local(a) and _bindable(a)] or None
+
+
+def _bindable(address: str) -> bool:
+    """Whether this host has ``address`` (a name may resolve to a NAT's, which it has not)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def client_cap() -> int:
+    """How many clients this process can hold: its open-file limit raised to the most it may
+    have (as any process may), less what the service keeps for itself."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass
+    usable = wanted if soft == resource.RLIM_INFINITY else soft
+    return max(16, usable - SPARE_FILES)
+
+
+async def serve(service: Service, host: str | list[str] | None, port: int,
                 on_listening: Callable[[int], None]) -> None:
-    """Serve ``service`` on ``host:port`` until SIGTERM or SIGINT; ``on_listening`` is told
-    the port once clients can connect. What is waiting is written before it returns."""
+    """Serve ``service`` on ``host:port`` (several addresses; None: every interface) until
+    SIGTERM or SIGINT; ``on_listening`` is told the port once clients can connect. What is
+    waiting is written before it returns."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     service.writer = Writer(service.db, loop)
@@ -48,17 +137,20 @@ async def serve(service: Service, host: str, port: int,
         for table in (schema.T_TRIALS, schema.T_REPLICAS):
             last = conn.execute(sa.select(sa.func.max(table.c.changed))).scalar()
             service.changed_through(last or 0)
-    server = await asyncio.start_server(lambda r, w: client(service, r, w), host, port,
-                                        backlog=16384)
+    gate = Gate(client_cap())
+    servers = await listen(lambda r, w: client(service, gate, r, w),
+                           host if isinstance(host, list) else [host or "0.0.0.0"], port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    on_listening(server.sockets[0].getsockname()[1])
+    on_listening(servers[0].sockets[0].getsockname()[1])
     ticker = asyncio.create_task(tick(service, stop))
     await stop.wait()
-    server.close()
+    for server in servers:
+        server.close()
     for open_client in list(service.clients):  # their calls end; they find the next service
         open_client.close()
-    await server.wait_closed()
+    for server in servers:
+        await server.wait_closed()
     ticker.cancel()
     await service.flush()
     service.writer.stop()
@@ -70,23 +162,37 @@ async def serve(service: Service, host: str, port: int,
                          f"{type(service.writer.failed).__name__}: {service.writer.failed}")
 
 
-async def client(service: Service, reader: asyncio.StreamReader,
+async def listen(serve_one: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
+                 hosts: list[str], port: int) -> list[asyncio.Server]:
+    """A server on each of ``hosts``, all on one port (``port``, or the first one's free
+    port): the one written to the service's file."""
+    servers = [await asyncio.start_server(serve_one, hosts[0], port, backlog=16384)]
+    port = servers[0].sockets[0].getsockname()[1]
+    for other in hosts[1:]:
+        try:
+            servers.append(await asyncio.start_server(serve_one, other, port, backlog=16384))
+        except OSError as exc:
+            log.warning("not listening on %s:%d: %s", other, port, exc)
+    return servers
+
+
+async def client(service: Service, gate: Gate, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
-    """One client's connection: its greeting checked, then its calls answered in order."""
+    """One client's connection: admitted within the limits, its greeting checked, then its
+    calls answered in order."""
+    peer = writer.get_extra_info("peername")
+    host = str(peer[0]) if isinstance(peer, tuple) else ""
+    if not gate.admit(host):
+        writer.close()
+        return
     service.clients.add(writer)
     try:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            wire.keepalive(sock)
         # Bounded before anyone is known: a greeting's size, no compression, a deadline.
-        hello = await asyncio.wait_for(
-            read_message(reader, wire.MAX_GREETING, compressed=False), GREETING_S)
-        if not isinstance(hello, dict) or hello.get("hello") != wire.PROTOCOL:
-            await send_message(writer, {"e": "protocol", "m": "this store service speaks "
-                                        f"protocol {wire.PROTOCOL}: use the automlperf that "
-                                        "started it"})
+        if not await asyncio.wait_for(greet(service, reader, writer), GREETING_S):
             return
-        if not secrets.compare_digest(str(hello.get("token", "")), service.token):
-            await send_message(writer, {"e": "protocol", "m": "wrong token for this store service"})
-            return
-        await send_message(writer, {"v": {"schema": SCHEMA_VERSION}})
         while True:
             message = await read_message(reader, wire.MAX_REQUEST)
             writer.write(await service.handle(message))
@@ -100,7 +206,29 @@ async def client(service: Service, reader: asyncio.StreamReader,
         pass
     finally:
         service.clients.discard(writer)
+        gate.leave(host)
         writer.close()
+
+
+async def greet(service: Service, reader: asyncio.StreamReader,
+                writer: asyncio.StreamWriter) -> bool:
+    """Whether the client speaks this protocol and schema and holds the run's token, which
+    neither side sends (store/service/wire.py); a refusal is sent in one line."""
+    hello = await read_message(reader, wire.MAX_GREETING, compressed=False)
+    refusal = wire.greeting_refusal(hello, SCHEMA_VERSION)
+    if refusal is None:
+        ours = wire.nonce()
+        await send_message(writer, {"nonce": ours, "proof": wire.proof(
+            service.token, "service", hello["nonce"], ours)})
+        answer = await read_message(reader, wire.MAX_GREETING, compressed=False)
+        claimed = answer.get("proof") if isinstance(answer, dict) else None
+        if wire.proves(service.token, "client", ours, hello["nonce"], claimed):
+            await send_message(writer, {"v": {"schema": SCHEMA_VERSION}})
+            return True
+        refusal = "protocol", "wrong token for this store service"
+    log.warning("refused a client from %s: %s", _peer(writer), refusal[1])
+    await send_message(writer, {"e": refusal[0], "m": refusal[1]})
+    return False
 
 
 async def tick(service: Service, stop: asyncio.Event) -> None:

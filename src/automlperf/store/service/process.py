@@ -38,8 +38,15 @@ def token_for(path: Path) -> str:
     return path.read_text().strip()
 
 
+# The address (or name) other nodes reach the batch host by, where its own name does not
+# lead them there (several networks): the store service is advertised and listens there.
+ADDRESS_ENV = "AUTOMLPERF_SERVICE_ADDRESS"
+
+
 def advertised_host(listen_all: bool) -> str:
-    return (socket.getfqdn() or socket.gethostname()) if listen_all else "127.0.0.1"
+    if not listen_all:
+        return "127.0.0.1"
+    return os.environ.get(ADDRESS_ENV) or socket.getfqdn() or socket.gethostname()
 
 
 class ServiceProcess:

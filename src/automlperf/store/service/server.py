@@ -175,7 +175,9 @@ class Service:
         return SCHEMA_VERSION
 
     async def op_create_run(self, args: list[Any], again: bool) -> Any:
-        return await self.write(lambda conn, _r: self.db.writes.create_run(conn, *args), again)
+        name, config, system, duration_s, now = args
+        return await self.write(lambda conn, again_: self.db.writes.create_run(
+            conn, name, config, system, duration_s, now, retried=again_), again)
 
     async def op_run(self, args: list[Any], again: bool) -> Any:
         found = await self.read(reads.run, args[0])
@@ -191,8 +193,8 @@ class Service:
             state.segments[index] = SegmentRecord(run_id, index, now, deadline, now, None)
             return index
 
-        return await self.write(lambda conn, _r: self.db.writes.start_segment(conn, *args),
-                                again, apply)
+        return await self.write(lambda conn, again_: self.db.writes.start_segment(
+            conn, run_id, now, deadline, retried=again_), again, apply)
 
     async def op_touch_segment(self, args: list[Any], again: bool) -> Any:
         run_id, index, now = args

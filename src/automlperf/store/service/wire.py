@@ -4,8 +4,13 @@ connection.
 
 A frame is a 5-byte header (the payload's length, big-endian, and a flags byte: 1 when the
 payload is zlib-compressed, as payloads over ``COMPRESS_OVER`` bytes are) and the payload.
-The client's first frame is ``{"hello": PROTOCOL, "token": ..., "schema": SCHEMA_VERSION}``;
-the service answers ``{"v": {...}}`` or an error and closes. Then each request is
+The greeting proves each side holds the run's token without either sending it (so a process
+that took a restarted service's port learns nothing and acknowledges nothing): the client
+sends ``{"hello": PROTOCOL, "schema": SCHEMA_VERSION, "nonce": c}``; the service refuses
+another protocol or schema in one line naming both, or answers ``{"nonce": s, "proof":
+proof(token, "service", c, s)}``, which the client checks before it sends anything else;
+the client answers ``{"proof": proof(token, "client", s, c)}`` and the service ``{"v": {...}}``
+or an error, and closes. Then each request is
 ``{"op": name, "a": [arguments], "r": true when sent again after a lost answer}`` and each
 answer ``{"v": value, "s": when the service last came back from an outage (0: never)}`` or
 ``{"e": kind, "m": message}`` (kind: ``store``, ``schema``, ``value``, ``protocol``).
@@ -18,7 +23,11 @@ what travels changes ``PROTOCOL``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
+import re
+import secrets
 import socket
 import struct
 import zlib
@@ -29,7 +38,8 @@ from automlperf.store.base import (Claim, EpochRecord, ReplicaRecord, SegmentRec
 
 # 2: a claim travels as a Claim record (one argument), no longer as 11 arguments: a client of
 # protocol 1 is refused at its greeting rather than misread.
-PROTOCOL = 2
+# 3: the greeting proves the token both ways instead of sending it.
+PROTOCOL = 3
 HEADER = struct.Struct("!IB")
 COMPRESSED = 1
 COMPRESS_OVER = 64 * 1024
@@ -47,6 +57,51 @@ T = TypeVar("T")
 
 class ProtocolError(ConnectionError):
     """The other side does not speak this protocol (or the stream broke mid-frame)."""
+
+
+NONCE = re.compile(r"[0-9a-f]{64}")
+
+
+def nonce() -> str:
+    """A fresh challenge: what makes each greeting's proofs good for that greeting only."""
+    return secrets.token_hex(32)
+
+
+def proof(token: str, side: str, first: str, second: str) -> str:
+    """What shows that ``side`` holds the run's token: the token's HMAC of both nonces, the
+    prover's peer's first. The side names differ, so no proof can be sent back as the other's."""
+    return hmac.new(token.encode(), f"{side}|{first}|{second}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def proves(token: str, side: str, first: str, second: str, claimed: Any) -> bool:
+    return isinstance(claimed, str) and hmac.compare_digest(
+        claimed, proof(token, side, first, second))
+
+
+def greeting_refusal(hello: Any, schema: int) -> tuple[str, str] | None:
+    """Why a client's greeting is refused (the error's kind and one line), or None."""
+    if not isinstance(hello, dict) or hello.get("hello") != PROTOCOL:
+        theirs = hello.get("hello") if isinstance(hello, dict) else None
+        return "protocol", (f"this store service speaks protocol {PROTOCOL}, this client "
+                            f"{'another' if theirs is None else str(theirs)[:20]}: use the "
+                            "automlperf that started the run")
+    if hello.get("schema") != schema:
+        return "schema", (f"this store service serves schema version {schema}, this client "
+                          f"reads version {str(hello.get('schema'))[:20]}: use the automlperf "
+                          "that started the run")
+    if not isinstance(hello.get("nonce"), str) or not NONCE.fullmatch(hello["nonce"]):
+        return "protocol", "a greeting without its nonce (64 hexadecimal digits)"
+    return None
+
+
+def keepalive(sock: Any) -> None:
+    """TCP keepalive: a peer that vanished (a node powered off, a cable pulled) is noticed
+    in about two minutes instead of holding its connection for hours."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def encode(message: Any) -> bytes:
@@ -97,10 +152,10 @@ def check_header(length: int, flags: int, limit: int, compressed: bool = True) -
         raise ProtocolError("a compressed frame where none may be")
 
 
-def read_frame(sock: socket.socket) -> tuple[Any, int]:
+def read_frame(sock: socket.socket, limit: int = MAX_FRAME) -> tuple[Any, int]:
     """The next message on a blocking socket, and the bytes it took on the wire."""
     length, flags = HEADER.unpack(_exactly(sock, HEADER.size))
-    check_header(length, flags, MAX_FRAME)
+    check_header(length, flags, limit)
     return decode(flags, _exactly(sock, length)), HEADER.size + length
 
 
