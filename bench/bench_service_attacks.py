@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import socket
 import tempfile
 import time
@@ -53,6 +54,7 @@ def outcome(sock: socket.socket, limit: float = 120.0) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--idle", type=int, default=5000, help="connections that never greet")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="amp-attacks-"))
     pg = PostgresServer(work / "pg")
@@ -124,6 +126,33 @@ def main() -> None:
     rows.append((f"one byte, then silence ({time.monotonic() - started:.0f} s)", did, before,
                  proc.memory_info().rss))
     remote = RemoteStore(service.file)
+    # Many connections that never greet, held together while the run's client is served.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    before = proc.memory_info().rss
+    idle = [connect() for _ in range(args.idle)]
+    served_id = remote.create_run("beside idle connections", {}, {}, 60.0, 1.0)
+    held = proc.memory_info().rss
+    for sock in idle:
+        sock.close()
+    rows.append((f"{args.idle} connections that never greet, held at once",
+                 f"held; the run's client served beside them (run {served_id})", before, held))
+    # A client of the run's that sends calls and never reads the answers.
+    before = proc.memory_info().rss
+    deaf = greeted()
+    wire.read_frame(deaf)
+    deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    deaf.setblocking(False)
+    asks, sent = wire.encode({"op": "replicas", "a": [served_id]}), 0
+    try:
+        while sent < 64 << 20:
+            sent += deaf.send(asks)
+    except BlockingIOError:
+        pass
+    remote.create_run("beside a deaf client", {}, {}, 60.0, 1.0)
+    rows.append(("with the token: calls sent, answers never read",
+                 f"stopped reading it after {sent >> 10} KiB; the run's client served",
+                 before, proc.memory_info().rss))
+    deaf.close()
     run_id = remote.create_run("after", {}, {}, 60.0, 1.0)
     same = service.proc.pid == proc.pid and service.restarts == 0
     print("| attack | what the service did | RSS before (MiB) | after (MiB) |")

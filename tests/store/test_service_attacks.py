@@ -150,3 +150,57 @@ def test_calls_that_are_not_this_protocols_get_one_line_and_the_service_goes_on(
     assert service.proc.pid == pid and service.restarts == 0
     assert {t.graph_hash for t in direct.trials(run_id)} == {"a", "b"}
     sock.close()
+
+
+def test_idle_slow_and_deaf_clients_cost_the_service_little_and_the_run_goes_on(service,
+                                                                                served):
+    """5,000 connections that never greet; a client of the run's that sends its call a few
+    bytes at a time; one that sends calls and never reads the answers: the service's memory
+    stays bounded, the run's own client is served throughout, and the slow call is answered
+    once it has all arrived."""
+    import resource
+
+    remote, direct = served
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 5_400:
+        pytest.skip(f"this machine's open-file limit ({hard}) holds fewer than 5,000 sockets")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    run_id = remote.create_run("r", {}, {}, 3600.0, 1.0)
+    seg = remote.start_segment(run_id, 1.0, 3600.0)
+    before = rss(service)
+    idle = []
+    try:
+        for _ in range(5_000):
+            idle.append(connect(service))
+        # A call of the run's, its bytes a few at a time.
+        slow, _ = greet(service)
+        request = wire.encode({"op": "segments", "a": [run_id]})
+        slow.sendall(request[:3])
+        # A client that asks for the run's replicas again and again and never reads.
+        deaf, _ = greet(service)
+        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        deaf.settimeout(120)
+        asks = wire.encode({"op": "replicas", "a": [run_id]})
+        for i in range(100):
+            remote.register_replica(run_id, i, seg, f"n{i}", i, ["cpu"] * 64, 1.0)
+        sent = 0
+        deaf.setblocking(False)
+        try:
+            while sent < 4 << 20:  # until the service stops reading from it
+                sent += deaf.send(asks)
+        except BlockingIOError:
+            pass
+        assert remote.register_replica(run_id, 100, seg, "n100", 100, [], 1.0) > 0
+        assert len(direct.replicas(run_id)) == 101
+        for i in range(3, len(request)):
+            slow.sendall(request[i:i + 1])
+        answer = wire.read_frame(slow)[0]
+        assert [s[1] for s in answer["v"]] == [seg]
+        grown = rss(service) - before
+    finally:
+        for sock in idle:
+            sock.close()
+    assert grown < 256 << 20, f"the service grew by {grown >> 20} MiB"
+    assert service.restarts == 0
+    deaf.close()
+    slow.close()
