@@ -5,6 +5,7 @@ they stop."""
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import traceback
@@ -91,6 +92,11 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
             break
         spec = TrialSpec.from_dict(msg["spec"])
         outcome = train_on_rank(spec, ctx, emit=lambda kind, payload: send(conn, kind, payload))
+        if gc.get_freeze_count() == 0:
+            # What survives the first trial's collection (torch and its compiler's modules,
+            # this rank's own state) lives as long as this process: left out of every later
+            # collection, which then takes microseconds instead of 0.15 s a trial.
+            gc.freeze()
         send(conn, "done", {"rank": rank, "outcome": outcome.to_dict()})
     if world > 1:
         dist.destroy_process_group()
