@@ -48,8 +48,8 @@ REFUSALS_LOGGED_S = 60.0
 @dataclass
 class Gate:
     """Which connections are held: at most ``total``, and ``per_peer`` from any one host
-    other than this one (this node's own replicas may be many, and anyone on it could read
-    the run directory anyway)."""
+    other than this one (this node's own replicas may be many: a local run's, or a
+    simulated cluster's)."""
 
     total: int
     per_peer: int = PER_PEER
