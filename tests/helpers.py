@@ -382,3 +382,26 @@ def copy_of(folder, tmp_path):
     copy = tmp_path / "bundle"
     shutil.copytree(folder, copy)
     return copy
+
+
+def handshake(sock, token):
+    """The store service's greeting on ``sock``, proving ``token`` as the run's: the
+    service's last answer (``{"v": ...}``), or its refusal."""
+    from automlperf.store.base import SCHEMA_VERSION
+    from automlperf.store.service import wire
+
+    ours = wire.nonce()
+    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION, "nonce": ours}))
+    answer = wire.read_frame(sock)[0]
+    if "e" in answer:
+        return answer
+    sock.sendall(wire.encode({"proof": wire.proof(token, "client", answer["nonce"], ours)}))
+    return wire.read_frame(sock)[0]
+
+
+def call(sock, message):
+    """One call of the store service's protocol on ``sock``: its answer."""
+    from automlperf.store.service import wire
+
+    sock.sendall(wire.encode(message))
+    return wire.read_frame(sock)[0]

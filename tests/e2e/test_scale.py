@@ -238,9 +238,9 @@ def test_an_open_file_limit_too_small_for_the_replicas_is_refused_before_it_star
     assert "needs 178 open files for 40 replicas" in line and "at most 150" in line
     assert "ulimit -Hn" in line
     assert not (tmp_path / "run").exists()
-    connections.check_open_files(10_000, (1024, 20_000))  # this machine's limit holds 10,000
+    connections.check_open_files(10_000, 20_000)  # this machine's limit holds 10,000
     with pytest.raises(StoreError, match="needs 12628 open files"):
-        connections.check_open_files(10_000, (1024, 4096))
+        connections.check_open_files(10_000, 4096)
 
 
 def test_connection_arithmetic():

@@ -12,7 +12,7 @@ import pytest
 
 from automlperf.store.base import SCHEMA_VERSION
 from automlperf.store.service import wire
-from helpers import new_claim
+from helpers import call, handshake, new_claim
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -43,19 +43,7 @@ def greet(service, token=None):
     service's last answer."""
     sock = connect(service)
     _, _, right = address(service)
-    ours = wire.nonce()
-    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION, "nonce": ours}))
-    answer = wire.read_frame(sock)[0]
-    if "e" in answer:
-        return sock, answer
-    sock.sendall(wire.encode({"proof": wire.proof(right if token is None else token, "client",
-                                                  answer["nonce"], ours)}))
-    return sock, wire.read_frame(sock)[0]
-
-
-def call(sock, message):
-    sock.sendall(wire.encode(message))
-    return wire.read_frame(sock)[0]
+    return sock, handshake(sock, right if token is None else token)
 
 
 def rss(service):

@@ -18,6 +18,7 @@ from automlperf.store.service import wire
 from automlperf.store.service.client import RemoteStore
 from automlperf.store.service.net import Gate
 from automlperf.store.service.process import ServiceProcess
+from helpers import handshake
 
 pytestmark = pytest.mark.slow
 
@@ -87,11 +88,7 @@ class Relay:
 def greeted(host, port, token):
     """A raw connection past the greeting, with ``token``."""
     sock = socket.create_connection((host, port), timeout=120)
-    ours = wire.nonce()
-    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION, "nonce": ours}))
-    answer = wire.read_frame(sock)[0]
-    sock.sendall(wire.encode({"proof": wire.proof(token, "client", answer["nonce"], ours)}))
-    assert "v" in wire.read_frame(sock)[0]
+    assert "v" in handshake(sock, token)
     return sock
 
 
@@ -291,7 +288,7 @@ def test_every_write_sent_again_takes_effect_once(sqlite_service, tmp_path):
     import sqlalchemy as sa
 
     from automlperf.store import schema
-    from helpers import epoch_of, new_claim
+    from helpers import call, epoch_of, new_claim
 
     token = sqlite_service.token_file.read_text().strip()
     sock = greeted(*address(sqlite_service), token)
@@ -321,7 +318,3 @@ def test_every_write_sent_again_takes_effect_once(sqlite_service, tmp_path):
     engine.dispose()
     assert set(counts.values()) == {1}, counts
 
-
-def call(sock, message):
-    sock.sendall(wire.encode(message))
-    return wire.read_frame(sock)[0]

@@ -163,16 +163,17 @@ def service_files_needed(replicas: int) -> int:
     return replicas + (replicas + 3) // 4 + SPARE_FILES
 
 
-def check_open_files(replicas: int, limits: tuple[int, int] | None = None) -> None:
+def check_open_files(replicas: int, hard: int | None = None) -> None:
     """Refuse, before anything is written, a run whose store service could not hold a
     connection per replica: the open-file limit it inherits from this process (which it
-    raises to the hard limit) would refuse them mid-run. ``limits``: (soft, hard), else
-    this process's."""
+    raises to the hard limit) would refuse them mid-run. ``hard``: that limit, else this
+    process's."""
     import resource
 
     from automlperf.store.base import StoreError
 
-    _, hard = limits or resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard is None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     need = service_files_needed(replicas)
     if hard != resource.RLIM_INFINITY and hard < need:
         raise StoreError(f"the store service needs {need} open files for {replicas} replicas, "
