@@ -165,15 +165,17 @@ class OomWatch:
         since it was armed."""
         if exitcode != -9:
             return None
+        by_log = "the kernel's out-of-memory killer ended it (kernel log)"
         if log_first:
-            found = kernel_log_kill(self.pid)
-            if found is not None:
-                return "the kernel's out-of-memory killer ended it (kernel log)" if found else None
+            logged = kernel_log_kill(self.pid)
+            if logged is not None:
+                return by_log if logged else None
         if self.group is not None and self.before is not None:
             now = self.group.kills()
             if now is not None and now > self.before:
                 return (f"the kernel's out-of-memory killer ended it ({self.group.describe()}: "
                         f"{now - self.before} process(es) killed for memory)")
-        if kernel_log_kill(self.pid):
-            return "the kernel's out-of-memory killer ended it (kernel log)"
+        # Asked already where it was asked first (and could not be read).
+        if not log_first and kernel_log_kill(self.pid):
+            return by_log
         return None
