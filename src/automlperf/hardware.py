@@ -95,6 +95,8 @@ def device_uuid(torch: Any, device: Any) -> str | None:
 def visible_accelerators() -> list[str]:
     """Every accelerator torch can use here, as device strings (``cuda:0`` on NVIDIA and
     ROCm, ``xpu:0`` on Intel, ``npu:0`` with Ascend's plugin)."""
+    if not accelerator_nodes_present():
+        return []
     import torch
 
     kind = accelerator_type(torch)
@@ -163,11 +165,11 @@ def missing_accelerators(torch: Any, env: Mapping[str, str],
 
 def accelerator_memory_gib() -> float | None:
     """Memory of the smallest visible accelerator, GiB; None without any."""
-    import torch
-
     devices = visible_accelerators()
     if not devices:
         return None
+    import torch
+
     if devices[0].startswith("cuda"):
         return min(torch.cuda.get_device_properties(i).total_memory
                    for i in range(len(devices))) / 2**30

@@ -77,14 +77,15 @@ class Replica:
     """The loop of one replica, given its collaborators: the run's ``store``, a ``trainer``,
     the architecture ``searcher`` and the ``hpo`` study. ``default_batch`` is the global batch
     size of the rounds before HPO; ``clock`` tells the time that records and the deadline
-    use; ``probe_node`` describes the node (and measures its ceiling) before training starts;
+    use; ``probe_node`` describes the node (and measures its ceiling) before training starts,
+    or, when it answers None, once the trainer has started, from the trainer's description;
     ``start_sampler`` starts the node's resource sampler once the trainer is up; ``history``
     is the run's trials as the search reads them (shared by the replicas of a process)."""
 
     def __init__(self, place: Placement, store: Store, trainer: Trainer, searcher: Searcher,
                  hpo: HyperSearch, default_batch: int, *,
                  clock: Callable[[], float] = time.time,
-                 probe_node: Callable[[], dict[str, Any]] | None = None,
+                 probe_node: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                  start_sampler: Callable[[dict[str, Any]], Sampler | None] | None = None,
                  history: History | None = None) -> None:
         self.place = place
@@ -126,8 +127,10 @@ class Replica:
         beat.start()
         status, reason = TrialStatus.FAILED, ""
         try:
-            self._record_node()
+            described = self._record_node(None)
             description = self.trainer.start()
+            if not described:
+                self._record_node(description)
             log.info("replica %d: %d x %s, %d threads each, %s", self.index,
                      len(self.place.devices), description["devices"][0], self.place.threads,
                      description["dataset"])
@@ -155,17 +158,22 @@ class Replica:
             beat.join(timeout=5)
         return 0
 
-    def _record_node(self) -> None:
-        """Describe this node before training starts, so a measurement has the devices to
-        itself."""
+    def _record_node(self, started: dict[str, Any] | None) -> bool:
+        """Describe this node, before training starts so that a measurement has the devices
+        to itself, or, where the probe needs them (a CPU's ceiling is measured by the first
+        training process, which loads torch anyway), once the training processes have
+        ``started``. Whether the node is described."""
         if self.probe_node is None:
-            return
-        found = self.probe_node()
+            return True
+        found = self.probe_node(started)
+        if found is None:
+            return False
         ceiling = found.get("ceiling_ops")
         log.info("replica %d: measured ceiling %s", self.index,
                  f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
         self.store.record_node(self.run_id, self.index, self.segment.index,
                                socket.gethostname(), found, self.clock())
+        return True
 
     def _log_name(self) -> str:
         return str(self.dir.logs / f"replica-{self.index}.log")

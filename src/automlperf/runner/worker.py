@@ -13,12 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from automlperf.config import Config
 from automlperf.dataset_identity import SHARED_INDEX, DatasetIdentityError, FileIndex, check_data_here
 from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
+from automlperf.measure.ceiling import run_measurement
 from automlperf.measure.monitor import SampleCopier
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
@@ -72,6 +74,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     store = open_run_store(rd.path, url)
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
+    measure = None
     if config.simulated:
         chosen = simulated_devices(wanted or 1)
         per_device = max(1, (threads or cores_available()) // len(chosen))
@@ -80,7 +83,14 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     else:
         chosen = choose_devices(wanted, require_accelerators or config.run.require_accelerators)
         per_device = max(1, (threads or cores_available()) // len(chosen))
-        trainer = PoolTrainer(chosen, config.data, per_device, index_dir=index_dir)
+        cpu_only = all(d == "cpu" for d in chosen)
+        # A CPU's ceiling is measured by the first training process, which loads torch
+        # anyway: this process never does (1.5 CPU-s a replica).
+        measure = (partial(run_measurement, chosen, config.train.precision,
+                           per_device * len(chosen), config.monitor.ceiling_s)
+                   if cpu_only else None)
+        trainer = PoolTrainer(chosen, config.data, per_device, index_dir=index_dir,
+                              first_start=measure)
         memory = accelerator_memory_gib()
     place = Placement(dir=rd, run_id=run_id, config=config, index=index,
                       segment=store.segments(run_id)[-1], devices=chosen, threads=per_device)
@@ -92,15 +102,20 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
                       search.kernel_sizes, multiple=world, seed=config.run.seed + index,
                       startup_trials=search.tpe_startup_trials)
 
-    def probe() -> dict[str, Any]:
+    def probe(started: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The node's description: before the training processes start (None: after, from
+        ``started``, the pool's description)."""
         if config.simulated:
             # Nothing to measure: the node's own description, with the modelled devices.
             return {"system": _simulated_node(config, world), "devices": chosen,
                     "simulated": True, "error": "simulated accelerators: no ceiling is measured"}
-        from automlperf.measure.ceiling import run_measurement
-
-        return run_measurement(chosen, config.train.precision, per_device * world,
-                               config.monitor.ceiling_s)
+        if measure is None:
+            return run_measurement(chosen, config.train.precision, per_device * world,
+                                   config.monitor.ceiling_s)
+        if started is None:
+            return None
+        return started.get("node") or {"devices": chosen, "error": "the first training "
+                                       "process measured no ceiling"}
 
     def sampler(description: dict[str, Any]) -> NodeSampler:
         """This node's resource sampler, in a process of its own; its samples reach the

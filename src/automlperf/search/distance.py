@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from automlperf.graph.graph import INPUT, Graph
 
@@ -162,6 +161,10 @@ def skip_distances(a: Descriptor, many: Packed) -> np.ndarray:
     counts = many.skip_counts
     if p == 0:
         return counts.astype(np.float64)
+    # Here, not at the top: the primary and `check` import the search package without
+    # searching, and scipy.optimize costs them half a second each.
+    from scipy.optimize import linear_sum_assignment
+
     cost = _skip_costs_many(np.asarray(a.skips, dtype=np.float64), many.skip_array)
     for j in range(m):
         q = counts[j]

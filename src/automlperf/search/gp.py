@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg import cho_solve, cholesky, solve_triangular
 
 
 @dataclass
@@ -55,10 +54,16 @@ class DistanceGP:
         target = np.clip((y - self._mean) / self._scale, -self.clip, self.clip)
         k = np.exp(-d / length)
         self._chol = self._factor(k)
+        # scipy.linalg is imported where it is used: processes that import the search
+        # package without searching (the primary, `check`) do not pay for it.
+        from scipy.linalg import cho_solve
+
         self._alpha = cho_solve((self._chol, True), target)
         return self
 
     def _factor(self, k: np.ndarray) -> np.ndarray:
+        from scipy.linalg import cholesky
+
         n = len(k)
         jitter = self.noise
         for attempt in range(self.max_retries + 1):
@@ -78,6 +83,8 @@ class DistanceGP:
     def predict(self, distances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation at points given by their distances (m, n) to the
         fitted points."""
+        from scipy.linalg import solve_triangular
+
         ks = np.exp(-np.atleast_2d(distances) / self._length)
         mean = ks @ self._alpha
         v = solve_triangular(self._chol, ks.T, lower=True, check_finite=False)

@@ -134,6 +134,10 @@ class DevicePool:
     start_attempts: int = 3  # failed starts in a row before the pool gives up
     restart_backoff_s: float = 5.0
     stop_wait_s: float = 15.0  # how long close() waits for the ranks to stop, all together
+    # Run by rank 0 at the first start, before the process group, its result the
+    # description's "node": a CPU pool's measurement of the node, by a process that has
+    # torch loaded anyway (picklable: a function of a module, or a partial of one).
+    first_start: Callable[[], dict[str, Any]] | None = None
     description: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     start_error: str | None = None  # why the last start failed, while the pool is down
@@ -193,9 +197,10 @@ class DevicePool:
             # able to start data-loading workers. Ranks still never outlive the pool: each
             # asks the kernel to kill it when this process dies (die_with_parent), and
             # close() and kill() end them otherwise.
+            before = self.first_start if index == 0 and self._starts == 1 else None
             proc = ctx.Process(target=rank_main, name=f"automlperf-rank{index}", daemon=False,
                                args=(index, self.world, rendezvous, device, self.threads_per_rank,
-                                     self.data, self.index_dir, child, os.getpid()))
+                                     self.data, self.index_dir, child, os.getpid(), before))
             proc.start()
             child.close()
             self._ranks.append(_Rank(proc, parent, oom=OomWatch.of(proc.pid or 0)))
@@ -231,7 +236,8 @@ class DevicePool:
         hello = [r.done or {} for r in self._ranks]
         self.description = {"dataset": hello[0]["dataset"],
                             "devices": [h["device"] for h in hello],
-                            "uuids": [h["uuid"] for h in hello if h["uuid"]]}
+                            "uuids": [h["uuid"] for h in hello if h["uuid"]],
+                            **({"node": hello[0]["node"]} if "node" in hello[0] else {})}
         for rank in self._ranks:
             rank.done = None
         self.start_error = None
@@ -439,11 +445,13 @@ class PoolTrainer:
     ``devices``, started by :meth:`start`."""
 
     def __init__(self, devices: list[str], data: DataConfig, threads_per_rank: int = 1,
-                 index_dir: str | None = None) -> None:
+                 index_dir: str | None = None,
+                 first_start: Callable[[], dict[str, Any]] | None = None) -> None:
         self.devices = list(devices)
         self.data = data
         self.threads_per_rank = threads_per_rank
         self.index_dir = index_dir  # see DevicePool.index_dir
+        self.first_start = first_start  # see DevicePool.first_start
         self.pool: DevicePool | None = None
 
     @property
@@ -452,7 +460,7 @@ class PoolTrainer:
 
     def start(self) -> dict[str, Any]:
         self.pool = DevicePool(self.devices, self.data, threads_per_rank=self.threads_per_rank,
-                               index_dir=self.index_dir)
+                               index_dir=self.index_dir, first_start=self.first_start)
         return self.pool.description
 
     def _started(self) -> DevicePool:

@@ -9,6 +9,7 @@ import gc
 import json
 import signal
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,10 +45,12 @@ def send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
 
 
 def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
-              data: DataConfig, index_dir: str | None, conn: Connection, parent_pid: int) -> None:
-    """A training process: its device, its share of the process group and the dataset of
-    ``data`` (its image folder's index in ``index_dir``, if scanned), then trials from the
-    parent until it says stop."""
+              data: DataConfig, index_dir: str | None, conn: Connection, parent_pid: int,
+              first: Callable[[], dict[str, Any]] | None = None) -> None:
+    """A training process: its device, ``first`` (what the pool asks of this rank before the
+    others join it: a CPU node's measurement, reported as ``node``), its share of the
+    process group and the dataset of ``data`` (its image folder's index in ``index_dir``, if
+    scanned), then trials from the parent until it says stop."""
     die_with_parent(parent_pid)
     volunteer_for_oom_kill()
     # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
@@ -67,6 +70,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
 
         device = torch.device(device_name)
         take_device(device, threads)
+        node = None if first is None else first()
         if world > 1:
             dist.init_process_group(process_group_backend(device.type),
                                     init_method=rendezvous, rank=rank,
@@ -78,7 +82,8 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
         ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
         send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
                              "device": hardware.device_name(torch, device),
-                             "uuid": hardware.device_uuid(torch, device)})
+                             "uuid": hardware.device_uuid(torch, device),
+                             **({} if node is None else {"node": node})})
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
         send(conn, "fatal", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
                              "traceback": traceback.format_exc()})
