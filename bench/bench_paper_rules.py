@@ -112,7 +112,8 @@ def charge_figures(run_dir: Path) -> dict[str, Any]:
                          grace_s=grace)
 
     last = scored(rules.AIPERF_2021_1, 0.0)
-    mine = scored(rules.AIPERF_2021_2, config.run.grace_s)
+    ruleset = rules.get(result.get("ruleset"))
+    mine = scored(ruleset, config.deadline_grace(ruleset))
     assert abs(mine["score"] - result["score"]) <= 1e-9 * result["score"]
     inside = counted_epochs(epochs, segments)
     bounds = segment_bounds(segments)

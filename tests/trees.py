@@ -76,3 +76,38 @@ def near_miss(root, kind):
         (root / "train" / WNIDS[3] / "notes.txt").write_text("x")
     elif kind == "extra image":
         os.link(next((root / "val" / WNIDS[0]).iterdir()), root / "val" / WNIDS[0] / "x.JPEG")
+
+
+def official_archives(root, out):
+    """The two ILSVRC-2012 archives a tree would have come from, laid out as the official ones
+    are (the training archive one tar per class, the validation archive flat), and a
+    checksum table naming them: what `verify-data` holds a folder against."""
+    import hashlib
+    import tarfile
+
+    def put(t, path, name):
+        # Each member a file of its own, as in the official archives: the tree's files are
+        # hard links to one, which tarfile would otherwise store as links.
+        data = path.read_bytes()
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+
+    out.mkdir(parents=True, exist_ok=True)
+    train = out / "ILSVRC2012_img_train.tar"
+    with tarfile.open(train, "w") as outer:
+        for folder in sorted((root / "train").iterdir()):
+            inner = io.BytesIO()
+            with tarfile.open(fileobj=inner, mode="w") as t:
+                for f in sorted(folder.iterdir()):
+                    put(t, f, f.name)
+            info = tarfile.TarInfo(f"{folder.name}.tar")
+            info.size = inner.tell()
+            inner.seek(0)
+            outer.addfile(info, inner)
+    val = out / "ILSVRC2012_img_val.tar"
+    with tarfile.open(val, "w") as t:
+        for f in sorted((root / "val").rglob("*.JPEG")):
+            put(t, f, f.name)
+    return {split: (path.name, hashlib.md5(path.read_bytes()).hexdigest())
+            for split, path in (("train", train), ("val", val))}

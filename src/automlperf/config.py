@@ -87,8 +87,10 @@ class RunConfig(Section):
     deadline_grace_s: float | None = Field(None, ge=0, description="How long after the "
                                            "deadline an epoch in flight may take to finish "
                                            "and still count (its replica is charged the time "
-                                           "it took), seconds; default: a quarter of "
-                                           "duration_s. No epoch starts after the deadline.")
+                                           "it took), seconds; unset: the ruleset's, a "
+                                           "quarter of duration_s, and an official run "
+                                           "keeps it unset. No epoch starts after the "
+                                           "deadline.")
     max_rounds: int | None = Field(None, ge=1, description="Trials each replica trains before "
                                    "it stops; unset: until the deadline. For smoke tests: a "
                                    "run that ends before its duration is not a valid one.")
@@ -113,11 +115,6 @@ class RunConfig(Section):
     @classmethod
     def _grace(cls, value: Any) -> float | None:
         return None if value is None else parse_duration(value)
-
-    @property
-    def grace_s(self) -> float:
-        """The deadline's grace, in seconds."""
-        return self.duration_s / 4 if self.deadline_grace_s is None else self.deadline_grace_s
 
 
 class Config(Section):
@@ -204,9 +201,10 @@ class Config(Section):
                               + "; ".join(changes) + ". Restore them or set run.official = false")
 
     def deadline_grace(self, ruleset: rules.Ruleset = rules.CURRENT) -> float:
-        """Seconds an epoch in flight at the deadline may take to finish and count: the
-        run's grace under a ruleset that charges each replica its own time, else none."""
-        return self.run.grace_s if ruleset.charge == "per_replica" else 0.0
+        """Seconds an epoch in flight at the deadline may take to finish and count: under a
+        ruleset that charges each replica its own time, the run's own setting or else the
+        ruleset's grace; none under any other."""
+        return ruleset.grace_s(self.run.duration_s, self.run.deadline_grace_s)
 
     def customised(self) -> dict[str, Any]:
         """Dotted names of every setting that differs from the defaults, with its value."""

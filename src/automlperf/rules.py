@@ -54,6 +54,27 @@ class Ruleset:
     # epoch; "per_replica", each replica its own time, epochs in flight at the deadline
     # finishing inside the run's grace.
     charge: str = "last_epoch"
+    # The grace of a per_replica ruleset, as a share of the run's duration: the rule itself,
+    # so that a later configuration default never re-judges a stored result. An unofficial
+    # run may set run.deadline_grace_s instead; a ruleset that fixes that setting refuses it
+    # in an official one.
+    grace_fraction: float = 0.25
+    # Whether the regulated score may take its accuracy from an epoch that ended in the
+    # grace, after the deadline, rather than only from epochs that ended by it.
+    accuracy_in_grace: bool = True
+    # A score above this multiple of the ceiling its nodes measured is named implausible
+    # (None: not judged). Not 1: a ceiling measured while something else loaded the node
+    # reads low, and the built-in task already runs at three quarters of it.
+    max_fraction_of_ceiling: float | None = None
+    # Whether the data must be proven by content: a manifest of the folder, verified against
+    # the official archives, sampled before the clock (automlperf.data_manifest).
+    proven_data: bool = False
+
+    def grace_s(self, duration_s: float, configured: float | None = None) -> float:
+        """Seconds an epoch in flight at the deadline may take to finish and count."""
+        if self.charge != "per_replica":
+            return 0.0
+        return duration_s * self.grace_fraction if configured is None else configured
 
     def fixed_changes(self, settings: Mapping[str, Any]) -> list[str]:
         """Each fixed setting whose value in ``settings`` (dotted name -> value, JSON-like)
@@ -65,7 +86,8 @@ class Ruleset:
                                "does not have")
             value = settings[name]
             if _normal(value) != _normal(official):
-                changes.append(f"{name} = {value!r} (official: {official!r})")
+                shown = "unset, the ruleset's own" if official is None else repr(official)
+                changes.append(f"{name} = {value!r} (official: {shown})")
         return changes
 
     def precision_violations(self, precisions: list[str] | set[str]) -> list[str]:
@@ -143,9 +165,32 @@ AIPERF_2021_2 = replace(
         "paper's rule); TPE's hyperparameters are drawn with each architecture, which "
         "trains once (a documented deviation from the paper's order).",))
 
+# What the paper lists among its fixed rules (section 4.5: "a maximum limit on epoch and
+# patience") and everything else that moved the score of an official run: the grace, whose
+# length a site chose (docs/official.md, "The rules that move the score").
+AIPERF_2021_3 = replace(
+    AIPERF_2021_2, id="aiperf-2021.3", accuracy_in_grace=False, max_fraction_of_ceiling=1.5,
+    proven_data=True,
+    fixed=MappingProxyType({**AIPERF_2021_2.fixed,
+                            # None: the ruleset's own grace, a quarter of the duration.
+                            "run.deadline_grace_s": None,
+                            "train.max_epochs": 60,
+                            "train.patience_base": 6,
+                            "train.patience_per_round": 2,
+                            "train.patience_max": 20}),
+    notes=AIPERF_2021_2.notes + (
+        "The grace is a quarter of the duration, fixed; the best accuracy (and so the "
+        "regulated score) comes only from epochs that ended by the deadline; the maximum "
+        "epochs (60) and the patience (min(6 + 2 x round, 20)) are fixed, as the paper's "
+        "section 4.5 lists them. A score above 1.5 times the ceiling its nodes measured is "
+        "implausible, and not valid. The data is proven by content: its folder verified "
+        "once against the official archives (automlperf verify-data), and a sample of its "
+        "files checked against that manifest before the clock.",))
+
 RULESETS: Mapping[str, Ruleset] = MappingProxyType({r.id: r for r in (AIPERF_2021_1,
-                                                                     AIPERF_2021_2)})
-CURRENT = AIPERF_2021_2
+                                                                     AIPERF_2021_2,
+                                                                     AIPERF_2021_3)})
+CURRENT = AIPERF_2021_3
 # result.json files written before results named their ruleset were judged by these rules.
 LEGACY_ID = AIPERF_2021_1.id
 

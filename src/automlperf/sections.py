@@ -103,22 +103,24 @@ class TrainConfig(Section):
                               "images of global batch.")
     warmup_epochs: float = Field(2.0, ge=0, description="Linear learning-rate warm-up, epochs.")
     label_smoothing: float = Field(0.1, ge=0, lt=1)
-    max_epochs: int = Field(60, ge=1, le=10000, description="Epoch budget of a trial from the "
-                            "fourth round on; the learning rate decays to 0 over it.")
+    max_epochs: int = Field(60, ge=1, le=10000, description="fixed: 60 (aiperf-2021.3). Epoch "
+                            "budget of a trial from the fourth round on; the learning rate "
+                            "decays to 0 over it.")
     warmup_round_fractions: list[float] = Field(
         [0.25, 0.5, 0.75], min_length=1, max_length=10,
         description="Epoch budget of rounds 0, 1, 2, ... as fractions of max_epochs "
                     "(15, 30, 45 of 60).")
-    patience_base: int = Field(6, ge=1, description="Early stopping patience in round r: "
+    patience_base: int = Field(6, ge=1, description="fixed: 6, 2 and 20 (aiperf-2021.3). "
+                               "Early stopping patience in round r: "
                                "min(base + per_round * r, max) epochs.")
     patience_per_round: int = Field(2, ge=0)
     patience_max: int = Field(20, ge=1)
     # The paper's rule ("once the validation loss flats"; its reference's Keras
-    # EarlyStopping(min_delta=0.001)): on the built-in task it stopped no trial early, as
-    # accuracy with strict improvement did not (bench/RESULTS.md).
+    # EarlyStopping(min_delta=0.001)).
     early_stop_metric: Literal["val_loss", "val_accuracy"] = Field(
-        "val_loss", description="fixed: val_loss (aiperf-2021.2). What early stopping watches: a trial stops after "
-        "`patience` epochs in a row without improving it by more than early_stop_min_delta.")
+        "val_loss", description="fixed: val_loss (since aiperf-2021.2). What early stopping "
+        "watches: a trial stops after `patience` epochs in a row without improving it by "
+        "more than early_stop_min_delta.")
     early_stop_min_delta: float = Field(0.001, ge=0, description="fixed: 0.001. The least change of the "
                                         "watched figure that counts as an improvement.")
     precision: Precision = Field("auto", description="auto: bf16 autocast on GPUs that have "
@@ -188,7 +190,7 @@ class SearchConfig(Section):
                                         "every round (a baseline).")
     hpo_start_round: int = Field(3, ge=0, description="fixed: 3 (the fourth round).")
     hpo_order: Literal["with_nas", "after_nas"] = Field(
-        "with_nas", description="fixed: with_nas (aiperf-2021.2). with_nas: from "
+        "with_nas", description="fixed: with_nas (since aiperf-2021.2). with_nas: from "
         "hpo_start_round TPE draws the batch size and the kernel size of deepen blocks with "
         "each architecture, which trains once. "
         "after_nas: the paper's order: each architecture is generated (3x3 deepen blocks), "

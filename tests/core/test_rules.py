@@ -15,7 +15,9 @@ def other_value(name, official):
     alternatives = {"data.dataset": "cifar10", "model.seed_model": "resnet_small",
                     "search.nas": "random_search", "search.hpo": "none",
                     "search.strategy": "random", "search.hpo_order": "after_nas",
-                    "train.early_stop_metric": "val_accuracy"}
+                    "train.early_stop_metric": "val_accuracy",
+                    # The ruleset's own quarter of the hour, written out, is still a change.
+                    "run.deadline_grace_s": 900.0}
     if name in alternatives:
         return alternatives[name]
     if isinstance(official, bool):
@@ -42,7 +44,8 @@ def test_every_fixed_setting_exists_and_defaults_to_its_official_value():
 def test_changing_any_fixed_setting_is_refused_for_an_official_run(name):
     section, key = name.split(".")
     value = other_value(name, FIXED[name])
-    tree = {section: {key: value}, "run": {"official": True}}
+    tree = {"run": {"official": True}}
+    tree.setdefault(section, {})[key] = value
     try:
         config = Config.parse(tree)
     except ConfigError as exc:
@@ -66,11 +69,16 @@ def test_precisions_are_the_rulesets():
 
 
 def test_rulesets_are_found_by_id_and_unknown_ones_refused():
-    assert rules.get("aiperf-2021.2") is rules.CURRENT
+    assert rules.get("aiperf-2021.3") is rules.CURRENT
+    assert rules.get("aiperf-2021.2") is rules.AIPERF_2021_2
     assert rules.get("aiperf-2021.1") is rules.AIPERF_2021_1
     assert rules.get(None) is rules.RULESETS[rules.LEGACY_ID] is rules.AIPERF_2021_1
     # Results scored before 2021.2 keep their rule: the time to the last counted epoch.
     assert (rules.AIPERF_2021_1.charge, rules.CURRENT.charge) == ("last_epoch", "per_replica")
+    # The grace is the ruleset's: a quarter of the duration, unless an unofficial run sets it.
+    assert rules.CURRENT.grace_s(3600.0) == 900.0 and rules.CURRENT.grace_s(3600.0, 60) == 60
+    assert rules.AIPERF_2021_1.grace_s(3600.0, 60) == 0.0
+    assert Config.parse({"run": {"duration_s": 7200}}).deadline_grace() == 1800.0
     with pytest.raises(rules.UnknownRuleset, match="unknown ruleset 'aiperf-2099.9'"):
         rules.get("aiperf-2099.9")
 

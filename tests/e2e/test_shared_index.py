@@ -69,7 +69,8 @@ def test_the_primary_scans_once_and_a_later_step_loads_it(tmp_path):
     assert again["startup"]["dataset_index"] == "loaded"
     assert again["dataset_identity"] == first["dataset_identity"]
     # Judged by rules of this tree's image counts, the loaded scan is ImageNet-1k.
-    small = record_origin(config, dataclasses.replace(rules.CURRENT, dataset=SMALL),
+    small = record_origin(config, dataclasses.replace(rules.CURRENT, dataset=SMALL,
+                                                      proven_data=False),
                           run_dir=tmp_path / "run")
     assert small["dataset_identity"]["problems"] == []
 

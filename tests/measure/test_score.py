@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from automlperf import rules
-from automlperf.measure.score import (MIN_ERROR, counted_epochs, score_run, segment_bounds,
-                                      timeline, violations)
+from automlperf.measure.score import (MIN_ERROR, counted_epochs, implausible, score_run,
+                                      segment_bounds, timeline, violations)
 
 LAST_EPOCH = rules.AIPERF_2021_1
 PER_REPLICA = rules.AIPERF_2021_2
@@ -136,6 +136,19 @@ def test_each_replica_is_charged_its_own_time_and_in_flight_epochs_finish_in_the
     assert r["score"] / old["score"] == pytest.approx((12 / 610 + 12 / 600) / (21 / 590))
 
 
+def test_from_aiperf_2021_3_the_grace_adds_operations_but_never_accuracy():
+    """The epoch that ended in the grace (0.9 at 610 s) counts towards the operations and its
+    replica's time, as under aiperf-2021.2, but the best accuracy, and so the regulated score,
+    comes only from the epochs that ended by the deadline."""
+    seg = [S(T0, T0 + 600, T0 + 600, T0 + 600)]
+    before, now = score(TWO, seg, PER_REPLICA), score(TWO, seg, rules.AIPERF_2021_3)
+    assert now["score"] == before["score"] and now["charging"] == before["charging"]
+    assert before["best_accuracy"] == 0.9 and before["best_trial"] == 1
+    assert now["best_accuracy"] == 0.5 and now["timeline"][-1]["best_accuracy"] == 0.5
+    assert now["regulated_score"] == pytest.approx(now["score"] * -math.log(0.5))
+    assert now["regulated_score"] < before["regulated_score"]
+
+
 def test_a_replica_that_stopped_early_is_charged_to_the_deadline():
     seg = [S(T0, T0 + 600, T0 + 600, T0 + 600)]
     ev = [ep(1, 0, 0, 100, 5), ep(2, 0, 0, 300, 6), ep(2, 1, 300, 600, 6)]
@@ -191,3 +204,10 @@ def test_each_rule_is_checked_and_named(change, rule, official):
     is_official, valid, found = rules_(**change)
     assert not valid and is_official == official
     assert [v["rule"] for v in found] == [rule] and found[0]["detail"]
+
+
+def test_a_score_far_above_the_measured_ceiling_is_implausible_from_aiperf_2021_3():
+    assert implausible(1.4e12, 1e12) is None and implausible(1e12, None) is None
+    wrong = implausible(2e12, 1e12)
+    assert wrong["rule"] == "implausible" and "2.00 times the ceiling" in wrong["detail"]
+    assert implausible(2e12, 1e12, PER_REPLICA) is None  # earlier rulesets never judged it

@@ -81,6 +81,8 @@ def test_a_result_of_the_earlier_ruleset_is_checked_by_its_own_rule(run_dir, tmp
                    (json.dumps({**json.loads(system), "ruleset": "aiperf-2021.1"}),))
         epochs = db.execute("SELECT ended_at, ops FROM amp_epochs").fetchall()
         (start,) = db.execute("SELECT started_at FROM amp_segments").fetchone()
+    # system.json is the same record, as such a run wrote it.
+    (copy / "system.json").write_text(json.dumps({**json.loads(system), "ruleset": "aiperf-2021.1"}))
     store = open_store(run_dir=copy)
     try:
         old = build_result(store, 1, Config.load(copy / "config.toml"),
@@ -91,6 +93,33 @@ def test_a_result_of_the_earlier_ruleset_is_checked_by_its_own_rule(run_dir, tmp
     last = max(t for t, _ in epochs) - start
     assert old["score"] == pytest.approx(sum(n for _, n in epochs) / last)
     del old["charging"]
+    write_result(copy / "result.json", old)
+    done = cli("check", copy)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout
+
+
+def test_a_result_of_aiperf_2021_2_keeps_its_grace_and_verifies(run_dir, tmp_path):
+    """A run started under aiperf-2021.2 keeps that ruleset's rules when it is checked: the
+    grace its ruleset gave it (a quarter of the duration), and accuracy from the grace."""
+    from automlperf.config import Config
+    from automlperf.measure.result import build_result, write_result
+    from automlperf.store import open_store
+
+    copy = tampered(run_dir, tmp_path)
+    with sqlite3.connect(copy / "history.db") as db:
+        (system,) = db.execute("SELECT system FROM amp_runs").fetchone()
+        db.execute("UPDATE amp_runs SET system = ?",
+                   (json.dumps({**json.loads(system), "ruleset": "aiperf-2021.2"}),))
+    config = Config.load(copy / "config.toml")
+    # system.json is the same record, as such a run wrote it.
+    (copy / "system.json").write_text(json.dumps({**json.loads(system), "ruleset": "aiperf-2021.2"}))
+    store = open_store(run_dir=copy)
+    try:
+        old = build_result(store, 1, config, json.loads((copy / "system.json").read_text()))
+    finally:
+        store.close()
+    assert old["ruleset"] == "aiperf-2021.2" and old["charging"]["rule"] == "per_replica"
+    assert old["charging"]["grace_s"] == config.run.duration_s / 4
     write_result(copy / "result.json", old)
     done = cli("check", copy)
     assert done.returncode == 0 and "verified" in done.stdout, done.stdout
@@ -167,6 +196,34 @@ def test_check_holds_the_logs_and_the_store_against_each_other(run_dir, tmp_path
     assert "trial 1 epoch 0 is in its trial's log but not in the store" in text
     assert "trial 2 epoch 0 is in the store but not in its trial's log" in text
     assert "trial 3 epoch 0 appears more than once in its trial's log" in text
+
+
+def test_check_holds_system_json_trial_folders_devices_and_outcomes_to_the_store(
+        run_dir, tmp_path):
+    """Accelerators renamed in system.json, a trial folder the store has no trial for, a
+    replica's devices edited in the store, and a log whose outcome the store tells
+    otherwise: each named."""
+    copy = tampered(run_dir, tmp_path)
+    system = json.loads((copy / "system.json").read_text())
+    system["accelerators"] = [{"name": "NVIDIA H100 80GB HBM3", "index": 0, "type": "cuda"}]
+    (copy / "system.json").write_text(json.dumps(system))
+    shutil.copytree(copy / "trials" / "1", copy / "trials" / "99")
+    log = copy / "trials" / "2" / "log.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines[-1]["type"] == "trial" and lines[-1]["status"] != "failed"
+    lines[-1]["status"] = "failed"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with sqlite3.connect(copy / "history.db") as db:
+        db.execute("UPDATE amp_replicas SET devices = ?", (json.dumps(["cuda:0", "cuda:1"]),))
+    done = cli("check", copy)
+    text = done.stdout.replace("\n", " ")
+    assert done.returncode == 1, text
+    assert "system.json differs from the system the run recorded in its store (accelerators)" \
+        in text
+    assert "trials/99 holds a trial the store does not have" in text
+    assert "trial 2: its log ends failed, but the store says" in text
+    assert "replica 0: the store records devices ['cuda:0', 'cuda:1'], its node description " \
+        "['cpu']" in text
 
 
 def test_what_the_store_lost_comes_back_from_the_logs(run_dir, tmp_path):
@@ -365,6 +422,17 @@ def test_info_describes_the_system():
     (lambda r: r["node_descriptions"][0].update(ceiling_ops=1.0), "node_descriptions differs"),
     (lambda r: r.update(fraction_of_ceiling=0.99), "fraction_of_ceiling is"),
     (lambda r: r["time_breakdown"]["total"].update(training_s=1e6), "time_breakdown total"),
+    # Deleting the ruleset switches nothing off: the provenance is still held to the store.
+    (lambda r: (r.pop("ruleset"), r["provenance"].update(source_hash="sha256:0")),
+     "ruleset is missing, but the run was started under 'aiperf-2021.3'"),
+    (lambda r: (r.pop("ruleset"), r["provenance"].update(source_hash="sha256:0")),
+     "provenance differs"),
+    # What a results list shows beside the score.
+    (lambda r: r.update(devices=r["devices"] * 2,
+                        ops_per_s_per_device=r["ops_per_s_per_device"] / 2), "devices is 2"),
+    (lambda r: r.update(nodes=4), "nodes is 4"),
+    (lambda r: r["system"].update(accelerators=["NVIDIA H100 80GB HBM3"]), "system is"),
+    (lambda r: r.pop("devices"), "devices is missing"),
 ])
 def test_check_catches_edited_records(run_dir, tmp_path, edit, named):
     copy = tampered(run_dir, tmp_path)
@@ -377,7 +445,7 @@ def test_check_catches_edited_records(run_dir, tmp_path, edit, named):
 
 def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     result = read_result(run_dir / "result.json")
-    assert result["ruleset"] == "aiperf-2021.2"
+    assert result["ruleset"] == "aiperf-2021.3"
     prov = result["provenance"]
     assert prov["source_hash"].startswith("sha256:") and "torch" in prov["packages"]
     assert (prov["git"] or {}).get("commit") or prov["git"] is None

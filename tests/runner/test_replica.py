@@ -241,12 +241,12 @@ def test_the_epoch_in_flight_at_the_deadline_finishes_inside_the_grace(tmp_path)
     """No epoch starts after the deadline, but the one in flight then finishes and is
     recorded if it ends inside the run's grace (a quarter of the duration by default)."""
     session = new_run(tmp_path)
-    assert session.config.run.grace_s == session.config.run.duration_s / 4
+    assert session.config.deadline_grace() == session.config.run.duration_s / 4
     now = [session.started_at]
 
     def cross_the_deadline(spec, epoch):
         if spec.round == 2 and epoch == 0:
-            now[0] = session.deadline_at + session.config.run.grace_s - 1
+            now[0] = session.deadline_at + session.config.deadline_grace() - 1
 
     trainer = FakeTrainer(during_epoch=cross_the_deadline, clock=lambda: now[0])
     replica, store = make_replica(session, trainer, clock=lambda: now[0])

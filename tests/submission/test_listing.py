@@ -69,7 +69,8 @@ def test_list_ranks_real_runs_with_their_labels(listed, official_shape_run, buil
     unranked = [e for e in entries if e["section"] == "unranked"]
     assert [e["score"] for e in unranked] == sorted((e["score"] for e in unranked), reverse=True)
     measured = ["unofficial", "not valid", "verified", "accuracy re-measured"]
-    assert official_shape["labels"] == measured and builtin["labels"] == measured
+    assert builtin["labels"] == measured
+    assert official_shape["labels"] == [*measured[:3], "accuracy re-measured by its submitter"]
     assert simulated["labels"] == ["unofficial", "not valid", "simulated", "verified"]
     assert forged["labels"][0:3] == ["unofficial", "not valid", "simulated"]
     assert "failed verification" in forged["labels"]
@@ -161,18 +162,24 @@ def test_the_order_of_a_list():
     from automlperf.report.listing import once_per_run, ranked
 
     def e(source, score, official=True, valid=True, simulated=False, verified=True,
-          remeasured="list"):
+          remeasured="list", hours=1, ruleset="aiperf-2021.3"):
         return {"source": source, "score": score, "official": official, "valid": valid,
-                "simulated": simulated, "verified": verified, "remeasured_by": remeasured}
+                "simulated": simulated, "verified": verified, "remeasured_by": remeasured,
+                "duration_s": hours * 3600.0, "ruleset": ruleset}
 
+    # A submitter's own re-measurement is shown, never ranked; like is ranked with like: a
+    # longer run, or one under another ruleset, is ranked in its own class.
     order = ranked([e("slow", 1e15), e("sim", 9e18, official=False, valid=False, simulated=True),
-                    e("fast", 3e15, remeasured="record"), e("open", 5e15, official=False, valid=False),
+                    e("fast", 3e15), e("open", 5e15, official=False, valid=False),
                     e("edited", 8e15, verified=False), e("short", 7e15, valid=False),
-                    e("unmeasured", 6e15, remeasured=None)])
-    assert [(x["source"], x["rank"], x["section"]) for x in order] == [
-        ("fast", 1, "ranked"), ("slow", 2, "ranked"), ("unmeasured", None, "unmeasured"),
-        ("short", None, "unranked"), ("open", None, "unranked"), ("sim", None, "simulated"),
-        ("edited", None, "failed")]
+                    e("unmeasured", 6e15, remeasured=None), e("self", 9e15, remeasured="record"),
+                    e("long", 4e15, hours=10.5), e("old", 5e15, ruleset="aiperf-2021.2")])
+    assert [(x["source"], x["class"], x["rank"], x["section"]) for x in order] == [
+        ("old", "aiperf-2021.2, 1 h", 1, "ranked"), ("fast", "aiperf-2021.3, 1 h", 1, "ranked"),
+        ("slow", "aiperf-2021.3, 1 h", 2, "ranked"), ("long", "aiperf-2021.3, 10 h", 1, "ranked"),
+        ("self", None, None, "unmeasured"), ("unmeasured", None, None, "unmeasured"),
+        ("short", None, None, "unranked"), ("open", None, None, "unranked"),
+        ("sim", None, None, "simulated"), ("edited", None, None, "failed")]
 
     def run(source, key, content, **kw):
         return {**e(source, 1e15, **kw), "run_key": key, "content": content, "problems": [],

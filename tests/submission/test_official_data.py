@@ -8,9 +8,10 @@ import pytest
 
 from automlperf import rules
 from automlperf.config import Config, ConfigError
+from automlperf.data_manifest import verify_folder
 from automlperf.runner.session import record_origin
 from helpers import cli
-from trees import SMALL, WNIDS, make_tree, near_miss
+from trees import SMALL, WNIDS, make_tree, near_miss, official_archives
 
 SMALL_RULES = dataclasses.replace(rules.CURRENT, dataset=SMALL)
 
@@ -21,8 +22,10 @@ def official(data_dir):
 
 def test_the_right_data_is_recorded_for_an_official_run(tmp_path):
     root = make_tree(tmp_path / "imagenet")
+    assert verify_folder(tmp_path / "archives", root,
+                         official_archives(root, tmp_path / "archives")).ok
     origin = record_origin(official(root), SMALL_RULES)
-    assert origin["ruleset"] == rules.CURRENT.id == "aiperf-2021.2"
+    assert origin["ruleset"] == rules.CURRENT.id == "aiperf-2021.3"
     assert origin["dataset_identity"]["problems"] == []
     assert origin["dataset_identity"]["fingerprint"].startswith("sha256:")
     assert origin["provenance"]["source_hash"].startswith("sha256:")

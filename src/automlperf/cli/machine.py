@@ -195,6 +195,33 @@ def doctor(
         raise typer.Exit(1)
 
 
+@app.command("verify-data")
+@user_errors
+def verify_data(
+    archives: Annotated[Path, typer.Option(help="The folder holding the official "
+                                           "ILSVRC2012_img_train.tar and "
+                                           "ILSVRC2012_img_val.tar.")],
+    data_dir: Annotated[Path, typer.Option(help="The ImageNet-1k folder official runs "
+                                           "train on (train/<wnid>/, val/).")],
+) -> None:
+    """Prove an ImageNet-1k folder is the official data, file by file against the official
+    archives, and write the manifest official runs check a sample of. Exits 1 naming each
+    file that differs."""
+    from automlperf.data_manifest import verify_folder
+
+    found = verify_folder(archives, data_dir)
+    if not found.ok:
+        for line in found.differences[:20]:
+            err.print(line, highlight=False, soft_wrap=True)
+        more = len(found.differences) - 20
+        say_error(f"{data_dir} is not the official data: {len(found.differences):,} "
+                  f"difference(s){f' ({more:,} more not shown)' if more > 0 else ''}; restore "
+                  "the files from the archives, or run unofficially (--unofficial)")
+        raise typer.Exit(1)
+    out.print(f"{found.compared:,} files equal their originals in the official archives; "
+              f"manifest: {found.manifest} (root {found.root})", highlight=False, soft_wrap=True)
+
+
 @app.command()
 @user_errors
 def info(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:

@@ -13,7 +13,7 @@ from automlperf.config import Config
 from automlperf.measure.breakdown import breakdown
 from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure.samples import SampleDigest
-from automlperf.measure.score import score_run
+from automlperf.measure.score import implausible, score_run
 from automlperf.store import EpochRecord, TrialRecord, TrialStatus
 from automlperf.store.base import RunRecords
 
@@ -40,6 +40,8 @@ def dataset_is_official(config: Config, graph_jsons: list[str],
         return False, "the data folder was not identified"
     if identity.get("problems"):
         return False, "; ".join(identity["problems"])
+    if ruleset.proven_data and not identity.get("proof"):
+        return False, "the data's content was not proven against the official archives"
     if not graph_jsons:
         return False, "no trial completed an epoch"
     size = [ds.image_size, ds.image_size]
@@ -145,6 +147,10 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         peak = system.get("peak_ops_per_node")
         total_peak = peak * nodes if peak else None
         ceiling = None
+    wrong = implausible(scored["score"], ceiling, ruleset)
+    if wrong is not None:
+        scored["violations"].append(wrong)
+        scored["valid"] = False
     if pending is not None:
         sampled = pending.result()
     assert sampled is not None
@@ -153,6 +159,10 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
     power = energy.get("mean_power_w")
     status = Counter(t.status for t in trials)
     best = next((t for t in trials if t.id == scored["best_trial"]), None)
+    # The primary's host as the run recorded it at its creation (a resumed run's primary may
+    # run elsewhere), which system.json and `check` hold the result to.
+    if recorded.get("host"):
+        system = recorded
     accelerators = {a["name"] for a in system.get("accelerators", [])}
     accelerators |= {a["name"] for n in described
                      for a in n.get("system", {}).get("accelerators", [])}

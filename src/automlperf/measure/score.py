@@ -17,7 +17,9 @@
     charged to an idle replica.
 
   regulated(t) = OPS(t) * -ln(1 - best accuracy so far). The last mark is the end of the
-  run; the score and regulated score are the values there.
+  run; the score and regulated score are the values there. From aiperf-2021.3 the best
+  accuracy comes only from epochs that ended by the deadline: work in the grace counts
+  towards the operations, never towards the accuracy.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ class Span:
     end: float
     replica: int
     epoch: EpochLike
+    in_grace: bool = False  # ended after its session's deadline, inside the grace
 
 
 def spans(counted: Sequence[tuple[float, EpochLike]], segments: Sequence[SegmentLike],
@@ -134,16 +137,19 @@ def spans(counted: Sequence[tuple[float, EpochLike]], segments: Sequence[Segment
         # The session the epoch ended in (or, in the grace, after): the last to start before.
         offset = next((o for start, _, o in reversed(bounds) if start <= e.ended_at), 0.0)
         start = max(offset, end - max(0.0, e.ended_at - e.started_at))
-        out.append(Span(start, end, replica_of.get(e.trial_id, -1), e))
+        out.append(Span(start, end, replica_of.get(e.trial_id, -1), e,
+                        run_time(e.ended_at, bounds) is None))
     out.sort(key=lambda s: (s.start, s.end, s.epoch.trial_id, s.epoch.epoch))
     return out
 
 
 def replica_timeline(spans_by_start: Sequence[Span], elapsed_s: float,
                      accuracy_counts: bool = True, step_s: float = MARK_S,
-                     marks_at: Sequence[float] | None = None) -> tuple[list[Mark], dict[int, float]]:
+                     marks_at: Sequence[float] | None = None,
+                     accuracy_in_grace: bool = True) -> tuple[list[Mark], dict[int, float]]:
     """The ``per_replica`` marks (see the module's docstring), and each replica's charged
-    run time at the last mark. Every counted epoch counts at the last mark."""
+    run time at the last mark. Every counted epoch counts at the last mark; its accuracy
+    only if it ended by the deadline, unless ``accuracy_in_grace``."""
     if marks_at is None:
         marks_at = _marks(elapsed_s, step_s)
     ops: dict[int, int] = {}
@@ -155,7 +161,7 @@ def replica_timeline(spans_by_start: Sequence[Span], elapsed_s: float,
             span = spans_by_start[i]
             ops[span.replica] = ops.get(span.replica, 0) + int(span.epoch.ops)
             last_end[span.replica] = max(last_end.get(span.replica, 0.0), span.end)
-            if accuracy_counts:
+            if accuracy_counts and (accuracy_in_grace or not span.in_grace):
                 acc = span.epoch.val_accuracy
                 best = acc if best is None else max(best, acc)
             i += 1
@@ -238,6 +244,18 @@ def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[
     return official, official and not found, found
 
 
+def implausible(score: float, ceiling: float | None,
+                ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, str] | None:
+    """The violation of a score above what the nodes that earned it measured they can do."""
+    limit = ruleset.max_fraction_of_ceiling
+    if limit is None or not ceiling or score <= limit * ceiling:
+        return None
+    return {"rule": "implausible", "detail": f"the score ({score:.4g} OPS) is "
+            f"{score / ceiling:.2f} times the ceiling its nodes measured ({ceiling:.4g} OPS); "
+            f"at most {limit:g} is plausible: check the records, or measure the nodes again "
+            "(`automlperf doctor`)"}
+
+
 def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, dataset: str,
               dataset_official: bool, fixed_changes: Sequence[str],
               accuracy_counts: bool = True, dataset_detail: str | None = None,
@@ -253,14 +271,18 @@ def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, d
     counted = counted_epochs(epochs, segments, grace_s)
     if per_replica:
         marks, charged = replica_timeline(spans(counted, segments, replica_of or {}), elapsed,
-                                          accuracy_counts)
+                                          accuracy_counts,
+                                          accuracy_in_grace=ruleset.accuracy_in_grace)
     else:
         marks = timeline(counted, elapsed, accuracy_counts)
         charged = {}
     final = marks[-1] if marks else Mark(0.0, 0, 0.0, None, None)
     best_epoch = None
-    if accuracy_counts and counted:
-        best_epoch = max(counted, key=lambda pair: (pair[1].val_accuracy, -pair[0]))[1]
+    measured = counted
+    if not ruleset.accuracy_in_grace:
+        measured = [(t, e) for t, e in counted if run_time(e.ended_at, bounds) is not None]
+    if accuracy_counts and measured:
+        best_epoch = max(measured, key=lambda pair: (pair[1].val_accuracy, -pair[0]))[1]
     error = None if final.best_accuracy is None else 1.0 - final.best_accuracy
     unreadable = {"train": sum(e.skipped_images for _, e in counted),
                   "val": sum(e.val_skipped for _, e in counted)}

@@ -17,8 +17,10 @@ def row(run_dir: Path) -> dict[str, Any]:
                                 f"--resume --run-dir {run_dir}`")
     result = read_result(rd.result)
     system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
-    accels = system.get("accelerators", [])
-    names = sorted({a["name"] for a in accels})
+    # The accelerators every node described (result.json, which `check` recomputes from the
+    # store), else those of the primary's host (a result from before nodes described theirs).
+    names = (result.get("system") or {}).get("accelerators") or \
+        sorted({a["name"] for a in system.get("accelerators", [])})
     # Any of the run's own records saying so marks it: an edited result.json alone does not
     # make a simulated run pass for a measured one (`check` names the edit).
     simulated = (bool(result.get("simulated")) or bool(system.get("simulated"))

@@ -5,9 +5,12 @@ Every entry is verified first (``check``, from the bundle alone), and its best a
 re-measured from its weights (the regulated score rests on it, and no operation count can
 confirm it): by the list itself where it has the validation set (the built-in datasets
 always, ImageNet with ``data_dir``), else by a ``check --revalidate --record`` the bundle
-carries, which is verified (:mod:`automlperf.submission.remeasure_record`). Only results that are
-official, valid, verified, measured and re-measured are ranked; official and valid ones
-whose accuracy was not re-measured follow, unranked, saying why; then measured results
+carries, which is verified (:mod:`automlperf.submission.remeasure_record`) and shown, but never
+ranks: a submitter can write one by hand. Only results that are official, valid, verified,
+measured and re-measured by the list itself are ranked, like with like: within their
+ruleset and their duration class (whole hours of the duration; a 10-hour run has more time
+to grow its models and never outranks a 1-hour one). Official and valid ones whose
+accuracy this list did not re-measure follow, unranked, saying why; then measured results
 that are unofficial or not valid; simulated ones apart; and entries that fail verification
 (or cannot be read) last, each saying why. Within a section, by score. A run given twice
 (its bundle and its directory) is one entry, the other source named beside it; another
@@ -46,14 +49,14 @@ from automlperf.store.rundir import write_atomic
 
 SECTIONS = {
     "ranked": "Ranked: official, valid and verified results, accuracy re-measured",
-    "unmeasured": "Not ranked: official, valid and verified, but the accuracy was not "
-                  "re-measured from the weights",
+    "unmeasured": "Not ranked: official, valid and verified, but this list did not re-measure "
+                  "the accuracy from the weights (a submitter's own re-measurement is shown)",
     "unranked": "Not ranked: measured, verified, but unofficial or not valid",
     "simulated": "Simulated accelerators: not measurements, never ranked",
     "failed": "Failed verification, or another version of a listed run: shown apart, not "
               "ranked",
 }
-COLUMNS = ("section", "rank", "system", "submitter", "name", "accelerators", "devices", "nodes",
+COLUMNS = ("section", "class", "rank", "system", "submitter", "name", "accelerators", "devices", "nodes",
            "score", "regulated_score", "ops_per_device", "fraction_of_ceiling", "ops_per_watt",
            "best_accuracy", "remeasured_accuracy", "remeasured_by", "elapsed_s", "date",
            "ruleset", "labels", "problems", "duplicates", "source", "report")
@@ -83,8 +86,9 @@ def _label_set(e: dict[str, Any]) -> list[str]:
     labels.append({True: "verified", False: "failed verification",
                    None: "not verified"}[e["verified"]])
     if e["verified"] and not e["simulated"]:
-        labels.append("accuracy re-measured" if e.get("remeasured_by")
-                      else "accuracy not re-measured")
+        labels.append({"list": "accuracy re-measured",
+                       "record": "accuracy re-measured by its submitter"}.get(
+                           e.get("remeasured_by") or "", "accuracy not re-measured"))
     return labels
 
 
@@ -94,8 +98,15 @@ def _section(e: dict[str, Any]) -> str:
     if e["simulated"]:
         return "simulated"
     if e["official"] and e["valid"] and e["verified"]:
-        return "ranked" if e.get("remeasured_by") else "unmeasured"
+        return "ranked" if e.get("remeasured_by") == "list" else "unmeasured"
     return "unranked"
+
+
+def rank_class(e: dict[str, Any]) -> str:
+    """What a ranked result is ranked among: its ruleset and the whole hours of its
+    duration."""
+    hours = int((e.get("duration_s") or 0) // 3600)
+    return f"{e.get('ruleset') or 'aiperf-2021.1'}, {hours} h"
 
 
 def _slug(text: str) -> str:
@@ -138,9 +149,13 @@ def entry(path: Path, check: bool = True, reports: Path | None = None,
     e["date"] = (datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
                  .strftime("%Y-%m-%d") if isinstance(started, (int, float)) else None)
     e["labels"] = _label_set(e)
-    if e["verified"] and not e["simulated"] and not e["remeasured_by"] and \
+    if e["verified"] and not e["simulated"] and e["remeasured_by"] != "list" and \
             e["official"] and e["valid"]:
-        e["problems"] = [*e["problems"], f"not ranked: {again['remeasured_how']}"]
+        why = again["remeasured_how"]
+        if e["remeasured_by"] == "record":
+            why = (f"only its submitter re-measured the accuracy ({why}); the list ranks what "
+                   "it re-measures itself: give it the validation set (--data-dir)")
+        e["problems"] = [*e["problems"], f"not ranked: {why}"]
     return e
 
 
@@ -278,19 +293,19 @@ def once_per_run(entries: list[dict[str, Any]],
 
 
 def ranked(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``entries`` (with their labels) sectioned, ordered by score within each section, and
-    the ranked ones numbered from 1."""
+    """``entries`` (with their labels) sectioned, ordered by score within each section (the
+    ranked ones by class first), and the ranked ones numbered from 1 within their class."""
     order = list(SECTIONS)
     for e in entries:
         e["section"] = _section(e)
-    entries = sorted(entries, key=lambda e: (order.index(e["section"]), -(e["score"] or 0.0),
-                                             e["source"]))
-    rank = 0
+        e["class"] = rank_class(e) if e["section"] == "ranked" else None
+    entries = sorted(entries, key=lambda e: (order.index(e["section"]), e["class"] or "",
+                                             -(e["score"] or 0.0), e["source"]))
+    ranks: dict[str, int] = {}
     for e in entries:
         e["rank"] = None
         if e["section"] == "ranked":
-            rank += 1
-            e["rank"] = rank
+            e["rank"] = ranks[e["class"]] = ranks.get(e["class"], 0) + 1
     return entries
 
 

@@ -21,6 +21,7 @@ from automlperf.errors import RunFailure
 from automlperf.events import FailureKind
 from automlperf.dataset_identity import (SHARED_INDEX, DatasetIdentityError, build_shared_index,
                                          load_shared_index, problems, scan)
+from automlperf.data_manifest import DataProofError, sample_check
 from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
@@ -196,6 +197,11 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT,
             # An unofficial run goes on; its replicas say why they cannot read the data.
             identity = {"layout": None, "classes": 0, "train_images": 0, "val_images": 0,
                         "files": 0, "fingerprint": None, "problems": [str(exc)]}
+        if ruleset.proven_data and not identity["problems"]:
+            try:
+                identity["proof"] = sample_check(config.data.data_dir, identity["fingerprint"])
+            except DataProofError as exc:
+                identity["problems"].append(str(exc))
         if config.strict() and identity["problems"]:
             raise ConfigError(f"official run refused: {config.data.data_dir} is not "
                               f"{ruleset.dataset.name} as ruleset {ruleset.id} defines it: "

@@ -77,8 +77,8 @@ class Ledger:
         return len(self.logged_only) + len(self.stored_only) + len(self.outcomes)
 
     def problems(self, limit: int = 20) -> list[str]:
-        """The epochs on one side only and the repeated ones, one line each (at most
-        ``limit`` of a kind, then how many more)."""
+        """The epochs on one side only, the repeated ones and the outcomes the two sides
+        tell differently, one line each (at most ``limit`` of a kind, then how many more)."""
         out: list[str] = []
         for keys, said in (
                 (self.logged_only, "is in its trial's log but not in the store (lost on its "
@@ -88,6 +88,11 @@ class Ledger:
             out += [f"trial {t} epoch {e} {said}" for t, e in sorted(keys)[:limit]]
             if len(keys) > limit:
                 out.append(f"... and {len(keys) - limit} more epoch(s) that {said.split(' (')[0]}")
+        out += [f"trial {t}: its log ends {logged}, but the store says {stored}"
+                for t, logged, stored in self.outcomes[:limit]]
+        if len(self.outcomes) > limit:
+            out.append(f"... and {len(self.outcomes) - limit} more trial(s) whose log and "
+                       "store tell their outcome differently")
         return out
 
 

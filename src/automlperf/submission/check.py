@@ -7,13 +7,12 @@ What is checked:
   batch size it recorded, and its step count fits its image count;
 * the store's epochs and each trial's own log (trials/<id>/log.jsonl) agree, both ways:
   an epoch a log holds and the store does not, one the store holds and its log does not,
-  and one a log holds twice are each named (:mod:`automlperf.store.ledger`);
+  one a log holds twice, and a trial whose log ends with an outcome the store tells
+  otherwise are each named (:mod:`automlperf.store.ledger`), and so is a trial folder the
+  store has no trial for;
 * the configuration file is the one the run was started with;
-* result.json's score, regulated score, accuracy, totals, timeline, validity and violations
-  equal a fresh computation under the ruleset the result names (an unknown one is refused);
-* result.json's ruleset id, dataset identity, provenance, node descriptions, peak, measured
-  ceiling and time breakdown equal what the run recorded in its store, and the data folder,
-  when reachable, still has the fingerprint recorded at the start.
+* result.json and system.json equal a fresh computation under the ruleset the run was
+  started with and the run's own records (:mod:`automlperf.submission.result_check`).
 
 A submission bundle (:mod:`automlperf.submission.bundle`) is checked the same way, its exported
 records standing for the store, after every file's digest is compared with its manifest and
@@ -34,11 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from automlperf import rules
 from automlperf.config import Config
-from automlperf.measure.breakdown import ADDED_PARTS, PARTS
-from automlperf.dataset_identity import DatasetIdentityError, scan
-from automlperf.measure.provenance import digest
 from automlperf.graph import Graph, GraphError
 from automlperf.hardware import cores_available
 from automlperf.measure.result import build_result
@@ -49,6 +44,7 @@ from automlperf.errors import UserError
 from automlperf.submission import bundle
 from automlperf.submission.remeasure import RevalidateError, Revalidation, revalidate as remeasure
 from automlperf.submission.remeasure_record import read_record, verify_record, write_record
+from automlperf.submission.result_check import check_devices, check_result, same
 from automlperf.store.base import RunRecords
 from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
@@ -57,13 +53,6 @@ from automlperf.store.values import bulk
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.urls import strip_password
 
-COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
-            "epochs", "train_images", "val_images", "unreadable_images", "best_trial", "official", "valid", "trials",
-            "peak_ops", "fraction_of_peak", "ceiling_ops", "fraction_of_ceiling",
-            "energy_j", "ops_per_watt", "decoding",
-            "charging")
-# Recorded wholesale; compared by digest, named when they differ.
-RECORDS = ("dataset_identity", "provenance", "node_descriptions")
 EPOCH_FIELDS = ("train_images", "val_images", "steps", "ops", "val_accuracy", "batch_size",
                 "world_size", "precision", "ended_at", "skipped_images", "val_skipped")
 
@@ -81,14 +70,6 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return not self.mismatches
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None:
-            return a is b
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-    return a == b
 
 
 def official_refusal(result: dict[str, Any]) -> str | None:
@@ -234,13 +215,20 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
     graphs = graphs_checked(bad)
     _check_epochs(epochs, graphs, logs.epochs, bad)
     bad.extend(ledger(epochs, trials, logs).problems())
-    system = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+    # The system as the run recorded it in its store: system.json is held to it.
+    system = store.run(run_id)["system"]
+    check_devices(store.nodes(run_id), store.replicas(run_id), bad)
+    if rd.path.joinpath("trials").is_dir():
+        known = {t.id for t in trials}
+        bad.extend(f"trials/{p.name} holds a trial the store does not have"
+                   for p in sorted(rd.path.joinpath("trials").iterdir(), key=lambda p: p.name)
+                   if p.is_dir() and p.name.isdigit() and int(p.name) not in known)
     digest = sampled.result()
     report.checked = {"trials": len(trials), "epochs": len(epochs), "logged_epochs": len(logs.epochs),
                       "samples": digest.count}
     report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs,
                                  sampled=digest)
-    _check_result(rd, config, report.result, bad, options.data_dir)
+    check_result(rd, config, report.result, system, bad, options.data_dir)
     if options.revalidate:
         report.revalidation = remeasure(rd.path, store, run_id, config, report.result,
                                         options.data_dir, options.device)
@@ -382,108 +370,6 @@ def _check_epochs(epochs: list[EpochRecord], counts: dict[int, OpCount],
         # Most agree exactly; only the others are compared field by field, floats closely.
         if line is not None and stored(e) != tuple(map(line.get, EPOCH_FIELDS)):
             for name in EPOCH_FIELDS:
-                if not _same(getattr(e, name), line.get(name)):
+                if not same(getattr(e, name), line.get(name)):
                     bad.append(f"{where}: store has {name} = {getattr(e, name)!r} but the trial "
                                f"log has {line.get(name)!r}")
-
-
-def _check_result(rd: RunDir, config: Config, fresh: dict[str, Any], bad: list[str],
-                  data_dir: Path | None = None) -> None:
-    """result.json equals a fresh computation (score, totals, timeline, validity, violations)
-    under the ruleset it names, and what the run recorded (see :func:`_check_records`)."""
-    if not rd.result.exists():
-        bad.append(f"{rd.result} is missing")
-        return
-    try:
-        recorded = json.loads(rd.result.read_text())
-    except json.JSONDecodeError as exc:
-        bad.append(f"{rd.result} is not valid JSON: {exc}")
-        return
-    if "ruleset" in recorded:  # results written before rulesets were named have none
-        try:
-            rules.get(recorded["ruleset"])
-        except rules.UnknownRuleset as exc:
-            bad.append(f"result.json: {exc}")
-        if recorded["ruleset"] != fresh["ruleset"]:
-            bad.append(f"result.json: ruleset is {recorded['ruleset']!r}, but the run was "
-                       f"started under {fresh['ruleset']!r}")
-        _check_records(recorded, fresh, bad)
-        _check_data(config, fresh, bad, data_dir)
-        system_file = json.loads(rd.system.read_text()) if rd.system.exists() else {}
-        if digest(system_file.get("provenance")) != digest(fresh.get("provenance")):
-            bad.append(f"{rd.system}: provenance differs from the one recorded in the store")
-    for name in COMPARED:
-        if name not in recorded and name in ("peak_ops", "ceiling_ops", "fraction_of_ceiling",
-                                             "unreadable_images", "decoding",
-                                             "charging"):
-            continue  # absent from results of earlier versions
-        if not _same(recorded.get(name), fresh.get(name)):
-            bad.append(f"result.json: {name} is {recorded.get(name)!r}, recomputed "
-                       f"{fresh.get(name)!r}")
-    # A result without the label predates simulated runs: it is a measured one.
-    if bool(recorded.get("simulated")) != fresh["simulated"] or \
-            recorded.get("simulation") != fresh["simulation"]:
-        bad.append(f"result.json: simulated is {recorded.get('simulated')!r} "
-                   f"({recorded.get('simulation')!r}), but the run's configuration makes it "
-                   f"{fresh['simulated']!r} ({fresh['simulation']!r})")
-    if sorted(v["rule"] for v in recorded.get("violations", [])) != \
-            sorted(v["rule"] for v in fresh["violations"]):
-        bad.append("result.json: violations "
-                   f"{sorted(v['rule'] for v in recorded.get('violations', []))} differ from the "
-                   f"recomputed {sorted(v['rule'] for v in fresh['violations'])}")
-    marks, fresh_marks = recorded.get("timeline", []), fresh["timeline"]
-    if len(marks) != len(fresh_marks):
-        bad.append(f"result.json: timeline has {len(marks)} marks, recomputed {len(fresh_marks)}")
-    else:
-        for a, b in zip(marks, fresh_marks):
-            for name in ("hours", "ops", "ops_per_s", "best_accuracy", "regulated"):
-                if not _same(a.get(name), b.get(name)):
-                    bad.append(f"result.json: timeline at {b['hours']} h: {name} is "
-                               f"{a.get(name)!r}, recomputed {b.get(name)!r}")
-
-
-def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:
-    """The dataset identity, provenance, node descriptions and time breakdown in
-    result.json equal what the run recorded in its store."""
-    for name in RECORDS:
-        mine, theirs = recorded.get(name), fresh.get(name)
-        if digest(mine) == digest(theirs):
-            continue
-        keys = sorted(k for k in set(mine or {}) | set(theirs or {})
-                      if (mine or {}).get(k) != (theirs or {}).get(k)) \
-            if isinstance(mine, dict) and isinstance(theirs, dict) else []
-        where = f" ({', '.join(keys[:5])})" if keys else ""
-        bad.append(f"result.json: {name} differs from what the run recorded{where}")
-    mine_b, theirs_b = recorded.get("time_breakdown") or {}, fresh["time_breakdown"]
-    for label, a, b in [("total", mine_b.get("total", {}), theirs_b["total"])] + [
-            (f"replica {r.get('replica')}", r, f) for r, f in
-            zip(mine_b.get("replicas", []), theirs_b["replicas"], strict=False)]:
-        for part in (*PARTS, "session_s"):
-            if part in ADDED_PARTS and part not in a:
-                continue  # a result.json written before the part was
-            if not _same(a.get(part), b.get(part)):
-                bad.append(f"result.json: time_breakdown {label} {part} is {a.get(part)!r}, "
-                           f"recomputed {b.get(part)!r}")
-    if len(mine_b.get("replicas", [])) != len(theirs_b["replicas"]):
-        bad.append("result.json: time_breakdown lists a different number of replicas")
-
-
-def _check_data(config: Config, fresh: dict[str, Any], bad: list[str],
-                data_dir: Path | None = None) -> None:
-    """Rescan the data folder (``data_dir``, else the run's) when it is reachable: it must be
-    the data the run used."""
-    identity = fresh.get("dataset_identity")
-    folder = data_dir if data_dir is not None else config.data.data_dir
-    if not identity or folder is None or not Path(folder).is_dir():
-        return
-    try:
-        now = scan(folder).fingerprint
-    except (DatasetIdentityError, OSError) as exc:
-        # A folder the run itself could not read (it recorded no fingerprint) is the same.
-        if identity.get("fingerprint") is not None:
-            bad.append(f"{folder}: cannot rescan the data ({exc})")
-        return
-    if now != identity.get("fingerprint"):
-        bad.append(f"{folder}: the data's fingerprint is now {now}, but the run recorded "
-                   f"{identity.get('fingerprint')} (files were added, removed, renamed or "
-                   "changed)")

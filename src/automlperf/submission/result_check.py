@@ -1,0 +1,214 @@
+"""result.json and system.json held against a fresh computation and the run's own records.
+
+What ``automlperf check`` compares here, once the store and the logs agree:
+* every figure result.json gives, and a results list shows (score, regulated score,
+  accuracy, totals, timeline, validity, violations, devices, nodes, replicas, operations per
+  device, accelerators, energy), with the same figures computed afresh from the store under
+  the ruleset the run was started with;
+* the ruleset: a run whose store names one has a result.json naming the same one, so that
+  deleting the key switches nothing off;
+* system.json with the system description the run recorded in its store when it was
+  created (host, CPU, accelerators, provenance, dataset identity);
+* each replica's devices with its node's description of its accelerators;
+* the dataset identity, provenance, node descriptions and time breakdown with the store's,
+  and the data folder, when reachable, with the fingerprint recorded at the start and,
+  where the run proved its data by content, another random sample of its files with the
+  manifest (:mod:`automlperf.data_manifest`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from automlperf import rules
+from automlperf.config import Config
+from automlperf.data_manifest import DataProofError, sample_check
+from automlperf.dataset_identity import DatasetIdentityError, scan
+from automlperf.measure.breakdown import ADDED_PARTS, PARTS
+from automlperf.measure.provenance import digest
+from automlperf.measure.result import latest_nodes
+from automlperf.store.base import ReplicaRecord
+from automlperf.store.rundir import RunDir
+
+COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
+            "epochs", "train_images", "val_images", "unreadable_images", "best_trial",
+            "official", "valid", "trials", "peak_ops", "fraction_of_peak", "ceiling_ops",
+            "fraction_of_ceiling", "energy_j", "ops_per_watt", "decoding", "charging")
+# Results of a ruleset before aiperf-2021.3 may lack these: versions that wrote them did not
+# have them yet.
+ADDED_LATER = ("peak_ops", "ceiling_ops", "fraction_of_ceiling", "unreadable_images",
+               "decoding", "charging")
+# What a results list shows beside the score, compared from aiperf-2021.3 on (earlier
+# results took the system from the resumed primary's host).
+LISTED = ("replicas", "devices", "nodes", "ops_per_s_per_device", "mean_power_w",
+          "gpu_energy_j", "cpu_energy_j", "trial_status", "dataset", "duration_s", "system")
+LEGACY_RULESETS = ("aiperf-2021.1", "aiperf-2021.2")
+# Recorded wholesale; compared by digest, named when they differ.
+RECORDS = ("dataset_identity", "provenance", "node_descriptions")
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, floats to a relative 1e-9."""
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            return a is b
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    return a == b
+
+
+def check_result(rd: RunDir, config: Config, fresh: dict[str, Any], stored: dict[str, Any],
+                 bad: list[str], data_dir: Path | None = None) -> None:
+    """result.json and system.json against ``fresh`` (the result computed again) and
+    ``stored`` (the system description the run recorded in its store)."""
+    if not rd.result.exists():
+        bad.append(f"{rd.result} is missing")
+        return
+    try:
+        recorded = json.loads(rd.result.read_text())
+    except json.JSONDecodeError as exc:
+        bad.append(f"{rd.result} is not valid JSON: {exc}")
+        return
+    # A run created before rulesets were recorded names none, in its store and its result.
+    if "ruleset" in recorded or "ruleset" in stored:
+        _check_ruleset(recorded, fresh, bad)
+        _check_records(recorded, fresh, bad)
+        _check_data(config, fresh, bad, data_dir)
+        _check_system_file(rd, stored, bad)
+    legacy = fresh["ruleset"] in LEGACY_RULESETS
+    for name in COMPARED if legacy else COMPARED + LISTED:
+        if name not in recorded and legacy and name in ADDED_LATER:
+            continue
+        if not same(recorded.get(name), fresh.get(name)):
+            shown = "missing" if name not in recorded else repr(recorded[name])
+            bad.append(f"result.json: {name} is {shown}, recomputed {fresh.get(name)!r}")
+    # A result without the label predates simulated runs: it is a measured one.
+    if bool(recorded.get("simulated")) != fresh["simulated"] or \
+            recorded.get("simulation") != fresh["simulation"]:
+        bad.append(f"result.json: simulated is {recorded.get('simulated')!r} "
+                   f"({recorded.get('simulation')!r}), but the run's configuration makes it "
+                   f"{fresh['simulated']!r} ({fresh['simulation']!r})")
+    if sorted(v["rule"] for v in recorded.get("violations", [])) != \
+            sorted(v["rule"] for v in fresh["violations"]):
+        bad.append("result.json: violations "
+                   f"{sorted(v['rule'] for v in recorded.get('violations', []))} differ from the "
+                   f"recomputed {sorted(v['rule'] for v in fresh['violations'])}")
+    marks, fresh_marks = recorded.get("timeline", []), fresh["timeline"]
+    if len(marks) != len(fresh_marks):
+        bad.append(f"result.json: timeline has {len(marks)} marks, recomputed {len(fresh_marks)}")
+    else:
+        for a, b in zip(marks, fresh_marks):
+            for name in ("hours", "ops", "ops_per_s", "best_accuracy", "regulated"):
+                if not same(a.get(name), b.get(name)):
+                    bad.append(f"result.json: timeline at {b['hours']} h: {name} is "
+                               f"{a.get(name)!r}, recomputed {b.get(name)!r}")
+
+
+def _check_ruleset(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:
+    if "ruleset" not in recorded:
+        bad.append(f"result.json: ruleset is missing, but the run was started under "
+                   f"{fresh['ruleset']!r}")
+        return
+    try:
+        rules.get(recorded["ruleset"])
+    except rules.UnknownRuleset as exc:
+        bad.append(f"result.json: {exc}")
+    if recorded["ruleset"] != fresh["ruleset"]:
+        bad.append(f"result.json: ruleset is {recorded['ruleset']!r}, but the run was "
+                   f"started under {fresh['ruleset']!r}")
+
+
+def _check_system_file(rd: RunDir, stored: dict[str, Any], bad: list[str]) -> None:
+    """system.json is the description the run recorded in its store when it was created."""
+    try:
+        on_disk = json.loads(rd.system.read_text()) if rd.system.exists() else {}
+    except json.JSONDecodeError as exc:
+        bad.append(f"{rd.system} is not valid JSON: {exc}")
+        return
+    if digest(on_disk) == digest(stored):
+        return
+    keys = sorted(k for k in set(on_disk) | set(stored)
+                  if digest(on_disk.get(k)) != digest(stored.get(k)))
+    bad.append(f"{rd.system} differs from the system the run recorded in its store "
+               f"({', '.join(keys[:6])})")
+
+
+def check_devices(nodes: list[dict[str, Any]], replicas: list[ReplicaRecord],
+                  bad: list[str]) -> None:
+    """Each replica trained on devices its node's description has, and the store's record
+    of the replica names the devices its node description does."""
+    latest = {(r.index, r.segment): r for r in replicas}
+    for node in latest_nodes(nodes):
+        index = node.get("replica_index")
+        accelerators = {f"{a.get('type', 'cuda')}:{a.get('index')}"
+                        for a in (node.get("system") or {}).get("accelerators", [])}
+        devices = node.get("devices") or []
+        unknown = [d for d in devices if d != "cpu" and d not in accelerators]
+        if unknown:
+            bad.append(f"replica {index}: trained on {', '.join(unknown)}, which its node's "
+                       f"description does not have ({', '.join(sorted(accelerators)) or 'none'})")
+        rep = latest.get((int(index or 0), int(node.get("segment") or 0)))
+        if rep is not None and sorted(rep.devices) != sorted(devices):
+            bad.append(f"replica {index}: the store records devices {sorted(rep.devices)}, its "
+                       f"node description {sorted(devices)}")
+
+
+def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:
+    """The dataset identity, provenance, node descriptions and time breakdown in
+    result.json equal what the run recorded in its store."""
+    for name in RECORDS:
+        mine, theirs = recorded.get(name), fresh.get(name)
+        if digest(mine) == digest(theirs):
+            continue
+        keys = sorted(k for k in set(mine or {}) | set(theirs or {})
+                      if (mine or {}).get(k) != (theirs or {}).get(k)) \
+            if isinstance(mine, dict) and isinstance(theirs, dict) else []
+        where = f" ({', '.join(keys[:5])})" if keys else ""
+        bad.append(f"result.json: {name} differs from what the run recorded{where}")
+    mine_b, theirs_b = recorded.get("time_breakdown") or {}, fresh["time_breakdown"]
+    for label, a, b in [("total", mine_b.get("total", {}), theirs_b["total"])] + [
+            (f"replica {r.get('replica')}", r, f) for r, f in
+            zip(mine_b.get("replicas", []), theirs_b["replicas"], strict=False)]:
+        for part in (*PARTS, "session_s"):
+            if part in ADDED_PARTS and part not in a:
+                continue  # a result.json written before the part was
+            if not same(a.get(part), b.get(part)):
+                bad.append(f"result.json: time_breakdown {label} {part} is {a.get(part)!r}, "
+                           f"recomputed {b.get(part)!r}")
+    if len(mine_b.get("replicas", [])) != len(theirs_b["replicas"]):
+        bad.append("result.json: time_breakdown lists a different number of replicas")
+
+
+def _check_data(config: Config, fresh: dict[str, Any], bad: list[str],
+                data_dir: Path | None = None) -> None:
+    """Rescan the data folder (``data_dir``, else the run's) when it is reachable: it must be
+    the data the run used."""
+    identity = fresh.get("dataset_identity")
+    folder = data_dir if data_dir is not None else config.data.data_dir
+    if not identity or folder is None or not Path(folder).is_dir():
+        return
+    try:
+        now = scan(folder).fingerprint
+    except (DatasetIdentityError, OSError) as exc:
+        # A folder the run itself could not read (it recorded no fingerprint) is the same.
+        if identity.get("fingerprint") is not None:
+            bad.append(f"{folder}: cannot rescan the data ({exc})")
+        return
+    if now != identity.get("fingerprint"):
+        bad.append(f"{folder}: the data's fingerprint is now {now}, but the run recorded "
+                   f"{identity.get('fingerprint')} (files were added, removed, renamed or "
+                   "changed)")
+        return
+    proof = identity.get("proof")
+    if proof:
+        # Another sample than the run's: files forged after the run's check are found too.
+        try:
+            again = sample_check(folder, now)
+        except DataProofError as exc:
+            bad.append(f"the data's proof: {exc}")
+            return
+        if again["root"] != proof.get("root"):
+            bad.append(f"{folder}: its manifest's root digest is now {again['root']}, but the "
+                       f"run recorded {proof.get('root')}")
