@@ -176,13 +176,13 @@ def slurm_cluster_8(tmp_path_factory):
 @pytest.fixture(scope="session")
 def imagenet_1k_tree(tmp_path_factory):
     """ImageNet-1k's file list, once per session: the 1,000 ILSVRC-2012 class folders and
-    1,281,167 + 50,000 hard links to one small JPEG (trees.make_tree). Read it,
-    never write."""
+    1,281,167 + 50,000 hard links to one small JPEG (trees.make_tree), with the manifest
+    `automlperf verify-data` would have written (trees.write_proof). Read it, never write."""
     from automlperf import rules
-    from trees import make_tree
+    from trees import make_tree, write_proof
 
-    return make_tree(tmp_path_factory.mktemp("imagenet_1k") / "imagenet", counts=(
-        rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images))
+    return write_proof(make_tree(tmp_path_factory.mktemp("imagenet_1k") / "imagenet", counts=(
+        rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images)))
 
 
 @pytest.fixture(scope="session")
@@ -190,8 +190,9 @@ def official_shape_run(tmp_path_factory):
     """The official shape end to end, once per session: the ResNet-50 seed at 224x224 on an
     ImageNet-layout tree of the 1,000 ILSVRC-2012 class folders, through `automlperf run`.
     The tree is tiny (one small JPEG in every twentieth class folder), so the run takes a
-    minute or two on a CPU; it keeps every fixed setting official and is not official only for its
-    data's image counts (and not valid for its duration and accuracy). Read it, never write."""
+    minute or two on a CPU; it keeps every fixed setting official but the maximum epochs (4:
+    a first round of one epoch), and is not official for that and its data's image counts
+    (and not valid for its duration and accuracy). Read it, never write."""
     from automlperf import rules
     from helpers import cli, marked_env, wait_no_strays
     from imagefolder import photo
@@ -211,7 +212,8 @@ def official_shape_run(tmp_path_factory):
                 src.rotate(c * 0.36).save(folder / f"{split}_{c}_{i}.JPEG", quality=85)
     config = tmp_path / "official.toml"
     # Official settings; only what a CPU needs to finish one round of one epoch changes:
-    # customisable settings, and a round limit that ends the run long before its hour.
+    # customisable settings, the maximum epochs (fixed since aiperf-2021.3), and a round
+    # limit that ends the run long before its hour.
     config.write_text(f"""
 [run]
 duration_s = 3600

@@ -30,6 +30,13 @@ def cluster_commands() -> list[str]:
 def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path):
     imagenet = imagenet_1k_tree
     commands = cluster_commands()
+    # The data's proof, once per site: the official archives (144 GB) are not here, so the
+    # tree carries the manifest that command writes (trees.write_proof), which each
+    # official submission below samples.
+    proof = commands.pop(0)
+    assert proof.startswith("automlperf verify-data --archives ") and \
+        "--data-dir /shared/datasets/imagenet" in proof
+    assert (imagenet / "automlperf-manifest.tsv.gz").exists()
     assert len(commands) == 3 and all(c.startswith("automlperf slurm ") for c in commands)
     written = {}
     for command in commands:

@@ -101,7 +101,7 @@ def test_list_ranks_real_runs_with_their_labels(listed, official_shape_run, buil
     assert len(list((page.parent / "list-reports").iterdir())) == 3
     assert forged["report"] is None
     csv_lines = (page.parent / "list.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("section,rank,system") and len(csv_lines) == 5
+    assert csv_lines[0].startswith("section,class,rank,system") and len(csv_lines) == 5
     assert "remeasured_accuracy,remeasured_by" in csv_lines[0]
 
 
