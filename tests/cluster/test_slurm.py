@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -262,3 +264,66 @@ def test_replica_steps_keep_the_users_cpus_and_memory(tmp_path):
         assert "--gpus-per-node=8" in cmd
     per_gpu = launcher.commands(1, "8", [72], env={"SLURM_MEM_PER_GPU": "40960"})
     assert not any(a.startswith("--mem") for a in per_gpu[0])
+
+
+HOLD = """#!/bin/bash
+{python} -m automlperf.store.pgserver start --dir {folder} > {folder}/url || exit 1
+touch {folder}/up
+while [ ! -e {folder}/release ]; do sleep 0.2; done
+# Its node dies: the postmaster with it, and postmaster.pid stays on the shared folder.
+kill -9 "$(head -1 {folder}/pgdata/postmaster.pid)"
+"""
+
+
+def test_a_store_is_refused_to_other_hosts_while_its_job_runs_and_taken_over_once_it_ended(
+        slurm_cluster, tmp_path):
+    """The private server's folder records the job that started it: another host (a second
+    submission, a resume on another node) refuses to start a server on it while SLURM says
+    that job runs, and recovers it (stale postmaster.pid and all) once the job has ended."""
+    import tempfile
+
+    from automlperf.store import pgowner
+    from pghost import pgserver_on, rows, with_password, write_rows
+
+    folder = Path(tempfile.mkdtemp(prefix="amp-pgjob-")) / "postgres"
+    folder.mkdir()
+    try:
+        script = tmp_path / "hold.sh"
+        script.write_text(HOLD.format(python=sys.executable, folder=folder))
+        job = subprocess.run(["sbatch", "--parsable", "-w", "n1", "-o", str(tmp_path / "hold.out"),
+                              str(script)], env=slurm_cluster, capture_output=True, text=True,
+                             check=True).stdout.strip().split(";")[0]
+        deadline = time.monotonic() + 600
+        while not (folder / "up").exists():
+            assert time.monotonic() < deadline, (tmp_path / "hold.out").read_text()
+            time.sleep(0.2)
+        owner = pgowner.read_owner(folder)
+        assert (owner.job, owner.node) == (job, "n1")
+        write_rows(with_password(folder, (folder / "url").read_text()), 7)
+        # What reads a run's store afterwards (check, report, slurm --resume) names where it
+        # is served, rather than wait for a server it cannot reach.
+        from automlperf.store.rundir import RunDir
+
+        RunDir(folder.parent).write_meta(1, (folder / "url").read_text().strip(), "held")
+        report = subprocess.run(["unshare", "--uts", "sh", "-c", 'hostname login && exec "$@"',
+                                 "sh", sys.executable, "-m", "automlperf.cli", "report",
+                                 str(folder.parent)], env=slurm_cluster,
+                                capture_output=True, text=True, timeout=300)
+        assert report.returncode == 2 and len(report.stderr.strip().splitlines()) == 1
+        assert f"served from host {socket.gethostname()}, node n1, SLURM job {job}" in report.stderr
+        refused = pgserver_on("other-node", folder, slurm_cluster)
+        assert refused.returncode == 1, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        assert f"SLURM job {job} still runs" in refused.stderr
+        assert "would corrupt it" in refused.stderr
+        (folder / "release").touch()
+        assert wait_job(job, slurm_cluster) == "COMPLETED"
+        assert (folder / "pgdata" / "postmaster.pid").exists()
+        taken = pgserver_on("other-node", folder, slurm_cluster)
+        assert taken.returncode == 0, taken.stderr
+        assert rows(with_password(folder, taken.stdout)) == [(7,)]
+        assert pgserver_on("other-node", folder, slurm_cluster, "stop").returncode == 0
+        assert [p.name for p in folder.glob("owner.json.gone-*")]
+    finally:
+        subprocess.run(["scancel", job], env=slurm_cluster)
+        shutil.rmtree(folder.parent, ignore_errors=True)

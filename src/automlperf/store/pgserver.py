@@ -5,6 +5,7 @@ can read, and never printed."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -16,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from automlperf.store import connections
+from automlperf.store import connections, pgowner
 from automlperf.store.urls import redact
 from automlperf.errors import UserError
 
@@ -134,7 +135,18 @@ class PostgresServer:
         return f"postgresql+psycopg://{USER}:{self.password}@{self.host}:{self.port}/{DATABASE}"
 
     def start(self) -> str:
+        """Start the server (initialising it once) and return its URL; StoreInUse when its
+        folder's server may still run on another host (store/pgowner.py)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        pgowner.claim(self.directory)
+        try:
+            return self._start()
+        except BaseException:
+            with contextlib.suppress(pgowner.StoreInUse):
+                pgowner.release(self.directory)
+            raise
+
+    def _start(self) -> str:
         fresh = not (self.data / "PG_VERSION").exists()
         if fresh:
             old = os.umask(0o077)
@@ -200,6 +212,10 @@ class PostgresServer:
         recorded = self.directory / "socket-dir"
         if recorded.exists():  # left by the process that started the server
             shutil.rmtree(recorded.read_text().strip(), ignore_errors=True)
+        try:
+            pgowner.release(self.directory)
+        except pgowner.StoreInUse:
+            pass  # still running here, or another host's: not this stop's to give up
 
     def __enter__(self) -> PostgresServer:
         self.start()
@@ -211,27 +227,35 @@ class PostgresServer:
 
 def main() -> None:
     """``start`` prints the server's URL without its password (which stays in
-    DIR/pg.password); ``stop`` stops it."""
+    DIR/pg.password); ``stop`` stops it; ``release`` gives up the folder's ownership after its
+    server died with its host (store/pgowner.py), ``--force`` when that host was another."""
     import argparse
 
     from automlperf.store.urls import strip_password
 
     ap = argparse.ArgumentParser(prog="python -m automlperf.store.pgserver")
-    ap.add_argument("action", choices=("start", "stop"))
+    ap.add_argument("action", choices=("start", "stop", "release"))
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--host", default="127.0.0.1", help="the name other nodes reach it by")
     ap.add_argument("--listen-all", action="store_true", help="accept other nodes")
     ap.add_argument("--replicas", type=int, default=1,
                     help="size max_connections for a run of this many replicas")
+    ap.add_argument("--force", action="store_true",
+                    help="release: give up another host's ownership (that host is down)")
     args = ap.parse_args()
     try:
+        if args.action == "release":
+            owner = pgowner.release(args.dir, force=args.force)
+            print(f"released the store started from {owner.where()}" if owner
+                  else f"{args.dir} has no recorded owner")
+            return
         server = PostgresServer(args.dir, host=args.host, listen_all=args.listen_all,
                                 max_connections=connections.server_size(args.replicas))
         if args.action == "start":
             print(strip_password(server.start()))
         else:
             server.stop()
-    except PostgresError as exc:
+    except UserError as exc:
         raise SystemExit(f"error: {exc}") from None
 
 

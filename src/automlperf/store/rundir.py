@@ -130,11 +130,21 @@ def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
     url = rd.store_url(explicit)
     server = None
     if explicit is None and url and (private / "pgdata").exists():
-        if (private / "pgdata" / "postmaster.pid").exists():
+        from automlperf.store import pgowner
+
+        verdict = pgowner.assess(private)
+        if verdict.live and verdict.here:
             # Its server is up (the job still runs, or is stopping it): the password is in
             # the file only the run's owner can read.
             url = resolve_store_url(url, password_file=private / "pg.password")
+        elif verdict.live and verdict.owner is not None:
+            # It listens on its own host's loopback only: no other host reaches it.
+            raise pgowner.StoreInUse(
+                f"the run's store is served from {verdict.owner.where()} ({verdict.why}): run "
+                "this there, or once the job has ended")
         else:
+            # Stopped, or left by a server killed with its job (a stale postmaster.pid):
+            # start it here, for as long as it is needed.
             from automlperf.store.pgserver import PostgresServer
 
             server = PostgresServer(private)
