@@ -80,13 +80,22 @@ def test_a_run_stopped_with_scancel_resumes_with_the_time_it_still_needs(slurm_c
     out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
     assert "automlperf primary finished with status 130" in out, out
 
-    done = cli("slurm", "--resume", "--run-dir", run_dir, "--submit", env=slurm_cluster,
-               timeout=300)
+    replica_log = (run_dir / "logs" / "replica-0.log").read_text()
+    assert replica_log
+    # Options given with --resume reach this submission (sbatch's own win over the script's).
+    done = cli("slurm", "--resume", "--run-dir", run_dir, "--submit",
+               "--sbatch=--comment=resumed-after-scancel", env=slurm_cluster, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     left = float(re.search(r"([\d.]+) s of the run left", done.stdout).group(1))
     assert left == pytest.approx(DURATION_S - first["elapsed_s"], abs=1)
     job = re.search(r"submitted job (\d+)", done.stdout).group(1)
+    shown = subprocess.run(["scontrol", "show", "job", job, "--oneliner"], env=slurm_cluster,
+                           capture_output=True, text=True).stdout
+    assert "Comment=resumed-after-scancel" in shown
     assert wait_job(job, slurm_cluster) == "COMPLETED"
+    # The replicas' logs go on where the first job's ended.
+    again = (run_dir / "logs" / "replica-0.log").read_text()
+    assert again.startswith(replica_log) and len(again) > len(replica_log)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["elapsed_s"] == pytest.approx(DURATION_S, abs=1e-6) and not result["interrupted"]
     assert len(result["segments"]) == 2

@@ -168,16 +168,63 @@ def test_missing_postgres_binaries_is_a_clear_error(tmp_path, monkeypatch):
     assert "--store" in result.output
 
 
-def test_a_short_time_limit_is_refused(tmp_path):
-    result = CliRunner().invoke(app, ["slurm", "--nodes", "1", "--duration", "1h",
-                                      "--time-limit", "1h", "--run-dir", str(tmp_path / "r"),
-                                      "--store", "postgresql://u@db/x"])
-    assert result.exit_code == 2 and "leaves no room" in result.output
-    # The epochs in flight at the deadline get their grace (a quarter of the duration).
-    result = CliRunner().invoke(app, ["slurm", "--nodes", "1", "--duration", "1h",
-                                      "--time-limit", "1h10m", "--run-dir", str(tmp_path / "r"),
-                                      "--store", "postgresql://u@db/x"])
-    assert result.exit_code == 2 and "(900 s of grace)" in result.output
+def slurm_cli(*args):
+    return CliRunner().invoke(app, ["slurm", *map(str, args)])
+
+
+def test_a_time_limit_that_cannot_start_the_clock_is_refused_with_what_it_holds(tmp_path):
+    """A limit must hold a start-up, the run, the grace for epochs in flight (a quarter of
+    the duration) and 2 minutes for the result; one that does not is refused at submission,
+    naming the longest run it holds, rather than queue a job that can never start its clock."""
+    base = ["--nodes", 1, "--duration", "1h", "--store", "postgresql://u@db/x"]
+    result = slurm_cli(*base, "--time-limit", "1h10m", "--run-dir", tmp_path / "a")
+    assert result.exit_code == 2 and "leaves no room to start the clock of a 60m run" in result.output
+    assert "(a start-up of 60 s, the run, 900 s of grace" in " ".join(result.output.split())
+    # (70 min - 3 min) / 1.25: the longest run whose clock it starts.
+    assert "at most 53m" in result.output and "1:18:00" in result.output
+    assert not (tmp_path / "a" / "automlperf.sbatch").exists()
+    assert "no run" in slurm_cli(*base, "--time-limit", "2m", "--run-dir", tmp_path / "b").output
+    # The least limit that holds it is accepted, and the signal's lead fits in it.
+    result = slurm_cli(*base, "--time-limit", "1h18m", "--run-dir", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    script = (tmp_path / "c" / "automlperf.sbatch").read_text()
+    assert "#SBATCH --time=1:18:00" in script and "#SBATCH --signal=B:TERM@60" in script
+
+
+def test_an_official_submission_names_its_gpus(tmp_path):
+    """Without --gpus-per-node an official job would queue, then every replica would stop
+    on its node for want of an accelerator: refused before its data is even scanned."""
+    (tmp_path / "data").mkdir()
+    result = slurm_cli("--nodes", 2, "--config", "official", "--data-dir", tmp_path / "data",
+                       "--run-dir", tmp_path / "r", "--store", "postgresql://u@db/x")
+    assert result.exit_code == 2 and "pass --gpus-per-node N" in result.output
+    assert not (tmp_path / "r" / "automlperf.sbatch").exists()
+
+
+def test_class_folders_without_images_are_refused_in_one_line(tmp_path):
+    for folder in ("train/n01", "val/n01"):
+        (tmp_path / "data" / folder).mkdir(parents=True)
+    result = slurm_cli("--nodes", 1, "--dataset", "imagenet", "--data-dir", tmp_path / "data",
+                       "--unofficial", "--run-dir", tmp_path / "r", "--store", "postgresql://u@db/x")
+    assert result.exit_code == 2, result.output
+    assert "the job could not train on" in result.output and "no images" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "r" / "automlperf.sbatch").exists()
+
+
+def test_a_resume_keeps_the_run_and_takes_new_submission_options(tmp_path):
+    run_dir = tmp_path / "r"
+    assert slurm_cli("--nodes", 2, "--duration", "1h", "--run-dir", run_dir, "--store",
+                     "postgresql://u@db/x", "--partition", "gpu", "--small-task").exit_code == 0
+    result = slurm_cli("--resume", "--run-dir", run_dir, "--nodes", 4, "--duration", "2h")
+    assert result.exit_code == 2
+    assert "--nodes, --duration cannot change on --resume" in " ".join(result.output.split())
+    result = slurm_cli("--resume", "--run-dir", run_dir, "--time-limit", "1h")
+    assert result.exit_code == 2 and "give at least 1:20:00" in " ".join(result.output.split())
+    result = slurm_cli("--resume", "--run-dir", run_dir, "--partition", "long", "--account",
+                       "proj", "--sbatch=--exclude=n3", "--time-limit", "2h")
+    assert result.exit_code == 0, result.output
+    assert ("submit it with: sbatch --time=2:00:00 --partition=long --account=proj "
+            f"--exclude=n3 {run_dir.resolve()}/automlperf.sbatch") in " ".join(result.output.split())
 
 
 PROBE = """

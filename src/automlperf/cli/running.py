@@ -108,8 +108,9 @@ def slurm(
                                                      "compute nodes see it; scanned once, now.")] = None,
     unofficial: Annotated[bool, UNOFFICIAL] = False,
     small_task: Annotated[bool, SMALL_TASK] = False,
-    gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per node (0: CPU nodes); "
-                                               "a replica that sees none stops, saying why.")] = 0,
+    gpus_per_node: Annotated[Optional[int], typer.Option(
+        min=0, help="GPUs per node (default 0: CPU nodes; an official run must name them); "
+                    "a replica that sees none stops, saying why.")] = None,
     cpus_per_task: Annotated[Optional[int], typer.Option(min=1, help="CPU cores per replica "
                                                          "(default: every core the job holds on its node).")] = None,
     exclusive: Annotated[bool, typer.Option(
@@ -137,27 +138,37 @@ def slurm(
         help="Extra option for the runtime, e.g. --container-option=--nv for Apptainer on "
              "NVIDIA GPUs, --rocm on AMD (repeatable).")] = None,
     resume: Annotated[bool, typer.Option(help="Submit the run in --run-dir again, with a time "
-                                         "limit sized to the time it still needs.")] = False,
+                                         "limit sized to the time it still needs, and its "
+                                         "options but for --partition, --account, "
+                                         "--time-limit and --sbatch given now.")] = False,
     submit: Annotated[bool, typer.Option(help="Submit the script with sbatch.")] = False,
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
-    from automlperf.runner.sbatch import SlurmRequest, resubmission, submit as sbatch, write_batch_job
+    from automlperf.runner.sbatch import SlurmRequest, resume_job, submit as sbatch, write_batch_job
     from automlperf.runner.slurm import format_time
 
     if resume:
-        needed, left = resubmission(run_dir)
-        script = run_dir.resolve() / "automlperf.sbatch"
-        options = [f"--time={format_time(needed)}"]
-        out.print(f"{left:.0f} s of the run left: time limit {format_time(needed)}", highlight=False)
-        _submit(script, run_dir, sbatch, submit, test_only, options)
+        fixed = [name for name, given in (
+            ("--nodes", nodes), ("--duration", duration), ("--config", config),
+            ("--dataset", dataset), ("--data-dir", data_dir), ("--store", store),
+            ("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_task),
+            ("--container-image", container_image)) if given is not None]
+        if fixed:
+            raise UserError(f"{', '.join(fixed)} cannot change on --resume: the run keeps what "
+                            "it was started with (--partition, --account, --time-limit and "
+                            "--sbatch may change)")
+        again = resume_job(run_dir, time_limit, partition, account, sbatch_option)
+        out.print(f"{again.left_s:.0f} s of the run left: time limit "
+                  f"{format_time(again.time_limit_s)}", highlight=False)
+        _submit(again.script, run_dir, sbatch, submit, test_only, again.options)
         return
     if nodes is None:
         raise UserError("--nodes is needed to write a new script (or pass --resume)")
     written, settings = write_batch_job(SlurmRequest(
         run_dir=run_dir, nodes=nodes, duration=duration, config=config, dataset=dataset,
         data_dir=data_dir, unofficial=unofficial, small_task=small_task,
-        gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, exclusive=exclusive,
+        gpus_per_node=gpus_per_node or 0, cpus_per_task=cpus_per_task, exclusive=exclusive,
         store=store, partition=partition, account=account, time_limit=time_limit,
         sbatch_extra=sbatch_option or [], container_image=container_image,
         container_runtime=container_runtime, container_mounts=container_mount or [],

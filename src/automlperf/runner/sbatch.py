@@ -39,6 +39,8 @@ from automlperf.store.urls import redact, resolve_store_url, split_password
 # (bench/RESULTS.md, "A cluster job's start-up"); the rest is room for a busy shared file
 # system. A start-up that takes longer starts no clock (JobLimit).
 STARTUP_S = 300.0
+# The least start-up a time limit the user gives must leave room for: twice the measured.
+MIN_STARTUP_S = 60.0
 
 
 def margins(duration_s: float, startup_s: float = STARTUP_S) -> tuple[float, int]:
@@ -85,6 +87,24 @@ class ScriptOptions:
             settings = Config.parse({"run": {"duration_s": self.duration_s}})
         return settings.deadline_grace()
 
+    def longest_duration(self, time_limit_s: float) -> float:
+        """The longest run whose clock a job of ``time_limit_s`` can start: room for the
+        least start-up, the run, its grace and two minutes to write the result."""
+        room = time_limit_s - MIN_STARTUP_S - 120
+        low, high = 0.0, max(0.0, room)
+        for _ in range(60):  # the grace grows with the duration: bisect
+            middle = (low + high) / 2
+            trial = ScriptOptions(self.run_dir, self.nodes, middle, settings=None if
+                                  self.settings is None else self.settings.model_copy(
+                                      update={"run": self.settings.run.model_copy(
+                                          update={"duration_s": middle})}))
+            low, high = (middle, high) if middle + trial.grace_s() <= room else (low, middle)
+        return low
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m" if seconds >= 60 else f"{int(seconds)}s"
+
 
 @dataclass
 class Written:
@@ -120,6 +140,11 @@ def write_job(opts: ScriptOptions) -> Written:
     if settings is not None:
         settings.check_official()
         check_cluster_task(settings, opts.nodes, opts.small_task)
+        if settings.run.require_accelerators and not opts.gpus_per_node:
+            raise SlurmError("this configuration trains on accelerators only ([run] "
+                             "require_accelerators, as an official run does): pass "
+                             "--gpus-per-node N, the GPUs of each node, or every replica "
+                             "would stop in the job for want of one")
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset = _scan_dataset(settings, run_dir) if settings is not None else None
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -141,14 +166,18 @@ def write_job(opts: ScriptOptions) -> Written:
     grace = opts.grace_s()
     limit, lead = margins(opts.duration_s + grace)
     if opts.time_limit_s is not None:
-        if opts.time_limit_s < opts.duration_s + grace + 120:
+        need = MIN_STARTUP_S + opts.duration_s + grace + 120
+        if opts.time_limit_s < need:
+            longest = opts.longest_duration(opts.time_limit_s)
+            holds = (f"it holds a --duration of at most {_minutes(longest)}" if longest >= 60
+                     else "it holds no run")
             raise SlurmError(f"--time-limit {format_time(opts.time_limit_s)} leaves no room to "
-                             f"finish the epochs in flight ({grace:.0f} s of grace), stop and "
-                             f"write the result after a {opts.duration_s:.0f} s run: give at "
-                             "least the grace and 2 minutes more than --duration (or lower "
-                             "[run] deadline_grace_s)")
+                             f"start the clock of a {_minutes(opts.duration_s)} run: that "
+                             f"needs at least {format_time(need)} (a start-up of "
+                             f"{MIN_STARTUP_S:.0f} s, the run, {grace:.0f} s of grace for the "
+                             f"epochs in flight, 2 minutes to write the result); {holds}")
         limit = opts.time_limit_s
-        lead = int(max(30, min(lead, limit - opts.duration_s - grace - 60)))
+        lead = int(max(60, min(lead, limit - MIN_STARTUP_S - opts.duration_s - grace - 60)))
     if opts.container is not None:
         opts.container.save(run_dir)
     run_args = [f"--duration {int(opts.duration_s)}s"]
@@ -191,6 +220,14 @@ def _scan_dataset(settings: Config, run_dir: Path) -> dict[str, Any] | None:
     origin = record_origin(settings, run_dir=run_dir)
     identity = origin["dataset_identity"] or {}
     startup = origin.get("startup", {})
+    unusable = startup.get("dataset_unusable") or (
+        identity["problems"][0] if identity.get("layout") is None and identity.get("problems")
+        else None)
+    if unusable or startup.get("dataset_scan_s") is None:
+        raise SlurmError(f"the job could not train on {data_dir}: "
+                         f"{unusable or 'no file index could be built'}; fix the folder, or "
+                         "pass the --data-dir of a dataset (class folders of images under "
+                         "train/ and val/)")
     return {"files": identity.get("files"), "classes": identity.get("classes"),
             "fingerprint": identity.get("fingerprint"), "problems": identity.get("problems", []),
             "scan_s": startup.get("dataset_scan_s"), "index": str(run_dir / SHARED_INDEX)}
@@ -220,6 +257,42 @@ def resubmission(run_dir: Path) -> tuple[float, float]:
             done = sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
         left = max(0.0, duration - done)
     return STARTUP_S + left + _grace(run_dir) + lead + 60, left
+
+
+@dataclass
+class Resubmission:
+    """An interrupted run's script, submitted again: the sbatch options that override its
+    own #SBATCH lines, and what sized its time limit."""
+
+    script: Path
+    options: list[str]
+    time_limit_s: float
+    left_s: float
+
+
+def resume_job(run_dir: Path, time_limit: str | None = None, partition: str | None = None,
+               account: str | None = None, sbatch_extra: list[str] | None = None) -> Resubmission:
+    """The run in ``run_dir`` submitted again. Its script keeps every option it was written
+    with; those given here override them for this submission (sbatch's own options win over
+    the script's #SBATCH lines): a partition, an account, a time limit that must still hold
+    what the run needs, or any sbatch option (``--exclude=badnode``)."""
+    needed, left = resubmission(run_dir)
+    limit = needed
+    if time_limit is not None:
+        limit = parse_duration(time_limit)
+        least = needed - STARTUP_S + MIN_STARTUP_S  # as for a new job's --time-limit
+        if limit < least:
+            raise SlurmError(f"--time-limit {format_time(limit)} cannot start the clock of "
+                             f"what is left of the run ({left:.0f} s, with a start-up of "
+                             f"{MIN_STARTUP_S:.0f} s, its grace and result): give at least "
+                             f"{format_time(least)}, or leave it out ({format_time(needed)})")
+    options = [f"--time={format_time(limit)}"]
+    if partition:
+        options.append(f"--partition={partition}")
+    if account:
+        options.append(f"--account={account}")
+    options += list(sbatch_extra or [])
+    return Resubmission(run_dir.resolve() / "automlperf.sbatch", options, limit, left)
 
 
 def _grace(run_dir: Path) -> float:

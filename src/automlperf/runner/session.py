@@ -225,10 +225,11 @@ def _dataset_scan(data_dir: Path, run_dir: Path | None) -> tuple[Any, dict[str, 
     if shared is None:
         try:
             shared = build_shared_index(data_dir, run_dir)
-        except DatasetIdentityError:
-            # A layout the identity reads but training cannot (a val class not in train/):
-            # the identity says what it can; the replicas name the rest.
-            return scan(data_dir), {}
+        except DatasetIdentityError as exc:
+            # A layout the identity reads but training cannot (a val class not in train/,
+            # class folders without images): the identity says what it can; a local run's
+            # replicas name the rest, a batch job is refused before it queues.
+            return scan(data_dir), {"dataset_unusable": str(exc)}
     return shared.found, {"dataset_index": "built" if shared.built else "loaded",
                           "dataset_scan_s": round(shared.scan_s, 3)}
 

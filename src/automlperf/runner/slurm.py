@@ -154,7 +154,8 @@ class SlurmLauncher:
         for i in range(nodes):
             cmd = [srun, "--nodes=1", "--ntasks=1", f"--relative={i}", "--kill-on-bad-exit=0",
                    f"--job-name=automlperf-replica-{i}", f"--output={logs}/replica-{i}.log",
-                   *memory]
+                   # A resumed or requeued run adds to its replicas' logs.
+                   "--open-mode=append", *memory]
             if per_task:
                 cmd.append(f"--cpus-per-task={per_task}")
             elif cpus and i < len(cpus):
