@@ -38,7 +38,9 @@ primary=$!
 trap 'kill -TERM "$primary" 2>/dev/null' TERM INT
 
 # Each task learns its replica number from FLUX_TASK_RANK. Flux passes the environment on.
-flux run -N "$NNODES" -n "$NNODES" --exclusive \
+# By default flux run kills every task 30 s after the first one exits, for any reason: a
+# replica retiring at its start, or the first to end at the deadline, would end the others.
+flux run -N "$NNODES" -n "$NNODES" --exclusive -o exit-timeout=none \
     "$PYTHON" -m automlperf.cli worker --run-dir "$RUN_DIR" --wait 1800 \
     > "$RUN_DIR/logs/replicas.log" 2>&1
 

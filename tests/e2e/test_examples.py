@@ -33,41 +33,82 @@ def data(tmp_path_factory):
                      classes=WNIDS[:10])
 
 
-def settings(tmp_path):
+def settings(tmp_path, imagenet=False):
+    """Simulated devices; the digits, or ``imagenet``: the small tree of DATA_DIR."""
     path = tmp_path / "sim.toml"
-    path.write_text(sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1,
-                               stop_grace_s=10))
+    text = sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1, stop_grace_s=10)
+    if imagenet:
+        text = text.replace('dataset = "digits"', 'dataset = "imagenet"\nimage_size = 32')
+    path.write_text(text)
     return path
 
 
-def run_script(script, tmp_path, data, **env):
+SICK_NODE = """#!/bin/bash
+# The interpreter the job script runs, except for the replicas: replica 1's node cannot see
+# the dataset (a mount namespace with an empty folder over it), and replica 0 starts only
+# once replica 1 has retired, so that a launcher that ends every rank when one exits would
+# end it, whatever the machine's speed.
+rank=${PALS_RANKID:-${FLUX_TASK_RANK:-${OMPI_COMM_WORLD_RANK:-}}}
+if [ "$rank" = 1 ] && [ "$3" = worker ]; then
+    unshare --mount sh -c 'mount --bind "$0" "$DATA_DIR" && exec "$@"' EMPTY PYTHON "$@"
+    status=$?
+    touch EMPTY.retired
+    exit $status
+fi
+if [ "$rank" = 0 ] && [ "$3" = worker ]; then
+    for _ in $(seq 6000); do [ -e EMPTY.retired ] && break; sleep 0.1; done
+fi
+exec PYTHON "$@"
+"""
+
+
+def run_script(script, tmp_path, data, sick_node=False, **env):
+    """The example's body, run as written. With ``sick_node``, replica 1's node cannot see
+    the dataset: that replica retires at its start and the run goes on with the others."""
     run_dir = tmp_path / "run"
     path = os.pathsep.join([str(STANDINS), str(Path(sys.executable).parent), os.environ["PATH"]])
+    python = sys.executable
+    if sick_node:
+        (tmp_path / "empty").mkdir()
+        python = tmp_path / "python-sick-node"
+        python.write_text(SICK_NODE.replace("EMPTY", str(tmp_path / "empty"))
+                          .replace("PYTHON", sys.executable))
+        python.chmod(0o755)
     full = dict(os.environ, PATH=path, RUN_DIR=str(run_dir), DATA_DIR=str(data),
-                CONFIG=str(settings(tmp_path)), DURATION="10m", PYTHON=sys.executable, **env)
+                CONFIG=str(settings(tmp_path, imagenet=sick_node)), DURATION="10m", PYTHON=str(python), **env)
     done = subprocess.run(["bash", str(REPO / "examples" / script)], env=full, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.log")))
     assert done.returncode == 0, done.stdout + done.stderr + logs
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["score"] > 0 and not result["failures"] and not result["retired"]
+    assert result["score"] > 0 and not result["failures"]
+    retired = [(r["replica"], "no images" in r["reason"] or "not" in r["reason"])
+               for r in result["retired"]]
+    assert retired == ([(1, True)] if sick_node else []), result["retired"]
+    if sick_node:
+        assert "ending the others" not in done.stderr and "kills the rest" not in done.stderr
     return run_dir, result, logs
 
 
-def test_the_pbs_script_runs_as_written(tmp_path, data):
+def test_the_pbs_script_runs_as_written_and_outlives_a_sick_node(tmp_path, data):
+    """mpiexec ends every rank when one exits non-zero: the replica that retires (its node
+    lacks the data) exits 0, and the run goes on with the other."""
     nodes = tmp_path / "nodefile"
     nodes.write_text("x1001c0s0b0n0\nx1001c0s0b0n0\nx1001c0s0b1n0\n")  # a line per chunk
-    run_dir, result, logs = run_script("pbs/automlperf.pbs", tmp_path, data,
+    run_dir, result, logs = run_script("pbs/automlperf.pbs", tmp_path, data, sick_node=True,
                                        PBS_NODEFILE=str(nodes), PBS_JOBID="42.pbs")
-    assert result["replicas"] == 2
+    assert "replica 1 cannot start" in logs
     assert "replica 0 (from PALS_RANKID)" in logs and "replica 1 (from PALS_RANKID)" in logs
     done = cli("check", run_dir, timeout=300)
     assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
 
 
-def test_the_flux_script_runs_as_written(tmp_path, data):
-    _, result, logs = run_script("flux/automlperf.flux", tmp_path, data, FLUX_STANDIN_NODES="2")
-    assert result["replicas"] == 2 and "replica 1 (from FLUX_TASK_RANK)" in logs
+def test_the_flux_script_runs_as_written_and_outlives_a_sick_node(tmp_path, data):
+    """flux run would kill every task 30 s after the first exits (a replica retiring at its
+    start): the script turns that off, and the run goes on with the other replica."""
+    _, result, logs = run_script("flux/automlperf.flux", tmp_path, data, sick_node=True,
+                                 FLUX_STANDIN_NODES="2", FLUX_STANDIN_EXIT_TIMEOUT="0")
+    assert "replica 1 (from FLUX_TASK_RANK)" in logs and "replica 1 cannot start" in logs
 
 
 def test_the_lsf_script_runs_as_written_with_open_mpi(tmp_path, data):

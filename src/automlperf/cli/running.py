@@ -84,6 +84,10 @@ def worker(
     require_accelerators: Annotated[bool, typer.Option(
         help="Stop, naming why, when no accelerator is visible, rather than train on the "
              "CPUs (set by `automlperf slurm --gpus-per-node N`).")] = False,
+    retired_status: Annotated[int, typer.Option(
+        min=0, max=255, help="Exit status of a replica that retires (its node cannot train: "
+        "said in its log and recorded for the primary, and the run goes on without it). 0 "
+        "under a launcher that ends every rank when one exits non-zero (mpirun, mpiexec).")] = 1,
 ) -> None:
     """Run one replica: generate, train and record candidates until the deadline. Its index
     comes from --replica-index or the launcher's rank variable (PMIX_RANK,
@@ -91,7 +95,7 @@ def worker(
     from automlperf.runner.worker import run_worker
 
     raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor, wait,
-                                require_accelerators))
+                                require_accelerators, retired_status))
 
 
 @app.command()

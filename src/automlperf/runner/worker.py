@@ -190,9 +190,11 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
                threads: int | None, sample: bool = True, wait_s: float = 0.0,
-               require_accelerators: bool = False) -> int:
+               require_accelerators: bool = False, retired_status: int = 1) -> int:
     """Entry point of ``automlperf worker``; identity from the launcher's environment when
-    not given."""
+    not given. A replica that retires (it cannot start, or cannot train) exits with
+    ``retired_status``: a launcher that ends every rank on a non-zero exit would otherwise
+    turn one sick node into a lost run."""
     from automlperf.runner.identity import local_rank, replica_identity
 
     source = "--replica-index"
@@ -216,9 +218,9 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
         # replica in one line (and ends the run only when no replica is left).
         log.error("replica %d cannot start: %s", index, exc)
         record_cannot_start(run_dir, store_url, index, str(exc))
-        return 1
+        return retired_status
     signal.signal(signal.SIGTERM, lambda *_: replica.stop.set())
-    return replica.run()
+    return retired_status if replica.run() else 0
 
 
 def record_cannot_start(run_dir: Path, store_url: str | None, index: int, reason: str) -> None:
