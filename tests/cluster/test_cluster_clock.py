@@ -57,7 +57,8 @@ def test_a_slow_scan_costs_the_job_not_the_runs_clock(slurm_cluster, tmp_path):
     assert (run_dir / "report.html").exists()
 
 
-def test_a_run_stopped_with_scancel_resumes_with_the_time_it_still_needs(slurm_cluster, tmp_path):
+def test_a_run_stopped_with_scancel_resumes_extended_with_the_time_it_still_needs(slurm_cluster,
+                                                                             tmp_path):
     """docs/cluster.md's way to stop a job cleanly, `scancel --batch --signal=TERM`, writes the
     result of the time run so far; `automlperf slurm --resume --run-dir RUN_DIR --submit` submits
     the same script with a time limit for what is left, and the run ends with its whole duration."""
@@ -82,12 +83,14 @@ def test_a_run_stopped_with_scancel_resumes_with_the_time_it_still_needs(slurm_c
 
     replica_log = (run_dir / "logs" / "replica-0.log").read_text()
     assert replica_log
-    # Options given with --resume reach this submission (sbatch's own win over the script's).
-    done = cli("slurm", "--resume", "--run-dir", run_dir, "--submit",
-               "--sbatch=--comment=resumed-after-scancel", env=slurm_cluster, timeout=300)
+    # Options given with --resume reach this submission (sbatch's own win over the script's),
+    # and --duration extends the run, here, before it queues.
+    done = cli("slurm", "--resume", "--run-dir", run_dir, "--submit", "--duration",
+               f"{2 * DURATION_S}s", "--sbatch=--comment=resumed-after-scancel",
+               env=slurm_cluster, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     left = float(re.search(r"([\d.]+) s of the run left", done.stdout).group(1))
-    assert left == pytest.approx(DURATION_S - first["elapsed_s"], abs=1)
+    assert left == pytest.approx(2 * DURATION_S - first["elapsed_s"], abs=1)
     job = re.search(r"submitted job (\d+)", done.stdout).group(1)
     shown = subprocess.run(["scontrol", "show", "job", job, "--oneliner"], env=slurm_cluster,
                            capture_output=True, text=True).stdout
@@ -97,7 +100,8 @@ def test_a_run_stopped_with_scancel_resumes_with_the_time_it_still_needs(slurm_c
     again = (run_dir / "logs" / "replica-0.log").read_text()
     assert again.startswith(replica_log) and len(again) > len(replica_log)
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["elapsed_s"] == pytest.approx(DURATION_S, abs=1e-6) and not result["interrupted"]
-    assert len(result["segments"]) == 2
+    assert result["elapsed_s"] == pytest.approx(2 * DURATION_S, abs=1e-6)
+    assert not result["interrupted"] and len(result["segments"]) == 2
+    assert [(e["from_s"], e["to_s"]) for e in result["extensions"]] == [(DURATION_S, 2 * DURATION_S)]
     done = cli("check", run_dir, timeout=300)
     assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr

@@ -215,9 +215,11 @@ def test_a_resume_keeps_the_run_and_takes_new_submission_options(tmp_path):
     run_dir = tmp_path / "r"
     assert slurm_cli("--nodes", 2, "--duration", "1h", "--run-dir", run_dir, "--store",
                      "postgresql://u@db/x", "--partition", "gpu", "--small-task").exit_code == 0
-    result = slurm_cli("--resume", "--run-dir", run_dir, "--nodes", 4, "--duration", "2h")
+    result = slurm_cli("--resume", "--run-dir", run_dir, "--nodes", 4, "--gpus-per-node", 2)
     assert result.exit_code == 2
-    assert "--nodes, --duration cannot change on --resume" in " ".join(result.output.split())
+    assert "--nodes, --gpus-per-node cannot change on --resume" in " ".join(result.output.split())
+    result = slurm_cli("--resume", "--run-dir", run_dir, "--duration", "2h")
+    assert result.exit_code == 2 and "never started its clock" in " ".join(result.output.split())
     result = slurm_cli("--resume", "--run-dir", run_dir, "--time-limit", "1h")
     assert result.exit_code == 2 and "give at least 1:20:00" in " ".join(result.output.split())
     result = slurm_cli("--resume", "--run-dir", run_dir, "--partition", "long", "--account",

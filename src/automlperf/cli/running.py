@@ -35,7 +35,9 @@ def run(
     store: Annotated[Optional[str], typer.Option(help="Store URL, e.g. postgresql://user@host/db "
                                                  "(password from AUTOMLPERF_STORE_PASSWORD); "
                                                  "default RUN_DIR/history.db.")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the interrupted run in --run-dir.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir; with --duration, "
+                                         "extend it (finished or not) to that longer "
+                                         "length.")] = False,
     launcher: Annotated[str, typer.Option(help="local: replicas as processes here; slurm: one "
                                           "replica per node of the SLURM job; external: start "
                                           "none, the site's launcher runs `automlperf worker` "
@@ -144,7 +146,8 @@ def slurm(
     resume: Annotated[bool, typer.Option(help="Submit the run in --run-dir again, with a time "
                                          "limit sized to the time it still needs, and its "
                                          "options but for --partition, --account, "
-                                         "--time-limit and --sbatch given now.")] = False,
+                                         "--time-limit and --sbatch given now; --duration "
+                                         "extends it to that longer length.")] = False,
     submit: Annotated[bool, typer.Option(help="Submit the script with sbatch.")] = False,
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
@@ -154,15 +157,15 @@ def slurm(
 
     if resume:
         fixed = [name for name, given in (
-            ("--nodes", nodes), ("--duration", duration), ("--config", config),
+            ("--nodes", nodes), ("--config", config),
             ("--dataset", dataset), ("--data-dir", data_dir), ("--store", store),
             ("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_task),
             ("--container-image", container_image)) if given is not None]
         if fixed:
             raise UserError(f"{', '.join(fixed)} cannot change on --resume: the run keeps what "
                             "it was started with (--partition, --account, --time-limit and "
-                            "--sbatch may change)")
-        again = resume_job(run_dir, time_limit, partition, account, sbatch_option)
+                            "--sbatch may change, and --duration extends it)")
+        again = resume_job(run_dir, time_limit, partition, account, sbatch_option, duration)
         out.print(f"{again.left_s:.0f} s of the run left: time limit "
                   f"{format_time(again.time_limit_s)}", highlight=False)
         _submit(again.script, run_dir, sbatch, submit, test_only, again.options)

@@ -209,6 +209,8 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
                       "deadline_at": s.deadline_at} for s in segments],
         "started_at": segments[0].started_at if segments else run["created_at"],
         "duration_s": run["duration_s"],
+        # A run extended after it ran (runner/extension.py): from what, to what, when.
+        "extensions": system.get("extensions", []),
         "system": {"host": system.get("host"), "cpu": system.get("cpu", {}).get("model"),
                    "accelerators": sorted(accelerators)},
     }

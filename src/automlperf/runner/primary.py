@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from automlperf.config import Config
+from automlperf.config import Config, parse_duration
 from automlperf.errors import RunFailure, UserError
 from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
@@ -80,9 +80,9 @@ def _config(req: RunRequest) -> Config | None:
     if req.resume:
         if req.run_dir is None:
             raise UserError("--resume needs the --run-dir of the run to continue")
-        if req.config is not None or req.dataset is not None or req.duration is not None:
-            raise UserError("a resumed run keeps its configuration: drop --config, --dataset "
-                            "and --duration")
+        if req.config is not None or req.dataset is not None:
+            raise UserError("a resumed run keeps its configuration: drop --config and "
+                            "--dataset (--duration extends it to that length)")
         return None
     return settings_from_options(req.config, req.dataset, duration=req.duration,
                                  data_dir=req.data_dir, unofficial=req.unofficial,
@@ -140,6 +140,7 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     from automlperf.measure.system import describe
 
     cfg = _config(req)
+    extend_to = parse_duration(req.duration) if req.resume and req.duration else None
     run_dir = req.run_dir
     if run_dir is None:
         run_dir = Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -169,7 +170,12 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     if req.launcher == "slurm":
         limit = job_limit()
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
-                            process_start=started, listen_all=req.launcher != "local")
+                            process_start=started, listen_all=req.launcher != "local",
+                            extend_to=extend_to)
+    if extend_to is not None:
+        console.print(f"the run now lasts {fmt_duration(extend_to)}: "
+                      f"{fmt_duration(session.deadline_at - session.started_at)} more",
+                      highlight=False)
     try:
         return _run_session(req, session, starter, console, system, run_dir, url, count)
     finally:

@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import jinja2
 
 from automlperf.config import Config, parse_duration
 from automlperf.dataset_identity import SHARED_INDEX
+from automlperf.runner.extension import extend
 from automlperf.runner.session import record_origin
 from automlperf.errors import UserError
 from automlperf.runner.slurm import MARGIN_ENV, Container, SlurmError, format_time, require
@@ -271,11 +273,15 @@ class Resubmission:
 
 
 def resume_job(run_dir: Path, time_limit: str | None = None, partition: str | None = None,
-               account: str | None = None, sbatch_extra: list[str] | None = None) -> Resubmission:
+               account: str | None = None, sbatch_extra: list[str] | None = None,
+               duration: str | None = None) -> Resubmission:
     """The run in ``run_dir`` submitted again. Its script keeps every option it was written
     with; those given here override them for this submission (sbatch's own options win over
     the script's #SBATCH lines): a partition, an account, a time limit that must still hold
-    what the run needs, or any sbatch option (``--exclude=badnode``)."""
+    what the run needs, or any sbatch option (``--exclude=badnode``). ``duration`` first
+    extends the run to that longer length (runner/extension.py), here, before it queues."""
+    if duration is not None:
+        _extend(run_dir.resolve(), parse_duration(duration))
     needed, left = resubmission(run_dir)
     limit = needed
     if time_limit is not None:
@@ -295,10 +301,22 @@ def resume_job(run_dir: Path, time_limit: str | None = None, partition: str | No
     return Resubmission(run_dir.resolve() / "automlperf.sbatch", options, limit, left)
 
 
+def _extend(run_dir: Path, duration_s: float) -> None:
+    if not (run_dir / "run.json").exists():
+        raise SlurmError(f"the run in {run_dir} never started its clock, so there is nothing to "
+                         "extend: resubmit it as it is, or write a new script with --duration")
+    rd = RunDir(run_dir)
+    with run_store(run_dir) as store:
+        extend(store, rd, int(rd.meta()["run_id"]), duration_s, time.time())
+
+
 def _grace(run_dir: Path) -> float:
-    """The grace the submitted run gives epochs in flight at its deadline."""
-    submitted = run_dir / "submitted-config.toml"
-    return Config.load(submitted).deadline_grace() if submitted.exists() else 0.0
+    """The grace the run gives epochs in flight at its deadline: that of its own
+    configuration once it started (an extension changes it), else the submitted one's."""
+    for name in ("config.toml", "submitted-config.toml"):
+        if (run_dir / name).exists():
+            return Config.load(run_dir / name).deadline_grace()
+    return 0.0
 
 
 def submit(script: Path, test_only: bool = False, options: list[str] | None = None) -> str:

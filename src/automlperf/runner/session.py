@@ -25,6 +25,7 @@ from automlperf.data_manifest import DataProofError, sample_check
 from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
+from automlperf.runner.extension import extend, run_time_done
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.runner.recovery import Recovered, recover
 from automlperf.runner.trials import FIXES
@@ -72,8 +73,10 @@ class Session:
 
 def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume: bool,
             system: dict[str, Any], limit: JobLimit | None = None,
-            process_start: float | None = None, listen_all: bool = False) -> Session:
-    """Create the run (or reopen it to resume) and open a new session with its deadline.
+            process_start: float | None = None, listen_all: bool = False,
+            extend_to: float | None = None) -> Session:
+    """Create the run (or reopen it to resume) and open a new session with its deadline;
+    ``extend_to`` first makes a resumed run one of that longer duration (runner/extension.py).
     ``limit`` is the batch job's time limit: a session that could not run its full time
     within it (less what the primary needs after the deadline) is refused before its clock
     starts. A run on a PostgreSQL server gets its store service, which replicas on other
@@ -108,7 +111,13 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         for seg in segments:
             if seg.ended_at is None:
                 store.end_segment(run_id, seg.index, min(seg.last_seen, seg.deadline_at))
-        elapsed = sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
+        elapsed = run_time_done(store, run_id)
+        if extend_to is not None:
+            try:
+                config, _ = extend(store, rd, run_id, extend_to, now)
+            except BaseException:
+                store.close()
+                raise
     else:
         if config is None:
             raise ValueError("a new run needs a configuration")

@@ -287,6 +287,12 @@ class Store(RunRecords):
                    duration_s: float, now: float) -> int: ...
 
     @abstractmethod
+    def extend_run(self, run_id: int, duration_s: float, config: dict[str, Any],
+                   system: dict[str, Any]) -> None:
+        """Give the run a longer duration (its configuration and system record, which
+        name the extension, with it)."""
+
+    @abstractmethod
     def start_segment(self, run_id: int, now: float, deadline_at: float) -> int: ...
 
     @abstractmethod

@@ -70,6 +70,11 @@ class SQLStore(Store):
                            retried=retried())
 
     @retrying
+    def extend_run(self, run_id: int, duration_s: float, config: dict[str, Any],
+                   system: dict[str, Any]) -> None:
+        self._write(self.writes.extend_run, run_id, duration_s, config, system)
+
+    @retrying
     def run(self, run_id: int) -> dict[str, Any]:
         found = self._read(reads.run, run_id)
         if found is None:

@@ -52,6 +52,12 @@ class Writes:
                 return int(mine)
         return new_id(conn.execute(T_RUNS.insert().values(**values)))
 
+    def extend_run(self, conn: sa.Connection, run_id: int, duration_s: float,
+                   config: dict[str, Any], system: dict[str, Any], retried: bool = False) -> None:
+        # The same values again on a retry: nothing to find out first.
+        conn.execute(T_RUNS.update().where(T_RUNS.c.id == run_id).values(
+            duration_s=duration_s, config=json.dumps(config), system=json.dumps(system)))
+
     def start_segment(self, conn: sa.Connection, run_id: int, now: float,
                       deadline_at: float, retried: bool = False) -> int:
         if retried:

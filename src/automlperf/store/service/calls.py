@@ -25,6 +25,7 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
     "open": (),
     "create_run": (str, dict, dict, NUM, NUM),
     "run": (int,),
+    "extend_run": (int, NUM, dict, dict),
     "start_segment": (int, NUM, NUM),
     "touch_segment": (int, int, NUM),
     "end_segment": (int, int, NUM),

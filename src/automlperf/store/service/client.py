@@ -208,6 +208,10 @@ class RemoteStore(Store):
     def run(self, run_id: int) -> dict[str, Any]:
         return dict(self._call("run", run_id))
 
+    def extend_run(self, run_id: int, duration_s: float, config: dict[str, Any],
+                   system: dict[str, Any]) -> None:
+        self._call("extend_run", run_id, duration_s, config, system)
+
     def start_segment(self, run_id: int, now: float, deadline_at: float) -> int:
         return int(self._call("start_segment", run_id, now, deadline_at))
 

@@ -179,6 +179,11 @@ class Service:
         return await self.write(lambda conn, again_: self.db.writes.create_run(
             conn, name, config, system, duration_s, now, retried=again_), again)
 
+    async def op_extend_run(self, args: list[Any], again: bool) -> Any:
+        run_id, duration_s, config, system = args
+        await self.write(lambda conn, again_: self.db.writes.extend_run(
+            conn, run_id, duration_s, config, system), again)
+
     async def op_run(self, args: list[Any], again: bool) -> Any:
         found = await self.read(reads.run, args[0])
         if found is None:

@@ -1,0 +1,42 @@
+"""A run extended after it ran: `automlperf run --resume --duration LONGER` makes it a run of
+the new length, recorded as such, scored as such, and verified by `check`. Simulated
+accelerators on the digits: the run's clock is real, its work is modelled."""
+
+import json
+
+import pytest
+
+from helpers import cli, sim_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_finished_run_is_extended_to_a_longer_one(tmp_path):
+    config = tmp_path / "sim.toml"
+    config.write_text(sim_config(sustained_ops=2e10, deadline_grace_s=1, stop_grace_s=10))
+    run_dir = tmp_path / "run"
+    done = cli("run", "--config", config, "--duration", "6s", "--run-dir", run_dir, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = json.loads((run_dir / "result.json").read_text())
+    assert first["duration_s"] == 6 and first["extensions"] == []
+
+    shorter = cli("run", "--resume", "--run-dir", run_dir, "--duration", "5s")
+    assert shorter.returncode == 2, shorter.stdout + shorter.stderr
+    assert "--duration 0:00:05 does not extend this run, which lasts 0:00:06" in shorter.stderr
+    assert json.loads((run_dir / "result.json").read_text()) == first
+
+    done = cli("run", "--resume", "--run-dir", run_dir, "--duration", "12s", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the run now lasts 0:00:12: 0:00:06 more" in done.stderr
+    second = json.loads((run_dir / "result.json").read_text())
+    assert second["duration_s"] == 12 and len(second["segments"]) == 2
+    assert second["elapsed_s"] == pytest.approx(12, abs=1e-6)
+    (extension,) = second["extensions"]
+    assert (extension["from_s"], extension["to_s"]) == (6, 12)
+    assert extension["done_s"] == pytest.approx(first["elapsed_s"], abs=1e-3)
+    assert json.loads((run_dir / "system.json").read_text())["extensions"] == [extension]
+    assert "duration_s = 12.0" in (run_dir / "config.toml").read_text()
+    # The longer run did more: everything of the first part stays, and more was added.
+    assert second["total_ops"] > first["total_ops"] and second["trials"] >= first["trials"]
+    checked = cli("check", run_dir, timeout=300)
+    assert checked.returncode == 0 and "verified" in checked.stdout, checked.stdout + checked.stderr
