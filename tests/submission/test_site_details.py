@@ -5,6 +5,7 @@ replaced by neutral names in every file without them; that bundle still verifies
 import getpass
 import json
 import os
+import platform
 import re
 import socket
 
@@ -16,7 +17,9 @@ pytestmark = pytest.mark.slow
 
 SITE = {"SLURM_JOB_USER": "alice", "SLURM_JOB_ACCOUNT": "astro42",
         "SLURM_SUBMIT_HOST": "login7.example.org", "SLURM_CLUSTER_NAME": "perlmutter-x",
-        "SLURM_SUBMIT_DIR": "/home/alice/benchmarks", "SLURM_JOB_PARTITION": "gpu-large"}
+        "SLURM_SUBMIT_DIR": "/home/alice/benchmarks", "SLURM_JOB_PARTITION": "gpu-large",
+        "SLURM_JOB_QOS": "astro-premium", "SLURM_JOB_RESERVATION": "alice-resv-0412",
+        "SLURM_CONF": "/etc/slurm-perlmutter/slurm.conf", "NCCL_SOCKET_IFNAME": "hsn0site"}
 
 
 def texts(folder):
@@ -40,7 +43,8 @@ def test_a_bundle_without_site_details_names_none_and_still_verifies(tmp_path):
     done = cli("submit", run_dir, "--dir", "--out", bare, "--no-site-details")
     assert done.returncode == 0, done.stdout + done.stderr
     found = texts(bare)
-    for secret in [*SITE.values(), socket.gethostname(), str(run_dir), getpass.getuser()]:
+    for secret in [*SITE.values(), socket.gethostname(), str(run_dir), getpass.getuser(),
+                   platform.release()]:
         # As a word: a short host name ("vm") is also a part of other words ("kvm").
         word = re.compile(rf"(?<![\w.-]){re.escape(secret)}(?![\w-])".encode())
         holders = [name for name, text in found.items() if word.search(text)]
@@ -52,3 +56,32 @@ def test_a_bundle_without_site_details_names_none_and_still_verifies(tmp_path):
     assert json.loads(found["result.json"])["nodes"] == 1
     done = cli("check", bare)
     assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
+
+
+def test_accelerator_uuids_become_neutral_names_the_same_in_every_file(tmp_path):
+    """A GPU's UUID names one card of one site: every file that holds it (the node's
+    description, its samples, the trial logs) gets the same neutral name, so that the
+    samples still find their device."""
+    from automlperf.submission.site import leave_out, site_names
+
+    nvml, bare = "GPU-1a2b3c4d-0000-1111-2222-333344445555", "9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"
+    (tmp_path / "records").mkdir()
+    (tmp_path / "trials" / "3").mkdir(parents=True)
+    (tmp_path / "system.json").write_text(json.dumps({"host": "n1", "os": "Linux 6.1.0-site"}))
+    (tmp_path / "config.toml").write_text("[run]\n")
+    (tmp_path / "records" / "nodes.jsonl").write_text(json.dumps(
+        {"host": "n1", "system": {"accelerators": [{"uuid": nvml}, {"uuid": bare}]}}) + "\n")
+    (tmp_path / "records" / "samples.jsonl").write_text(json.dumps(
+        {"node": "n1", "uuids": [nvml, bare]}) + "\n")
+    (tmp_path / "trials" / "3" / "log.jsonl").write_text(f'{{"device": "{nvml}"}}\n')
+    names = site_names(tmp_path, tmp_path / "run")
+    changed = leave_out(tmp_path, names)
+    assert {"records/nodes.jsonl", "records/samples.jsonl", "trials/3/log.jsonl",
+            "system.json"} <= set(changed)
+    node = json.loads((tmp_path / "records" / "nodes.jsonl").read_text())
+    sample = json.loads((tmp_path / "records" / "samples.jsonl").read_text())
+    assert [a["uuid"] for a in node["system"]["accelerators"]] == sample["uuids"]
+    assert set(sample["uuids"]) == {"GPU-1", "GPU-2"}
+    assert "GPU-1" in (tmp_path / "trials" / "3" / "log.jsonl").read_text()
+    system = json.loads((tmp_path / "system.json").read_text())
+    assert system == {"host": "node-1", "os": "Linux kernel"}

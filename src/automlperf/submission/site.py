@@ -2,7 +2,8 @@
 it out: host names (each replica's, node description's and sample's, the store's URL), the
 scheduler's user, account, partition, cluster and node lists (recorded with the job's
 ``SLURM_*`` variables in the provenance), and the paths of the run directory, the data and
-the submission folder. Each such value becomes a neutral name (``node-1``, ``user``,
+the submission folder; the accelerators' UUIDs, the kernel's release, and the
+network interfaces NCCL was told to use. Each such value becomes a neutral name (``node-1``, ``user``,
 ``RUN_DIR``, ...) in every file that can hold it, the same name everywhere, so that the
 bundle still verifies: hosts map one to one (the node count stays), and the records, the
 result and the system description change alike."""
@@ -22,12 +23,18 @@ IDENTIFYING = {"SLURM_JOB_USER": "user", "SLURM_JOB_ACCOUNT": "account",
                "SLURM_JOB_NODELIST": "nodes", "SLURM_NODELIST": "nodes",
                "SLURM_STEP_NODELIST": "nodes", "SLURM_SUBMIT_DIR": "SUBMIT_DIR",
                "SLURM_WORKING_DIR": "SUBMIT_DIR", "SLURM_TOPOLOGY_ADDR": "nodes",
-               "SLURM_JOB_UID": "uid", "SLURM_JOB_GID": "gid"}
+               "SLURM_JOB_UID": "uid", "SLURM_JOB_GID": "gid", "SLURM_JOB_QOS": "qos",
+               "SLURM_JOB_RESERVATION": "reservation", "SLURM_CONF": "SLURM_CONF",
+               "SLURM_JOB_NAME": "job", "NCCL_SOCKET_IFNAME": "ifname",
+               "NCCL_IB_HCA": "hca"}
 HOST_VARIABLES = ("SLURM_SUBMIT_HOST", "SLURMD_NODENAME", "SLURM_LAUNCH_NODE_IPADDR")
-# The files a site's names can be in; graphs, trial logs, epochs and weights hold none.
+# The files a site's names can be in (patterns under the bundle); graphs and weights hold none.
 SCRUBBED = ("result.json", "system.json", "system_desc.json", "mllog.txt", "config.toml",
-            "run.json", "report.html", "trials.csv", "replicas.csv", "bundle.json", "records/run.json",
-            "records/replicas.jsonl", "records/nodes.jsonl", "records/samples.jsonl")
+            "run.json", "report.html", "trials.csv", "replicas.csv", "bundle.json", "records/*.json",
+            "records/*.jsonl", "trials/*/log.jsonl")
+# An accelerator's UUID as NVML (``GPU-``), torch (bare) or amdsmi write it.
+UUID = re.compile(r"(?:GPU-)?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                  r"[0-9a-fA-F]{12}")
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -72,8 +79,27 @@ def site_names(bundle: Path, run_dir: Path) -> dict[str, str]:
     home = str(Path.home())
     if home not in ("/", ""):
         names.setdefault(home, "HOME")
+    release = str(system.get("os", "")).partition(" ")[2]
+    if release:
+        names.setdefault(release, "kernel")
+    for i, uuid in enumerate(_uuids(bundle), start=1):
+        names.setdefault(uuid, f"GPU-{i}")
     # Job ids and the like are numbers: nothing to hide, and too easily met elsewhere.
     return {k: v for k, v in names.items() if len(k) >= 2 and not k.isdigit()}
+
+
+def _files(bundle: Path) -> list[Path]:
+    return sorted({path for rel in SCRUBBED for path in bundle.glob(rel) if path.is_file()})
+
+
+def _uuids(bundle: Path) -> list[str]:
+    """The accelerators' UUIDs anywhere in the bundle's files, in the order met."""
+    found: list[str] = []
+    for path in _files(bundle):
+        for uuid in UUID.findall(path.read_text(encoding="utf-8")):
+            if uuid not in found:
+                found.append(uuid)
+    return found
 
 
 def leave_out(bundle: Path, names: dict[str, str]) -> list[str]:
@@ -86,13 +112,10 @@ def leave_out(bundle: Path, names: dict[str, str]) -> list[str]:
         rf"(?<![\w.-]){re.escape(k)}(?![\w-])" if not k.startswith("/") else re.escape(k)
         for k in sorted(names, key=len, reverse=True)))
     changed = []
-    for rel in SCRUBBED:
-        path = bundle / rel
-        if not path.exists():
-            continue
+    for path in _files(bundle):
         text = path.read_text(encoding="utf-8")
         new = pattern.sub(lambda m: names[m.group(0)], text)
         if new != text:
             path.write_text(new, encoding="utf-8")
-            changed.append(rel)
+            changed.append(path.relative_to(bundle).as_posix())
     return changed
