@@ -438,7 +438,8 @@ def build_shared_index(data_dir: Path | str, run_dir: Path | str) -> SharedIndex
     took = time.perf_counter() - started
     folder = Path(run_dir) / SHARED_INDEX
     index.save(folder, found=found.to_dict(), stamps=folder_stamps(root, index.classes),
-               scan_s=round(took, 3), scanned_at=time.time(), host=socket.gethostname())
+               scan_s=round(took, 3), scanned_at=time.time(), host=socket.gethostname(),
+               bytes=sum(size for _, size in listing))
     return SharedIndex(folder, found, index, took, built=True)
 
 

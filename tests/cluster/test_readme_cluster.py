@@ -37,7 +37,7 @@ def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path)
     assert proof.startswith("automlperf verify-data --archives ") and \
         "--data-dir /shared/datasets/imagenet" in proof
     assert (imagenet / "automlperf-manifest.tsv.gz").exists()
-    assert len(commands) == 3 and all(c.startswith("automlperf slurm ") for c in commands)
+    assert len(commands) == 5 and all(c.startswith("automlperf slurm ") for c in commands)
     written = {}
     for command in commands:
         if "--resume" in command:
@@ -57,10 +57,22 @@ def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path)
         assert "official = true" in config and f'data_dir = "{imagenet}"' in config
     assert "#SBATCH --partition=gpu" in written["cluster-a"]
     assert "#SBATCH --time=2:41:00" in written["cluster-a"]
+    # Staged on the nodes: a step on every node before the start-up, given 20 minutes.
+    staged = written["cluster-b"]
+    assert "#SBATCH --time=3:01:00" in staged and "--to /local/scratch" in staged
+    assert staged.index("automlperf.cli stage") < staged.index("automlperf.store.pgserver start")
+    assert "# automlperf: staging allowance 1200 s" in staged
     assert "#SBATCH --nodes=2" in written["pilot"] and "#SBATCH --time=1:24:00" in written["pilot"]
-    resume = next(c for c in commands if "--resume" in c)
+    resume, = (c for c in commands if "--resume" in c and "--duration" not in c)
     argv = shlex.split(resume.replace("/shared/runs/", f"{tmp_path}/runs/"))[1:]
     assert argv.pop() == "--submit"
     done = cli(*argv)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sbatch --time=2:41:00" in done.stdout  # no clock started yet: all of it is left
+    # The pilot's extension: these scripts were never submitted, so there is nothing to
+    # extend yet (an extension that runs: tests/cluster/test_cluster_clock.py).
+    extend, = (c for c in commands if "--resume" in c and "--duration" in c)
+    argv = shlex.split(extend.replace("/shared/runs/", f"{tmp_path}/runs/"))[1:]
+    assert argv.pop() == "--submit" and "pilot" in argv[argv.index("--run-dir") + 1]
+    done = cli(*argv)
+    assert done.returncode == 2 and "never started its clock" in done.stderr, done.stderr

@@ -376,3 +376,24 @@ def test_a_store_is_refused_to_other_hosts_while_its_job_runs_and_taken_over_onc
     finally:
         subprocess.run(["scancel", job], env=slurm_cluster)
         shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def test_a_staged_jobs_time_limit_holds_the_staging_and_so_does_its_resubmission(tmp_path):
+    from trees import make_tree
+
+    data = make_tree(tmp_path / "imagenet", per_class=(1, 1))
+    run_dir = tmp_path / "r"
+    result = slurm_cli("--nodes", 2, "--duration", "1h", "--dataset", "imagenet", "--data-dir",
+                       data, "--unofficial", "--run-dir", run_dir, "--store",
+                       "postgresql://u@db/x", "--stage-to", "local-scratch", "--stage-time", "30m")
+    assert result.exit_code == 0, result.output
+    assert "start-up 35 min" in result.output
+    script = (run_dir / "automlperf.sbatch").read_text()
+    # 5 + 30 min before the clock, the hour, its 15-minute grace, the lead and SLURM's minute.
+    assert "#SBATCH --time=1:54:00" in script
+    assert f"--to {Path('local-scratch').resolve()}" in script  # where the job runs, absolute
+    resumed = slurm_cli("--resume", "--run-dir", run_dir)
+    assert resumed.exit_code == 0 and "time limit 1:54:00" in resumed.output, resumed.output
+    refused = slurm_cli("--nodes", 1, "--run-dir", tmp_path / "s", "--store", "postgresql://u@db/x",
+                        "--stage-to", "/local", "--small-task")
+    assert refused.exit_code == 2 and "--stage-to copies an image-folder dataset" in refused.output

@@ -102,6 +102,35 @@ def worker(
 
 @app.command()
 @user_errors
+def stage(
+    run_dir: Annotated[Path, typer.Option(help="The run directory (shared filesystem), whose "
+                                          "dataset index `automlperf slurm` saved.")],
+    to: Annotated[Path, typer.Option(help="This node's own storage (e.g. /local/scratch): "
+                                     "the copy goes in a folder of the run's name there.")],
+    threads: Annotated[int, typer.Option(min=1, help="Files copied at once.")] = 16,
+    clean: Annotated[bool, typer.Option(help="Remove this node's copy instead (the job's "
+                                        "end).")] = False,
+) -> None:
+    """Copy the run's dataset to this node's storage before the clock, check it (every
+    file and its size, a sample of contents), and record it: the node's replica then reads
+    the copy, not the shared file system. `automlperf slurm --stage-to DIR` runs it on every
+    node of the job."""
+    from automlperf.runner.staging import clean as remove, stage as copy
+
+    if clean:
+        removed = remove(run_dir, to)
+        out.print("removed this node's copy of the dataset" if removed
+                  else "no copy of the dataset on this node", highlight=False)
+        return
+    done = copy(run_dir, to, threads)
+    out.print(f"{done['node']}: {done['files']:,} files ({done['bytes'] / 1e9:.2f} GB, "
+              f"{done['copied_bytes'] / 1e9:.2f} GB copied) staged in {done['root']} in "
+              f"{done['staging_s']:.1f} s; {done['sample']} compared with the originals",
+              highlight=False)
+
+
+@app.command()
+@user_errors
 def slurm(
     run_dir: Annotated[Path, typer.Option(help="Run directory on the shared filesystem.")],
     nodes: Annotated[Optional[int], typer.Option(min=1, help="Nodes: one replica on each.")] = None,
@@ -143,6 +172,12 @@ def slurm(
     container_option: Annotated[Optional[list[str]], typer.Option(
         help="Extra option for the runtime, e.g. --container-option=--nv for Apptainer on "
              "NVIDIA GPUs, --rocm on AMD (repeatable).")] = None,
+    stage_to: Annotated[Optional[Path], typer.Option(
+        help="Node-local storage (e.g. /local/scratch) every node copies the dataset to before "
+             "the clock; the replicas then read it there, not from the shared file system "
+             "(recommended beyond a few nodes).")] = None,
+    stage_time: Annotated[Optional[str], typer.Option(
+        help="Time the job gives the staging (default 20m).")] = None,
     resume: Annotated[bool, typer.Option(help="Submit the run in --run-dir again, with a time "
                                          "limit sized to the time it still needs, and its "
                                          "options but for --partition, --account, "
@@ -179,7 +214,7 @@ def slurm(
         store=store, partition=partition, account=account, time_limit=time_limit,
         sbatch_extra=sbatch_option or [], container_image=container_image,
         container_runtime=container_runtime, container_mounts=container_mount or [],
-        container_options=container_option or []))
+        container_options=container_option or [], stage_to=stage_to, stage_time=stage_time))
     if written.dataset:
         d = written.dataset
         out.print(f"dataset: {d['files']:,} files scanned in {d['scan_s']:.1f} s; index saved in "

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from automlperf.runner.slurm import JobLimit
 
 PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password",
-            "container.json", SHARED_INDEX}
+            "container.json", SHARED_INDEX, "staging"}
 
 
 @dataclass

@@ -22,6 +22,7 @@ from automlperf.dataset_identity import SHARED_INDEX, DatasetIdentityError, File
 from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
 from automlperf.measure.ceiling import run_measurement
 from automlperf.measure.monitor import SampleCopier
+from automlperf.runner.staging import local_root
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch, batch_range, journal_path
@@ -68,7 +69,19 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     if config.data.dataset == "imagenet" and data_dir is not None and \
             (shared / FileIndex.META).exists():
         # The primary's scan serves every replica (none walks the folder): the data need
-        # only be on this node, which is checked here, once.
+        # only be on this node, which is checked here, once. A node that staged the data
+        # (runner/staging.py) reads its own copy.
+        local = local_root(rd.path)
+        if local is not None:
+            try:
+                check_data_here(shared, local)
+                data_dir = Path(local)
+                config = config.model_copy(update={"data": config.data.model_copy(
+                    update={"data_dir": data_dir})})
+                log.info("reading the dataset staged on this node, %s", local)
+            except DatasetIdentityError as exc:
+                log.warning("the dataset staged on this node is not usable (%s); reading "
+                            "%s instead", exc, data_dir)
         check_data_here(shared, data_dir)
         index_dir = str(shared)
     store = open_run_store(rd.path, url)

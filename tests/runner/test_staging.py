@@ -1,0 +1,81 @@
+"""The dataset staged on a node's own storage (`automlperf stage`): every file of the run's
+index copied and checked, a copy kept for the next job, a damaged copy named, a disk too
+small refused in one line before anything is copied. A job's nodes staging and reading their
+copies: tests/cluster/test_cluster_clock.py."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from automlperf.dataset_identity import build_shared_index
+from automlperf.runner import staging
+from helpers import cli
+
+
+@pytest.fixture
+def run_with_data(tmp_path):
+    """A run directory whose dataset index was saved (as `automlperf slurm` saves it), over
+    a tree of distinct files."""
+    data = tmp_path / "shared" / "imagenet"
+    rng = random.Random(0)
+    for split, per_class in (("train", 6), ("val", 2)):
+        for c in ("n01440764", "n01443537", "n01484850"):
+            (data / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                (data / split / c / f"{c}_{i}.JPEG").write_bytes(rng.randbytes(rng.randint(900, 3000)))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    build_shared_index(data, run_dir)
+    return run_dir, data
+
+
+def files_of(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_node_stages_checks_and_keeps_the_runs_data(run_with_data, tmp_path):
+    run_dir, data = run_with_data
+    local = tmp_path / "local"
+    done = cli("stage", "--run-dir", run_dir, "--to", local)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "24 files" in done.stdout and "24 compared with the originals" in done.stdout
+    root = staging.staged_root(run_dir, local)
+    assert files_of(root) == files_of(data)
+    record = json.loads(staging.record_path(run_dir).read_text())
+    assert record["root"] == str(root) and record["files"] == 24
+    assert record["bytes"] == sum(len(b) for b in files_of(data).values())
+    assert staging.local_root(run_dir) == str(root)
+    # The next job on this node keeps the copy; a file lost there is copied again.
+    (root / "train" / "n01440764" / "n01440764_0.JPEG").unlink()
+    again = staging.stage(run_dir, local)
+    assert again["copied_bytes"] == len((data / "train" / "n01440764" / "n01440764_0.JPEG").read_bytes())
+    assert files_of(root) == files_of(data)
+    # A copy damaged in place (same size, other bytes) is found by the content check.
+    victim = root / "val" / "n01484850" / "n01484850_1.JPEG"
+    victim.write_bytes(bytes(len(victim.read_bytes())))
+    with pytest.raises(staging.StagingError, match=f"{victim} differs in content"):
+        staging.stage(run_dir, local)
+    # The job's end removes the copy and its record.
+    assert cli("stage", "--run-dir", run_dir, "--to", local, "--clean").returncode == 0
+    assert not root.exists() and staging.local_root(run_dir) is None
+    (kept,) = (run_dir / "staging").glob("*-*.json")
+    assert json.loads(kept.read_text())["root"] == str(root)
+
+
+def test_a_node_without_room_refuses_in_one_line_before_copying(run_with_data, tmp_path):
+    """A real small file system (a 16 KiB tmpfs, in a mount namespace of its own)."""
+    run_dir, _ = run_with_data
+    local = tmp_path / "tiny"
+    local.mkdir()
+    command = [sys.executable, "-m", "automlperf.cli", "stage", "--run-dir", str(run_dir),
+               "--to", str(local)]
+    done = subprocess.run(["unshare", "--mount", "sh", "-c",
+                           f'mount -t tmpfs -o size=16k tmpfs {local} && exec "$@"', "sh",
+                           *command], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "GB free and the dataset needs" in lines[0] and "--stage-to" in lines[0]
+    assert not staging.record_path(run_dir).exists()
