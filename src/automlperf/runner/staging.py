@@ -97,8 +97,11 @@ def stage(run_dir: Path, local: Path, threads: int = 16, seed: int | None = None
         os.replace(partial, dst)
         return size, size
 
+    done: list[tuple[int, int]] = []
     with ThreadPoolExecutor(threads) as pool:
-        done = list(pool.map(copy, rels, chunksize=256))
+        # In slices: a million futures at once would hold gigabytes.
+        for start in range(0, len(rels), 10_000):
+            done.extend(pool.map(copy, rels[start:start + 10_000]))
     copied = sum(c for _, c in done)
     copy_s = time.perf_counter() - started
     sample = _check(source, target, rels, [size for size, _ in done], seed)
