@@ -22,7 +22,8 @@ def quiet() -> Console:
 
 @pytest.mark.parametrize("request_, message", [
     (dict(resume=True, run_dir=None, dataset=None), "--resume needs the --run-dir"),
-    (dict(resume=True, dataset=None, duration="1h"), "keeps its configuration"),
+    (dict(resume=True, dataset="imagenet"), "keeps its configuration"),
+    (dict(resume=True, dataset=None, duration="later"), "--duration: .later. is not a duration"),
     (dict(duration="soon"), "--duration: 'soon' is not a duration"),
     (dict(dataset="imagenet"), "imagenet needs --data-dir"),
     (dict(launcher="mpi"), "--launcher must be local, slurm or external, not 'mpi'"),

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from automlperf.config import Config, parse_duration
+from automlperf.config import Config, ConfigError, parse_duration
 from automlperf.errors import RunFailure, UserError
 from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
@@ -140,7 +140,12 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     from automlperf.measure.system import describe
 
     cfg = _config(req)
-    extend_to = parse_duration(req.duration) if req.resume and req.duration else None
+    extend_to = None
+    if req.resume and req.duration:
+        try:
+            extend_to = parse_duration(req.duration)
+        except ConfigError as exc:
+            raise ConfigError(f"--duration: {exc}") from None
     run_dir = req.run_dir
     if run_dir is None:
         run_dir = Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
