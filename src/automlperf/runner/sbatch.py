@@ -24,7 +24,7 @@ import jinja2
 
 from automlperf.config import Config, parse_duration
 from automlperf.dataset_identity import SHARED_INDEX
-from automlperf.runner.extension import extend
+from automlperf.runner.extension import extend, run_time_done
 from automlperf.runner.session import record_origin
 from automlperf.errors import UserError
 from automlperf.runner.slurm import MARGIN_ENV, Container, SlurmError, format_time, require
@@ -271,8 +271,7 @@ def resubmission(run_dir: Path) -> tuple[float, float]:
         run_id = int(rd.meta()["run_id"])
         with run_store(run_dir) as store:
             duration = float(store.run(run_id)["duration_s"])
-            done = sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
-        left = max(0.0, duration - done)
+            left = max(0.0, duration - run_time_done(store, run_id))
     staged = re.search(r"^# automlperf: staging allowance (\d+) s$", text, re.M)
     stage_s = float(staged.group(1)) if staged else 0.0
     return STARTUP_S + stage_s + left + _grace(run_dir) + lead + 60, left
