@@ -3,12 +3,16 @@
 # Submit with:
 #   flux batch --env=RUN_DIR=/p/lustre/automlperf/run1 --env=DATA_DIR=/p/lustre/imagenet automlperf.flux
 # CONFIG (default: official, the configuration shipped with automlperf), DURATION (default
-# 1h) and PYTHON (default python3) may be passed the same way. Resubmitting the script
-# continues an interrupted run.
+# 1h) and PYTHON (default python3) may be passed the same way, and the time limit a
+# duration needs with it:
+#   flux batch -t $(automlperf job-time --duration 4h --scheduler flux) --env=DURATION=4h ...
+# The primary asks `flux job timeleft` and starts no clock the job cannot hold.
+# Resubmitting the script continues an interrupted run.
 #flux: -N 4
-# The run, the grace in which its epochs in flight finish (a quarter of it), its start-up (the
-# private server, the dataset scan before the clock) and the result.
-#flux: -t 90m
+# For the default 1h: the run, the grace in which its epochs in flight finish (a quarter of
+# it), its start-up (the private server, the dataset index) and the result (`automlperf
+# job-time --duration 1h --scheduler flux`).
+#flux: -t 84m
 #flux: --job-name=automlperf
 #flux: --output=automlperf-{{id}}.out
 
@@ -42,7 +46,15 @@ trap 'kill -TERM "$primary" 2>/dev/null' TERM INT
 # replica retiring at its start, or the first to end at the deadline, would end the others.
 flux run -N "$NNODES" -n "$NNODES" --exclusive -o exit-timeout=none \
     "$PYTHON" -m automlperf.cli worker --run-dir "$RUN_DIR" --wait 1800 \
-    > "$RUN_DIR/logs/replicas.log" 2>&1
+    > "$RUN_DIR/logs/replicas.log" 2>&1 &
+replicas=$!
+# A primary that ends first (it refused the data, or this job's time limit cannot hold the
+# run) would leave the replicas waiting for its session for half an hour: end them.
+(while kill -0 "$primary" 2>/dev/null; do sleep 5; done; sleep 10
+ kill -TERM "$replicas" 2>/dev/null) &
+watcher=$!
+while kill -0 "$replicas" 2>/dev/null; do wait "$replicas"; done
+kill "$watcher" 2>/dev/null
 
 status=0
 wait "$primary" || status=$?

@@ -10,6 +10,7 @@ the point, and each replica trains one round, so the run ends early."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, sim_config
+from helpers import cli, marked_env, sim_config, wait_no_strays
 from trees import WNIDS, make_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -96,18 +97,44 @@ def test_the_pbs_script_runs_as_written_and_outlives_a_sick_node(tmp_path, data)
     nodes = tmp_path / "nodefile"
     nodes.write_text("x1001c0s0b0n0\nx1001c0s0b0n0\nx1001c0s0b1n0\n")  # a line per chunk
     run_dir, result, logs = run_script("pbs/automlperf.pbs", tmp_path, data, sick_node=True,
-                                       PBS_NODEFILE=str(nodes), PBS_JOBID="42.pbs")
+                                       PBS_NODEFILE=str(nodes), PBS_JOBID="42.pbs",
+                                       PBS_STANDIN_WALLTIME="01:00:00")
     assert "replica 1 cannot start" in logs
     assert "replica 0 (from PALS_RANKID)" in logs and "replica 1 (from PALS_RANKID)" in logs
+    # The primary asked qstat for the walltime: the run fits in its hour.
+    assert json.loads((run_dir / "system.json").read_text())["job_limit"]["scheduler"] == "pbs"
     done = cli("check", run_dir, timeout=300)
     assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_walltime_too_short_starts_no_clock_and_ends_the_waiting_replicas(tmp_path, data):
+    """The walltime (asked of qstat) cannot hold a 10-minute run, its grace and its result:
+    the primary refuses before the clock in one line naming the walltime to ask for, and the
+    replicas, which would wait half an hour for its session, are ended; the job fails."""
+    nodes = tmp_path / "nodefile"
+    nodes.write_text("n1\nn2\n")
+    env, mark = marked_env()
+    path = os.pathsep.join([str(STANDINS), str(Path(sys.executable).parent), env["PATH"]])
+    env.update(PATH=path, RUN_DIR=str(tmp_path / "run"), DATA_DIR=str(data),
+               CONFIG=str(settings(tmp_path)), DURATION="10m", PYTHON=sys.executable,
+               PBS_NODEFILE=str(nodes), PBS_JOBID="43.pbs", PBS_STANDIN_WALLTIME="00:12:00")
+    done = subprocess.run(["bash", str(REPO / "examples" / "pbs" / "automlperf.pbs")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = (tmp_path / "run" / "logs" / "primary.log").read_text().strip().splitlines()[-1]
+    assert "the job's time limit leaves" in last and "the clock was not started" in last
+    # This job's start-up so far, the run, its grace (2.5 min) and the result's 3 min.
+    assert re.search(r"at least qsub -l walltime=00:1[6-9]:00$", last), last
+    assert not (tmp_path / "run" / "run.json").exists()
+    wait_no_strays(mark)  # the replicas did not wait out their half hour
 
 
 def test_the_flux_script_runs_as_written_and_outlives_a_sick_node(tmp_path, data):
     """flux run would kill every task 30 s after the first exits (a replica retiring at its
     start): the script turns that off, and the run goes on with the other replica."""
     _, result, logs = run_script("flux/automlperf.flux", tmp_path, data, sick_node=True,
-                                 FLUX_STANDIN_NODES="2", FLUX_STANDIN_EXIT_TIMEOUT="0")
+                                 FLUX_STANDIN_NODES="2", FLUX_STANDIN_EXIT_TIMEOUT="0",
+                                 FLUX_JOB_ID="f42", FLUX_STANDIN_TIMELEFT="3600")
     assert "replica 1 (from FLUX_TASK_RANK)" in logs and "replica 1 cannot start" in logs
 
 
@@ -117,7 +144,8 @@ def test_the_lsf_script_runs_as_written_with_open_mpi(tmp_path, data):
     host = socket.gethostname()
     # LSF lists a host once per slot; one host here, so one replica, started by mpirun itself.
     _, result, logs = run_script("lsf/automlperf.lsf", tmp_path, data, LSB_HOSTS=f"{host} {host}",
-                                 LSB_JOBID="42", OMPI_ALLOW_RUN_AS_ROOT="1",
+                                 LSB_JOBID="42", LSF_STANDIN_RUNLIMIT="01:00:00",
+                                 OMPI_ALLOW_RUN_AS_ROOT="1",
                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_plm_rsh_agent="false")
     assert result["replicas"] == 1
     assert "replica 0 (from OMPI_COMM_WORLD_RANK)" in logs or "replica 0 (from PMIX_RANK)" in logs

@@ -228,6 +228,41 @@ def slurm(
     _submit(written.script, run_dir, sbatch, submit, test_only, [])
 
 
+@app.command("job-time")
+@user_errors
+def job_time(
+    duration: Annotated[Optional[str], typer.Option(help="Run length, e.g. 4h (default: the "
+                                                    "configuration's).")] = None,
+    config: Annotated[Optional[Path], CONFIG] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="The dataset whose preset to use "
+                                                   "without --config.")] = None,
+    scheduler: Annotated[str, typer.Option(help="How to write it: slurm (H:MM:SS), pbs "
+                                           "(walltime HH:MM:SS), lsf (bsub -W H:MM), flux "
+                                           "(-t Nm).")] = "slurm",
+    stage_time: Annotated[Optional[str], typer.Option(
+        help="Time the job also gives copying the data to every node.")] = None,
+) -> None:
+    """Print the time limit a batch job needs for a run: the start-up before the clock, the
+    run, the grace for its epochs in flight and the result. E.g. qsub -l walltime=$(automlperf
+    job-time --duration 4h --scheduler pbs) automlperf.pbs"""
+    from automlperf.config import ConfigError, parse_duration
+    from automlperf.runner.joblimits import SCHEDULERS, job_time as needed, scheduler_time
+    from automlperf.settings import settings_from_options
+
+    if scheduler not in SCHEDULERS:
+        raise UserError(f"--scheduler {scheduler}: one of {', '.join(SCHEDULERS)}")
+    try:
+        stage_s = parse_duration(stage_time) if stage_time else 0.0
+    except ConfigError as exc:
+        raise UserError(f"--stage-time: {exc}") from None
+    settings = settings_from_options(config, dataset, duration=duration, data_required=False)
+    held = needed(settings, stage_s)
+    print(scheduler_time(held.limit_s, scheduler))
+    err.print(f"start-up {held.startup_s / 60:.0f} min, run {held.duration_s / 60:.0f} min, "
+              f"epochs in flight {held.grace_s / 60:.0f} min, result {held.result_s / 60:.0f} "
+              "min", highlight=False)
+
+
 def _submit(script: Path, run_dir: Path, sbatch, submit: bool, test_only: bool,
             options: list[str]) -> None:
     out.print(f"batch script: {script}", highlight=False)

@@ -21,7 +21,8 @@ from automlperf.errors import RunFailure, UserError
 from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
 from automlperf.runner import session as steps
-from automlperf.runner.slurm import SlurmLauncher, job_limit
+from automlperf.runner.joblimits import batch_job_limit
+from automlperf.runner.slurm import SlurmLauncher
 from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store.base import StoreError
 from automlperf.store.connections import check_open_files, check_room
@@ -171,9 +172,10 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     started = _process_start()
     system["startup"] = {"imports_s": round(described - started, 3),
                          "describe_s": round(time.time() - described, 3)}
-    limit = None
-    if req.launcher == "slurm":
-        limit = job_limit()
+    # A job on a cluster (not a laptop's local replicas) starts no clock it could not hold.
+    limit = batch_job_limit(process_start=started) if req.launcher != "local" else None
+    if limit is not None:
+        system["job_limit"] = limit.describe()
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
                             process_start=started, listen_all=req.launcher != "local",
                             extend_to=extend_to)

@@ -25,6 +25,7 @@ import jinja2
 from automlperf.config import Config, parse_duration
 from automlperf.dataset_identity import SHARED_INDEX
 from automlperf.runner.extension import extend, run_time_done
+from automlperf.runner.joblimits import STARTUP_S, margins
 from automlperf.runner.session import record_origin
 from automlperf.errors import UserError
 from automlperf.runner.slurm import MARGIN_ENV, Container, SlurmError, format_time, require
@@ -35,26 +36,11 @@ from automlperf.store.rundir import RunDir, run_store, write_atomic
 from automlperf.store.urls import redact, resolve_store_url, split_password
 
 
-# Time the job gives the start-up before the run's clock: the private PostgreSQL server,
-# the primary's imports and system description, and loading the dataset index that
-# `automlperf slurm` saved at submission. Measured here at under half a minute in all
-# (bench/RESULTS.md, "A cluster job's start-up"); the rest is room for a busy shared file
-# system. A start-up that takes longer starts no clock (JobLimit).
-STARTUP_S = 300.0
 # The least start-up a time limit the user gives must leave room for: twice the measured.
 MIN_STARTUP_S = 60.0
 # What the job gives staging the data on every node (--stage-to) by default, before the
 # start-up: ImageNet-1k's 140 GB at about 150 MB/s per node from the shared file system.
 STAGE_S = 1200.0
-
-
-def margins(duration_s: float, startup_s: float = STARTUP_S) -> tuple[float, int]:
-    """(time limit, signal lead) in seconds. The job holds the start-up, the run, and the
-    lead: the primary's time to stop the replicas and write the result once signalled,
-    which SLURM may send up to a minute early, so the signal still lands after the run's
-    own deadline however long the start-up took within ``startup_s``."""
-    lead = int(max(120.0, 0.03 * duration_s))
-    return startup_s + duration_s + lead + 60, lead
 
 
 @dataclass

@@ -203,12 +203,19 @@ MARGIN_ENV = "AUTOMLPERF_JOB_MARGIN_S"
 
 @dataclass
 class JobLimit:
-    """The batch job's own time: when it started and when SLURM ends it; a session must be
-    over ``margin_s`` before the end."""
+    """The batch job's own time: when it started and when its scheduler (SLURM here;
+    runner/joblimits.py for the others) ends it; a session must be over ``margin_s`` before
+    the end."""
 
     started_at: float
     ends_at: float
     margin_s: float
+    scheduler: str = "slurm"
+
+    def describe(self) -> dict[str, float | str]:
+        """What system.json records of the limit the run was held to."""
+        return {"scheduler": self.scheduler, "started_at": round(self.started_at, 3),
+                "ends_at": round(self.ends_at, 3), "margin_s": self.margin_s}
 
     @property
     def must_end_by(self) -> float:

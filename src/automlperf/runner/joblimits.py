@@ -1,0 +1,188 @@
+"""The batch job's time, whatever the scheduler: the time limit a job needs for a run of some
+duration (``automlperf job-time``, for a script's walltime line), and the limit of the job a
+primary runs in, so that a clock the job could not hold is never started (session.py).
+
+SLURM's own limit is read by runner/slurm.py. PBS, LSF and Flux are asked with their own
+commands (``qstat -f``, ``bjobs -o``, ``flux job timeleft``); any other scheduler (or a
+Kubernetes Job's deadline) can state the job's end in ``AUTOMLPERF_JOB_END`` (Unix time).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from automlperf.config import Config
+from automlperf.errors import UserError
+from automlperf.runner.slurm import MARGIN_ENV, JobLimit, format_time, job_limit
+
+# Time the job gives the start-up before the run's clock: the private PostgreSQL server,
+# the primary's imports and system description, and loading the dataset index that
+# `automlperf slurm` saved at submission. Measured here at under half a minute in all
+# (bench/RESULTS.md, "A cluster job's start-up"); the rest is room for a busy shared file
+# system. A start-up that takes longer starts no clock (JobLimit).
+STARTUP_S = 300.0
+# The job's end, for a scheduler automlperf does not ask (Unix time).
+JOB_END_ENV = "AUTOMLPERF_JOB_END"
+SCHEDULERS = ("slurm", "pbs", "lsf", "flux")
+
+
+def margins(duration_s: float, startup_s: float = STARTUP_S) -> tuple[float, int]:
+    """(time limit, signal lead) in seconds. The job holds the start-up, the run, and the
+    lead: the primary's time to stop the replicas and write the result once signalled,
+    which the scheduler may send early (SLURM: up to a minute), so the signal still lands after the run's
+    own deadline however long the start-up took within ``startup_s``."""
+    lead = int(max(120.0, 0.03 * duration_s))
+    return startup_s + duration_s + lead + 60, lead
+
+
+@dataclass(frozen=True)
+class JobTime:
+    """What a job holds besides its run: the start-up before the clock, the grace for the
+    epochs in flight, and the result."""
+
+    limit_s: float
+    startup_s: float
+    duration_s: float
+    grace_s: float
+
+    @property
+    def result_s(self) -> float:
+        return self.limit_s - self.startup_s - self.duration_s - self.grace_s
+
+
+def job_time(settings: Config, stage_s: float = 0.0) -> JobTime:
+    """The time limit of a job that runs ``settings`` (its duration and grace), with the
+    start-up allowance of ``automlperf slurm`` and ``stage_s`` for copying the data."""
+    grace = settings.deadline_grace()
+    startup = STARTUP_S + stage_s
+    limit, _ = margins(settings.run.duration_s + grace, startup)
+    return JobTime(limit, startup, settings.run.duration_s, grace)
+
+
+def scheduler_time(seconds: float, scheduler: str) -> str:
+    """``seconds`` (rounded up to whole minutes) as the scheduler's walltime option takes it:
+    SLURM's ``H:MM:SS``, PBS's ``HH:MM:SS``, LSF's ``H:MM`` (``bsub -W``), Flux's ``Nm``."""
+    minutes = math.ceil(seconds / 60)
+    if scheduler == "slurm":
+        return format_time(minutes * 60)
+    if scheduler == "pbs":
+        return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+    if scheduler == "lsf":
+        return f"{minutes // 60}:{minutes % 60:02d}"
+    if scheduler == "flux":
+        return f"{minutes}m"
+    raise ValueError(f"unknown scheduler {scheduler!r}: one of {', '.join(SCHEDULERS)}")
+
+
+RESUBMIT = {"pbs": "qsub -l walltime={t}", "lsf": "bsub -W {t}", "flux": "flux batch -t {t}"}
+
+
+@dataclass
+class SchedulerLimit(JobLimit):
+    """The limit of a PBS, LSF or Flux job, or one stated in AUTOMLPERF_JOB_END
+    (``scheduler`` "stated"): its advice names that scheduler's option."""
+
+    def advice(self, remaining: float, now: float) -> str:
+        needed = (now - self.started_at) + remaining + self.margin_s
+        if self.scheduler in RESUBMIT:
+            how = RESUBMIT[self.scheduler].format(t=scheduler_time(needed, self.scheduler))
+            return f"submit it again with a time limit of at least {how}"
+        return (f"give the job at least {format_time(needed)} (its end, {JOB_END_ENV}, "
+                f"is {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.ends_at))})")
+
+
+def _hms(text: str) -> float | None:
+    """``[[H:]M:]S`` as seconds; None for anything else (``-``, ``UNLIMITED``)."""
+    parts = text.strip().split(":")
+    if not 1 <= len(parts) <= 3 or not all(re.fullmatch(r"\d+(\.\d+)?", p) for p in parts):
+        return None
+    seconds = 0.0
+    for part in parts:
+        seconds = seconds * 60 + float(part)
+    return seconds
+
+
+def _ask(command: list[str], env: Mapping[str, str]) -> str | None:
+    if shutil.which(command[0], path=env.get("PATH")) is None:
+        return None
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=dict(env))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def pbs_times(qstat_f: str) -> tuple[float, float] | None:
+    """(walltime, walltime used) from ``qstat -f``'s ``Resource_List.walltime`` and
+    ``resources_used.walltime`` (PBS Pro, OpenPBS, Torque); None without a walltime."""
+    found = dict(re.findall(r"^\s*(Resource_List\.walltime|resources_used\.walltime)\s*=\s*(\S+)",
+                            qstat_f, re.MULTILINE))
+    limit = _hms(found.get("Resource_List.walltime", ""))
+    if limit is None:
+        return None
+    return limit, _hms(found.get("resources_used.walltime", "")) or 0.0
+
+
+def lsf_times(bjobs_o: str) -> tuple[float, float] | None:
+    """(run limit, run time) from ``bjobs -noheader -hms -o "runtimelimit run_time"``;
+    None without a limit (``-``)."""
+    fields = bjobs_o.split()
+    if len(fields) < 2:
+        return None
+    limit = _hms(fields[0].split("/")[0])  # ABS_RUNLIMIT may add /host without -hms
+    if limit is None:
+        return None
+    return limit, _hms(fields[1]) or 0.0
+
+
+def batch_job_limit(env: Mapping[str, str] | None = None,
+                    process_start: float | None = None) -> JobLimit | None:
+    """The limit of the batch job this process runs in: AUTOMLPERF_JOB_END where set, else
+    that of SLURM, Flux, PBS or LSF, asked of the scheduler; None outside a job, for a job
+    without a limit, or where the scheduler does not answer. ``process_start`` stands for the
+    job's start where the scheduler tells only the time left (Flux)."""
+    env = os.environ if env is None else env
+    margin = float(env.get(MARGIN_ENV, "180"))
+    now = time.time()
+    started = process_start if process_start is not None else now
+    stated = env.get(JOB_END_ENV, "").strip()
+    if stated:
+        try:
+            end = float(stated)
+        except ValueError:
+            raise UserError(f"{JOB_END_ENV}={stated!r} is not a time: give the job's end in "
+                            "seconds since 1970 (e.g. $(( $(date +%s) + 3600 )))") from None
+        return SchedulerLimit(started, end, margin, scheduler="stated")
+    if env.get("SLURM_JOB_ID"):
+        return job_limit(env)
+    if env.get("FLUX_JOB_ID"):
+        said = _ask(["flux", "job", "timeleft"], env)
+        try:
+            left = float(said.strip()) if said else math.inf  # "inf": no limit
+        except ValueError:
+            return None
+        if math.isinf(left):
+            return None
+        return SchedulerLimit(started, now + left, margin, scheduler="flux")
+    if env.get("PBS_JOBID"):
+        said = _ask(["qstat", "-f", env["PBS_JOBID"]], env)
+        times = pbs_times(said) if said else None
+        scheduler = "pbs"
+    elif env.get("LSB_JOBID"):
+        said = _ask(["bjobs", "-noheader", "-hms", "-o", "runtimelimit run_time",
+                     env["LSB_JOBID"]], env)
+        times = lsf_times(said) if said else None
+        scheduler = "lsf"
+    else:
+        return None
+    if times is None:
+        return None
+    limit, used = times
+    return SchedulerLimit(now - used, now - used + limit, margin, scheduler=scheduler)
