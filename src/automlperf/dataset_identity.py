@@ -480,7 +480,8 @@ def check_data_here(index_dir: Path | str, data_dir: Path | str) -> FileIndex:
                 raise DatasetIdentityError(
                     f"the dataset is not on this node ({node}): {path} not "
                     f"found, though the run's index lists {len(index):,} images under "
-                    f"{index.root}; make the data folder reachable here, at the same path")
+                    f"{index.root}; make the data folder reachable here, at the same path, or "
+                    "tell the replica where it is (automlperf worker --data-root)")
     return index
 
 

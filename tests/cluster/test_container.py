@@ -3,6 +3,7 @@ srun command lines it leads to (no container runtime runs here)."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +14,7 @@ from automlperf.runner.slurm import Container, SlurmError, SlurmLauncher
 
 def write(tmp_path, *extra):
     run_dir = tmp_path / "r"
+    tmp_path.mkdir(exist_ok=True)
     done = CliRunner().invoke(app, ["slurm", "--nodes", "2", "--duration", "2h", "--run-dir",
                                     str(run_dir), "--store", "postgresql://u@db/x", "--small-task", *extra])
     return run_dir, done
@@ -124,3 +126,48 @@ def test_the_images_hold_what_installing_automlperf_needs(tmp_path):
 
     inside = zipfile.ZipFile(wheel).namelist()
     assert "automlperf/presets/official.toml" in inside and "automlperf/runner/sbatch.sh.j2" in inside
+
+
+def test_a_mount_maps_host_paths_into_the_image_through_their_links(tmp_path):
+    real = tmp_path / "lustre" / "datasets"
+    (real / "imagenet" / "train").mkdir(parents=True)
+    (tmp_path / "shared").symlink_to(real)
+    run_dir = tmp_path / "run"
+    box = Container("pyxis", "img", [f"{tmp_path / 'shared'}:/data:ro",
+                                     f"{real / 'imagenet' / 'train'}:/train"])
+    # The login node resolves the typed path; the mount keeps it: both reach the image.
+    assert box.inside(run_dir, real / "imagenet") == Path("/data/imagenet")
+    assert box.inside(run_dir, tmp_path / "shared" / "imagenet") == Path("/data/imagenet")
+    assert box.inside(run_dir, real / "imagenet" / "train" / "n1") == Path("/train/n1")  # deepest
+    assert box.inside(run_dir, run_dir / "data") == run_dir / "data"  # the run dir: same path
+    assert box.inside(run_dir, tmp_path / "elsewhere") is None
+    assert Container("apptainer", "x.sif", ["/scratch"]).inside(run_dir, Path("/scratch/a")) == \
+        Path("/scratch/a")  # apptainer's source-only bind keeps the path
+
+
+def test_the_replicas_read_the_data_where_the_image_mounts_it(tmp_path):
+    """`--data-dir` typed through a link (resolved on the login node) and mounted at /data:
+    each step's worker is told to read /data/imagenet; a folder no mount holds, or staging
+    the image cannot see, is refused in one line before anything is written."""
+    srun_available()
+    from trees import WNIDS, make_tree
+
+    make_tree(tmp_path / "lustre" / "imagenet", per_class=(2, 1), classes=WNIDS[:4])
+    (tmp_path / "shared").symlink_to(tmp_path / "lustre")
+    typed = tmp_path / "shared" / "imagenet"
+    args = ["--dataset", "imagenet", "--data-dir", str(typed), "--unofficial",
+            "--container-image", "/sw/automlperf.sif", "--container-runtime", "apptainer"]
+    run_dir, done = write(tmp_path, *args, "--container-mount", f"{typed}:/data/imagenet:ro")
+    assert done.exit_code == 0, done.output
+    assert json.loads((run_dir / "container.json").read_text())["data_root"] == "/data/imagenet"
+    cmd = SlurmLauncher(run_dir.resolve(), None).commands(1, None)[0]
+    assert cmd[cmd.index("--data-root") + 1] == "/data/imagenet" and cmd[-2] == "--data-root"
+    assert "the replicas reading the dataset at /data/imagenet in it" in \
+        (run_dir / "automlperf.sbatch").read_text()
+    _, done = write(tmp_path / "b", *args)
+    assert done.exit_code == 2 and "is not mounted in the container: add --container-mount " \
+        f"{(tmp_path / 'lustre' / 'imagenet')}:/data" in " ".join(done.output.split())
+    _, done = write(tmp_path / "c", *args, "--container-mount", f"{typed}:/data/imagenet",
+                    "--stage-to", "/local/scratch")
+    assert done.exit_code == 2 and "--stage-to /local/scratch is not mounted at the same path" \
+        in " ".join(done.output.split())

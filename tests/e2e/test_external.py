@@ -11,7 +11,8 @@ import time
 import pytest
 
 from automlperf.store import open_store
-from helpers import cli, fast_config
+from automlperf.config import Config
+from helpers import cli, cli_args, fast_config, marked_env, sim_config, wait_no_strays
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +113,46 @@ def test_a_session_nobody_joins_ends_at_its_deadline_and_says_so(tmp_path):
 def test_a_worker_without_a_run_gives_up_after_its_wait(tmp_path):
     done = cli("worker", "--run-dir", tmp_path / "none", "--wait", "1", timeout=60)
     assert done.returncode == 1 and "no open session" in done.stderr
+
+
+def test_a_replica_reads_the_data_where_its_container_mounts_it(tmp_path):
+    """A replica whose node sees the run's data folder at another path, as in a container
+    that mounts it elsewhere (here a mount namespace: the run's path is an empty folder, the
+    data is bound at VIEW): with --data-root VIEW it finds the data and runs; the primary's
+    path stays the run's."""
+    from trees import WNIDS, make_tree
+
+    data = make_tree(tmp_path / "imagenet", per_class=(4, 2), classes=WNIDS[:10])
+    (tmp_path / "empty").mkdir()
+    view = tmp_path / "view"
+    view.mkdir()
+    config = tmp_path / "sim.toml"
+    config.write_text(sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1,
+                                 stop_grace_s=10).replace(
+        'dataset = "digits"', f'dataset = "imagenet"\nimage_size = 32\ndata_dir = "{data}"'))
+    run_dir = tmp_path / "run"
+    env, mark = marked_env()
+    with open(tmp_path / "primary.log", "wb") as log:
+        primary = subprocess.Popen(cli_args("run", "--launcher", "external", "--config", config,
+                                            "--run-dir", run_dir, "--unofficial"),
+                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        # The data bound at VIEW, then an empty folder over the run's path to it.
+        hidden = 'mount --bind "$1" "$0" && mount --bind "$2" "$1" && shift 2 && exec "$@"'
+        worker = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", hidden, str(view), str(data),
+             str(tmp_path / "empty"), *cli_args("worker", "--run-dir", run_dir,
+                                                     "--replica-index", "0", "--wait", "300",
+                                                     "--data-root", view)],
+            capture_output=True, text=True, timeout=600, env=env)
+        assert worker.returncode == 0, worker.stdout + worker.stderr
+        assert primary.wait(timeout=300) == 0, (tmp_path / "primary.log").read_text()
+    finally:
+        if primary.poll() is None:
+            primary.kill()
+            primary.wait()
+    wait_no_strays(mark)
+    assert f"reading the dataset at {view} (the run's {data})" in worker.stderr
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["score"] > 0 and not result["retired"] and not result["failures"]
+    assert Config.load(run_dir / "config.toml").data.data_dir == data

@@ -90,6 +90,9 @@ def worker(
         min=0, max=255, help="Exit status of a replica that retires (its node cannot train: "
         "said in its log and recorded for the primary, and the run goes on without it). 0 "
         "under a launcher that ends every rank when one exits non-zero (mpirun, mpiexec).")] = 1,
+    data_root: Annotated[Optional[Path], typer.Option(
+        help="Where this replica sees the run's dataset, if not at the run's path: a "
+             "container's mount of it (set by `automlperf slurm --container-image`).")] = None,
 ) -> None:
     """Run one replica: generate, train and record candidates until the deadline. Its index
     comes from --replica-index or the launcher's rank variable (PMIX_RANK,
@@ -97,7 +100,7 @@ def worker(
     from automlperf.runner.worker import run_worker
 
     raise typer.Exit(run_worker(run_dir, store, replica_index, devices, threads, monitor, wait,
-                                require_accelerators, retired_status))
+                                require_accelerators, retired_status, data_root))
 
 
 @app.command()

@@ -376,12 +376,35 @@ def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
                         req.container_options)
     elif req.container_mounts or req.container_options:
         raise UserError("--container-mount and --container-option need --container-image")
+    stage_to = Path(os.path.abspath(req.stage_to)) if req.stage_to else None
+    if box is not None:
+        box.data_root = _data_inside(box, req.run_dir, settings, stage_to)
     written = write_job(ScriptOptions(
         run_dir=req.run_dir, nodes=req.nodes, duration_s=settings.run.duration_s,
         gpus_per_node=req.gpus_per_node, cpus_per_task=req.cpus_per_task, store_url=url,
         partition=req.partition, account=req.account, time_limit_s=limit, settings=settings,
         sbatch_extra=req.sbatch_extra, container=box, exclusive=req.exclusive,
         small_task=req.small_task,
-        stage_to=Path(os.path.abspath(req.stage_to)) if req.stage_to else None,
-        stage_s=parse_duration(req.stage_time) if req.stage_time else STAGE_S))
+        stage_to=stage_to, stage_s=parse_duration(req.stage_time) if req.stage_time else STAGE_S))
     return written, settings
+
+
+def _data_inside(box: Container, run_dir: Path, settings: Config,
+                 stage_to: Path | None) -> str | None:
+    """Where the replicas in ``box`` read the run's dataset: the data folder as the image
+    mounts it (the login node's path, with its symbolic links resolved, need not exist
+    inside). A folder no mount holds, or node-local staging the image does not see at the
+    same path, is refused in one line."""
+    run_dir = Path(os.path.abspath(run_dir))
+    if stage_to is not None and box.inside(run_dir, stage_to) != stage_to:
+        raise UserError(f"--stage-to {stage_to} is not mounted at the same path in the "
+                        f"container: add --container-mount {stage_to}:{stage_to}")
+    data_dir = settings.data.data_dir
+    if data_dir is None:
+        return None
+    inside = box.inside(run_dir, Path(data_dir))
+    if inside is None:
+        raise UserError(f"the data folder {data_dir} is not mounted in the container: add "
+                        f"--container-mount {data_dir}:/data (the replicas then read /data)")
+    return str(inside)
+

@@ -86,6 +86,8 @@ class Container:
     mounts: list[str] = field(default_factory=list)
     options: list[str] = field(default_factory=list)
     python: str = "python3"
+    # Where the replicas see the run's dataset inside the image (a mount's destination).
+    data_root: str | None = None
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -97,10 +99,29 @@ class Container:
         user's mounts (datasets)."""
         return [f"{run_dir}:{run_dir}", *self.mounts]
 
+    def inside(self, run_dir: Path, host: Path) -> Path | None:
+        """Where the host's path ``host`` is inside the image: under the destination of the
+        deepest mount (the run directory's, or one of the user's) whose source holds it, as
+        typed or through its symbolic links; None where no mount holds it."""
+        found: tuple[int, Path] | None = None
+        real = Path(os.path.realpath(host))
+        for bind in self.binds(run_dir):
+            parts = bind.split(":")
+            source, target = Path(parts[0]), Path(parts[1] if len(parts) > 1 else parts[0])
+            for root in {source, Path(os.path.realpath(source))}:
+                for path in (host, real):
+                    if path == root or root in path.parents:
+                        depth = len(root.parts)
+                        if found is None or depth > found[0]:
+                            found = (depth, target / path.relative_to(root))
+        return None if found is None else found[1]
+
     def wrap(self, run_dir: Path, srun_args: list[str], worker: list[str]) -> list[str]:
         """An srun command that runs ``worker`` (whose first word is the host's Python)
-        inside the image."""
+        inside the image, reading the dataset where the image sees it."""
         inner = [self.python, *worker[1:]]
+        if self.data_root is not None:
+            inner += ["--data-root", self.data_root]
         if self.runtime == "pyxis":
             return [*srun_args, f"--container-image={self.image}",
                     f"--container-mounts={','.join(self.binds(run_dir))}",

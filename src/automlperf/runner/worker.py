@@ -56,14 +56,19 @@ class NodeSampler:
 
 def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int | None = None,
                  threads: int | None = None, sample: bool = True,
-                 require_accelerators: bool = False) -> Replica:
+                 require_accelerators: bool = False, data_root: Path | None = None) -> Replica:
     """The replica of a run directory with the collaborators of a real run: the run's store,
     a pool of training processes on this node's accelerators (or, in a simulated run,
-    simulated devices, and then nothing loads torch), the search and its TPE study."""
+    simulated devices, and then nothing loads torch), the search and its TPE study.
+    ``data_root`` is where this replica sees the run's dataset (a container's mount of it)."""
     rd = RunDir(Path(run_dir))
     run_id = int(rd.meta()["run_id"])
     url = rd.store_url(store_url)
     config = Config.load(rd.config)
+    if data_root is not None and config.data.data_dir is not None:
+        log.info("reading the dataset at %s (the run's %s)", data_root, config.data.data_dir)
+        config = config.model_copy(update={"data": config.data.model_copy(
+            update={"data_dir": data_root})})
     shared, data_dir = rd.path / SHARED_INDEX, config.data.data_dir
     index_dir = None
     if config.data.dataset == "imagenet" and data_dir is not None and \
@@ -203,7 +208,8 @@ def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
 
 def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices: int | None,
                threads: int | None, sample: bool = True, wait_s: float = 0.0,
-               require_accelerators: bool = False, retired_status: int = 1) -> int:
+               require_accelerators: bool = False, retired_status: int = 1,
+               data_root: Path | None = None) -> int:
     """Entry point of ``automlperf worker``; identity from the launcher's environment when
     not given. A replica that retires (it cannot start, or cannot train) exits with
     ``retired_status``: a launcher that ends every rank on a non-zero exit would otherwise
@@ -225,7 +231,7 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
         return 1
     try:
         replica = open_replica(run_dir, store_url, index, devices, threads, sample,
-                               require_accelerators)
+                               require_accelerators, data_root)
     except (DeviceError, DatasetIdentityError) as exc:
         # This node cannot train: said through the store, so that the primary retires this
         # replica in one line (and ends the run only when no replica is left).
