@@ -32,6 +32,13 @@ def test_pyxis_steps_mount_the_run_directory_and_run_the_images_python(tmp_path)
     assert done.exit_code == 0, done.output
     saved = json.loads((run_dir / "container.json").read_text())
     assert saved["runtime"] == "pyxis" and saved["image"] == "nvcr.io#nvidia/pytorch:25.01-py3"
+    assert saved["digest"] is None and "named by a tag alone; pin it by digest" in \
+        " ".join(done.output.split())
+    pinned = "nvcr.io#nvidia/pytorch@sha256:" + "ab" * 32
+    run_dir, done = write(tmp_path / "pinned", "--container-image", pinned)
+    assert done.exit_code == 0 and f"digest sha256:{'ab' * 32}" in done.output, done.output
+    run_dir, done = write(tmp_path, "--container-image", "nvcr.io#nvidia/pytorch:25.01-py3",
+                          "--container-mount", "/data/imagenet:/data/imagenet")
     script = (run_dir / "automlperf.sbatch").read_text()
     assert "each step runs in the container nvcr.io#nvidia/pytorch:25.01-py3 (pyxis" in script
     assert "/data/imagenet:/data/imagenet mounted" in script

@@ -1,5 +1,6 @@
 """Clusters: the benchmark submitted to a real SLURM cluster, with real PostgreSQL stores."""
 
+import hashlib
 import json
 import os
 import re
@@ -15,11 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from automlperf.cli import app
-from automlperf.runner.sbatch import margins
+from automlperf.runner.joblimits import margins
 from automlperf.runner.slurm import format_time
 from helpers import cli, fast_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
 
 def wait_job(job, env, timeout=1200):
     deadline = time.monotonic() + timeout
@@ -76,8 +79,16 @@ def test_time_limits_hold_the_start_up_and_leave_room_for_the_result():
 
 
 def test_a_submitted_benchmark_runs_two_replicas(slurm_cluster, tmp_path):
+    """Each replica's step in an Apptainer image (tests/standins/apptainer: this host's
+    installation, as an image built from it would hold): the image is named, with its
+    digest, in system.json, and each replica's record says what it trained with."""
     run_dir = tmp_path / "run"
-    job = submit(tmp_path, slurm_cluster, run_dir)
+    image = tmp_path / "automlperf.sif"
+    image.write_bytes(b"an image\n" * 1000)
+    env = dict(slurm_cluster, PATH=os.pathsep.join(
+        [str(STANDINS), str(Path(sys.executable).parent), slurm_cluster.get("PATH", os.environ["PATH"])]))
+    job = submit(tmp_path, env, run_dir, "--container-image", image,
+                 "--container-runtime", "apptainer")
     assert wait_job(job, slurm_cluster) == "COMPLETED"
     out = next((run_dir / "logs").glob("slurm-*.out")).read_text()
     assert "automlperf primary finished with status 0" in out
@@ -86,8 +97,12 @@ def test_a_submitted_benchmark_runs_two_replicas(slurm_cluster, tmp_path):
     assert {e.trial_id for e in epochs} & {t.id for t in trials if t.replica_index == 1}
     system = json.loads((run_dir / "system.json").read_text())
     assert system["slurm"]["SLURM_JOB_ID"] == job and system["nodes"] == 2
+    assert system["replica_image"] == {"runtime": "apptainer", "image": str(image), "digest":
+                                       "sha256:" + hashlib.sha256(image.read_bytes()).hexdigest()}
     result = json.loads((run_dir / "result.json").read_text())
     assert result["replicas"] == 2 and result["score"] > 0
+    assert [n["software"]["container"] for n in result["node_descriptions"]] == [
+        {"runtime": "apptainer", "image": str(image), "name": "automlperf.sif"}] * 2
     assert (run_dir / "report.html").exists()
     assert not any(t.status == "running" for t in trials)
     # The run's private PostgreSQL server is stopped; check starts it again to verify.

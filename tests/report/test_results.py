@@ -226,6 +226,23 @@ def test_check_holds_system_json_trial_folders_devices_and_outcomes_to_the_store
         "['cpu']" in text
 
 
+def test_check_names_a_replica_that_trained_with_other_code(run_dir, tmp_path):
+    """A replica in an image (or on a node) whose automlperf is not the run's: its epochs are
+    not the official workload's, and check says which replica and what it ran."""
+    copy = tampered(run_dir, tmp_path)
+    with sqlite3.connect(copy / "history.db") as db:
+        (data,) = db.execute("SELECT data FROM amp_nodes").fetchone()
+        node = json.loads(data)
+        node["software"].update(source_hash="sha256:" + "0" * 64,
+                                container={"runtime": "apptainer", "image": "/sw/other.sif"})
+        db.execute("UPDATE amp_nodes SET data = ?", (json.dumps(node),))
+    done = cli("check", copy)
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 1, text
+    assert "replica 0 on " in text and "(source sha256:000000000000) in /sw/other.sif, not the " \
+        "run's" in text and "install the same automlperf on every node and in the image" in text
+
+
 def test_what_the_store_lost_comes_back_from_the_logs(run_dir, tmp_path):
     """A store that lost an epoch and a trial's outcome (it went down between the log and
     the store): the primary gives them back from the logs, as the replica had them, and the
@@ -451,6 +468,10 @@ def test_a_run_records_its_ruleset_provenance_nodes_and_breakdown(run_dir):
     assert (prov["git"] or {}).get("commit") or prov["git"] is None
     node = result["node_descriptions"][0]
     assert node["ceiling"][0]["precision"] == "fp32" and node["ceiling_ops"] > 0
+    # What the replica trained with, beside what the primary recorded: the same code here.
+    assert node["software"]["source_hash"] == prov["source_hash"]
+    assert node["software"]["automlperf_version"] == prov["automlperf_version"]
+    assert node["software"]["torch"] == prov["packages"]["torch"]
     assert result["fraction_of_ceiling"] == pytest.approx(result["score"] / result["ceiling_ops"])
     parts = result["time_breakdown"]["total"]
     # The replica is charged to the deadline, or to the end of an epoch that finished in the

@@ -191,7 +191,7 @@ def slurm(
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
     from automlperf.runner.sbatch import SlurmRequest, resume_job, submit as sbatch, write_batch_job
-    from automlperf.runner.slurm import format_time
+    from automlperf.runner.slurm import Container, format_time
 
     if resume:
         fixed = [name for name, given in (
@@ -224,6 +224,12 @@ def slurm(
                   f"{d['index']} for the job"
                   + (f" (not ImageNet-1k: {'; '.join(d['problems'])})" if d["problems"] else ""),
                   highlight=False, soft_wrap=True)
+    box = Container.load(run_dir)
+    if box is not None:
+        out.print(f"container image {box.image}: " + (
+            f"digest {box.digest}" if box.digest else "named by a tag alone; pin it by digest "
+            "(NAME@sha256:...) for the result to name the exact image"), highlight=False,
+            soft_wrap=True)
     out.print(f"time limit {format_time(written.time_limit_s)}: start-up "
               f"{written.startup_s / 60:.0f} min, run {settings.run.duration_s / 60:.0f} min, "
               f"epochs in flight {settings.deadline_grace() / 60:.0f} min, "

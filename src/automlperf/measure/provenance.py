@@ -7,8 +7,10 @@ the run's store and run directory, copied into result.json, and compared by ``ch
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import platform
 import re
 import subprocess
 from importlib import metadata
@@ -96,6 +98,18 @@ def container() -> dict[str, Any] | None:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return {"runtime": "kubernetes", "image": os.environ.get("CONTAINER_IMAGE")}
     return None
+
+
+@functools.cache
+def software() -> dict[str, Any]:
+    """What a replica trains with, recorded with its node's description: in a container that
+    is the image's automlperf, Python and torch, not the batch host's the primary recorded."""
+    try:
+        torch: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = None
+    return {"automlperf_version": __version__, "source_hash": source_hash(),
+            "python": platform.python_version(), "torch": torch, "container": container()}
 
 
 def collect() -> dict[str, Any]:

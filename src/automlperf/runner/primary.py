@@ -22,7 +22,7 @@ from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
 from automlperf.runner import session as steps
 from automlperf.runner.joblimits import batch_job_limit
-from automlperf.runner.slurm import SlurmLauncher
+from automlperf.runner.slurm import Container, SlurmLauncher
 from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store.base import StoreError
 from automlperf.store.connections import check_open_files, check_room
@@ -176,6 +176,9 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     limit = batch_job_limit(process_start=started) if req.launcher != "local" else None
     if limit is not None:
         system["job_limit"] = limit.describe()
+    box = Container.load(run_dir) if req.launcher == "slurm" and not req.resume else None
+    if box is not None:
+        system["replica_image"] = box.record()  # the primary's provenance is the host's
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
                             process_start=started, listen_all=req.launcher != "local",
                             extend_to=extend_to)

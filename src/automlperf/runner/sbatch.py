@@ -379,6 +379,7 @@ def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
     stage_to = Path(os.path.abspath(req.stage_to)) if req.stage_to else None
     if box is not None:
         box.data_root = _data_inside(box, req.run_dir, settings, stage_to)
+        box.pin()
     written = write_job(ScriptOptions(
         run_dir=req.run_dir, nodes=req.nodes, duration_s=settings.run.duration_s,
         gpus_per_node=req.gpus_per_node, cpus_per_task=req.cpus_per_task, store_url=url,

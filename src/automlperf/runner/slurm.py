@@ -88,6 +88,9 @@ class Container:
     python: str = "python3"
     # Where the replicas see the run's dataset inside the image (a mount's destination).
     data_root: str | None = None
+    # The image's own digest: a local file's SHA-256, or the one a reference pins
+    # (``name@sha256:...``); None for a reference by tag alone.
+    digest: str | None = None
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -98,6 +101,24 @@ class Container:
         """The run directory at the same path inside (replicas write there), then the
         user's mounts (datasets)."""
         return [f"{run_dir}:{run_dir}", *self.mounts]
+
+    def pin(self) -> str | None:
+        """Find the image's digest (see ``digest``): a local image file is read once."""
+        if "@sha256:" in self.image:
+            self.digest = "sha256:" + self.image.rsplit("@sha256:", 1)[1]
+        elif os.path.isfile(self.image):
+            import hashlib
+
+            sha = hashlib.sha256()
+            with open(self.image, "rb") as f:
+                while block := f.read(1 << 22):
+                    sha.update(block)
+            self.digest = "sha256:" + sha.hexdigest()
+        return self.digest
+
+    def record(self) -> dict[str, str | None]:
+        """What system.json records of the image the replicas trained in."""
+        return {"runtime": self.runtime, "image": self.image, "digest": self.digest}
 
     def inside(self, run_dir: Path, host: Path) -> Path | None:
         """Where the host's path ``host`` is inside the image: under the destination of the

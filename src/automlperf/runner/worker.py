@@ -22,6 +22,7 @@ from automlperf.dataset_identity import SHARED_INDEX, DatasetIdentityError, File
 from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
 from automlperf.measure.ceiling import run_measurement
 from automlperf.measure.monitor import SampleCopier
+from automlperf.measure.provenance import software
 from automlperf.runner.staging import local_root
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
@@ -121,6 +122,12 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
                       startup_trials=search.tpe_startup_trials)
 
     def probe(started: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The node's description and the software this replica trains with (``check``
+        holds it to the run's)."""
+        found = describe_node(started)
+        return None if found is None else {**found, "software": software()}
+
+    def describe_node(started: dict[str, Any] | None) -> dict[str, Any] | None:
         """The node's description: before the training processes start (None: after, from
         ``started``, the pool's description)."""
         if config.simulated:

@@ -44,7 +44,7 @@ from automlperf.errors import UserError
 from automlperf.submission import bundle
 from automlperf.submission.remeasure import RevalidateError, Revalidation, revalidate as remeasure
 from automlperf.submission.remeasure_record import read_record, verify_record, write_record
-from automlperf.submission.result_check import check_devices, check_result, same
+from automlperf.submission.result_check import check_devices, check_software, check_result, same
 from automlperf.store.base import RunRecords
 from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
@@ -217,7 +217,9 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
     bad.extend(ledger(epochs, trials, logs).problems())
     # The system as the run recorded it in its store: system.json is held to it.
     system = store.run(run_id)["system"]
-    check_devices(store.nodes(run_id), store.replicas(run_id), bad)
+    nodes = store.nodes(run_id)
+    check_devices(nodes, store.replicas(run_id), bad)
+    check_software(nodes, system.get("provenance") or {}, bad)
     if rd.path.joinpath("trials").is_dir():
         known = {t.id for t in trials}
         bad.extend(f"trials/{p.name} holds a trial the store does not have"

@@ -155,6 +155,24 @@ def check_devices(nodes: list[dict[str, Any]], replicas: list[ReplicaRecord],
                        f"node description {sorted(devices)}")
 
 
+def check_software(nodes: list[dict[str, Any]], provenance: dict[str, Any],
+                   bad: list[str]) -> None:
+    """Every replica trained with the automlperf the run records (its source's hash): one in
+    a container, or on a node with another installation, that ran other code did not run
+    the official workload."""
+    want = provenance.get("source_hash")
+    for node in latest_nodes(nodes):
+        found = node.get("software")
+        if not found or not want or found.get("source_hash") == want:
+            continue
+        image = (found.get("container") or {}).get("image")
+        bad.append(f"replica {node.get('replica_index')} on {node.get('host')} trained with "
+                   f"automlperf {found.get('automlperf_version')} (source "
+                   f"{str(found.get('source_hash'))[:19]}){f' in {image}' if image else ''}, "
+                   f"not the run's ({provenance.get('automlperf_version')}, {want[:19]}): "
+                   "install the same automlperf on every node and in the image")
+
+
 def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:
     """The dataset identity, provenance, node descriptions and time breakdown in
     result.json equal what the run recorded in its store."""
