@@ -192,3 +192,74 @@ def test_idle_slow_and_deaf_clients_cost_the_service_little_and_the_run_goes_on(
     assert service.restarts == 0
     deaf.close()
     slow.close()
+
+
+class HalfOpen:
+    """A TCP relay to the service whose connections can be made half-open at once: from then
+    on nothing goes through them either way, and nobody is told, as when the path to a host
+    drops (a switch, a firewall's state table) without a reset. New connections still pass."""
+
+    def __init__(self, target):
+        import threading
+
+        self.target, self.cut, self.accepted = target, threading.Event(), 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+
+        while True:
+            inside, _ = self.listener.accept()
+            self.accepted += 1
+            outside = socket.create_connection(self.target)
+            cut = self.cut.is_set()  # a connection made after the cut passes
+            for a, b in ((inside, outside), (outside, inside)):
+                threading.Thread(target=self._pump, args=(a, b, cut), daemon=True).start()
+
+    def _pump(self, source, sink, already_cut):
+        while True:
+            data = source.recv(1 << 16)
+            if not data:
+                return
+            if self.cut.is_set() and not already_cut:
+                continue  # swallowed: the connection is half-open from here on
+            sink.sendall(data)
+
+
+def test_a_heartbeat_on_a_half_open_connection_is_sent_again_on_a_new_one(service, pg_url,
+                                                                          tmp_path):
+    """A heartbeat has a deadline of its own (a quarter of the lease, at least 5 s): one sent
+    on a connection that silently went dead is given up and sent again on a new connection
+    while its lease still holds, rather than after the socket's timeout (the store's retry
+    time and a minute: 11 minutes here), by which time the replica's trials would have been
+    expired."""
+    import threading
+
+    from automlperf.store import open_store
+    from automlperf.store.service.client import RemoteStore
+
+    host, port, _ = address(service)
+    relay = HalfOpen((host, port))
+    relayed = tmp_path / "relayed.json"
+    relayed.write_text(json.dumps({**json.loads(service.file.read_text()), "host": "127.0.0.1",
+                                   "port": relay.port}))
+    direct = open_store(pg_url)
+    remote = RemoteStore(relayed, service.token_file, retry_s=600)
+    try:
+        run_id = direct.create_run("r", {}, {}, 3600.0, 1.0)
+        seg = direct.start_segment(run_id, 1.0, 3600.0)
+        rep = remote.register_replica(run_id, 0, seg, "n0", 1, [], 1.0)
+        assert remote.heartbeat(rep, 2.0, 20.0) is not None and relay.accepted == 1
+        relay.cut.set()
+        done = []
+        beat = threading.Thread(target=lambda: done.append(remote.heartbeat(rep, 3.0, 20.0)),
+                                daemon=True)
+        beat.start()
+        beat.join(timeout=300)  # generous: given up after 5 s; without a deadline, 660 s
+        assert done and done[0] is not None, "the heartbeat waited on the dead connection"
+        assert relay.accepted == 2  # sent again on a new connection, which passed
+    finally:
+        remote.close()
+        direct.close()

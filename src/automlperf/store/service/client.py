@@ -37,6 +37,10 @@ TOKEN_FILE = ".store-service.token"
 CONNECT_S = 10.0
 # Connections a store keeps between calls: 10,000 replicas, 10,000 connections at the service.
 KEEP = 1
+# A heartbeat's own deadline, a quarter of the lease it renews (at least this): one sent on a
+# connection whose peer vanished without a word (a half-open connection) is given up and
+# sent again on a new one while the lease still holds, not after the socket's timeout.
+HEARTBEAT_MIN_S = 5.0
 log = logging.getLogger("automlperf.store")
 
 
@@ -127,8 +131,9 @@ class RemoteStore(Store):
         answer, _ = wire.read_frame(sock, wire.MAX_GREETING)
         return answer if isinstance(answer, dict) else {"e": "protocol", "m": str(answer)[:200]}
 
-    def _call(self, op: str, *args: Any) -> Any:
-        """Send one call and return its value, riding out the service's outages."""
+    def _call(self, op: str, *args: Any, deadline_s: float | None = None) -> Any:
+        """Send one call and return its value, riding out the service's outages; a try
+        unanswered after ``deadline_s`` is given up and sent again on a new connection."""
         if self.closed:
             raise StoreError(f"store {self.url} is closed")
         request = wire.encode({"op": op, "a": list(args)})
@@ -138,7 +143,7 @@ class RemoteStore(Store):
         failed: BaseException | None = None
         while True:
             try:
-                answer, size = self._once(request)
+                answer, size = self._once(request, deadline_s)
             except ServiceUnavailable as exc:
                 failed = exc
                 waited = time.monotonic() - started
@@ -175,14 +180,18 @@ class RemoteStore(Store):
                 self.restored_at = served  # the service's own outage (a restart, a stall)
             return answer["v"]
 
-    def _once(self, request: bytes) -> tuple[Any, int]:
+    def _once(self, request: bytes, deadline_s: float | None = None) -> tuple[Any, int]:
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         if sock is None:
             sock = self._connect()
         try:
+            if deadline_s is not None:
+                sock.settimeout(deadline_s)
             sock.sendall(request)
             answer = wire.read_frame(sock)
+            if deadline_s is not None:
+                sock.settimeout(self.retry_s + 60.0)
         except (OSError, ValueError) as exc:
             sock.close()
             raise ServiceUnavailable(str(exc) or type(exc).__name__) from None
@@ -231,7 +240,8 @@ class RemoteStore(Store):
                               list(devices), now))
 
     def heartbeat(self, replica_id: int, now: float, lease_s: float) -> SegmentRecord | None:
-        found = self._call("heartbeat", replica_id, now, lease_s)
+        found = self._call("heartbeat", replica_id, now, lease_s,
+                           deadline_s=max(HEARTBEAT_MIN_S, lease_s / 4))
         return None if found is None else wire.unpack(SegmentRecord, found)
 
     def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
