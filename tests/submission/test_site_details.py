@@ -85,3 +85,23 @@ def test_accelerator_uuids_become_neutral_names_the_same_in_every_file(tmp_path)
     assert "GPU-1" in (tmp_path / "trials" / "3" / "log.jsonl").read_text()
     system = json.loads((tmp_path / "system.json").read_text())
     assert system == {"host": "node-1", "os": "Linux kernel"}
+
+
+def test_the_replicas_image_path_becomes_a_neutral_name_and_its_digest_stays(tmp_path):
+    from automlperf.submission.site import leave_out, site_names
+
+    image = "/projects/site-ai/images/automlperf.sif"
+    (tmp_path / "records").mkdir()
+    (tmp_path / "system.json").write_text(json.dumps(
+        {"host": "n1", "replica_image": {"runtime": "apptainer", "image": image,
+                                         "digest": "sha256:" + "ab" * 32}}))
+    (tmp_path / "config.toml").write_text("[run]\n")
+    (tmp_path / "records" / "nodes.jsonl").write_text(json.dumps(
+        {"host": "n1", "software": {"container": {"runtime": "apptainer", "image": image,
+                                                  "name": "automlperf.sif"}}}) + "\n")
+    leave_out(tmp_path, site_names(tmp_path, tmp_path / "run"))
+    system = json.loads((tmp_path / "system.json").read_text())
+    node = json.loads((tmp_path / "records" / "nodes.jsonl").read_text())
+    assert system["replica_image"] == {"runtime": "apptainer", "image": "IMAGE",
+                                       "digest": "sha256:" + "ab" * 32}
+    assert node["software"]["container"]["image"] == "IMAGE"

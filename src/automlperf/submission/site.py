@@ -1,10 +1,10 @@
 """What a bundle says about the site that ran it, and how ``submit --no-site-details`` leaves
 it out: host names (each replica's, node description's and sample's, the store's URL), the
 scheduler's user, account, partition, cluster and node lists (recorded with the job's
-``SLURM_*`` variables in the provenance), and the paths of the run directory, the data and
+``SLURM_*`` variables in the provenance), and the paths of the run directory, the data, the replicas' image and
 the submission folder; the accelerators' UUIDs, the kernel's release, and the
 network interfaces NCCL was told to use. Each such value becomes a neutral name (``node-1``, ``user``,
-``RUN_DIR``, ...) in every file that can hold it, the same name everywhere, so that the
+``RUN_DIR``, ``IMAGE``, ...) in every file that can hold it, the same name everywhere, so that the
 bundle still verifies: hosts map one to one (the node count stays), and the records, the
 result and the system description change alike."""
 
@@ -76,6 +76,10 @@ def site_names(bundle: Path, run_dir: Path) -> dict[str, str]:
     data_dir = (config.get("data") or {}).get("data_dir")
     if data_dir:
         names[str(data_dir)] = "DATA_DIR"
+    # The replicas' image file, by its path (its digest, which names no place, stays).
+    image = (system.get("replica_image") or {}).get("image")
+    if isinstance(image, str) and image.startswith("/"):
+        names.setdefault(image, "IMAGE")
     home = str(Path.home())
     if home not in ("/", ""):
         names.setdefault(home, "HOME")
