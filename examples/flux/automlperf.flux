@@ -5,14 +5,14 @@
 # CONFIG (default: official, the configuration shipped with automlperf), DURATION (default
 # 1h) and PYTHON (default python3) may be passed the same way, and the time limit a
 # duration needs with it:
-#   flux batch -t $(automlperf job-time --duration 4h --scheduler flux) --env=DURATION=4h ...
+#   flux batch -t $(automlperf job-time --duration 4h --scan-time 6m --scheduler flux) --env=DURATION=4h ...
 # The primary asks `flux job timeleft` and starts no clock the job cannot hold.
 # Resubmitting the script continues an interrupted run.
 #flux: -N 4
 # For the default 1h: the run, the grace in which its epochs in flight finish (a quarter of
-# it), its start-up (the private server, the dataset index) and the result (`automlperf
-# job-time --duration 1h --scheduler flux`).
-#flux: -t 84m
+# it), its start-up (the private server; the dataset scan, 6 minutes allowed) and the result
+# (`automlperf job-time --duration 1h --scan-time 6m --scheduler flux`).
+#flux: -t 90m
 #flux: --job-name=automlperf
 #flux: --output=automlperf-{{id}}.out
 

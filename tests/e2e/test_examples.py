@@ -124,7 +124,7 @@ def test_a_walltime_too_short_starts_no_clock_and_ends_the_waiting_replicas(tmp_
     last = (tmp_path / "run" / "logs" / "primary.log").read_text().strip().splitlines()[-1]
     assert "the job's time limit leaves" in last and "the clock was not started" in last
     # This job's start-up so far, the run, its grace (2.5 min) and the result's 3 min.
-    assert re.search(r"at least qsub -l walltime=00:1[6-9]:00$", last), last
+    assert re.search(r"submit it again with `qsub -l walltime=00:1[6-9]:00` or more$", last), last
     assert not (tmp_path / "run" / "run.json").exists()
     wait_no_strays(mark)  # the replicas did not wait out their half hour
 
@@ -134,7 +134,7 @@ def test_the_flux_script_runs_as_written_and_outlives_a_sick_node(tmp_path, data
     start): the script turns that off, and the run goes on with the other replica."""
     _, result, logs = run_script("flux/automlperf.flux", tmp_path, data, sick_node=True,
                                  FLUX_STANDIN_NODES="2", FLUX_STANDIN_EXIT_TIMEOUT="0",
-                                 FLUX_JOB_ID="f42", FLUX_STANDIN_TIMELEFT="3600")
+                                 FLUX_URI="local:///tmp/flux-standin", FLUX_STANDIN_TIMELEFT="3600")
     assert "replica 1 (from FLUX_TASK_RANK)" in logs and "replica 1 cannot start" in logs
 
 

@@ -2,6 +2,7 @@
 limit leaves after its start-up and before the result must be written."""
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -63,22 +64,28 @@ def test_the_limit_of_a_pbs_lsf_or_flux_job_is_asked_of_its_scheduler():
               "PBS_STANDIN_USED": "00:02:00"}, "pbs", 82 * 60),
             ({"LSB_JOBID": "42", "LSF_STANDIN_RUNLIMIT": "01:24:00",
               "LSF_STANDIN_RUNTIME": "00:02:00"}, "lsf", 82 * 60),
-            ({"FLUX_JOB_ID": "f42", "FLUX_STANDIN_TIMELEFT": "4920.5"}, "flux", 4920.5)):
+            # A `flux batch` script: its instance's FLUX_URI, no FLUX_JOB_ID.
+            ({"FLUX_URI": "local:///run/flux", "FLUX_STANDIN_TIMELEFT": "4920.5"}, "flux", 4920.5)):
         limit = batch_job_limit(standin_env(**env), process_start=now - 30)
         assert isinstance(limit, SchedulerLimit) and limit.scheduler == scheduler
         assert limit.ends_at - now == pytest.approx(left, abs=30)
         assert limit.must_end_by == limit.ends_at - 180
     # No limit, or no answer: nothing to hold the clock to.
     for env in ({"PBS_JOBID": "42.pbs"}, {"LSB_JOBID": "42"}, {"FLUX_JOB_ID": "f42"},
+                {"FLUX_URI": "local:///run/flux", "FLUX_STANDIN_TIMELEFT": "inf"},
                 {"PBS_JOBID": "42.pbs", "PATH": "/nonexistent"}, {}):
         assert batch_job_limit(standin_env(**env)) is None, env
 
 
 def test_a_stated_end_holds_for_any_scheduler_and_a_wrong_one_is_named():
-    limit = batch_job_limit({JOB_END_ENV: "5000", "SLURM_JOB_ID": "7"}, process_start=1000)
-    assert (limit.started_at, limit.ends_at, limit.scheduler) == (1000, 5000, "stated")
-    with pytest.raises(UserError, match=f"{JOB_END_ENV}='in an hour' is not a time"):
-        batch_job_limit({JOB_END_ENV: "in an hour"})
+    limit = batch_job_limit({JOB_END_ENV: "1800000000", "SLURM_JOB_ID": "7"}, process_start=1000)
+    assert (limit.started_at, limit.ends_at, limit.scheduler) == (1000, 1.8e9, "stated")
+    for wrong in ("in an hour", "inf", "nan", "3600", "1795000000000"):  # ms, a duration
+        with pytest.raises(UserError, match=f"{JOB_END_ENV}='{wrong}' is not the job's end in "
+                                            "seconds since 1970"):
+            batch_job_limit({JOB_END_ENV: wrong})
+    with pytest.raises(UserError, match=f"{MARGIN_ENV}='soon' is not a number of seconds"):
+        batch_job_limit({MARGIN_ENV: "soon", "PBS_JOBID": "1"})
 
 
 def test_the_output_of_the_schedulers_is_read_as_they_print_it():
@@ -94,11 +101,11 @@ def test_the_output_of_the_schedulers_is_read_as_they_print_it():
 def test_a_refusal_names_the_schedulers_option_with_the_time_it_needs(tmp_path):
     config = Config.parse({"run": {"duration_s": 600}, "data": {"dataset": "digits"}})
     now = time.time()
-    for scheduler, option in (("pbs", "qsub -l walltime=00:23:00"), ("lsf", "bsub -W 0:23"),
-                              ("flux", "flux batch -t 23m")):
+    for scheduler, option in (("pbs", "`qsub -l walltime=00:23:00`"), ("lsf", "`bsub -W 0:23`"),
+                              ("flux", "`flux batch -t 23m`")):
         short = SchedulerLimit(now - 400, now + 500, 180, scheduler=scheduler)
         with pytest.raises(RunFailure, match=f"the clock was not started: submit it again with "
-                                             f"a time limit of at least {option}$"):
+                                             f"{re.escape(option)} or more$"):
             prepare(config, tmp_path / "run", None, False, {}, limit=short)
 
 
@@ -110,8 +117,11 @@ def test_job_time_is_what_a_slurm_job_is_given_and_the_examples_ask_for_it():
     assert [scheduler_time(held.limit_s, s) for s in SCHEDULERS] == [
         "1:24:00", "01:24:00", "1:24", "84m"]
     assert job_time(settings, stage_s=1200).limit_s == held.limit_s + 1200
-    # The example scripts' own limit is that of their default duration (1h).
-    lines = {"pbs": "#PBS -l walltime=01:24:00", "lsf": "#BSUB -W 1:24", "flux": "#flux: -t 84m"}
+    # The example scripts' own limit: their default duration (1h) and 6 minutes to scan the
+    # data inside the job.
+    assert [scheduler_time(job_time(settings, scan_s=360).limit_s, s) for s in SCHEDULERS] == [
+        "1:30:00", "01:30:00", "1:30", "90m"]
+    lines = {"pbs": "#PBS -l walltime=01:30:00", "lsf": "#BSUB -W 1:30", "flux": "#flux: -t 90m"}
     for scheduler, line in lines.items():
         script = (EXAMPLES / scheduler / f"automlperf.{scheduler}").read_text()
         assert line in script.splitlines() and "DURATION=${DURATION:-1h}" in script
@@ -123,3 +133,16 @@ def test_the_job_time_command_prints_the_limit_alone():
     assert "run 240 min, epochs in flight 60 min" in done.stderr
     bad = cli("job-time", "--scheduler", "pbx")
     assert bad.returncode != 0 and "--scheduler pbx: one of slurm, pbs, lsf, flux" in bad.stderr
+
+
+def test_a_replica_with_other_automlperf_code_than_the_runs_is_refused_before_it_trains():
+    from automlperf.measure.provenance import software
+    from automlperf.runner.worker import SoftwareMismatch, check_software
+
+    mine = software()
+    check_software({"source_hash": mine["source_hash"], "automlperf_version": "x"})
+    check_software({})  # a run from before provenance was kept
+    with pytest.raises(SoftwareMismatch, match=r"this node's automlperf \(.*\) is not the "
+                                               r"run's \(0.1, sha256:000000000000\): install "
+                                               "the run's automlperf here and in the image"):
+        check_software({"source_hash": "sha256:" + "0" * 64, "automlperf_version": "0.1"})

@@ -250,6 +250,10 @@ def job_time(
                                            "(-t Nm).")] = "slurm",
     stage_time: Annotated[Optional[str], typer.Option(
         help="Time the job also gives copying the data to every node.")] = None,
+    scan_time: Annotated[Optional[str], typer.Option(
+        help="Time the job also gives scanning the data before the clock: the PBS, LSF and "
+             "Flux examples scan it inside the job (minutes for ImageNet on a parallel file "
+             "system); `automlperf slurm` scans it at submission.")] = None,
 ) -> None:
     """Print the time limit a batch job needs for a run: the start-up before the clock, the
     run, the grace for its epochs in flight and the result. E.g. qsub -l walltime=$(automlperf
@@ -260,12 +264,14 @@ def job_time(
 
     if scheduler not in SCHEDULERS:
         raise UserError(f"--scheduler {scheduler}: one of {', '.join(SCHEDULERS)}")
-    try:
-        stage_s = parse_duration(stage_time) if stage_time else 0.0
-    except ConfigError as exc:
-        raise UserError(f"--stage-time: {exc}") from None
+    allowances = []
+    for name, given in (("--stage-time", stage_time), ("--scan-time", scan_time)):
+        try:
+            allowances.append(parse_duration(given) if given else 0.0)
+        except ConfigError as exc:
+            raise UserError(f"{name}: {exc}") from None
     settings = settings_from_options(config, dataset, duration=duration, data_required=False)
-    held = needed(settings, stage_s)
+    held = needed(settings, *allowances)
     print(scheduler_time(held.limit_s, scheduler))
     err.print(f"start-up {held.startup_s / 60:.0f} min, run {held.duration_s / 60:.0f} min, "
               f"epochs in flight {held.grace_s / 60:.0f} min, result {held.result_s / 60:.0f} "

@@ -9,6 +9,7 @@ Kubernetes Job's deadline) can state the job's end in ``AUTOMLPERF_JOB_END`` (Un
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -31,6 +32,7 @@ STARTUP_S = 300.0
 # The job's end, for a scheduler automlperf does not ask (Unix time).
 JOB_END_ENV = "AUTOMLPERF_JOB_END"
 SCHEDULERS = ("slurm", "pbs", "lsf", "flux")
+log = logging.getLogger("automlperf")
 
 
 def margins(duration_s: float, startup_s: float = STARTUP_S) -> tuple[float, int]:
@@ -57,11 +59,12 @@ class JobTime:
         return self.limit_s - self.startup_s - self.duration_s - self.grace_s
 
 
-def job_time(settings: Config, stage_s: float = 0.0) -> JobTime:
+def job_time(settings: Config, stage_s: float = 0.0, scan_s: float = 0.0) -> JobTime:
     """The time limit of a job that runs ``settings`` (its duration and grace), with the
-    start-up allowance of ``automlperf slurm`` and ``stage_s`` for copying the data."""
+    start-up allowance of ``automlperf slurm``'s jobs (whose data was scanned at
+    submission), ``stage_s`` for copying the data and ``scan_s`` for scanning it in the job."""
     grace = settings.deadline_grace()
-    startup = STARTUP_S + stage_s
+    startup = STARTUP_S + stage_s + scan_s
     limit, _ = margins(settings.run.duration_s + grace, startup)
     return JobTime(limit, startup, settings.run.duration_s, grace)
 
@@ -81,7 +84,7 @@ def scheduler_time(seconds: float, scheduler: str) -> str:
     raise ValueError(f"unknown scheduler {scheduler!r}: one of {', '.join(SCHEDULERS)}")
 
 
-RESUBMIT = {"pbs": "qsub -l walltime={t}", "lsf": "bsub -W {t}", "flux": "flux batch -t {t}"}
+RESUBMIT = {"pbs": "`qsub -l walltime={t}`", "lsf": "`bsub -W {t}`", "flux": "`flux batch -t {t}`"}
 
 
 @dataclass
@@ -93,7 +96,7 @@ class SchedulerLimit(JobLimit):
         needed = (now - self.started_at) + remaining + self.margin_s
         if self.scheduler in RESUBMIT:
             how = RESUBMIT[self.scheduler].format(t=scheduler_time(needed, self.scheduler))
-            return f"submit it again with a time limit of at least {how}"
+            return f"submit it again with {how} or more"
         return (f"give the job at least {format_time(needed)} (its end, {JOB_END_ENV}, "
                 f"is {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.ends_at))})")
 
@@ -109,14 +112,35 @@ def _hms(text: str) -> float | None:
     return seconds
 
 
+# What `flux job timeleft` prints for a job without a time limit (UINT_MAX seconds).
+FLUX_NO_LIMIT = 4294967295.0
+
+
+def _seconds(env: Mapping[str, str], name: str, default: str, low: float, high: float,
+             what: str) -> float:
+    text = env.get(name, default).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # NaN and infinities included
+        raise UserError(f"{name}={text!r} is not {what}: set it so, or unset it")
+    return value
+
+
 def _ask(command: list[str], env: Mapping[str, str]) -> str | None:
     if shutil.which(command[0], path=env.get("PATH")) is None:
         return None
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=dict(env))
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("%s did not answer (%s): the job's time limit is not checked", command[0], exc)
         return None
-    return done.stdout if done.returncode == 0 else None
+    if done.returncode != 0:
+        log.warning("%s failed (%s): the job's time limit is not checked", " ".join(command),
+                    (done.stderr.strip().splitlines() or ["no message"])[-1])
+        return None
+    return done.stdout
 
 
 def pbs_times(qstat_f: str) -> tuple[float, float] | None:
@@ -149,26 +173,25 @@ def batch_job_limit(env: Mapping[str, str] | None = None,
     without a limit, or where the scheduler does not answer. ``process_start`` stands for the
     job's start where the scheduler tells only the time left (Flux)."""
     env = os.environ if env is None else env
-    margin = float(env.get(MARGIN_ENV, "180"))
+    margin = _seconds(env, MARGIN_ENV, "180", 0.0, 86400.0, "a number of seconds")
     now = time.time()
     started = process_start if process_start is not None else now
-    stated = env.get(JOB_END_ENV, "").strip()
-    if stated:
-        try:
-            end = float(stated)
-        except ValueError:
-            raise UserError(f"{JOB_END_ENV}={stated!r} is not a time: give the job's end in "
-                            "seconds since 1970 (e.g. $(( $(date +%s) + 3600 )))") from None
+    if env.get(JOB_END_ENV, "").strip():
+        # Seconds since 1970, between 2001 and 5138: not milliseconds, not a duration.
+        end = _seconds(env, JOB_END_ENV, "", 1e9, 1e11, "the job's end in seconds since "
+                       "1970 (e.g. $(( $(date +%s) + 3600 )))")
         return SchedulerLimit(started, end, margin, scheduler="stated")
     if env.get("SLURM_JOB_ID"):
         return job_limit(env)
-    if env.get("FLUX_JOB_ID"):
+    # A `flux batch` script runs in an instance of its own (FLUX_URI), where the broker has
+    # unset FLUX_JOB_ID; `flux job timeleft` then answers for that instance.
+    if env.get("FLUX_JOB_ID") or env.get("FLUX_URI"):
         said = _ask(["flux", "job", "timeleft"], env)
         try:
-            left = float(said.strip()) if said else math.inf  # "inf": no limit
+            left = float(said.strip()) if said else math.inf
         except ValueError:
             return None
-        if math.isinf(left):
+        if not math.isfinite(left) or left >= FLUX_NO_LIMIT:
             return None
         return SchedulerLimit(started, now + left, margin, scheduler="flux")
     if env.get("PBS_JOBID"):

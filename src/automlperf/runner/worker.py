@@ -20,6 +20,7 @@ from typing import Any
 from automlperf.config import Config
 from automlperf.dataset_identity import SHARED_INDEX, DatasetIdentityError, FileIndex, check_data_here
 from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
+from automlperf.errors import UserError
 from automlperf.measure.ceiling import run_measurement
 from automlperf.measure.monitor import SampleCopier
 from automlperf.measure.provenance import software
@@ -36,6 +37,23 @@ from automlperf.train.simulated import SimulatedTrainer, describe_devices, simul
 from automlperf.train.spec import Trainer
 
 log = logging.getLogger("automlperf.replica")
+
+
+class SoftwareMismatch(UserError):
+    """This node's automlperf is not the one the run was started with."""
+
+
+def check_software(provenance: dict[str, Any]) -> None:
+    """Refuse to train with other automlperf code than the run records (an image, or a node,
+    with another installation; the run's own resumed after an upgrade): its epochs would not
+    be the workload's, and `check` would fail the run only once it is over."""
+    mine, theirs = software(), provenance.get("source_hash")
+    if theirs and mine["source_hash"] != theirs:
+        raise SoftwareMismatch(
+            f"this node's automlperf ({mine['automlperf_version']}, source "
+            f"{mine['source_hash'][:19]}) is not the run's ({provenance.get('automlperf_version')}, "
+            f"{str(theirs)[:19]}): install the run's automlperf here and in the image, or "
+            "start a new run")
 
 
 class NodeSampler:
@@ -91,6 +109,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         check_data_here(shared, data_dir)
         index_dir = str(shared)
     store = open_run_store(rd.path, url)
+    check_software(store.run(run_id)["system"].get("provenance") or {})
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
     measure = None
@@ -239,7 +258,7 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
     try:
         replica = open_replica(run_dir, store_url, index, devices, threads, sample,
                                require_accelerators, data_root)
-    except (DeviceError, DatasetIdentityError) as exc:
+    except (DeviceError, DatasetIdentityError, SoftwareMismatch) as exc:
         # This node cannot train: said through the store, so that the primary retires this
         # replica in one line (and ends the run only when no replica is left).
         log.error("replica %d cannot start: %s", index, exc)

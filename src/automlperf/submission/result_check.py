@@ -159,9 +159,10 @@ def check_software(nodes: list[dict[str, Any]], provenance: dict[str, Any],
                    bad: list[str]) -> None:
     """Every replica trained with the automlperf the run records (its source's hash): one in
     a container, or on a node with another installation, that ran other code did not run
-    the official workload."""
+    the official workload. The record is the replica's own word (a consistency check, as
+    the rest of the store is); records from before replicas kept it are not held to it."""
     want = provenance.get("source_hash")
-    for node in latest_nodes(nodes):
+    for node in nodes:  # every session's: a resumed one may have run other code
         found = node.get("software")
         if not found or not want or found.get("source_hash") == want:
             continue

@@ -77,9 +77,12 @@ def site_names(bundle: Path, run_dir: Path) -> dict[str, str]:
     if data_dir:
         names[str(data_dir)] = "DATA_DIR"
     # The replicas' image file, by its path (its digest, which names no place, stays).
-    image = (system.get("replica_image") or {}).get("image")
-    if isinstance(image, str) and image.startswith("/"):
-        names.setdefault(image, "IMAGE")
+    images = [(system.get("replica_image") or {}).get("image")] + [
+        ((node.get("software") or {}).get("container") or {}).get("image")
+        for node in _jsonl(bundle / "records" / "nodes.jsonl")]
+    for image in images:
+        if isinstance(image, str) and image.startswith("/"):
+            names.setdefault(image, "IMAGE")
     home = str(Path.home())
     if home not in ("/", ""):
         names.setdefault(home, "HOME")
