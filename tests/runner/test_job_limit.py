@@ -137,12 +137,12 @@ def test_the_job_time_command_prints_the_limit_alone():
 
 def test_a_replica_with_other_automlperf_code_than_the_runs_is_refused_before_it_trains():
     from automlperf.measure.provenance import software
-    from automlperf.runner.worker import SoftwareMismatch, check_software
+    from automlperf.runner.worker import SoftwareMismatch, refuse_other_code
 
     mine = software()
-    check_software({"source_hash": mine["source_hash"], "automlperf_version": "x"})
-    check_software({})  # a run from before provenance was kept
+    refuse_other_code({"source_hash": mine["source_hash"], "automlperf_version": "x"})
+    refuse_other_code({})  # a run from before provenance was kept
     with pytest.raises(SoftwareMismatch, match=r"this node's automlperf \(.*\) is not the "
                                                r"run's \(0.1, sha256:000000000000\): install "
                                                "the run's automlperf here and in the image"):
-        check_software({"source_hash": "sha256:" + "0" * 64, "automlperf_version": "0.1"})
+        refuse_other_code({"source_hash": "sha256:" + "0" * 64, "automlperf_version": "0.1"})

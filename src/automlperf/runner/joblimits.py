@@ -38,8 +38,8 @@ log = logging.getLogger("automlperf")
 def margins(duration_s: float, startup_s: float = STARTUP_S) -> tuple[float, int]:
     """(time limit, signal lead) in seconds. The job holds the start-up, the run, and the
     lead: the primary's time to stop the replicas and write the result once signalled,
-    which the scheduler may send early (SLURM: up to a minute), so the signal still lands after the run's
-    own deadline however long the start-up took within ``startup_s``."""
+    which the scheduler may send early (SLURM: up to a minute), so the signal still lands
+    after the run's own deadline however long the start-up took within ``startup_s``."""
     lead = int(max(120.0, 0.03 * duration_s))
     return startup_s + duration_s + lead + 60, lead
 

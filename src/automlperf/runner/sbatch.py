@@ -408,4 +408,3 @@ def _data_inside(box: Container, run_dir: Path, settings: Config,
         raise UserError(f"the data folder {data_dir} is not mounted in the container: add "
                         f"--container-mount {data_dir}:/data (the replicas then read /data)")
     return str(inside)
-

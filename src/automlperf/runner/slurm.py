@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from automlperf.data_manifest import file_sha256
 from automlperf.errors import UserError
 from automlperf.runner.launch import terminate, worker_command
 from automlperf.store.rundir import write_atomic
@@ -107,13 +108,7 @@ class Container:
         if "@sha256:" in self.image:
             self.digest = "sha256:" + self.image.rsplit("@sha256:", 1)[1]
         elif os.path.isfile(self.image):
-            import hashlib
-
-            sha = hashlib.sha256()
-            with open(self.image, "rb") as f:
-                while block := f.read(1 << 22):
-                    sha.update(block)
-            self.digest = "sha256:" + sha.hexdigest()
+            self.digest = "sha256:" + file_sha256(self.image)
         return self.digest
 
     def record(self) -> dict[str, str | None]:

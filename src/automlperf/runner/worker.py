@@ -43,7 +43,7 @@ class SoftwareMismatch(UserError):
     """This node's automlperf is not the one the run was started with."""
 
 
-def check_software(provenance: dict[str, Any]) -> None:
+def refuse_other_code(provenance: dict[str, Any]) -> None:
     """Refuse to train with other automlperf code than the run records (an image, or a node,
     with another installation; the run's own resumed after an upgrade): its epochs would not
     be the workload's, and `check` would fail the run only once it is over."""
@@ -109,7 +109,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         check_data_here(shared, data_dir)
         index_dir = str(shared)
     store = open_run_store(rd.path, url)
-    check_software(store.run(run_id)["system"].get("provenance") or {})
+    refuse_other_code(store.run(run_id)["system"].get("provenance") or {})
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
     measure = None

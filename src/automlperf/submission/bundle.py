@@ -18,7 +18,6 @@ safetensors.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from automlperf.data_manifest import file_sha256
 from automlperf.errors import UserError
 from automlperf.store.records import RECORDS, read_versioned
 
@@ -44,11 +44,7 @@ class BundleError(UserError, ValueError):
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def files(folder: Path) -> list[str]:
