@@ -37,7 +37,8 @@ def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path)
     assert proof.startswith("automlperf verify-data --archives ") and \
         "--data-dir /shared/datasets/imagenet" in proof
     assert (imagenet / "automlperf-manifest.tsv.gz").exists()
-    assert len(commands) == 5 and all(c.startswith("automlperf slurm ") for c in commands)
+    assert len(commands) == 6 and all(c.startswith("automlperf slurm ") for c in commands)
+    plans = {}
     written = {}
     for command in commands:
         if "--resume" in command:
@@ -51,6 +52,7 @@ def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path)
         run_dir = Path(argv[argv.index("--run-dir") + 1])
         script = (run_dir / "automlperf.sbatch").read_text()
         written[run_dir.name] = script
+        plans[run_dir.name] = done.stdout
         assert "#SBATCH --no-kill" in script and "#SBATCH --gpus-per-node=8" in script
         assert (run_dir / "dataset-index" / "index.json").exists()
         config = (run_dir / "submitted-config.toml").read_text()
@@ -62,6 +64,10 @@ def test_the_readmes_cluster_commands_run_as_written(imagenet_1k_tree, tmp_path)
     assert "#SBATCH --time=3:01:00" in staged and "--to /local/scratch" in staged
     assert staged.index("automlperf.cli stage") < staged.index("automlperf.store.pgserver start")
     assert "# automlperf: staging allowance 1200 s" in staged
+    # 24 hours and their 6 of grace in jobs of 8: each holds 8 h less 25 min of start-up and
+    # staging and 55 min of signal lead and result, 400 min of run; five jobs and a spare.
+    assert "#SBATCH --time=8:00:00" in written["long"]
+    assert "a chain of 6 jobs of 8:00:00 (each: start-up 25 min, run 400.0 min" in plans["long"]
     assert "#SBATCH --nodes=2" in written["pilot"] and "#SBATCH --time=1:24:00" in written["pilot"]
     resume, = (c for c in commands if "--resume" in c and "--duration" not in c)
     argv = shlex.split(resume.replace("/shared/runs/", f"{tmp_path}/runs/"))[1:]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from automlperf.cli.common import app, err, out, say_error, user_errors
 from automlperf.errors import UserError
+
+if TYPE_CHECKING:
+    from automlperf.runner.chain import ChainPlan
 
 
 CONFIG = typer.Option(help="TOML configuration, or the name of one shipped with automlperf: "
@@ -181,6 +184,14 @@ def slurm(
              "(recommended beyond a few nodes).")] = None,
     stage_time: Annotated[Optional[str], typer.Option(
         help="Time the job gives the staging (default 20m).")] = None,
+    startup_time: Annotated[Optional[str], typer.Option(
+        help="Time the job gives its start-up before the clock (default 5m; a pilot's "
+             "report shows what it took). --resume gives twice what the run's first job "
+             "took.")] = None,
+    chain: Annotated[bool, typer.Option(
+        help="Split a run longer than --time-limit (default: the partition's maximum time) "
+             "into a chain of jobs of that limit, each going on where the last stopped; the "
+             "job that ends the run cancels the rest.")] = False,
     resume: Annotated[bool, typer.Option(help="Submit the run in --run-dir again, with a time "
                                          "limit sized to the time it still needs, and its "
                                          "options but for --partition, --account, "
@@ -190,7 +201,8 @@ def slurm(
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
-    from automlperf.runner.sbatch import SlurmRequest, resume_job, submit as sbatch, write_batch_job
+    from automlperf.runner.resubmit import resume_job
+    from automlperf.runner.sbatch import SlurmRequest, submit as sbatch, write_batch_job
     from automlperf.runner.slurm import Container, format_time
 
     if resume:
@@ -198,15 +210,23 @@ def slurm(
             ("--nodes", nodes), ("--config", config),
             ("--dataset", dataset), ("--data-dir", data_dir), ("--store", store),
             ("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_task),
-            ("--container-image", container_image)) if given is not None]
+            ("--container-image", container_image), ("--startup-time", startup_time))
+            if given is not None]
         if fixed:
             raise UserError(f"{', '.join(fixed)} cannot change on --resume: the run keeps what "
                             "it was started with (--partition, --account, --time-limit and "
                             "--sbatch may change, and --duration extends it)")
-        again = resume_job(run_dir, time_limit, partition, account, sbatch_option, duration)
+        again = resume_job(run_dir, time_limit, partition, account, sbatch_option, duration,
+                           chain=chain)
+        measured = (f" (start-up {again.needs.startup_s:.0f} s: twice the first job's)"
+                    if again.needs and again.needs.measured else "")
         out.print(f"{again.left_s:.0f} s of the run left: time limit "
-                  f"{format_time(again.time_limit_s)}", highlight=False)
-        _submit(again.script, run_dir, sbatch, submit, test_only, again.options)
+                  f"{format_time(again.time_limit_s)}{measured}", highlight=False)
+        if again.chain is not None:
+            _submit_chain(again.script, run_dir, again.chain, again.options, sbatch, submit,
+                          test_only)
+        else:
+            _submit(again.script, run_dir, sbatch, submit, test_only, again.options)
         return
     if nodes is None:
         raise UserError("--nodes is needed to write a new script (or pass --resume)")
@@ -217,7 +237,8 @@ def slurm(
         store=store, partition=partition, account=account, time_limit=time_limit,
         sbatch_extra=sbatch_option or [], container_image=container_image,
         container_runtime=container_runtime, container_mounts=container_mount or [],
-        container_options=container_option or [], stage_to=stage_to, stage_time=stage_time))
+        container_options=container_option or [], stage_to=stage_to, stage_time=stage_time,
+        startup_time=startup_time, chain=chain))
     if written.dataset:
         d = written.dataset
         out.print(f"dataset: {d['files']:,} files scanned in {d['scan_s']:.1f} s; index saved in "
@@ -234,7 +255,10 @@ def slurm(
               f"{written.startup_s / 60:.0f} min, run {settings.run.duration_s / 60:.0f} min, "
               f"epochs in flight {settings.deadline_grace() / 60:.0f} min, "
               f"result {(written.signal_lead_s + 60) / 60:.0f} min", highlight=False)
-    _submit(written.script, run_dir, sbatch, submit, test_only, [])
+    if written.chain is not None:
+        _submit_chain(written.script, run_dir, written.chain, [], sbatch, submit, test_only)
+    else:
+        _submit(written.script, run_dir, sbatch, submit, test_only, [])
 
 
 @app.command("job-time")
@@ -276,6 +300,27 @@ def job_time(
     err.print(f"start-up {held.startup_s / 60:.0f} min, run {held.duration_s / 60:.0f} min, "
               f"epochs in flight {held.grace_s / 60:.0f} min, result {held.result_s / 60:.0f} "
               "min", highlight=False)
+
+
+def _submit_chain(script: Path, run_dir: Path, plan: ChainPlan, options: list[str], sbatch,
+                  submit: bool, test_only: bool) -> None:
+    from automlperf.runner.chain import CHAIN_ENV, submit_chain
+    from automlperf.runner.slurm import format_time
+
+    out.print(f"{plan.describe()}", highlight=False)
+    if submit and not test_only:
+        jobs = submit_chain(script, plan, options, sbatch)
+        out.print(f"batch script: {script}\nsubmitted jobs {' '.join(jobs)} (each after the "
+                  f"last; listed in {run_dir.resolve()}/chain.jobs); output: "
+                  f"{run_dir.resolve()}/logs/slurm-<jobid>.out", highlight=False)
+        return
+    first = [f"--time={format_time(plan.limit_s)}", f"--export=ALL,{CHAIN_ENV}=1", *options]
+    if test_only:
+        _submit(script, run_dir, sbatch, False, True, first)
+        return
+    out.print(f"batch script: {script}\nsubmit the chain with: automlperf slurm --resume --chain "
+              f"--time-limit {int(plan.limit_s // 60)}m --run-dir {run_dir} --submit",
+              highlight=False)
 
 
 def _submit(script: Path, run_dir: Path, sbatch, submit: bool, test_only: bool,

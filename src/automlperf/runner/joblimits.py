@@ -9,6 +9,7 @@ Kubernetes Job's deadline) can state the job's end in ``AUTOMLPERF_JOB_END`` (Un
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -32,6 +33,18 @@ STARTUP_S = 300.0
 # The job's end, for a scheduler automlperf does not ask (Unix time).
 JOB_END_ENV = "AUTOMLPERF_JOB_END"
 SCHEDULERS = ("slurm", "pbs", "lsf", "flux")
+# Set in the environment of a job of a chain (runner/chain.py): its primary may start a clock
+# the job cannot hold to the run's end; the job's signal stops it and the next job goes on.
+CHAIN_ENV = "AUTOMLPERF_CHAIN_LINK"
+# The chain's job ids, one a line, in the run directory: the job that ends the run cancels
+# those after its own.
+CHAIN_FILE = "chain.jobs"
+# Written by the job that ends the run (or cannot go on): a later job that starts all the
+# same finds it and does nothing.
+OVER_FILE = "chain.over"
+# The least run a job of a chain must hold to start its clock, and that a chain's jobs are
+# planned to hold, or the chain would spend its jobs starting up.
+MIN_LINK_RUN_S = 60.0
 log = logging.getLogger("automlperf")
 
 
@@ -168,11 +181,19 @@ def lsf_times(bjobs_o: str) -> tuple[float, float] | None:
 
 def batch_job_limit(env: Mapping[str, str] | None = None,
                     process_start: float | None = None) -> JobLimit | None:
+    """:func:`job_limit_of`, marked as a chain's job where CHAIN_ENV is set."""
+    env = os.environ if env is None else env
+    limit = job_limit_of(env, process_start)
+    if limit is not None and env.get(CHAIN_ENV, "").strip():
+        limit = dataclasses.replace(limit, chain_link=True)
+    return limit
+
+
+def job_limit_of(env: Mapping[str, str], process_start: float | None = None) -> JobLimit | None:
     """The limit of the batch job this process runs in: AUTOMLPERF_JOB_END where set, else
     that of SLURM, Flux, PBS or LSF, asked of the scheduler; None outside a job, for a job
     without a limit, or where the scheduler does not answer. ``process_start`` stands for the
     job's start where the scheduler tells only the time left (Flux)."""
-    env = os.environ if env is None else env
     margin = _seconds(env, MARGIN_ENV, "180", 0.0, 86400.0, "a number of seconds")
     now = time.time()
     started = process_start if process_start is not None else now

@@ -182,6 +182,11 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
                             process_start=started, listen_all=req.launcher != "local",
                             extend_to=extend_to)
+    if limit is not None and limit.chain_link and session.deadline_at > limit.must_end_by:
+        console.print(f"this job of a chain holds {limit.must_end_by - session.started_at:.0f} s "
+                      f"of the {session.deadline_at - session.started_at:.0f} s left: the "
+                      "chain's next job goes on from where its time limit stops it",
+                      highlight=False)
     if extend_to is not None:
         console.print(f"the run now lasts {fmt_duration(extend_to)}: "
                       f"{fmt_duration(session.deadline_at - session.started_at)} more",

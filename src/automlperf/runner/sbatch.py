@@ -15,7 +15,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,15 +23,15 @@ import jinja2
 
 from automlperf.config import Config, parse_duration
 from automlperf.dataset_identity import SHARED_INDEX
-from automlperf.runner.extension import extend, run_time_done
-from automlperf.runner.joblimits import STARTUP_S, margins
+from automlperf.runner.chain import ChainPlan, chain_limit, plan_chain
+from automlperf.runner.joblimits import CHAIN_ENV, CHAIN_FILE, OVER_FILE, STARTUP_S, margins
 from automlperf.runner.session import record_origin
 from automlperf.errors import UserError
 from automlperf.runner.slurm import MARGIN_ENV, Container, SlurmError, format_time, require
 from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store import connections
 from automlperf.store.pgserver import find_binaries
-from automlperf.store.rundir import RunDir, run_store, write_atomic
+from automlperf.store.rundir import write_atomic
 from automlperf.store.urls import redact, resolve_store_url, split_password
 
 
@@ -66,10 +65,13 @@ class ScriptOptions:
     # and the time the job gives that.
     stage_to: Path | None = None
     stage_s: float = STAGE_S
+    startup_allowance_s: float = STARTUP_S  # the start-up before the clock, staging aside
+    # A run longer than time_limit_s split into a chain of jobs of that limit (chain.py).
+    chain: bool = False
 
     def startup_s(self) -> float:
         """What the job gives before the clock: the start-up, and the staging."""
-        return STARTUP_S + (self.stage_s if self.stage_to is not None else 0.0)
+        return self.startup_allowance_s + (self.stage_s if self.stage_to is not None else 0.0)
 
     def all_memory(self) -> bool:
         """Ask for all of each node's memory (``--mem=0``): on whole nodes, unless the user
@@ -114,6 +116,7 @@ class Written:
     signal_lead_s: int
     startup_s: float
     dataset: dict[str, Any] | None = None  # the dataset index saved at submission
+    chain: ChainPlan | None = None  # the jobs a chain submits, each of time_limit_s
 
 
 def write_script(opts: ScriptOptions) -> Path:
@@ -167,11 +170,18 @@ def write_job(opts: ScriptOptions) -> Written:
         raise SlurmError("--stage-to copies an image-folder dataset to the nodes: give "
                          "--dataset imagenet --data-dir DIR (or --config official --data-dir DIR)")
     limit, lead = margins(opts.duration_s + grace, opts.startup_s())
-    if opts.time_limit_s is not None:
+    chain = None
+    if opts.chain:
+        if opts.time_limit_s is None:
+            raise SlurmError("--chain splits the run into jobs of --time-limit: give it")
+        chain = plan_chain(opts.duration_s + grace, opts.time_limit_s, opts.startup_s(), lead)
+        limit = chain.limit_s
+    elif opts.time_limit_s is not None:
         need = MIN_STARTUP_S + opts.duration_s + grace + 120
         if opts.time_limit_s < need:
             longest = opts.longest_duration(opts.time_limit_s)
-            holds = (f"it holds a --duration of at most {_minutes(longest)}" if longest >= 60
+            holds = (f"it holds a --duration of at most {_minutes(longest)}, or pass --chain "
+                     "to split the run into jobs of this limit" if longest >= 60
                      else "it holds no run")
             raise SlurmError(f"--time-limit {format_time(opts.time_limit_s)} leaves no room to "
                              f"start the clock of a {_minutes(opts.duration_s)} run: that "
@@ -197,16 +207,17 @@ def write_job(opts: ScriptOptions) -> Written:
         written=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), script=script,
         run_dir=run_dir, nodes=opts.nodes, gpus_per_node=opts.gpus_per_node,
         cpus_per_task=opts.cpus_per_task, time_limit=format_time(limit), signal_s=lead,
-        margin_s=lead + 60, margin_env=MARGIN_ENV,
+        margin_s=lead + 60, margin_env=MARGIN_ENV, chain_env=CHAIN_ENV,
+        chain_file=CHAIN_FILE, over_file=OVER_FILE,
         partition=opts.partition, account=opts.account, job_name=opts.job_name,
         sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
         store_shown=redact(store_url) if store_url else None, password_file=password_file,
         run_args=" ".join(run_args), container=opts.container, exclusive=opts.exclusive,
         all_memory=opts.all_memory(), dataset=dataset, stage_to=opts.stage_to,
-        stage_s=opts.stage_s)
+        stage_s=opts.stage_s, startup_s=opts.startup_allowance_s)
     write_atomic(script, text)
     script.chmod(0o750)
-    return Written(script, limit, lead, opts.startup_s(), dataset)
+    return Written(script, limit, lead, opts.startup_s(), dataset, chain)
 
 
 def _scan_dataset(settings: Config, run_dir: Path) -> dict[str, Any] | None:
@@ -234,91 +245,6 @@ def _scan_dataset(settings: Config, run_dir: Path) -> dict[str, Any] | None:
     return {"files": identity.get("files"), "classes": identity.get("classes"),
             "fingerprint": identity.get("fingerprint"), "problems": identity.get("problems", []),
             "scan_s": startup.get("dataset_scan_s"), "index": str(run_dir / SHARED_INDEX)}
-
-
-def resubmission(run_dir: Path) -> tuple[float, float]:
-    """(time limit, seconds of the run left) for submitting a run's script again: the time
-    the run still needs, its start-up and the margin to write the result."""
-    run_dir = run_dir.resolve()
-    if not (run_dir / "automlperf.sbatch").exists():
-        raise SlurmError(f"{run_dir} has no automlperf.sbatch: write one with `automlperf slurm`")
-    text = (run_dir / "automlperf.sbatch").read_text()
-    # The script's signal lead stays (its #SBATCH line, and what it tells the primary).
-    signal = re.search(r"#SBATCH --signal=B:TERM@(\d+)", text)
-    lead = float(signal.group(1)) if signal else float(margins(0)[1])
-    if not (run_dir / "run.json").exists():
-        # The job never started the run's clock: it needs the whole duration.
-        found = re.search(r"--duration (\d+)s", text)
-        if found is None:
-            raise SlurmError(f"{run_dir}/automlperf.sbatch names no --duration")
-        left = float(found.group(1))
-    else:
-        rd = RunDir(run_dir)
-        run_id = int(rd.meta()["run_id"])
-        with run_store(run_dir) as store:
-            duration = float(store.run(run_id)["duration_s"])
-            left = max(0.0, duration - run_time_done(store, run_id))
-    staged = re.search(r"^# automlperf: staging allowance (\d+) s$", text, re.M)
-    stage_s = float(staged.group(1)) if staged else 0.0
-    return STARTUP_S + stage_s + left + _grace(run_dir) + lead + 60, left
-
-
-@dataclass
-class Resubmission:
-    """An interrupted run's script, submitted again: the sbatch options that override its
-    own #SBATCH lines, and what sized its time limit."""
-
-    script: Path
-    options: list[str]
-    time_limit_s: float
-    left_s: float
-
-
-def resume_job(run_dir: Path, time_limit: str | None = None, partition: str | None = None,
-               account: str | None = None, sbatch_extra: list[str] | None = None,
-               duration: str | None = None) -> Resubmission:
-    """The run in ``run_dir`` submitted again. Its script keeps every option it was written
-    with; those given here override them for this submission (sbatch's own options win over
-    the script's #SBATCH lines): a partition, an account, a time limit that must still hold
-    what the run needs, or any sbatch option (``--exclude=badnode``). ``duration`` first
-    extends the run to that longer length (runner/extension.py), here, before it queues."""
-    if duration is not None:
-        _extend(run_dir.resolve(), parse_duration(duration))
-    needed, left = resubmission(run_dir)
-    limit = needed
-    if time_limit is not None:
-        limit = parse_duration(time_limit)
-        least = needed - STARTUP_S + MIN_STARTUP_S  # as for a new job's --time-limit
-        if limit < least:
-            raise SlurmError(f"--time-limit {format_time(limit)} cannot start the clock of "
-                             f"what is left of the run ({left:.0f} s, with a start-up of "
-                             f"{MIN_STARTUP_S:.0f} s, its grace and result): give at least "
-                             f"{format_time(least)}, or leave it out ({format_time(needed)})")
-    options = [f"--time={format_time(limit)}"]
-    if partition:
-        options.append(f"--partition={partition}")
-    if account:
-        options.append(f"--account={account}")
-    options += list(sbatch_extra or [])
-    return Resubmission(run_dir.resolve() / "automlperf.sbatch", options, limit, left)
-
-
-def _extend(run_dir: Path, duration_s: float) -> None:
-    if not (run_dir / "run.json").exists():
-        raise SlurmError(f"the run in {run_dir} never started its clock, so there is nothing to "
-                         "extend: resubmit it as it is, or write a new script with --duration")
-    rd = RunDir(run_dir)
-    with run_store(run_dir) as store:
-        extend(store, rd, int(rd.meta()["run_id"]), duration_s, time.time())
-
-
-def _grace(run_dir: Path) -> float:
-    """The grace the run gives epochs in flight at its deadline: that of its own
-    configuration once it started (an extension changes it), else the submitted one's."""
-    for name in ("config.toml", "submitted-config.toml"):
-        if (run_dir / name).exists():
-            return Config.load(run_dir / name).deadline_grace()
-    return 0.0
 
 
 def submit(script: Path, test_only: bool = False, options: list[str] | None = None) -> str:
@@ -361,6 +287,8 @@ class SlurmRequest:
     container_options: list[str] = field(default_factory=list)
     stage_to: Path | None = None
     stage_time: str | None = None
+    startup_time: str | None = None  # the start-up allowance (default STARTUP_S)
+    chain: bool = False  # split the run into jobs of time_limit (or the partition's maximum)
 
 
 def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
@@ -369,6 +297,8 @@ def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
     settings = settings_from_options(req.config, req.dataset, duration=req.duration,
                                      data_dir=req.data_dir, unofficial=req.unofficial)
     limit = parse_duration(req.time_limit) if req.time_limit else None
+    if req.chain:
+        limit = chain_limit(req.time_limit, req.partition)
     url = resolve_store_url(req.store)
     box = None
     if req.container_image is not None:
@@ -386,7 +316,9 @@ def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
         partition=req.partition, account=req.account, time_limit_s=limit, settings=settings,
         sbatch_extra=req.sbatch_extra, container=box, exclusive=req.exclusive,
         small_task=req.small_task,
-        stage_to=stage_to, stage_s=parse_duration(req.stage_time) if req.stage_time else STAGE_S))
+        stage_to=stage_to, stage_s=parse_duration(req.stage_time) if req.stage_time else STAGE_S,
+        startup_allowance_s=parse_duration(req.startup_time) if req.startup_time else STARTUP_S,
+        chain=req.chain))
     return written, settings
 
 

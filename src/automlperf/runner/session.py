@@ -26,6 +26,7 @@ from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner.extension import extend, run_time_done
+from automlperf.runner.joblimits import CHAIN_FILE, MIN_LINK_RUN_S, OVER_FILE
 from automlperf.runner.launch import Launcher, wait_all
 from automlperf.runner.recovery import Recovered, recover
 from automlperf.runner.trials import FIXES
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from automlperf.runner.slurm import JobLimit
 
 PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password",
-            "container.json", SHARED_INDEX, "staging"}
+            "container.json", SHARED_INDEX, "staging", CHAIN_FILE, OVER_FILE}
 
 
 @dataclass
@@ -175,8 +176,11 @@ def _origin_or_nothing(config: Config, run_dir: Path) -> dict[str, Any]:
 
 
 def _check_fits(remaining: float, now: float, limit: JobLimit, startup: dict[str, Any]) -> None:
-    """Refuse to start a clock that the batch job's time limit would cut short."""
+    """Refuse to start a clock that the batch job's time limit would cut short; a job of a
+    chain starts one it holds a minute of, and the next job goes on from where it stops."""
     if now + remaining <= limit.must_end_by:
+        return
+    if limit.chain_link and limit.must_end_by - now >= MIN_LINK_RUN_S:
         return
     took = startup.get("before_clock_s")
     raise RunFailure(f"the job's time limit leaves {max(0.0, limit.must_end_by - now):.0f} s "

@@ -248,11 +248,17 @@ class JobLimit:
     ends_at: float
     margin_s: float
     scheduler: str = "slurm"
+    # A job of a chain (runner/chain.py) runs what it can of the run; the next job goes on.
+    chain_link: bool = False
 
-    def describe(self) -> dict[str, float | str]:
+    def describe(self) -> dict[str, float | str | bool]:
         """What system.json records of the limit the run was held to."""
-        return {"scheduler": self.scheduler, "started_at": round(self.started_at, 3),
-                "ends_at": round(self.ends_at, 3), "margin_s": self.margin_s}
+        described: dict[str, float | str | bool] = {
+            "scheduler": self.scheduler, "started_at": round(self.started_at, 3),
+            "ends_at": round(self.ends_at, 3), "margin_s": self.margin_s}
+        if self.chain_link:
+            described["chain_link"] = True
+        return described
 
     @property
     def must_end_by(self) -> float:

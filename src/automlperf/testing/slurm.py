@@ -80,7 +80,9 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
                     + "".join(SLURM_NODE.format(name=n, host=host, port=free_port(),
                                                 memory=memory_mb) for n in names)
                     + f"PartitionName=debug Nodes={','.join(names)} Default=YES "
-                      "MaxTime=INFINITE State=UP\n")
+                      "MaxTime=INFINITE State=UP\n"
+                    # A partition whose jobs last 5 minutes at most, as a site's short queue.
+                    + f"PartitionName=short Nodes={','.join(names)} MaxTime=5 State=UP\n")
     env = dict(os.environ, SLURM_CONF=str(conf))
     _start_munge()
     subprocess.run([SBIN + "slurmctld", "-f", str(conf)], env=env, check=True)
