@@ -1,12 +1,12 @@
-"""The example job scripts and manifest run as written, on this machine, with their
-scheduler's environment set. PBS Pro (with HPE PALS), Flux, LSF and Kubernetes have no Debian
-12 packages (Debian has none of PBS, Flux or LSF; its kubernetes-client has no cluster to
-talk to): each script's body runs under bash with the variables the scheduler sets (the node
-file, the host list) and its launcher's rank variables, started by the stand-ins in
-tests/standins/ (PALS's mpiexec, `flux`) or, for LSF, by Debian's own Open MPI mpirun. Each
-starts the private PostgreSQL server, the primary and the replicas as local processes.
-Simulated accelerators on a small ImageNet-layout folder (CONFIG): the scripts' plumbing is
-the point, and each replica trains one round, so the run ends early."""
+"""The example job scripts run as written, on this machine, with their scheduler's
+environment set (the Kubernetes manifest: tests/e2e/test_kubernetes.py). PBS Pro (with HPE
+PALS), Flux and LSF have no Debian 12 packages: each script's body runs under bash with the
+variables the scheduler sets (the node file, the host list) and its launcher's rank
+variables, started by the stand-ins in tests/standins/ (PALS's mpiexec, `flux`) or, for LSF,
+by Debian's own Open MPI mpirun. Each starts the private PostgreSQL server, the primary and
+the replicas as local processes. Simulated accelerators on a small ImageNet-layout folder
+(CONFIG): the scripts' plumbing is the point, and each replica trains one round, so the run
+ends early."""
 
 import json
 import os
@@ -149,50 +149,3 @@ def test_the_lsf_script_runs_as_written_with_open_mpi(tmp_path, data):
                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_plm_rsh_agent="false")
     assert result["replicas"] == 1
     assert "replica 0 (from OMPI_COMM_WORLD_RANK)" in logs or "replica 0 (from PMIX_RANK)" in logs
-
-
-def test_the_kubernetes_manifest_runs_as_written(tmp_path, data, pg_server, pg_url):
-    """The manifest's two Jobs, their commands and environment as written, with the site's
-    values put in: the run volume, the ImageNet volume and the PostgreSQL Service (here a
-    local server and database), and the configuration and duration of this test."""
-    import yaml
-
-    docs = list(yaml.safe_load_all((REPO / "examples/kubernetes/automlperf.yaml").read_text()))
-    jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
-    service = next(d for d in docs if d["kind"] == "Service")
-    runs, imagenet = tmp_path / "runs", str(data)
-    local = pg_url.split("@")[1]  # host:port/database
-    service_at = f"{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/automlperf"
-
-    def command(job):
-        container = job["spec"]["template"]["spec"]["containers"][0]
-        argv = [a.replace("/runs", str(runs)).replace("/data/imagenet", imagenet)
-                .replace(service_at, local) for a in container["command"]]
-        assert argv[0] == "automlperf"
-        argv = [sys.executable, "-m", "automlperf.cli", *argv[1:]]
-        if "--config" in argv:
-            argv[argv.index("--config") + 1] = str(settings(tmp_path))
-            argv[argv.index("--duration") + 1] = "10m"
-        env = dict(os.environ)
-        for var in container.get("env", []):
-            secret = var["valueFrom"]["secretKeyRef"]
-            assert (secret["name"], secret["key"]) == ("automlperf-store", "password")
-            env[var["name"]] = pg_server.password
-        return argv, env
-
-    replicas = jobs["automlperf-replicas"]["spec"]
-    assert replicas["completionMode"] == "Indexed" and replicas["completions"] == 4
-    argv, env = command(jobs["automlperf-primary"])
-    primary = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-    argv, env = command(jobs["automlperf-replicas"])
-    pods = [subprocess.Popen(argv, env=dict(env, JOB_COMPLETION_INDEX=str(i)),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for i in range(replicas["completions"])]
-    outputs = [p.communicate(timeout=900)[0] for p in pods]
-    assert all(p.returncode == 0 for p in pods), "\n".join(outputs)
-    said = primary.communicate(timeout=300)[0]
-    assert primary.returncode == 0, said
-    result = json.loads((runs / "run1" / "result.json").read_text())
-    assert result["replicas"] == 4 and result["score"] > 0
-    assert "replica 3 (from JOB_COMPLETION_INDEX)" in outputs[3]
