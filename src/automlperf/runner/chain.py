@@ -24,7 +24,6 @@ from automlperf.runner.slurm import SlurmError, format_time, require
 from automlperf.store.rundir import write_atomic
 
 
-
 @dataclass(frozen=True)
 class ChainPlan:
     """The jobs of a chain, each of ``limit_s``: the run each holds, and how many."""

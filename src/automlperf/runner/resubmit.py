@@ -37,13 +37,6 @@ class Needs:
         return self.startup_s + self.left_s + self.grace_s + self.lead_s + 60
 
 
-def resubmission(run_dir: Path) -> tuple[float, float]:
-    """(time limit, seconds of the run left) for submitting a run's script again: the time
-    the run still needs, its start-up and the margin to write the result."""
-    needs = resubmission_needs(run_dir)
-    return needs.limit_s, needs.left_s
-
-
 def resubmission_needs(run_dir: Path) -> Needs:
     """What submitting a run's script again must give its job (:class:`Needs`). The start-up
     allowance is measured: twice what the run's first job took from its start to the clock,

@@ -1,7 +1,8 @@
 """The SLURM batch script, written on the login node by ``automlperf slurm``: its time limit
 (the start-up, the run, the grace for epochs in flight, the time to write the result), the
 checks that refuse a job before it queues, the dataset scanned once for the job, and its
-submission with ``sbatch`` (again, to resume an interrupted run: resubmission()).
+submission with ``sbatch`` (again, to resume an interrupted run, or as a chain of jobs:
+runner/resubmit.py, runner/chain.py).
 
 Inside the job, the script runs ``automlperf run --launcher slurm``, whose launcher and view
 of the job's environment are in runner/slurm.py. The template is runner/sbatch.sh.j2.
