@@ -64,6 +64,14 @@ def test_the_chains_limit_is_the_partitions_maximum_unless_given(tmp_path, monke
         chain_limit(None, None)
     with pytest.raises(SlurmError, match="sinfo shows no partition gpu: give --partition"):
         chain_limit(None, "gpu")
+    # A login node whose SLURM is not set up: sinfo's last word, on one line.
+    monkeypatch.setenv("SINFO_STANDIN_FAIL", "sinfo: error: fetch_config: DNS SRV lookup failed\n"
+                       "sinfo: fatal: Could not establish a configuration source")
+    with pytest.raises(SlurmError) as info:
+        chain_limit(None, None)
+    assert str(info.value) == ("sinfo failed (sinfo: fatal: Could not establish a configuration "
+                               "source): give --time-limit, the partition's maximum time, with "
+                               "--chain")
 
 
 def _script(tmp_path, **options):

@@ -77,8 +77,9 @@ def partition_max_time(partition: str | None, env: Mapping[str, str] | None = No
     done = subprocess.run([require("sinfo"), "-h", "-o", "%P %l"], capture_output=True,
                           text=True, env=None if env is None else dict(env))
     if done.returncode != 0:
-        raise SlurmError(f"sinfo failed ({done.stderr.strip()}): give --time-limit, the "
-                         "partition's maximum time, with --chain")
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SlurmError(f"sinfo failed ({said}): give --time-limit, the partition's maximum "
+                         "time, with --chain")
     rows = [line.split() for line in done.stdout.splitlines() if len(line.split()) == 2]
     for name, limit in rows:
         default = name.endswith("*")
