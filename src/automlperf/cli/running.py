@@ -219,7 +219,7 @@ def slurm(
         again = resume_job(run_dir, time_limit, partition, account, sbatch_option, duration,
                            chain=chain)
         measured = (f" (start-up {again.needs.startup_s:.0f} s: twice the first job's)"
-                    if again.needs and again.needs.measured else "")
+                    if again.needs.measured else "")
         out.print(f"{again.left_s:.0f} s of the run left: time limit "
                   f"{format_time(again.time_limit_s)}{measured}", highlight=False)
         if again.chain is not None:

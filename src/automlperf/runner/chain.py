@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,11 +71,11 @@ def slurm_duration(text: str) -> float | None:
     return float(((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
-def partition_max_time(partition: str | None, env: Mapping[str, str] | None = None) -> float:
+def partition_max_time(partition: str | None) -> float:
     """The longest a job may run in ``partition`` (the default partition for None), from
     ``sinfo``; refused in one line where it sets no maximum."""
     done = subprocess.run([require("sinfo"), "-h", "-o", "%P %l"], capture_output=True,
-                          text=True, env=None if env is None else dict(env))
+                          text=True)
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise SlurmError(f"sinfo failed ({said}): give --time-limit, the partition's maximum "

@@ -92,7 +92,7 @@ class Resubmission:
     options: list[str]
     time_limit_s: float
     left_s: float
-    needs: Needs | None = None
+    needs: Needs
     chain: ChainPlan | None = None  # with --chain: the jobs to submit (chain.submit_chain)
 
 
