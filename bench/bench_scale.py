@@ -35,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_launch import startup_parts  # noqa: E402
 
 
 def connections_held(url: str, database: str, stop: threading.Event, out: list[int]) -> None:
@@ -341,7 +342,7 @@ def slurm_run(env: dict[str, str], n: int, duration: str, work: Path) -> dict[st
             "check_verified": checked.returncode == 0 and "verified" in checked.stdout,
             "trials": result.get("trials"), "devices": result["devices"],
             "score": result["score"], "ops_per_s_per_device": result["ops_per_s_per_device"],
-            **_device_time(run_dir), "run_dir": str(run_dir)}
+            **_device_time(run_dir), "startup": startup_parts(run_dir), "run_dir": str(run_dir)}
 
 
 def slurm_series(sizes: list[int], duration: str, work: Path) -> dict[str, Any]:

@@ -140,13 +140,6 @@ def held_mid_trial(store: Any, pid: int) -> Any:
     return trial
 
 
-def step_of(job: str, env: dict[str, str], replica: int) -> str | None:
-    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], env=env,
-                           capture_output=True, text=True).stdout.splitlines()
-    return next((line.split()[0] for line in steps
-                 if line.split()[1:] == [f"automlperf-replica-{replica}"]), None)
-
-
 def node_fault(scratch: Path, nodes: int, duration: str,
                inject: Callable[[str, dict[str, str], Any, Any, int], dict[str, Any]]
                ) -> dict[str, Any]:
@@ -179,12 +172,14 @@ def _failed_at(store: Any, trial_id: int, since: float) -> float:
     return round(time.time() - since, 1)
 
 
-def scancel_step(scratch: Path) -> dict[str, Any]:
+def killed_replica(scratch: Path) -> dict[str, Any]:
     def inject(job: str, env: dict[str, str], store: Any, trial: Any, pid: int) -> dict[str, Any]:
-        step = step_of(job, env, 0)
+        from automlperf.testing.slurm import kill_replica
+
         at = time.time()
-        subprocess.run(["scancel", str(step)], env=env, check=True)
-        return {"happened": f"step {step} cancelled", "detect_s": _failed_at(store, trial.id, at)}
+        killed = kill_replica(scratch / "run", 0)  # where submit() puts it
+        return {"happened": f"replica 0 killed ({len(killed)} processes)",
+                "detect_s": _failed_at(store, trial.id, at)}
 
     return node_fault(scratch, 3, "100s", inject)
 
@@ -465,7 +460,7 @@ def read_only_run_dir(scratch: Path) -> dict[str, Any]:
 
 def cases() -> list[tuple[str, str, Callable[[Path], dict[str, Any]]]]:
     return [
-        ("scancel step", "trial failed, others go on, run verifies", scancel_step),
+        ("replica killed", "trial failed, others go on, run verifies", killed_replica),
         ("SIGSTOP forever", "lease expires, trial failed, run ends and verifies", sigstop_forever),
         ("heartbeats lost < lease", "nothing failed", heartbeats_lost_briefly),
         ("small /dev/shm", "carries on, one-line warning", small_shm),

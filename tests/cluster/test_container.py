@@ -42,16 +42,19 @@ def test_pyxis_steps_mount_the_run_directory_and_run_the_images_python(tmp_path)
     script = (run_dir / "automlperf.sbatch").read_text()
     assert "each step runs in the container nvcr.io#nvidia/pytorch:25.01-py3 (pyxis" in script
     assert "/data/imagenet:/data/imagenet mounted" in script
-    cmds = SlurmLauncher(run_dir.resolve(), None).commands(2, "4")
-    assert len(cmds) == 2
-    second = cmds[1]
-    assert "--relative=1" in second and "--gpus-per-node=4" in second
+    step = SlurmLauncher(run_dir.resolve(), None).command(2, "4")
+    assert "--ntasks=2" in step and "--gpus-per-node=4" in step
     assert f"--container-mounts={run_dir.resolve()}:{run_dir.resolve()},/data/imagenet:/data/imagenet" \
-        in second
-    python = second.index("python3")
-    assert all(a.startswith("--") for a in second[1:python])  # srun's options, then the command
-    assert second[python:python + 4] == ["python3", "-m", "automlperf.cli", "worker"]
-    assert second[second.index("--replica-index") + 1] == "1"
+        in step
+    # The container made on every node before the clock, found by its name.
+    assert "--container-name=automlperf" in step
+    assert "--container-image='nvcr.io#nvidia/pytorch:25.01-py3' --container-name=automlperf true" \
+        in script
+    shell = step.index("sh")
+    assert all(a.startswith("--") for a in step[1:shell])  # srun's options, then the command
+    # The task's shell, in the image, gives the worker its rank and keeps its exit status.
+    assert step[shell:shell + 2] == ["sh", "-c"] and "$SLURM_PROCID" in step[shell + 2]
+    assert step[shell + 4:shell + 8] == ["python3", "-m", "automlperf.cli", "worker"]
 
 
 def test_apptainer_steps_wrap_the_worker_in_apptainer_exec(tmp_path):
@@ -59,8 +62,11 @@ def test_apptainer_steps_wrap_the_worker_in_apptainer_exec(tmp_path):
     run_dir, done = write(tmp_path, "--container-image", "/sw/automlperf.sif",
                           "--container-runtime", "apptainer", "--container-option=--nv")
     assert done.exit_code == 0, done.output
-    cmd = SlurmLauncher(run_dir.resolve(), None).commands(1, None)[0]
+    cmd = SlurmLauncher(run_dir.resolve(), None).command(1, None)
     at = cmd.index("apptainer")
+    assert cmd[at - 4:at - 2] == ["sh", "-c"]  # the task's shell on the host, around the image
+    assert "--container-name" not in " ".join(cmd) and "container-image" not in \
+        (run_dir / "automlperf.sbatch").read_text()
     assert cmd[at:at + 5] == ["apptainer", "exec", "--nv", "--bind",
                               f"{run_dir.resolve()}:{run_dir.resolve()}"]
     assert cmd[at + 5:at + 8] == ["/sw/automlperf.sif", "python3", "-m"]
@@ -70,7 +76,7 @@ def test_without_a_container_the_steps_run_the_hosts_python(tmp_path):
     srun_available()
     run_dir, done = write(tmp_path)
     assert done.exit_code == 0 and not (run_dir / "container.json").exists()
-    cmd = SlurmLauncher(run_dir.resolve(), None).commands(1, None)[0]
+    cmd = SlurmLauncher(run_dir.resolve(), None).command(1, None)
     assert "apptainer" not in cmd and not any(a.startswith("--container") for a in cmd)
 
 
@@ -167,7 +173,7 @@ def test_the_replicas_read_the_data_where_the_image_mounts_it(tmp_path):
     run_dir, done = write(tmp_path, *args, "--container-mount", f"{typed}:/data/imagenet:ro")
     assert done.exit_code == 0, done.output
     assert json.loads((run_dir / "container.json").read_text())["data_root"] == "/data/imagenet"
-    cmd = SlurmLauncher(run_dir.resolve(), None).commands(1, None)[0]
+    cmd = SlurmLauncher(run_dir.resolve(), None).command(1, None)
     assert cmd[cmd.index("--data-root") + 1] == "/data/imagenet" and cmd[-2] == "--data-root"
     assert "the replicas reading the dataset at /data/imagenet in it" in \
         (run_dir / "automlperf.sbatch").read_text()

@@ -1,5 +1,5 @@
 """Node faults on a real SLURM cluster of slurmd daemons on this host, with simulated
-accelerators: a replica's job step cancelled mid-trial, a replica frozen (SIGSTOP) and never
+accelerators: a replica killed on its node mid-trial, a replica frozen (SIGSTOP) and never
 continued, a replica silent for less than its lease. Every fault is injected once the store
 shows the replica holding a trial with an epoch done, and the replica is held (SIGSTOP) while
 that trial is picked, so it cannot finish in between on a loaded machine."""
@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from automlperf.testing.slurm import kill_replica
 from helpers import cli, sim_config, wait_for
 from test_slurm import wait_job
 
@@ -104,11 +105,12 @@ def hold_mid_trial(store, replica):
     return found["pid"], found["trial"]
 
 
-def step_of(job, env, replica):
+def replicas_step(job, env):
+    """The job step of the run's replicas."""
     steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], env=env,
                            capture_output=True, text=True).stdout.splitlines()
     return next(line.split()[0] for line in steps
-                if line.split()[1:] == [f"automlperf-replica-{replica}"])
+                if line.split()[1:] == ["automlperf-replicas"])
 
 
 def alive(pid):
@@ -119,11 +121,12 @@ def alive(pid):
     return True
 
 
-def test_a_cancelled_step_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, tmp_path):
-    """Replica 2 is silent for half its lease (nothing fails), replica 0's step is cancelled
-    and replica 1 is frozen for good, each mid-trial: their trials fail when their leases
-    lapse, replica 2 carries on, the run ends at its deadline with every record it had, the
-    frozen process ends with the job, and the run verifies."""
+def test_a_killed_replica_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, tmp_path):
+    """Replica 2 is silent for half its lease (nothing fails), replica 0 is killed on its
+    node (SIGKILL: it and what it started) and replica 1 is frozen for good, each
+    mid-trial: their trials fail when their leases lapse, replica 2 carries on, the run ends
+    at its deadline with every record it had, the frozen process ends with the job, and the
+    run verifies."""
     env = slurm_cluster_3
     # The run's end. The faults come at the first trials, about 15 s into the clock on an
     # idle machine, and the last lease lapses 10 s after; a loaded machine starts the
@@ -139,7 +142,7 @@ def test_a_cancelled_step_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, 
     resumed_at = time.time()
 
     _, cancelled = hold_mid_trial(store, 0)
-    subprocess.run(["scancel", step_of(job, env, 0)], env=env, check=True)
+    kill_replica(run_dir, 0)
     frozen_pid, frozen = hold_mid_trial(store, 1)  # and never continued
     before |= records(store)
 
@@ -171,7 +174,7 @@ def test_cancelling_the_only_replica_ends_the_run_in_one_line(slurm_cluster_3, t
     job, run_dir = submit(tmp_path, env, 1, "15m")
     store = opened(run_dir)
     _, cancelled = hold_mid_trial(store, 0)
-    subprocess.run(["scancel", step_of(job, env, 0)], env=env, check=True)
+    subprocess.run(["scancel", replicas_step(job, env)], env=env, check=True)
     wait_job(job, env)
     out = next((run_dir / "logs").glob("slurm-*.out")).read_text()
     assert "Traceback" not in out

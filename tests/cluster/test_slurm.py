@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from automlperf.cli import app
 from automlperf.runner.joblimits import margins
 from automlperf.runner.slurm import format_time
+from automlperf.testing.slurm import kill_replica
 from helpers import cli, fast_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -115,8 +116,9 @@ def test_a_submitted_benchmark_runs_two_replicas(slurm_cluster, tmp_path):
 
 def test_a_dead_node_is_a_failed_replica_not_a_failed_run(slurm_cluster, pg_server, pg_url, tmp_path):
     """With an external PostgreSQL store whose password is given on the command line: kill
-    replica 1's job step mid-run; the run completes and counts what replica 1 finished, and
-    the password appears in no file but its private one."""
+    replica 1 mid-run (its processes, as a crash on its node would); the run completes and
+    counts what replica 1 finished, and the password appears in no file but its private
+    one."""
     run_dir = tmp_path / "run"
     job = submit(tmp_path, slurm_cluster, run_dir, "--store", pg_url, rounds=4)
     env = dict(slurm_cluster)
@@ -134,11 +136,8 @@ def test_a_dead_node_is_a_failed_replica_not_a_failed_run(slurm_cluster, pg_serv
         time.sleep(1)
     else:
         raise AssertionError("replica 1 never finished an epoch")
-    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], env=env,
-                           capture_output=True, text=True).stdout.split("\n")
-    step = next(line.split()[0] for line in steps if "automlperf-replica-1" in line)
     killed_at = time.time()
-    subprocess.run(["scancel", step], env=env, check=True)
+    kill_replica(run_dir, 1)
     assert wait_job(job, env) == "COMPLETED"
     trials = store.trials(1)
     epochs = store.epochs(1)
@@ -251,20 +250,20 @@ from automlperf.runner.slurm import SlurmLauncher, cpus_per_node
 
 run_dir = Path(sys.argv[1])
 (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-for cmd in SlurmLauncher(run_dir, None).commands(2, None, cpus_per_node()):
-    # The replica's own srun options, with a probe in place of the replica.
-    srun = cmd[:cmd.index(sys.executable)]
-    print(" ".join(srun), flush=True)
-    probe = "import os; print(os.environ['SLURM_CPUS_PER_TASK'], os.environ['SLURMD_NODENAME'])"
-    subprocess.run(srun + [sys.executable, "-c", probe], check=True)
+cmd = SlurmLauncher(run_dir, None).command(2, None, cpus_per_node())
+print(" ".join(cmd), flush=True)
+# The replicas' own step and the shell around each task, with a probe in place of the worker.
+probe = "import os, sys; print(os.environ['SLURM_CPUS_PER_TASK'], os.environ['SLURMD_NODENAME'], *sys.argv[1:])"
+subprocess.run(cmd[:cmd.index(sys.executable)] + [sys.executable, "-c", probe], check=True)
 """
 
 
 @pytest.mark.parametrize("memory", [["--mem=0"], ["--mem-per-cpu=100", "--cpus-per-task=1"]],
                          ids=["whole-nodes", "users-memory-per-cpu"])
 def test_replica_steps_ask_for_their_nodes_cpus_and_memory(slurm_cluster, tmp_path, memory):
-    """Real job steps, started with the launcher's srun options inside a whole-node job;
-    with the user's memory per CPU they ask for no --mem, which srun would refuse."""
+    """The replicas' real job step, started with the launcher's srun command inside a
+    whole-node job: one task per node, each told its replica index; with the user's memory
+    per CPU it asks for no --mem, which srun would refuse."""
     (tmp_path / "probe.py").write_text(PROBE)
     run_dir = tmp_path / "run"
     done = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--exclusive", *memory,
@@ -275,10 +274,61 @@ def test_replica_steps_ask_for_their_nodes_cpus_and_memory(slurm_cluster, tmp_pa
     job = done.stdout.strip().split(";")[0]
     assert wait_job(job, slurm_cluster, timeout=600) == "COMPLETED", (tmp_path / "job.out").read_text()
     out = (tmp_path / "job.out").read_text()
-    assert out.count("--cpus-per-task=1") == 2
-    assert out.count("--mem=0") == (2 if memory == ["--mem=0"] else 0)
+    assert out.count("--cpus-per-task=1") == 1 and "--ntasks=2 --ntasks-per-node=1" in out
+    assert out.count("--mem=0") == (1 if memory == ["--mem=0"] else 0)
     logs = sorted((run_dir / "logs").glob("replica-*.log"))
-    assert [p.read_text().split() for p in logs] == [["1", "n1"], ["1", "n2"]]
+    assert [p.read_text().split() for p in logs] == [["1", "n1", "--replica-index", "0"],
+                                                     ["1", "n2", "--replica-index", "1"]]
+    assert [p.read_text() for p in sorted((run_dir / "logs").glob("replica-*.exit"))] == \
+        ["0\n", "0\n"]
+
+
+STEP = """
+import sys, time
+from pathlib import Path
+from automlperf.runner.slurm import SlurmLauncher
+
+run_dir = Path(sys.argv[1])
+task = (f"import sys, time, pathlib; i = int(sys.argv[-1]); "
+        f"sys.exit(3) if i == 1 else None; "
+        f"[time.sleep(0.1) for _ in iter(lambda: pathlib.Path('{run_dir}/release').exists(), True)]")
+launcher = SlurmLauncher(run_dir, None, worker=[sys.executable, "-c", task])
+launcher.start()
+deadline = time.monotonic() + 300  # a guard: three tasks start in seconds when idle
+while launcher.states() != ["up", "exited"]:
+    assert time.monotonic() < deadline, launcher.states()
+    time.sleep(0.2)
+print("one ended:", launcher.states(), [p.poll() for p in launcher.procs], flush=True)
+(run_dir / "release").touch()
+assert launcher.procs[0].wait(300) == 0
+print("all ended:", launcher.states(), [p.poll() for p in launcher.procs], flush=True)
+launcher.stop(10)
+"""
+
+
+def test_one_step_starts_every_replica_and_one_that_exits_leaves_the_others(slurm_cluster,
+                                                                           tmp_path):
+    """The launcher's own step in a two-node job, with a stand-in for the worker: replica 1
+    exits with status 3 at once; the launcher sees it ended while 0 runs on, and 0's exit
+    once it is let go (not an earlier session's status); the step (one srun) ends with it."""
+    (tmp_path / "step.py").write_text(STEP)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "logs").mkdir()
+    (run_dir / "logs" / "replica-0.exit").write_text("7\n")  # an earlier session's
+    done = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--no-kill",
+                           f"--output={tmp_path}/job.out",
+                           f"--wrap={sys.executable} {tmp_path}/step.py {run_dir}"],
+                          env=slurm_cluster, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split(";")[0]
+    state = wait_job(job, slurm_cluster, timeout=600)
+    out = (tmp_path / "job.out").read_text()
+    assert state == "COMPLETED", out
+    assert "one ended: ['up', 'exited'] [None, 3]" in out
+    assert "all ended: ['exited', 'exited'] [0, 3]" in out
+    srun = (run_dir / "logs" / "srun.log").read_text()
+    assert "task 1: Exited with exit code 3" in srun
 
 
 def test_a_script_with_the_users_memory_is_valid_for_sbatch(slurm_cluster, tmp_path):
@@ -317,17 +367,17 @@ def test_replica_steps_keep_the_users_cpus_and_memory(tmp_path):
     from automlperf.runner.slurm import SlurmLauncher
 
     launcher = SlurmLauncher(tmp_path, None)
-    whole = launcher.commands(2, None, [72, 36], env={})
-    assert [c.count("--mem=0") for c in whole] == [1, 1]
-    assert [next(a for a in c if a.startswith("--cpus")) for c in whole] == [
-        "--cpus-per-task=72", "--cpus-per-task=36"]
-    mine = launcher.commands(2, "8", [72, 36], env={"SLURM_CPUS_PER_TASK": "16",
+    alike = launcher.command(2, None, [72, 72], env={})
+    assert alike.count("--mem=0") == 1 and "--cpus-per-task=72" in alike
+    # Nodes of different sizes: one count would hold every task to the smallest.
+    unlike = launcher.command(2, None, [72, 36], env={})
+    assert "--whole" in unlike and not any(a.startswith("--cpus") for a in unlike)
+    mine = launcher.command(2, "8", [72, 36], env={"SLURM_CPUS_PER_TASK": "16",
                                                    "SLURM_MEM_PER_CPU": "2048"})
-    for cmd in mine:
-        assert "--cpus-per-task=16" in cmd and not any(a.startswith("--mem") for a in cmd)
-        assert "--gpus-per-node=8" in cmd
-    per_gpu = launcher.commands(1, "8", [72], env={"SLURM_MEM_PER_GPU": "40960"})
-    assert not any(a.startswith("--mem") for a in per_gpu[0])
+    assert "--cpus-per-task=16" in mine and not any(a.startswith("--mem") for a in mine)
+    assert "--gpus-per-node=8" in mine and "--whole" not in mine
+    per_gpu = launcher.command(1, "8", [72], env={"SLURM_MEM_PER_GPU": "40960"})
+    assert not any(a.startswith("--mem") for a in per_gpu)
 
 
 HOLD = """#!/bin/bash

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,8 +18,36 @@ from automlperf.store.urls import STORE_ENV
 from automlperf.train.oomkill import OomWatch
 
 
+# When a launcher started the replicas (seconds since the epoch): a replica's start-up line
+# then says how long its launch took to become its process.
+LAUNCHED_ENV = "AUTOMLPERF_LAUNCHED_AT"
+
+
+def process_started_at() -> float:
+    """When this process started (seconds since the epoch), to the kernel's tick: its age from
+    /proc (ticks since boot, against the uptime) taken from now. psutil's create_time adds
+    the boot time, which Linux gives in whole seconds, so its error reaches a second."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return float(psutil.Process().create_time())
+
+
+class Replica(Protocol):
+    """A started replica as supervision sees it: a process, or a task of a job step."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 class Launcher(Protocol):
-    procs: list[subprocess.Popen[bytes]]
+    @property
+    def procs(self) -> Sequence[Replica]: ...
 
     def start(self) -> None: ...
 
@@ -41,7 +69,7 @@ def terminate(procs: list[subprocess.Popen[bytes]], grace_s: float,
                 p.wait()
 
 
-def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
+def wait_all(procs: Sequence[Replica], timeout_s: float) -> bool:
     """Wait until every process has exited, at most ``timeout_s``; whether they all did."""
     deadline = time.monotonic() + timeout_s
     for p in procs:

@@ -22,6 +22,7 @@ from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
 from automlperf.runner import session as steps
 from automlperf.runner.joblimits import batch_job_limit
+from automlperf.runner.launch import process_started_at
 from automlperf.runner.slurm import Container, SlurmLauncher
 from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store.base import StoreError
@@ -110,12 +111,6 @@ def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> t
                     f"not {req.launcher!r}")
 
 
-def _process_start() -> float:
-    import psutil
-
-    return float(psutil.Process().create_time())
-
-
 def _startup_line(startup: dict[str, Any]) -> str:
     parts = [f"imports {startup['imports_s']:.1f} s", f"system description "
              f"{startup['describe_s']:.1f} s"]
@@ -169,7 +164,7 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
                       simulated=simulated_system(planned))
     # How long this process took to reach its clock, part by part: a job's time limit must
     # hold it besides the run's duration (docs/cluster.md, "Running on a cluster").
-    started = _process_start()
+    started = process_started_at()
     system["startup"] = {"imports_s": round(described - started, 3),
                          "describe_s": round(time.time() - described, 3)}
     # A job on a cluster (not a laptop's local replicas) starts no clock it could not hold.

@@ -28,7 +28,8 @@ from automlperf.runner.chain import ChainPlan, chain_limit, plan_chain
 from automlperf.runner.joblimits import CHAIN_ENV, CHAIN_FILE, OVER_FILE, STARTUP_S, margins
 from automlperf.runner.session import record_origin
 from automlperf.errors import UserError
-from automlperf.runner.slurm import MARGIN_ENV, Container, SlurmError, format_time, require
+from automlperf.runner.slurm import (MARGIN_ENV, PYXIS_NAME, Container, SlurmError, format_time,
+                                     require)
 from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store import connections
 from automlperf.store.pgserver import find_binaries
@@ -213,7 +214,7 @@ def write_job(opts: ScriptOptions) -> Written:
         partition=opts.partition, account=opts.account, job_name=opts.job_name,
         sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
         store_shown=redact(store_url) if store_url else None, password_file=password_file,
-        run_args=" ".join(run_args), container=opts.container, exclusive=opts.exclusive,
+        run_args=" ".join(run_args), container=opts.container, pyxis_name=PYXIS_NAME, exclusive=opts.exclusive,
         all_memory=opts.all_memory(), dataset=dataset, stage_to=opts.stage_to,
         stage_s=opts.stage_s, startup_s=opts.startup_allowance_s)
     write_atomic(script, text)

@@ -12,15 +12,17 @@ import datetime
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from automlperf.data_manifest import file_sha256
 from automlperf.errors import UserError
-from automlperf.runner.launch import terminate, worker_command
+from automlperf.runner.launch import LAUNCHED_ENV, terminate, worker_command
 from automlperf.store.rundir import write_atomic
 
 
@@ -75,6 +77,9 @@ def replica_index(env: Mapping[str, str] | None = None) -> int:
 
 CONTAINER_FILE = "container.json"
 RUNTIMES = ("pyxis", "apptainer")
+# The name of the job's pyxis container on each node (pyxis keeps a named container for the
+# rest of the job and skips the import for a later step that names it).
+PYXIS_NAME = "automlperf"
 
 
 @dataclass
@@ -132,18 +137,25 @@ class Container:
                             found = (depth, target / path.relative_to(root))
         return None if found is None else found[1]
 
-    def wrap(self, run_dir: Path, srun_args: list[str], worker: list[str]) -> list[str]:
+    def wrap(self, run_dir: Path, srun_args: list[str], worker: list[str],
+             around: Sequence[str] = ()) -> list[str]:
         """An srun command that runs ``worker`` (whose first word is the host's Python)
-        inside the image, reading the dataset where the image sees it."""
+        inside the image, reading the dataset where the image sees it; ``around``, a command
+        that runs the worker (the task's shell), runs where srun starts the task: in the
+        image with pyxis, on the host around ``apptainer exec``."""
         inner = [self.python, *worker[1:]]
         if self.data_root is not None:
             inner += ["--data-root", self.data_root]
         if self.runtime == "pyxis":
+            # The image unpacked once per node and job, before the clock (the batch
+            # script's first step, under this name); the step finds it there.
             return [*srun_args, f"--container-image={self.image}",
+                    f"--container-name={PYXIS_NAME}",
                     f"--container-mounts={','.join(self.binds(run_dir))}",
-                    "--container-workdir=" + str(run_dir), *self.options, *inner]
+                    "--container-workdir=" + str(run_dir), *self.options, *around, *inner]
         binds = [arg for b in self.binds(run_dir) for arg in ("--bind", b)]
-        return [*srun_args, "apptainer", "exec", *self.options, *binds, self.image, *inner]
+        return [*srun_args, *around, "apptainer", "exec", *self.options, *binds, self.image,
+                *inner]
 
     def save(self, run_dir: Path) -> None:
         write_atomic(run_dir / CONTAINER_FILE, json.dumps(self.__dict__, indent=1) + "\n")
@@ -163,67 +175,147 @@ class Container:
 # Set by sbatch when the job counts memory per CPU or per GPU; srun reads them as options,
 # and refuses --mem beside them.
 MEMORY_PER_UNIT = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU")
+# What srun writes when the controller declares a node of the step down.
+NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+# The exit status reported for a replica whose node was lost: it was killed with its node.
+NODE_LOST = -9
+
+
+def task_script(logs: Path) -> str:
+    """The shell around each task's replica: the replica's index is the task's rank, and
+    its exit status is left in ``logs`` (srun reports only the first failures and the
+    worst), so that the primary knows which replicas ended and how while the step goes on."""
+    exit_file = shlex.quote(str(logs)) + '/replica-"$SLURM_PROCID".exit'
+    return (f'"$@" --replica-index "$SLURM_PROCID"; status=$?; echo "$status" > {exit_file}; '
+            'exit "$status"')
+
+
+@dataclass
+class StepTask:
+    """One replica of the step, as supervision sees a process: ended once its exit status
+    is in the logs, its node is lost, or the step is over."""
+
+    launcher: SlurmLauncher
+    index: int
+
+    def poll(self) -> int | None:
+        return self.launcher.exit_code(self.index)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired("replica", timeout or 0.0)
+            time.sleep(0.2)
+        return code
 
 
 @dataclass
 class SlurmLauncher:
-    """One replica per node of the job, each in its own job step, so that a node that dies
-    takes down only its replica; in a container when the run directory names one."""
+    """Every node's replica started by one job step: one srun on the batch host whose tasks,
+    one per node, slurmstepd fans out in a tree (a job of 512 nodes makes one step, not 512);
+    in a container when the run directory names one. A replica that exits, or a node that
+    dies, costs that replica only: the step goes on with the others (--no-kill,
+    --kill-on-bad-exit=0, --wait=0)."""
 
     run_dir: Path
     store_url: str | None
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # What each task runs, its replica index appended (default: `automlperf worker`).
+    worker: list[str] | None = None
+    procs: list[StepTask] = field(default_factory=list)
+    srun: subprocess.Popen[bytes] | None = None
+    nodes: list[str] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)
 
-    def commands(self, nodes: int, gpus: str | None, cpus: list[int] | None = None,
-                 env: Mapping[str, str] | None = None) -> list[list[str]]:
-        """The srun command of each node's replica. A step inherits no --cpus-per-task from
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+    def command(self, nodes: int, gpus: str | None, cpus: list[int] | None = None,
+                env: Mapping[str, str] | None = None) -> list[str]:
+        """The srun command of the replicas' step. A step inherits no --cpus-per-task from
         sbatch since Slurm 22.05, and would get one CPU: it asks for the job's own
-        --cpus-per-task when the user gave one, else its node's CPUs (``cpus``, per node).
-        It asks for all the job's memory there (``--mem=0``) unless the job counts memory
-        per CPU or per GPU, which srun refuses beside --mem."""
+        --cpus-per-task when the user gave one, else its nodes' CPUs (``cpus``, per node;
+        --whole where they differ, one count being the step's for every task). It asks for
+        all the job's memory there (``--mem=0``) unless the job counts memory per CPU or per
+        GPU, which srun refuses beside --mem."""
         env = os.environ if env is None else env
-        srun = require("srun")
-        logs = self.run_dir / "logs"
         container = Container.load(self.run_dir)
         per_task = env.get("SLURM_CPUS_PER_TASK")
         memory = [] if any(env.get(k) for k in MEMORY_PER_UNIT) else ["--mem=0"]
-        out = []
-        for i in range(nodes):
-            cmd = [srun, "--nodes=1", "--ntasks=1", f"--relative={i}", "--kill-on-bad-exit=0",
-                   f"--job-name=automlperf-replica-{i}", f"--output={logs}/replica-{i}.log",
-                   # A resumed or requeued run adds to its replicas' logs.
-                   "--open-mode=append", *memory]
-            if per_task:
-                cmd.append(f"--cpus-per-task={per_task}")
-            elif cpus and i < len(cpus):
-                cmd.append(f"--cpus-per-task={cpus[i]}")
-            if gpus:
-                cmd.append(f"--gpus-per-node={gpus}")
-            # The index on the command line: a site whose srun defaults to PMIx would
-            # otherwise give every one-task step PMIX_RANK=0.
-            worker = worker_command(self.run_dir, i, None, None,
-                                    require_accelerators=bool(gpus and gpus != "0"))
-            out.append(container.wrap(self.run_dir, cmd, worker) if container else cmd + worker)
-        return out
+        cmd = [require("srun"), f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+               # A node lost, or a replica ended, ends neither the step nor the others.
+               "--no-kill", "--kill-on-bad-exit=0", "--wait=0",
+               "--job-name=automlperf-replicas", f"--output={self.logs}/replica-%t.log",
+               # A resumed or requeued run adds to its replicas' logs.
+               "--open-mode=append", *memory]
+        counts = set((cpus or [])[:nodes])
+        if per_task:
+            cmd.append(f"--cpus-per-task={per_task}")
+        elif len(counts) == 1:
+            cmd.append(f"--cpus-per-task={counts.pop()}")
+        elif counts:
+            cmd.append("--whole")
+        if gpus:
+            cmd.append(f"--gpus-per-node={gpus}")
+        worker = self.worker or worker_command(self.run_dir, None, None, None,
+                                               require_accelerators=bool(gpus and gpus != "0"))
+        around = ["sh", "-c", task_script(self.logs), "automlperf-replica"]
+        return (container.wrap(self.run_dir, cmd, worker, around) if container
+                else cmd + around + worker)
 
     def start(self) -> None:
-        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
-        if nodes < 1:
+        count = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
+        if count < 1:
             raise SlurmError("not inside a SLURM job (SLURM_JOB_NUM_NODES is not set)")
-        (self.run_dir / "logs").mkdir(exist_ok=True)
-        env = dict(os.environ)
+        self.logs.mkdir(exist_ok=True)
+        # A replica's exit status from an earlier session of the run is not this one's.
+        for old in self.logs.glob("replica-*.exit"):
+            old.unlink()
+        self.nodes = node_names()[:count]
+        env = dict(os.environ, **{LAUNCHED_ENV: f"{time.time():.3f}"})
         if self.store_url:
             env["AUTOMLPERF_STORE_URL"] = self.store_url
-        for cmd in self.commands(nodes, os.environ.get("SLURM_GPUS_PER_NODE"), cpus_per_node()):
-            self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL))
+        cmd = self.command(count, os.environ.get("SLURM_GPUS_PER_NODE"), cpus_per_node())
+        with open(self.logs / "srun.log", "ab") as err:
+            self.srun = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        self.procs = [StepTask(self, i) for i in range(count)]
+
+    def _read_lost(self) -> None:
+        try:
+            text = (self.logs / "srun.log").read_text(errors="replace")
+        except OSError:
+            return
+        self.lost.update(NODE_FAILURE.findall(text))
+
+    def exit_code(self, index: int) -> int | None:
+        """The replica's exit status; None while it runs."""
+        try:
+            return int((self.logs / f"replica-{index}.exit").read_text())
+        except (OSError, ValueError):
+            pass
+        step = None if self.srun is None else self.srun.poll()
+        self._read_lost()
+        if index < len(self.nodes) and self.nodes[index] in self.lost:
+            return NODE_LOST
+        # The step over and no status written: the shell was stopped by a signal.
+        return None if self.srun is not None and step is None else step or NODE_LOST
 
     def alive(self) -> list[bool]:
         return [p.poll() is None for p in self.procs]
 
+    def states(self) -> list[str]:
+        """``up``, ``exited``, or ``node lost`` (srun's word that the controller declared
+        the replica's node down), per replica."""
+        codes = [p.poll() for p in self.procs]
+        return ["up" if code is None else "node lost"
+                if i < len(self.nodes) and self.nodes[i] in self.lost else "exited"
+                for i, code in enumerate(codes)]
+
     def stop(self, grace_s: float) -> None:
-        # srun answers SIGTERM by cancelling its step, which ends the replica there.
-        terminate(self.procs, grace_s, lambda p: p.kill())
+        # srun answers SIGTERM by cancelling its step, which ends every replica.
+        if self.srun is not None:
+            terminate([self.srun], grace_s, lambda p: p.kill())
 
 
 def format_time(seconds: float) -> str:

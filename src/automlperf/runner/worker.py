@@ -24,6 +24,7 @@ from automlperf.errors import UserError
 from automlperf.measure.ceiling import run_measurement
 from automlperf.measure.monitor import SampleCopier
 from automlperf.measure.provenance import software
+from automlperf.runner.launch import LAUNCHED_ENV, process_started_at
 from automlperf.runner.staging import local_root
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
@@ -255,9 +256,11 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
         log.error("no open session of a run in %s after %.0f s: start `automlperf run "
                   "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
         return 1
+    imported = time.time()
     try:
         replica = open_replica(run_dir, store_url, index, devices, threads, sample,
                                require_accelerators, data_root)
+        log.info("start-up: %s", startup_line(imported, time.time()))
     except (DeviceError, DatasetIdentityError, SoftwareMismatch) as exc:
         # This node cannot train: said through the store, so that the primary retires this
         # replica in one line (and ends the run only when no replica is left).
@@ -266,6 +269,21 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
         return retired_status
     signal.signal(signal.SIGTERM, lambda *_: replica.stop.set())
     return retired_status if replica.run() else 0
+
+
+def startup_line(imported: float, ready: float, env: dict[str, str] | None = None) -> str:
+    """This replica's start-up, part by part: from its launch to its process (the launcher's
+    fan-out, a container's start), the interpreter and its imports, and opening the replica
+    (store, data check, node description, training processes)."""
+    created = process_started_at()
+    parts = []
+    launched = (os.environ if env is None else env).get(LAUNCHED_ENV, "")
+    try:
+        parts.append(f"launch {created - float(launched):.2f} s")
+    except ValueError:
+        pass
+    parts += [f"imports {imported - created:.2f} s", f"opening {ready - imported:.2f} s"]
+    return ", ".join(parts)
 
 
 def record_cannot_start(run_dir: Path, store_url: str | None, index: int, reason: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import random
 import re
 import shlex
 import shutil
@@ -19,7 +20,6 @@ import time
 from pathlib import Path
 
 from automlperf.runner.slurm import SlurmError
-from automlperf.store.pgserver import free_port
 
 SLURM_CONF = """\
 ClusterName={cluster}
@@ -71,14 +71,16 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     names = [f"n{i}" for i in range(1, nodes + 1)]
     conf = base / "slurm.conf"
     extra = f"SlurmdTimeout={slurmd_timeout_s}\n" if slurmd_timeout_s else ""
-    ctld_port = free_port()
+    ports = daemon_ports(nodes + 1)
+    ctld_port = ports.pop()
     # Job ids of their own: clusters side by side on this host (pytest-xdist workers) never
     # name the same job, which fail_node finds among all of the host's job steps.
     conf.write_text(SLURM_CONF.format(cluster=cluster, host=host, user=getpass.getuser(),
                                       dir=base, ctld_port=ctld_port,
                                       first_job=ctld_port * 1000) + extra
-                    + "".join(SLURM_NODE.format(name=n, host=host, port=free_port(),
-                                                memory=memory_mb) for n in names)
+                    + "".join(SLURM_NODE.format(name=n, host=host, port=port,
+                                                memory=memory_mb)
+                              for n, port in zip(names, ports))
                     + f"PartitionName=debug Nodes={','.join(names)} Default=YES "
                       "MaxTime=INFINITE State=UP\n"
                     # A partition whose jobs last 5 minutes at most, as a site's short queue.
@@ -102,11 +104,47 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
         state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
                                text=True)
         if state.stdout.split() == ["idle"]:
-            return env
+            dead = [n for n in names if not _running(base / f"slurmd-{n}.pid")]
+            if not dead:
+                return env
+            stop_slurm(env)
+            raise SlurmError(f"slurmd of {', '.join(dead[:5])} ({len(dead)} of {nodes}) "
+                             f"exited after it started: see {base}/slurmd-{dead[0]}.log")
         time.sleep(0.5)
     stop_slurm(env)
     raise SlurmError(f"the local SLURM cluster did not come up: {state.stdout} {state.stderr}; "
                      f"see {base}/slurmctld.log")
+
+
+# Below Linux's ephemeral range (32768-60999): a port found free there can be taken by any
+# outgoing connection before its daemon binds it, which 512 slurmd starting at once do.
+PORTS = (10000, 32000)
+
+
+def daemon_ports(count: int) -> list[int]:
+    """``count`` ports free now, outside the range outgoing connections draw from; a random
+    start, so that clusters started side by side (pytest-xdist workers) rarely meet."""
+    found: list[int] = []
+    port = random.randrange(PORTS[0], PORTS[1] - 2 * count)
+    while len(found) < count:
+        if port >= PORTS[1]:
+            raise SlurmError(f"fewer than {count} free ports between {PORTS[0]} and {PORTS[1]}")
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+                found.append(port)
+            except OSError:
+                pass
+        port += 1
+    return found
+
+
+def _running(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text().split()[0]), 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
 def _start_munge(timeout_s: float = 60.0) -> None:
@@ -139,20 +177,50 @@ def fail_node(env: dict[str, str], node: str) -> list[int]:
         raise SlurmError(f"{conf} is not a local cluster's configuration")
     base = Path(found.group(1))
     victims = [int((base / f"slurmd-{node}.pid").read_text().split()[0])]
-    # A step's slurmstepd on this host names its step, [job.step]; squeue names its node.
-    steps = subprocess.run(["squeue", "-h", "-s", "-o", "%i %N"], env=env, capture_output=True,
-                           text=True).stdout.split("\n")
-    on_node = {f"[{line.split()[0]}]" for line in steps if line.split()[1:] == [node]}
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if cmdline.startswith("slurmstepd:") and any(step in cmdline for step in on_node):
-            victims += [proc.pid] + [child.pid for child in proc.children(recursive=True)]
+    # A step's slurmstepd runs on every node of the step under one name ([job.step]): the one
+    # on this node is the parent of the step's tasks that SLURM told they run on it, in a job
+    # of this cluster (clusters side by side, pytest-xdist workers, name their nodes alike).
+    jobs = set(subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True,
+                              text=True).stdout.split())
+    for proc in psutil.process_iter(["cmdline"]):
+        if not " ".join(proc.info["cmdline"] or []).startswith("slurmstepd:"):
+            continue
+        try:
+            here = any(child.environ().get("SLURMD_NODENAME") == node
+                       and child.environ().get("SLURM_JOB_ID") in jobs
+                       for child in proc.children())
+            if here:
+                victims += [proc.pid] + [c.pid for c in proc.children(recursive=True)]
+        except psutil.Error:  # ended meanwhile
+            continue
     for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     return victims
+
+
+def kill_replica(run_dir: Path, index: int) -> list[int]:
+    """Kill replica ``index`` of a run's job step as a crash on its node would (SIGKILL, it
+    and everything it started), the step's other tasks left running. The process ids
+    killed."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "worker" in cmd and str(run_dir) in cmd and cmd[-2:] == ["--replica-index", str(index)]:
+            try:
+                victims = [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for victim in victims:
+                try:
+                    victim.kill()
+                except psutil.Error:
+                    pass
+            return [v.pid for v in victims]
+    raise SlurmError(f"no replica {index} of {run_dir} is running on this host")
 
 
 def node_state(env: dict[str, str], node: str) -> str:
