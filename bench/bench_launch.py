@@ -127,9 +127,11 @@ def one_job(env: dict[str, str], mode: str, nodes: int, work: Path) -> dict[str,
 
 
 # What each process of a node imports before it works: the replica (the CLI, then its
-# runner), and each training rank (spawned: the CLI's main module again, then the rank).
+# runner), each training rank (spawned: the CLI's main module again, then the rank), and
+# torch, which both import only once they train or describe the node.
 IMPORTS = {"replica": "import automlperf.cli, automlperf.runner.worker",
-           "rank": "import automlperf.cli, automlperf.train.rank"}
+           "rank": "import automlperf.cli, automlperf.train.rank",
+           "torch": "import torch"}
 FILE_CALLS = ("openat", "newfstatat", "stat", "lstat", "statx", "access", "readlink",
               "getdents64")
 
