@@ -56,6 +56,8 @@ def test_a_chain_of_jobs_runs_the_run_across_its_partitions_time_limit(slurm_clu
     assert wait_job(jobs[0], slurm_cluster) == "COMPLETED"  # the script's own exit, 130
     first = (run_dir / "logs" / f"slurm-{jobs[0]}.out").read_text()
     assert "automlperf primary finished with status 130" in first and "cancelled" not in first
+    assert "the chain's next job goes on with the run" in first
+    assert "interrupted: continue with" not in first
     interim = json.loads((run_dir / "result.json").read_text())
     assert interim["interrupted"] and 0 < interim["elapsed_s"] < DURATION_S
 

@@ -64,6 +64,9 @@ def run(
         err.print(problem, highlight=False)
     if outcome.state == "failed":
         say_error(f"the run cannot train: {outcome.reason}")
+    elif outcome.state == "interrupted" and outcome.chain_link:
+        err.print("stopped at this job's time limit: the chain's next job goes on with the "
+                  "run", highlight=False)
     elif outcome.state == "interrupted":
         err.print(f"interrupted: continue with `automlperf run --resume --run-dir "
                   f"{outcome.run_dir}`", highlight=False)

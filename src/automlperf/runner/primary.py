@@ -65,6 +65,7 @@ class RunOutcome:
     joined: int | None  # replicas that joined, for a site's own launcher
     written: dict[str, Path] = field(default_factory=dict)  # mllog, system_desc, report
     problems: list[str] = field(default_factory=list)  # what could not be written, and why
+    chain_link: bool = False  # a job of a chain ran it: the chain's next job goes on
 
     @property
     def exit_code(self) -> int:
@@ -187,7 +188,9 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
                       f"{fmt_duration(session.deadline_at - session.started_at)} more",
                       highlight=False)
     try:
-        return _run_session(req, session, starter, console, system, run_dir, url, count)
+        outcome = _run_session(req, session, starter, console, system, run_dir, url, count)
+        outcome.chain_link = limit is not None and limit.chain_link
+        return outcome
     finally:
         session.stop_service()
 

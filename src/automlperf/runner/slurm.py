@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import re
 import shlex
@@ -179,6 +180,9 @@ MEMORY_PER_UNIT = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU")
 NODE_FAILURE = re.compile(r"Node failure on (\S+)")
 # The exit status reported for a replica whose node was lost: it was killed with its node.
 NODE_LOST = -9
+EXIT_FILE = re.compile(r"replica-(\d+)\.exit")
+# How often supervision looks at the replicas' exit statuses and srun's log.
+REFRESH_S = 0.5
 
 
 def task_script(logs: Path) -> str:
@@ -226,6 +230,10 @@ class SlurmLauncher:
     srun: subprocess.Popen[bytes] | None = None
     nodes: list[str] = field(default_factory=list)
     lost: set[str] = field(default_factory=set)
+    codes: dict[int, int] = field(default_factory=dict)
+    _looked: float = -math.inf
+    _step: int | None = None
+    _srun_log_size: int = -1
 
     @property
     def logs(self) -> Path:
@@ -272,6 +280,8 @@ class SlurmLauncher:
         # A replica's exit status from an earlier session of the run is not this one's.
         for old in self.logs.glob("replica-*.exit"):
             old.unlink()
+        self.codes.clear()
+        self._looked = -math.inf
         self.nodes = node_names()[:count]
         env = dict(os.environ, **{LAUNCHED_ENV: f"{time.time():.3f}"})
         if self.store_url:
@@ -281,25 +291,43 @@ class SlurmLauncher:
             self.srun = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         self.procs = [StepTask(self, i) for i in range(count)]
 
-    def _read_lost(self) -> None:
-        try:
-            text = (self.logs / "srun.log").read_text(errors="replace")
-        except OSError:
+    def _refresh(self) -> None:
+        """Read what changed since the last look, at most every REFRESH_S: the exit statuses
+        written (one listing of the logs folder, which may sit on a shared file system, not a
+        file per replica per look) and srun's log where it grew."""
+        now = time.monotonic()
+        if now - self._looked < REFRESH_S:
             return
-        self.lost.update(NODE_FAILURE.findall(text))
+        self._looked = now
+        self._step = None if self.srun is None else self.srun.poll()
+        for name in os.listdir(self.logs):
+            found = EXIT_FILE.fullmatch(name)
+            if found and int(found[1]) not in self.codes:
+                try:
+                    self.codes[int(found[1])] = int((self.logs / name).read_text())
+                except (OSError, ValueError):
+                    pass  # being written: the next look reads it
+        try:
+            log = self.logs / "srun.log"
+            if log.stat().st_size != self._srun_log_size:
+                text = log.read_bytes()
+                self._srun_log_size = len(text)
+                self.lost.update(NODE_FAILURE.findall(text.decode(errors="replace")))
+        except OSError:
+            pass
 
     def exit_code(self, index: int) -> int | None:
         """The replica's exit status; None while it runs."""
-        try:
-            return int((self.logs / f"replica-{index}.exit").read_text())
-        except (OSError, ValueError):
-            pass
-        step = None if self.srun is None else self.srun.poll()
-        self._read_lost()
+        self._refresh()
+        if index in self.codes:
+            return self.codes[index]
         if index < len(self.nodes) and self.nodes[index] in self.lost:
             return NODE_LOST
-        # The step over and no status written: the shell was stopped by a signal.
-        return None if self.srun is not None and step is None else step or NODE_LOST
+        if self.srun is None:
+            return NODE_LOST  # never started
+        # The step over, no status seen: srun's own, the worst of its tasks (0: every task
+        # exited 0, its file not yet seen through a shared file system's caches).
+        return self._step
 
     def alive(self) -> list[bool]:
         return [p.poll() is None for p in self.procs]
