@@ -241,6 +241,7 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
     not given. A replica that retires (it cannot start, or cannot train) exits with
     ``retired_status``: a launcher that ends every rank on a non-zero exit would otherwise
     turn one sick node into a lost run."""
+    imported = time.time()
     from automlperf.runner.identity import local_rank, replica_identity
 
     source = "--replica-index"
@@ -256,7 +257,6 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
         log.error("no open session of a run in %s after %.0f s: start `automlperf run "
                   "--launcher external --run-dir %s` first", run_dir, wait_s, run_dir)
         return 1
-    imported = time.time()
     try:
         replica = open_replica(run_dir, store_url, index, devices, threads, sample,
                                require_accelerators, data_root)
@@ -274,7 +274,8 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
 def startup_line(imported: float, ready: float, env: dict[str, str] | None = None) -> str:
     """This replica's start-up, part by part: from its launch to its process (the launcher's
     fan-out, a container's start), the interpreter and its imports, and opening the replica
-    (store, data check, node description, training processes)."""
+    (store, data check, node description, training processes; a wait for the session
+    included, where `--wait` asked for one)."""
     created = process_started_at()
     parts = []
     launched = (os.environ if env is None else env).get(LAUNCHED_ENV, "")
