@@ -105,3 +105,27 @@ def test_the_replicas_image_path_becomes_a_neutral_name_and_its_digest_stays(tmp
     assert system["replica_image"] == {"runtime": "apptainer", "image": "IMAGE",
                                        "digest": "sha256:" + "ab" * 32}
     assert node["software"]["container"]["image"] == "IMAGE"
+
+
+def test_a_sites_own_registry_and_login_become_neutral_names(tmp_path):
+    """A pyxis reference names the registry the site runs and the user it logs in as; a
+    public registry, the image's name and its digest name no site and stay."""
+    from automlperf.submission.site import leave_out, registry_names, site_names
+
+    own = "alice@registry.hpc.example.edu:5000#ai/automlperf:1.2@sha256:" + "cd" * 32
+    (tmp_path / "records").mkdir()
+    (tmp_path / "system.json").write_text(json.dumps(
+        {"host": "n1", "replica_image": {"runtime": "pyxis", "image": own}}))
+    (tmp_path / "config.toml").write_text("[run]\n")
+    (tmp_path / "records" / "nodes.jsonl").write_text(json.dumps(
+        {"host": "n1", "software": {"container": {"runtime": "pyxis", "image": own}}}) + "\n")
+    leave_out(tmp_path, site_names(tmp_path, tmp_path / "run"))
+    system = json.loads((tmp_path / "system.json").read_text())
+    assert system["replica_image"]["image"] == \
+        "user@REGISTRY:5000#ai/automlperf:1.2@sha256:" + "cd" * 32
+    assert "registry.hpc" not in (tmp_path / "records" / "nodes.jsonl").read_text()
+    assert registry_names("nvcr.io#nvidia/pytorch:25.01-py3") == {}
+    assert registry_names("docker://ghcr.io/org/automlperf:1") == {}
+    assert registry_names("docker://harbor.site.example:443/ai/automlperf") == \
+        {"harbor.site.example": "REGISTRY"}
+    assert registry_names("ubuntu:24.04") == {}

@@ -83,6 +83,9 @@ def site_names(bundle: Path, run_dir: Path) -> dict[str, str]:
     for image in images:
         if isinstance(image, str) and image.startswith("/"):
             names.setdefault(image, "IMAGE")
+        elif isinstance(image, str):
+            for name, neutral in registry_names(image).items():
+                names.setdefault(name, neutral)
     home = str(Path.home())
     if home not in ("/", ""):
         names.setdefault(home, "HOME")
@@ -93,6 +96,33 @@ def site_names(bundle: Path, run_dir: Path) -> dict[str, str]:
         names.setdefault(uuid, f"GPU-{i}")
     # Job ids and the like are numbers: nothing to hide, and too easily met elsewhere.
     return {k: v for k, v in names.items() if len(k) >= 2 and not k.isdigit()}
+
+
+# Registries anyone pulls from: naming one says nothing about the site.
+PUBLIC_REGISTRIES = {"docker.io", "index.docker.io", "registry-1.docker.io", "nvcr.io",
+                     "ghcr.io", "quay.io", "gcr.io", "public.ecr.aws", "registry.k8s.io",
+                     "mcr.microsoft.com"}
+
+
+def registry_names(image: str) -> dict[str, str]:
+    """What an image reference names of the site: a registry of its own (pyxis's
+    ``[USER@][REGISTRY#]IMAGE``, or a ``[docker://]HOST[:PORT]/PATH`` reference) and the user
+    it logs in as. A public registry, and the image's own name and digest, stay."""
+    found: dict[str, str] = {}
+    ref = image.split("://", 1)[1] if "://" in image else image
+    ref = ref.split("@sha256:", 1)[0]
+    if "#" in ref:  # enroot's form
+        head = ref.split("#", 1)[0]
+        user, _, registry = head.rpartition("@")
+        if user:
+            found[user] = "user"
+    else:
+        first = ref.split("/", 1)[0] if "/" in ref else ""
+        registry = first if ("." in first or ":" in first or first == "localhost") else ""
+    host = registry.split(":", 1)[0]
+    if host and host not in PUBLIC_REGISTRIES:
+        found[host] = "REGISTRY"
+    return found
 
 
 def _files(bundle: Path) -> list[Path]:
