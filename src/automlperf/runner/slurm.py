@@ -321,7 +321,7 @@ class SlurmLauncher:
         self._refresh()
         if index in self.codes:
             return self.codes[index]
-        if index < len(self.nodes) and self.nodes[index] in self.lost:
+        if self.node_lost(index):
             return NODE_LOST
         if self.srun is None:
             return NODE_LOST  # never started
@@ -336,9 +336,12 @@ class SlurmLauncher:
         """``up``, ``exited``, or ``node lost`` (srun's word that the controller declared
         the replica's node down), per replica."""
         codes = [p.poll() for p in self.procs]
-        return ["up" if code is None else "node lost"
-                if i < len(self.nodes) and self.nodes[i] in self.lost else "exited"
+        return ["up" if code is None else "node lost" if self.node_lost(i) else "exited"
                 for i, code in enumerate(codes)]
+
+    def node_lost(self, index: int) -> bool:
+        """Whether srun said the replica's node failed (as of the last look)."""
+        return index < len(self.nodes) and self.nodes[index] in self.lost
 
     def stop(self, grace_s: float) -> None:
         # srun answers SIGTERM by cancelling its step, which ends every replica.
