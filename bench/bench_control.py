@@ -91,7 +91,12 @@ def worker(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     rates = Rates(trial_epochs=args.trial_epochs, epoch_s=args.epoch_s)
     graph_json = seeds.seed("resnet50", 1000, 224, 3).to_json(None)
-    if args.via == "service":
+    if args.via == "service" and args.transport != "socket":
+        from grpc_store import GrpcStore
+
+        def opened() -> Any:
+            return GrpcStore(service_file(run_dir))
+    elif args.via == "service":
         def opened() -> Any:
             return RemoteStore(service_file(run_dir))
     else:
@@ -208,6 +213,8 @@ class Watch(threading.Thread):
         self.held: list[int] = []
         self.samples: list[dict[str, Any]] = []
         self.pids: dict[str, set[int]] = {}
+        # The service's calls' times as it wrote them every minute, by when it wrote them.
+        self.times: dict[float, dict[str, Any]] = {}
 
     def run(self) -> None:
         with self.engine.connect() as conn:
@@ -306,6 +313,7 @@ def run(args: argparse.Namespace,
                 me + ["--worker", "--run-dir", str(run_dir), "--first", str(a), "--last", str(b),
                       "--trial-epochs", str(args.trial_epochs), "--epoch-s", str(args.epoch_s),
                       "--via", args.via, "--threads", str(args.threads),
+                      "--transport", getattr(args, "transport", "socket"),
                       "--out", str(out)] + (["--shared-reads"] if args.shared_reads else []),
                 env=env))
         watch.pids = {"primary": {primary.pid}, "replicas": {p.pid for p in procs}}
@@ -326,6 +334,7 @@ def run(args: argparse.Namespace,
                     pass
             if hook is not None:
                 hook(run_dir, service_pid, url)
+            snapshot(run_dir, watch.times)
             time.sleep(1.0)
         for p in procs:
             p.wait()
@@ -429,7 +438,56 @@ def figures(args: argparse.Namespace, url: str, tallies: list[Tally], watch: Wat
                          "max": max((s["load"] for s in window), default=None),
                          "mean": mean([s["load"] for s in window])},
         "segment_ended": ended is not None, "trials": len(trials), "run_dir": str(run_dir),
+        **service_side(run_dir, watch, (seg_start + (deadline - seg_start) / 3, deadline)),
     }
+
+
+def snapshot(run_dir: Path, kept: dict[float, dict[str, Any]]) -> None:
+    """Keep the service's calls' times each time it writes them anew."""
+    try:
+        found = json.loads((run_dir / "logs" / "store-service-calls.json").read_text())
+        kept.setdefault(float(found["written"]), found)
+    except (OSError, ValueError, KeyError):
+        pass
+
+
+def service_side(run_dir: Path, watch: Watch, steady: tuple[float, float] = (0.0, 0.0)
+                 ) -> dict[str, Any]:
+    """The service's own time per call by kind (store/service/latency.py): over its whole
+    life (what it wrote as it stopped), and in the steady state, between the first of its
+    minutely writes after ``steady[0]`` and the last before ``steady[1]`` (the start's burst
+    of registrations and first claims, and the end's, left out), with its CPU in each."""
+    from automlperf.store.service.latency import CallTimes
+
+    snapshot(run_dir, watch.times)
+    try:
+        last = json.loads((run_dir / "logs" / "store-service-calls.json").read_text())
+    except (OSError, ValueError):
+        return {"service_ms": None, "service_cpu_s_per_1000_calls": None}
+    calls = last["calls"]
+    cpu = max((s["cpu"].get("service", 0.0) for s in watch.samples), default=0.0)
+    n = sum(row["n"] for row in calls.values())
+    out: dict[str, Any] = {"service_ms": calls, "service_calls": n,
+                           "service_cpu_s_per_1000_calls": round(1000 * cpu / n, 3) if n else None}
+    inside = sorted(t for t in watch.times if steady[0] <= t <= steady[1])
+    if len(inside) >= 2:
+        a, b = watch.times[inside[0]], watch.times[inside[-1]]
+        between = CallTimes.between(a["state"], b["state"])
+        span = inside[-1] - inside[0]
+
+        def service_cpu(t: float) -> float:
+            near = min(watch.samples, key=lambda s: abs(s["t"] - t))
+            return float(near["cpu"].get("service", 0.0))
+
+        used = service_cpu(inside[-1]) - service_cpu(inside[0])
+        calls_in = sum(between.count.values())
+        out["steady"] = {"from": inside[0], "to": inside[-1], "span_s": round(span, 1),
+                         "calls": calls_in, "calls_per_s": round(calls_in / span, 1),
+                         "service_cpu_share": round(used / span, 4),
+                         "cpu_s_per_1000_calls": round(1000 * used / calls_in, 3)
+                         if calls_in else None,
+                         "service_ms": between.summary()}
+    return out
 
 
 def _ms(value: float | None) -> float | None:
@@ -451,6 +509,7 @@ def parser() -> argparse.ArgumentParser:
                     help="the replicas of a process read the history's changes once between "
                          "them (as hosted replicas do), not each its own")
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--transport", default="socket", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--primary-sql", action="store_true", help=argparse.SUPPRESS)
     for name, kind in (("--first", int), ("--last", int), ("--run-dir", str), ("--out", str),

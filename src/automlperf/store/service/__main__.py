@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1", help="the name clients reach it by")
     ap.add_argument("--listen-all", action="store_true", help="accept other nodes")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--calls-file", type=Path, default=None,
+                    help="where to write the calls' times by kind (store/service/latency.py)")
     ap.add_argument("--restarted", action="store_true",
                     help="started again after it died: grant every lease a full term")
     ap.add_argument("--no-parent", action="store_true",
@@ -44,6 +46,7 @@ def main() -> None:
         service = Service(url, args.token_file.read_text().strip(), args.restarted)
     except StoreError as exc:
         raise SystemExit(f"error: {exc}") from None
+    service.times_file = args.calls_file
 
     def listening(port: int) -> None:
         write_atomic(args.file, json.dumps({"host": args.host, "port": port,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
+import os
 import resource
 import signal
 import socket
@@ -24,6 +26,7 @@ import sqlalchemy as sa
 from automlperf.store import schema
 from automlperf.store.base import SCHEMA_VERSION, StoreError
 from automlperf.store.connections import SPARE_FILES
+from automlperf.store.rundir import write_atomic
 from automlperf.store.service import wire
 from automlperf.store.service.db import Writer
 from automlperf.store.service.server import Service
@@ -32,6 +35,8 @@ log = logging.getLogger("automlperf.store.service")
 
 # How often heartbeats and the session's last_seen are written to the database.
 FLUSH_S = 5.0
+# How often the calls' times (store/service/latency.py) are written beside the service's log.
+TIMES_S = 60.0
 # How long a new connection may take to greet: one that does not (a port scanner, a client
 # that sends a byte a second) is closed rather than held.
 GREETING_S = 30.0
@@ -153,6 +158,8 @@ async def serve(service: Service, host: str | list[str] | None, port: int,
         await server.wait_closed()
     ticker.cancel()
     await service.flush()
+    write_times(service)
+    log.info("calls served (the service's own time): %s", service.times.line())
     service.writer.stop()
     service.writer.join()
     service.readers.shutdown()
@@ -234,7 +241,7 @@ async def greet(service: Service, reader: asyncio.StreamReader,
 async def tick(service: Service, stop: asyncio.Event) -> None:
     """Flush heartbeats every FLUSH_S; notice a stalled loop (SIGSTOP) as an outage."""
     last = time.monotonic()
-    flushed = last
+    flushed = written = last
     while not stop.is_set():
         await asyncio.sleep(1.0)
         now = time.monotonic()
@@ -242,6 +249,9 @@ async def tick(service: Service, stop: asyncio.Event) -> None:
             log.warning("the store service was stalled for %.0f s", now - last)
             service.restored_at = time.time()
         last = now
+        if now - written >= TIMES_S:
+            written = now
+            write_times(service)
         if now - flushed >= FLUSH_S:
             flushed = now
             try:
@@ -249,6 +259,18 @@ async def tick(service: Service, stop: asyncio.Event) -> None:
             except StoreError:
                 log.warning("heartbeats could not be written; kept for the next flush",
                             exc_info=True)
+
+
+def write_times(service: Service) -> None:
+    """The calls' times so far, by kind, to the service's ``times_file``."""
+    if service.times_file is None:
+        return
+    try:
+        write_atomic(service.times_file, json.dumps(
+            {"pid": os.getpid(), "since": service.started_at, "written": time.time(),
+             "calls": service.times.summary(), "state": service.times.state()}, indent=1) + "\n")
+    except OSError as exc:
+        log.warning("the calls' times could not be written to %s: %s", service.times_file, exc)
 
 
 async def read_message(reader: asyncio.StreamReader, limit: int,

@@ -25,6 +25,8 @@ log = logging.getLogger("automlperf.store")
 # How long a starting service may take to listen (it opens the database first, which may be
 # riding out an outage of its own).
 START_S = 180.0
+# Where, in the run's logs folder, the service writes its calls' times by kind.
+CALLS_FILE = "store-service-calls.json"
 
 
 def token_for(path: Path) -> str:
@@ -79,7 +81,7 @@ class ServiceProcess:
         self.logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "automlperf.store.service", "--file", str(self.file),
                "--token-file", str(self.token_file), "--host", advertised_host(self.listen_all),
-               "--port", str(self.port)]
+               "--port", str(self.port), "--calls-file", str(self.logs / CALLS_FILE)]
         if self.listen_all:
             cmd.append("--listen-all")
         if self.restarts:

@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,6 +39,7 @@ from automlperf.store.retry import one_line
 from automlperf.store.service import wire
 from automlperf.store.service.calls import check_call
 from automlperf.store.service.db import READERS, Job, ServiceStore, Writer
+from automlperf.store.service.latency import CallTimes
 from automlperf.store.service.state import RunState, load_run, replica_record, trial_of
 from automlperf.store.urls import redact
 
@@ -75,6 +77,10 @@ class Service:
         self.clients: set[asyncio.StreamWriter] = set()
         self.writer: Writer  # the group commit's thread, started by net.serve
         self.calls = 0
+        self.times = CallTimes()
+        # Where the calls' times are written (net.write_times); None: nowhere.
+        self.times_file: Path | None = None
+        self.started_at = time.time()
         self.ops: dict[str, Callable[[list[Any], bool], Awaitable[Any]]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
 
@@ -409,7 +415,16 @@ class Service:
 
     # --- a call ------------------------------------------------------------------------
     async def handle(self, message: dict[str, Any]) -> bytes:
-        """The answer's frame."""
+        """The answer's frame; the time it took is counted under the call's name (a name
+        this service does not have counts as "other")."""
+        started = time.perf_counter()
+        answer = await self._answer(message)
+        kind = message.get("op") if isinstance(message, dict) else None
+        self.times.add(kind if isinstance(kind, str) and kind in self.ops else "other",
+                       time.perf_counter() - started)
+        return answer
+
+    async def _answer(self, message: dict[str, Any]) -> bytes:
         self.calls += 1
         if not isinstance(message, dict) or not isinstance(message.get("a", []), list):
             return wire.encode({"e": "protocol", "m": "a call is {\"op\": name, \"a\": "
