@@ -114,6 +114,35 @@ def worker(args: argparse.Namespace) -> None:
         pickle.dump(tally, f)
 
 
+def start_replicas(args: argparse.Namespace, run_dir: Path, env: dict[str, str], stem: Path,
+                   via: str = "service", transport: str = "socket"
+                   ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """``args.replicas`` simulated replicas in ``args.processes`` processes of this bench's
+    ``--worker``, and the files where each process writes what its replicas saw."""
+    n = args.replicas
+    procs, outs = [], []
+    bounds = [round(i * n / args.processes) for i in range(args.processes + 1)]
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        out = stem.with_name(f"{stem.name}-{k}.pickle")
+        outs.append(out)
+        procs.append(subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", "--run-dir", str(run_dir),
+             "--first", str(a), "--last", str(b), "--trial-epochs", str(args.trial_epochs),
+             "--epoch-s", str(args.epoch_s), "--via", via, "--threads", str(args.threads),
+             "--transport", transport, "--out", str(out)]
+            + (["--shared-reads"] if getattr(args, "shared_reads", False) else []), env=env))
+    return procs, outs
+
+
+def seen(outs: list[Path]) -> list[Tally]:
+    """What the replicas' processes wrote (start_replicas)."""
+    tallies: list[Tally] = []
+    for out in outs:
+        with open(out, "rb") as f:
+            tallies.append(pickle.load(f))
+    return tallies
+
+
 # --- PgBouncer, and the primary's session through it ---------------------------------------------
 def start_pgbouncer(work: Path, server: Any, clients: int) -> tuple[subprocess.Popen[bytes], str]:
     port = server.port + 1
@@ -304,18 +333,8 @@ def run(args: argparse.Namespace,
             if primary.poll() is not None:
                 raise SystemExit(f"the primary exited: {(work / f'primary{n}.log').read_text()[-3000:]}")
             time.sleep(0.05)
-        procs, outs = [], []
-        bounds = [round(i * n / args.processes) for i in range(args.processes + 1)]
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-            out = work / f"tally{n}-{k}.pickle"
-            outs.append(out)
-            procs.append(subprocess.Popen(
-                me + ["--worker", "--run-dir", str(run_dir), "--first", str(a), "--last", str(b),
-                      "--trial-epochs", str(args.trial_epochs), "--epoch-s", str(args.epoch_s),
-                      "--via", args.via, "--threads", str(args.threads),
-                      "--transport", getattr(args, "transport", "socket"),
-                      "--out", str(out)] + (["--shared-reads"] if args.shared_reads else []),
-                env=env))
+        procs, outs = start_replicas(args, run_dir, env, work / f"tally{n}", args.via,
+                                     getattr(args, "transport", "socket"))
         watch.pids = {"primary": {primary.pid}, "replicas": {p.pid for p in procs}}
         if bouncer is not None:
             watch.pids["pgbouncer"] = {bouncer.pid, *(c.pid for c in psutil.Process(bouncer.pid).children())}
@@ -340,11 +359,7 @@ def run(args: argparse.Namespace,
             p.wait()
         watch.stop.set()
         watch.join()
-        tallies: list[Tally] = []
-        for out in outs:
-            with open(out, "rb") as f:
-                tallies.append(pickle.load(f))
-        return figures(args, url, tallies, watch, t0, service_rss, work, run_dir)
+        return figures(args, url, seen(outs), watch, t0, service_rss, work, run_dir)
     finally:
         if bouncer is not None:
             bouncer.terminate()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_control import Watch, figures, options, rss_mib, snapshot  # noqa: E402
-from control_load import Tally  # noqa: E402
+from bench_control import (Watch, figures, options, rss_mib, seen, snapshot,  # noqa: E402
+                           start_replicas)
 
 HERE = Path(__file__).resolve().parent
 
@@ -96,17 +95,8 @@ def one(transport: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         now = time.time()
         segment = own.start_segment(run_id, now, now + args.window)
         t0 = time.time()
-        me = [sys.executable, str(HERE / "bench_control.py")]
-        procs, outs = [], []
-        bounds = [round(i * n / args.processes) for i in range(args.processes + 1)]
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-            out = work / f"tally-{transport}-{k}.pickle"
-            outs.append(out)
-            procs.append(subprocess.Popen(
-                me + ["--worker", "--run-dir", str(run_dir), "--first", str(a), "--last", str(b),
-                      "--trial-epochs", str(args.trial_epochs), "--epoch-s", str(args.epoch_s),
-                      "--via", "service", "--threads", str(args.threads), "--transport",
-                      transport, "--out", str(out)], env=env))
+        procs, outs = start_replicas(args, run_dir, env, work / f"tally-{transport}",
+                                     transport=transport)
         watch.pids = {"service": {service.pid}, "replicas": {p.pid for p in procs}}
         watch.start()
         held, rss, beat = [], [], 0
@@ -125,13 +115,9 @@ def one(transport: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         service.wait(timeout=120)
         watch.stop.set()
         watch.join()
-        tallies: list[Tally] = []
-        for out in outs:
-            with open(out, "rb") as f:
-                tallies.append(pickle.load(f))
         found = figures(options(replicas=n, window=args.window, trial_epochs=args.trial_epochs,
                                 processes=args.processes, threads=args.threads),
-                        url, tallies, watch, t0, rss, work, run_dir)
+                        url, seen(outs), watch, t0, rss, work, run_dir)
         return {"transport": transport, **found, "service_connections_max": max(held, default=0)}
     finally:
         if service.poll() is None:

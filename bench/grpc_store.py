@@ -26,13 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import sqlalchemy as sa
 
-from automlperf.store import schema
 from automlperf.store.rundir import write_atomic
 from automlperf.store.service import net, wire
 from automlperf.store.service.client import RemoteStore, ServiceUnavailable
-from automlperf.store.service.db import Writer
 from automlperf.store.service.server import Service
 from automlperf.store.urls import resolve_store_url
 
@@ -57,14 +54,7 @@ def certificate(folder: Path) -> tuple[Path, Path]:
 async def serve(service: Service, port: int, tls: tuple[Path, Path] | None,
                 on_listening: Any) -> None:
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    service.writer = Writer(service.db, loop)
-    service.writer.on_failure = stop.set
-    service.writer.start()
-    with service.db.engine.connect() as conn:
-        for table in (schema.T_TRIALS, schema.T_REPLICAS):
-            last = conn.execute(sa.select(sa.func.max(table.c.changed))).scalar()
-            service.changed_through(last or 0)
+    stop = net.begin(service)
     token = service.token.encode()
 
     async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -98,12 +88,7 @@ async def serve(service: Service, port: int, tls: tuple[Path, Path] | None,
     await stop.wait()
     await server.stop(5)
     ticker.cancel()
-    await service.flush()
-    net.write_times(service)
-    service.writer.stop()
-    service.writer.join()
-    service.readers.shutdown()
-    service.db.close()
+    await net.end(service)
 
 
 class GrpcStore(RemoteStore):

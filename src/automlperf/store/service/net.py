@@ -134,14 +134,7 @@ async def serve(service: Service, host: str | list[str] | None, port: int,
     SIGTERM or SIGINT; ``on_listening`` is told the port once clients can connect. What is
     waiting is written before it returns."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    service.writer = Writer(service.db, loop)
-    service.writer.on_failure = stop.set
-    service.writer.start()
-    with service.db.engine.connect() as conn:
-        for table in (schema.T_TRIALS, schema.T_REPLICAS):
-            last = conn.execute(sa.select(sa.func.max(table.c.changed))).scalar()
-            service.changed_through(last or 0)
+    stop = begin(service)
     gate = Gate(client_cap())
     servers = await listen(lambda r, w: client(service, gate, r, w),
                            host if isinstance(host, list) else [host or "0.0.0.0"], port)
@@ -157,6 +150,27 @@ async def serve(service: Service, host: str | list[str] | None, port: int,
     for server in servers:
         await server.wait_closed()
     ticker.cancel()
+    await end(service)
+
+
+def begin(service: Service) -> asyncio.Event:
+    """Before a transport serves ``service``: its group commit's thread started and what the
+    database holds of the change log noted. The event it returns is set when the service
+    must stop (the writer failed, or a transport's signal)."""
+    stop = asyncio.Event()
+    service.writer = Writer(service.db, asyncio.get_running_loop())
+    service.writer.on_failure = stop.set
+    service.writer.start()
+    with service.db.engine.connect() as conn:
+        for table in (schema.T_TRIALS, schema.T_REPLICAS):
+            last = conn.execute(sa.select(sa.func.max(table.c.changed))).scalar()
+            service.changed_through(last or 0)
+    return stop
+
+
+async def end(service: Service) -> None:
+    """After its transport stopped: what is waiting written, the calls' times written and
+    logged, the threads and connections closed; :class:`StoreError` if the writer failed."""
     await service.flush()
     write_times(service)
     log.info("calls served (the service's own time): %s", service.times.line())
