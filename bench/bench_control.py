@@ -8,16 +8,17 @@ candidate): every replica opens the store through PgBouncer in transaction mode 
 1.18: psycopg's prepared statements off), and the primary's session (the same ``supervise``,
 live view and external launcher) does too.
 
-Rates: a heartbeat every 5 s, an epoch every ~32 s (each node's own, +-5 %), a sample every
-30 s stored 5 minutes at a time, a trial every ~``--trial-epochs`` epochs (+-20 %), all
-replicas started together on a new run. Measured: records lost or duplicated (epochs,
-samples, claims: what the replicas were told is stored against what the store holds),
+Rates: a heartbeat every 5 s (``--heartbeat-s``, the run's ``heartbeat_s``), an epoch every
+~32 s (each node's own, +-5 %), a sample every 30 s stored 5 minutes at a time, a trial every
+~``--trial-epochs`` epochs (+-20 %), all replicas started together on a new run.
+Measured: records lost or duplicated (epochs, samples, claims: what the replicas were told is
+stored against what the store holds),
 trials failed by lease while their replica was alive, database connections held (sampled
 every second), commits and WAL bytes, latency of each call, bytes read per claim, CPU of
 the primary, the service (or PgBouncer), PostgreSQL and the replicas' processes, the
 service's memory, the time until every replica had registered, and the load average.
 
-Run: python bench/bench_control.py --replicas 10000 --window 900 [--trial-epochs 50]
+Run: python bench/bench_control.py --replicas 10000 --window 900 [--trial-epochs 50] [--heartbeat-s 5]
      [--via service|pgbouncer] [--processes 4] [--shared-reads] [--work DIR]
 """
 
@@ -89,7 +90,8 @@ def worker(args: argparse.Namespace) -> None:
     from automlperf.store.service.client import RemoteStore, service_file
 
     run_dir = Path(args.run_dir)
-    rates = Rates(trial_epochs=args.trial_epochs, epoch_s=args.epoch_s)
+    rates = Rates(trial_epochs=args.trial_epochs, epoch_s=args.epoch_s,
+                  heartbeat_s=getattr(args, "heartbeat_s", Rates.heartbeat_s))
     graph_json = seeds.seed("resnet50", 1000, 224, 3).to_json(None)
     if args.via == "service" and args.transport != "socket":
         from grpc_store import GrpcStore
@@ -128,7 +130,9 @@ def start_replicas(args: argparse.Namespace, run_dir: Path, env: dict[str, str],
         procs.append(subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker", "--run-dir", str(run_dir),
              "--first", str(a), "--last", str(b), "--trial-epochs", str(args.trial_epochs),
-             "--epoch-s", str(args.epoch_s), "--via", via, "--threads", str(args.threads),
+             "--epoch-s", str(args.epoch_s),
+             "--heartbeat-s", str(getattr(args, "heartbeat_s", Rates.heartbeat_s)),
+             "--via", via, "--threads", str(args.threads),
              "--transport", transport, "--out", str(out)]
             + (["--shared-reads"] if getattr(args, "shared_reads", False) else []), env=env))
     return procs, outs
@@ -261,14 +265,17 @@ class Watch(threading.Thread):
     def cpu(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for group, pids in self.pids.items():
-            total = 0.0
+            total = system = 0.0
             for pid in list(pids):
                 try:
                     t = psutil.Process(pid).cpu_times()
                     total += t.user + t.system
+                    system += t.system
                 except psutil.Error:
                     pass
             out[group] = total
+            # The kernel's part: on loopback a socket write also runs the receiving side's TCP.
+            out[f"{group}_system"] = system
         try:
             pm = psutil.Process(self.postmaster)
             out["postgresql"] = sum(p.cpu_times().user + p.cpu_times().system
@@ -305,7 +312,8 @@ def run(args: argparse.Namespace,
     server = PostgresServer(work / "postgres")
     url = server.start()
     config = work / "control.toml"
-    config.write_text(CONFIG.replace("[run]\n", f"[run]\nduration_s = {int(args.window)}\n"))
+    config.write_text(CONFIG.replace("[run]\n", f"[run]\nduration_s = {int(args.window)}\n")
+                      .replace("heartbeat_s = 5", f"heartbeat_s = {args.heartbeat_s:g}"))
     env = dict(os.environ, BENCH_STORE_URL=url)
     bouncer = None
     duration = int(args.window)
@@ -446,8 +454,8 @@ def figures(args: argparse.Namespace, url: str, tallies: list[Tally], watch: Wat
                             "first_third": mean([c[3] for c in cycles[:third]]),
                             "last_third": mean([c[3] for c in cycles[-third:]]),
                             "max": max((c[3] for c in cycles), default=None)},
-        "cpu_share": {g: share(g) for g in ("primary", "service", "pgbouncer", "postgresql",
-                                            "replicas")},
+        "cpu_share": {g: share(g) for g in ("primary", "service", "service_system", "pgbouncer",
+                                            "postgresql", "replicas")},
         "service_rss_mib_max": max(service_rss, default=None),
         "load_average": {"min": min((s["load"] for s in window), default=None),
                          "max": max((s["load"] for s in window), default=None),
@@ -490,15 +498,17 @@ def service_side(run_dir: Path, watch: Watch, steady: tuple[float, float] = (0.0
         between = CallTimes.between(a["state"], b["state"])
         span = inside[-1] - inside[0]
 
-        def service_cpu(t: float) -> float:
+        def service_cpu(t: float, part: str = "service") -> float:
             near = min(watch.samples, key=lambda s: abs(s["t"] - t))
-            return float(near["cpu"].get("service", 0.0))
+            return float(near["cpu"].get(part, 0.0))
 
         used = service_cpu(inside[-1]) - service_cpu(inside[0])
+        kernel = service_cpu(inside[-1], "service_system") - service_cpu(inside[0], "service_system")
         calls_in = sum(between.count.values())
         out["steady"] = {"from": inside[0], "to": inside[-1], "span_s": round(span, 1),
                          "calls": calls_in, "calls_per_s": round(calls_in / span, 1),
                          "service_cpu_share": round(used / span, 4),
+                         "service_system_share": round(kernel / span, 4),
                          "cpu_s_per_1000_calls": round(1000 * used / calls_in, 3)
                          if calls_in else None,
                          "service_ms": between.summary()}
@@ -515,6 +525,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--window", type=float, default=900.0, help="the session's length, s")
     ap.add_argument("--trial-epochs", type=int, default=50)
     ap.add_argument("--epoch-s", type=float, default=32.0)
+    ap.add_argument("--heartbeat-s", type=float, default=Rates.heartbeat_s,
+                    help="each replica's heartbeat period (run.heartbeat_s), s")
     ap.add_argument("--via", choices=("service", "pgbouncer"), default="service")
     ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--threads", type=int, default=48,

@@ -38,7 +38,7 @@ from automlperf.store.base import (SCHEMA_VERSION, Claim, EpochRecord, SchemaMis
 from automlperf.store.retry import one_line
 from automlperf.store.service import wire
 from automlperf.store.service.calls import check_call
-from automlperf.store.service.db import READERS, Job, ServiceStore, Writer
+from automlperf.store.service.db import READERS, Bulk, Job, ServiceStore, Writer
 from automlperf.store.service.latency import CallTimes
 from automlperf.store.service.state import RunState, load_run, replica_record, trial_of
 from automlperf.store.urls import redact
@@ -96,9 +96,10 @@ class Service:
             self.readers, lambda: self.db.read(fn, *args))
 
     async def write(self, op: Callable[[sa.Connection, bool], Any], again: bool,
-                    apply: Callable[[Any], Any] | None = None) -> Any:
-        """Commit ``op`` with whatever else is waiting; ``apply`` its result to memory (in
-        commit order) before the caller is answered."""
+                    apply: Callable[[Any], Any] | None = None, bulk: Bulk | None = None) -> Any:
+        """Commit ``op`` with whatever else is waiting (as ``bulk``, with the others of its
+        kind, where it has one); ``apply`` its result to memory (in commit order) before the
+        caller is answered."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
 
@@ -115,7 +116,7 @@ class Service:
                 else:
                     answer.set_result(value)
 
-        self.writer.submit(Job(op, again, done))
+        self.writer.submit(Job(op, again, done, bulk))
         return await answer
 
     async def run_state(self, run_id: int) -> RunState:
@@ -384,7 +385,8 @@ class Service:
     # --- epochs, samples, nodes -------------------------------------------------------------
     async def op_record_epoch(self, args: list[Any], again: bool) -> Any:
         epoch = wire.unpack(EpochRecord, args[0])
-        await self.write(lambda conn, _r: self.db.writes.record_epoch(conn, epoch), again)
+        await self.write(lambda conn, _r: self.db.writes.record_epoch(conn, epoch), again,
+                         bulk=Bulk(self.db.writes.record_epochs, epoch))
 
     async def op_epochs(self, args: list[Any], again: bool) -> Any:
         return [wire.pack(e) for e in await self.read(reads.epochs, args[0])]
@@ -401,7 +403,8 @@ class Service:
     async def op_add_samples(self, args: list[Any], again: bool) -> Any:
         run_id, node, samples = args
         await self.write(lambda conn, again_: self.db.writes.add_samples(
-            conn, run_id, node, samples, retried=again_), again)
+            conn, run_id, node, samples, retried=again_), again,
+            bulk=Bulk(self.db.writes.add_samples_of, (run_id, node, samples)))
 
     async def op_samples(self, args: list[Any], again: bool) -> Any:
         return await self.read(reads.samples, args[0])
