@@ -46,6 +46,12 @@ def settings_from_options(config: Path | None = None, dataset: str | None = None
     for dotted, value in (options or {}).items():
         set_option(tree, dotted, value)
     settings = load_config(config, dataset, tree)
+    if data_dir is not None and settings.data.dataset not in FOLDER_DATASETS:
+        # Otherwise the run trains on what ships with automlperf and says nothing of the folder.
+        raise UserError(f"--data-dir is read only by a dataset of image folders "
+                        f"({', '.join(FOLDER_DATASETS)}), and this run's is "
+                        f"{settings.data.dataset}: add --dataset imagenet (or cifar10), or "
+                        "drop --data-dir")
     if data_required:
         check_data_given(settings)
     return settings

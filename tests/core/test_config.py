@@ -132,5 +132,10 @@ def test_the_options_of_run_slurm_and_train_make_one_configuration(tmp_path, mon
     with pytest.raises(UserError, match=r"^cifar10 needs --data-dir \(or data.data_dir"):
         settings_from_options(None, "cifar10")
     settings_from_options(None, "cifar10", data_required=False)  # the loader says it then
+    # A folder given to a dataset that ships with automlperf would be ignored without a word.
+    with pytest.raises(UserError, match=r"^--data-dir is read only by a dataset of image "
+                                        r"folders \(imagenet, cifar10\), and this run's is builtin: "
+                                        r"add --dataset imagenet"):
+        settings_from_options(None, None, data_dir=Path("d"))
     simulated = settings_from_options(None, "imagenet", options={"run.accelerator": "simulated"})
     assert simulated.data.data_dir is None  # a simulated run reads no images
