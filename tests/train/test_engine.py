@@ -16,7 +16,6 @@ from automlperf.hardware import cgroup_cpu_quota
 from automlperf.train.pool import DevicePool, PoolError, leaves_state_broken, train_trial
 from helpers import WIDE, Recorder, data_section, pool_under_memory_limit, trial_spec
 from imagefolder import make_image_folder
-from test_rank_state import TINY
 
 spec = trial_spec
 
@@ -50,17 +49,8 @@ def test_uneven_shards_train_on_two_gloo_ranks_without_join(tmp_path):
         assert rendezvous_files(pool) == []
         out = train_trial(pool, spec("uneven", epochs=2, batch_size=718, lr_per_256=0.1,
                                    weights_out=str(tmp_path / "w.safetensors")), rec)
-        # Compiled under DistributedDataParallel: rank 0's placeholder step (its shard's odd
-        # image) runs eagerly, so the trial compiles one graph, and it trains as the same
-        # trial does eagerly (a small network, whose losses stay close).
-        tiny = [train_trial(pool, spec(f"tiny-{c}", graph=TINY, epochs=2, batch_size=718,
-                                       lr_per_256=0.1, compile=c), rec) for c in (False, True)]
     assert out.status == "completed", out.reason
-    assert all(t.status == "completed" for t in tiny) and tiny[1].extra["compiled_graphs"] == 1
-    assert [(e["train_images"], e["steps"]) for e in rec.epochs] == [(1437, 2)] * 6
-    eager, compiled = rec.epochs[2:4], rec.epochs[4:]
-    assert [e["train_loss"] for e in compiled] == pytest.approx(
-        [e["train_loss"] for e in eager], rel=1e-3)
+    assert [(e["train_images"], e["steps"]) for e in rec.epochs] == [(1437, 2)] * 2
     from safetensors.torch import load_file
 
     weights = load_file(out.weights)

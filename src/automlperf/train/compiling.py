@@ -19,7 +19,6 @@ first epoch back 79 s of a 200 s run, for steps 1 % faster compiled. :func:`meas
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -98,11 +97,10 @@ def compile_module(module: Any, backend: Any = "inductor") -> Any:
     the rank's cores with its decoding workers (the rank sets their number when it starts)
     instead of starting one per core of the node.
 
-    Shapes stay static. Left to Dynamo, a second batch size recompiles with a dynamic
-    batch, and that graph, tried first from then on, runs every later full batch too:
-    ResNet-50 on an H200 stepped at 4,778 img/s instead of 6,916
-    (bench/bench_compile_shapes.py). The trainer runs batches of another size eagerly
-    (:func:`eager_stance`), so a trial compiles one graph."""
+    Shapes stay static: an epoch's smaller last batch gets a graph of its own. Left to
+    Dynamo, the second batch size recompiles with a dynamic batch, and that graph, tried
+    first from then on, runs every later full batch too: ResNet-50 on an H200 stepped at
+    4,778 img/s instead of 6,916 (bench/bench_compile_shapes.py)."""
     import torch
     import torch._dynamo
     import torch._inductor.config
@@ -112,17 +110,6 @@ def compile_module(module: Any, backend: Any = "inductor") -> Any:
     torch._dynamo.reset()
     torch._inductor.config.compile_threads = configured_compile_threads(torch.get_num_threads())
     return torch.compile(module, backend=backend, dynamic=False)
-
-
-def eager_stance() -> AbstractContextManager[Any]:
-    """A context in which compiled modules run their own eager code. An epoch's short last
-    batch (or a rank's placeholder step) would otherwise compile a second graph, for one
-    step an epoch, and cost a second compilation's seconds in every compiled trial. Torch
-    before 2.6 has no stances: there such a batch gets a static graph of its own."""
-    import torch
-
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    return set_stance("force_eager") if set_stance is not None else nullcontext()
 
 
 def timed_steps(runner: Any, optimizer: Any, loss_fn: Any, autocast: Any, device: Any, n: int,
@@ -148,8 +135,7 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
     """Compilation's cost and both step rates of ``graph`` on ``device`` at ``per_rank``
     images a step, on random images with a model and optimiser of its own (the trial's are
     untouched). The cost is the time the compiled model's first step, and its first step at
-    a smaller batch (the last step of most epochs), took beyond a step's time; that smaller
-    batch runs as a trial runs it, eagerly (:func:`eager_stance`), so it costs no graph."""
+    a smaller batch (the last step of most epochs), took beyond a compiled step's time."""
     import torch
     from torch import nn
 
@@ -172,12 +158,10 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
     compiled = compile_module(module)
     small = max(2, batch // 2)
     first = timed(compiled, optimizer, 1)
-    with eager_stance():
-        first_small = timed(compiled, optimizer, 1, x[:small], y[:small])
+    first_small = timed(compiled, optimizer, 1, x[:small], y[:small])
     timed(compiled, optimizer, WARMUP_STEPS)
     step = timed(compiled, optimizer, steps) / steps
-    with eager_stance():
-        step_small = timed(compiled, optimizer, 1, x[:small], y[:small])
+    step_small = timed(compiled, optimizer, 1, x[:small], y[:small])
     import torch._dynamo
 
     torch._dynamo.reset()  # the trial compiles its own model from a clean cache

@@ -13,7 +13,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,8 +25,7 @@ from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
 from automlperf.train.compilecache import cached_figures, key_for
-from automlperf.train.compiling import (CompileDecision, CompileFigures, compile_module,
-                                        decide_compile, eager_stance)
+from automlperf.train.compiling import CompileDecision, CompileFigures, compile_module, decide_compile
 from automlperf.train.data import DataError, Dataset, plan_steps
 from automlperf.train.device import channels_last_default, is_oom, resolve_precision, synchronize
 from automlperf.train.evaluate import evaluate, precision_context
@@ -313,8 +311,7 @@ class _Run:
 
     def _backward(self, x: torch.Tensor, y: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
         x = x.contiguous(memory_format=self.memory_format)  # free when the loader's matches
-        other_size = self.compiled and x.shape[0] != self.per_rank
-        with eager_stance() if other_size else nullcontext(), self.autocast:
+        with self.autocast:
             loss = self.loss_fn(self.runner(x), y)
             if weight != 1.0:
                 loss = loss * weight
