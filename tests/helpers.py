@@ -63,17 +63,25 @@ def data_section(dataset, **settings):
 
 
 def sim_config(sustained_ops=2e10, max_epochs=2, candidates=16, monitor_interval=5,
-               ceiling_s=0.3, time_compression=1.0, **run) -> str:
+               ceiling_s=0.3, time_compression=1.0, image_folders=False, data_dir=None,
+               **run) -> str:
     """A run of simulated devices on the small digits, with ``run`` settings: at the default
-    rate an epoch of the small seed lasts a few seconds (its operations counted, as always)."""
+    rate an epoch of the small seed lasts a few seconds (its operations counted, as always).
+    With ``image_folders``, on an ImageNet-layout tree at 32x32 instead (``data_dir``, or
+    the one the command line gives)."""
     settings = {"accelerator": "simulated", "heartbeat_s": 1, **run}
     lines = ["[run]"] + [f"{k} = {v!r}" for k, v in settings.items()]
     monitor = f"interval_s = {monitor_interval}\n"
     if ceiling_s is not None:
         monitor += f"ceiling_s = {ceiling_s}\n"
+    data = 'dataset = "digits"'
+    if image_folders:
+        data = 'dataset = "imagenet"\nimage_size = 32'
+        if data_dir is not None:
+            data += f'\ndata_dir = "{data_dir}"'
     return "\n".join(lines) + f"""
 [data]
-dataset = "digits"
+{data}
 [train]
 max_epochs = {max_epochs}
 batch_size = 64

@@ -38,8 +38,8 @@ def settings(tmp_path):
     """Simulated devices on the small tree of DATA_DIR: the scripts pass --data-dir, which
     only a dataset of image folders reads."""
     path = tmp_path / "sim.toml"
-    text = sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1, stop_grace_s=10)
-    path.write_text(text.replace('dataset = "digits"', 'dataset = "imagenet"\nimage_size = 32'))
+    path.write_text(sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1,
+                               stop_grace_s=10, image_folders=True))
     return path
 
 

@@ -128,8 +128,7 @@ def test_a_replica_reads_the_data_where_its_container_mounts_it(tmp_path):
     view.mkdir()
     config = tmp_path / "sim.toml"
     config.write_text(sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1,
-                                 stop_grace_s=10).replace(
-        'dataset = "digits"', f'dataset = "imagenet"\nimage_size = 32\ndata_dir = "{data}"'))
+                                 stop_grace_s=10, image_folders=True, data_dir=data))
     run_dir = tmp_path / "run"
     env, mark = marked_env()
     with open(tmp_path / "primary.log", "wb") as log:

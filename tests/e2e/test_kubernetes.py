@@ -68,8 +68,7 @@ def _pods(tmp_path, imagenet, pg_server, pg_url):
     # reached the primary, and the resumed run had nothing left to train), and the second
     # session trains what the first left.
     config.write_text(sim_config(sustained_ops=1e14, time_compression=1.0, max_rounds=2,
-                                 stop_grace_s=10).replace('dataset = "digits"',
-                                                          'dataset = "imagenet"\nimage_size = 32'))
+                                 stop_grace_s=10, image_folders=True))
     runs = tmp_path / "runs"
 
     def site(text):
