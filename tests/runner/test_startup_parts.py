@@ -22,9 +22,15 @@ def test_a_process_start_is_read_to_the_tick():
 
 def test_the_start_up_line_names_each_part():
     created = process_started_at()
-    line = startup_line(created + 1.5, created + 4.0, {LAUNCHED_ENV: f"{created - 0.25:.3f}"})
+    line = startup_line(created + 1.5, created + 4.0, {LAUNCHED_ENV: f"{created - 0.25:.3f}"},
+                        created)
     found = re.fullmatch(r"launch ([\d.]+) s, imports 1\.50 s, opening 2\.50 s", line)
     assert found and abs(float(found.group(1)) - 0.25) < 0.011
     # Started by no launcher that says when (a site's own): no launch part.
-    assert startup_line(created + 1.0, created + 1.0, {}) == "imports 1.00 s, opening 0.00 s"
+    assert startup_line(created + 1.0, created + 1.0, {}, created) == \
+        "imports 1.00 s, opening 0.00 s"
     assert startup_line(created, created, {LAUNCHED_ENV: "soon"}).startswith("imports")
+    # Read from the kernel when not given: this process's own start, to a tick or two.
+    read = re.fullmatch(r"imports ([\d.-]+) s, opening 0\.00 s",
+                        startup_line(created + 1.0, created + 1.0, {}))
+    assert read and abs(float(read.group(1)) - 1.0) < 0.5

@@ -271,12 +271,15 @@ def run_worker(run_dir: Path, store_url: str | None, index: int | None, devices:
     return retired_status if replica.run() else 0
 
 
-def startup_line(imported: float, ready: float, env: dict[str, str] | None = None) -> str:
+def startup_line(imported: float, ready: float, env: dict[str, str] | None = None,
+                 created: float | None = None) -> str:
     """This replica's start-up, part by part: from its launch to its process (the launcher's
     fan-out, a container's start), the interpreter and its imports, and opening the replica
     (store, data check, node description, training processes; a wait for the session
-    included, where `--wait` asked for one)."""
-    created = process_started_at()
+    included, where `--wait` asked for one). `created` is this process's start, read from
+    the kernel unless given: each read differs by up to a tick of /proc/uptime."""
+    if created is None:
+        created = process_started_at()
     parts = []
     launched = (os.environ if env is None else env).get(LAUNCHED_ENV, "")
     try:

@@ -7,7 +7,10 @@ and lost on its way (the store went down, the replica was killed between the two
 an epoch in the store and not in its log was never reported by the trial that holds it.
 Both are named by ``check``; the primary gives the store what the logs hold before it
 counts (runner/recovery.py), so a run loses nothing a log kept. A trial's outcome (the last
-line of its log) is compared the same way, for the store to take it where it has none.
+line of its log) is compared the same way, for the store to take it where it has none;
+except where the store failed the trial because its replica stopped heart-beating: a
+replica stopped between logging the outcome and finishing the trial in the store leaves
+that trial to the lease, whose verdict stands (its epochs, all stored, still count).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.events import TrialStatus, read_jsonl
-from automlperf.store.base import EpochRecord, TrialRecord
+from automlperf.store.base import LEASE_EXPIRED, EpochRecord, TrialRecord
 
 Key = tuple[int, int]  # (trial, epoch)
 LOG = "log.jsonl"
@@ -108,6 +111,7 @@ def compare(epochs: Iterable[EpochRecord], trials: Iterable[TrialRecord], logs: 
         if said is None:
             continue
         status = TrialStatus.of_outcome(said.get("status", ""))
-        if status != t.status:
+        lapsed = t.status == TrialStatus.FAILED and t.reason == LEASE_EXPIRED
+        if status != t.status and not lapsed:
             ledger.outcomes.append((t.id, str(status), str(t.status)))
     return ledger
