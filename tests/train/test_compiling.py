@@ -144,6 +144,10 @@ def test_the_cache_keeps_one_entry_per_key_and_ignores_what_it_cannot_read(tmp_p
     assert len(json.loads(path.read_text())["entries"]) == 2
     # 65 s for steps 1 % faster does not repay a first-round trial's hour: eager.
     assert not decide_compile(None, 3.6e15, 100, got).compile
+    # Figures of an earlier format (a second graph's compilation in their cost) are not used.
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "format": 1}))
+    assert compilecache.cached_figures(key, path) is None
 
 
 @pytest.mark.slow
@@ -167,16 +171,52 @@ def test_a_compiled_trial_counts_the_same_operations_and_says_it_ran_compiled():
             trial_spec(str(compile), graph=TINY, epochs=2, batch_size=256, compile=compile), ctx,
             emit=lambda kind, payload, got=got: got.append(payload) if kind == "epoch" else None)
         events[compile] = got
+    # One step an epoch, of 1,437 images at a per-rank batch of 2,048: that batch compiles.
+    got = []
+    outcomes["one step"] = train_on_rank(
+        trial_spec("one", graph=TINY, epochs=2, batch_size=2048, compile=True), ctx,
+        emit=lambda kind, payload: got.append(payload) if kind == "epoch" else None)
+    events["one step"] = got
     for compile, outcome in outcomes.items():
         assert outcome.status == "completed", outcome.reason
-        assert outcome.extra["compile_decision"]["compile"] is compile
-        assert [e["compiled"] for e in events[compile]] == [compile, compile]
+        assert outcome.extra["compile_decision"]["compile"] is bool(compile)
+        assert [e["compiled"] for e in events[compile]] == [bool(compile)] * 2
+    # 1,437 training images in batches of 256: the short last batch of each epoch ran
+    # eagerly instead of compiling a second graph (torch before 2.6 compiles one for it).
+    one_graph = hasattr(torch.compiler, "set_stance")
+    assert outcomes[True].extra["compiled_graphs"] == (1 if one_graph else 2)
+    assert outcomes["one step"].extra["compiled_graphs"] == 1
+    assert "compile_fallback" not in outcomes["one step"].extra
+    assert [e["steps"] for e in events["one step"]] == [1, 1]
     for eager, compiled in zip(events[False], events[True]):
         assert (eager["ops"], eager["train_images"], eager["val_images"], eager["steps"]) == (
             compiled["ops"], compiled["train_images"], compiled["val_images"], compiled["steps"])
 
 
-def test_an_epochs_smaller_last_batch_gets_a_static_graph_of_its_own():
+def test_a_batch_of_another_size_runs_eagerly_under_the_eager_stance():
+    from automlperf.train.builder import build_module
+
+    if not hasattr(torch.compiler, "set_stance"):
+        pytest.skip("torch before 2.6 has no compiler stances")
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    module = build_module(TINY, seed=0)
+    runner = compiling.compile_module(module, backend=backend)
+    shape = TINY.input_shape
+    x = torch.randn(3, *shape)
+    runner(torch.randn(8, *shape))
+    with compiling.eager_stance():
+        short = runner(x)
+    runner(torch.randn(8, *shape))
+    assert len(seen) == 1  # the full batches' graph only, reused after the eager batch
+    assert torch.equal(short, module(x))
+
+
+def test_without_the_eager_stance_each_batch_size_gets_a_static_graph_of_its_own():
     # Left dynamic, the second batch size would hand the backend a graph whose batch is a
     # symbol, which Dynamo then tries first for the full batches too (slower on a GPU).
     from automlperf.train.builder import build_module

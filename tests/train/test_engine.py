@@ -315,6 +315,49 @@ def test_a_placeholder_step_changes_nothing_but_what_every_rank_shares(tmp_path)
     assert got[0]["digest"] == got[1]["digest"]
 
 
+# Dynamo's graphs through its eager backend: what is counted is the graphs Dynamo
+# captures, which Inductor would only make slower to build (the trainer's own compiled
+# trials: tests/train/test_compiling.py).
+COMPILED_RANK = RANK_RUN.replace("patience=1)", "patience=1, compile=True)").replace(
+    "run = _Run(", """import functools
+from automlperf.train import compiling, trainer
+trainer.compile_module = functools.partial(compiling.compile_module, backend="eager")
+run = _Run(""") + """
+import hashlib, json
+from automlperf.train.compiling import compiled_graphs
+
+torch.manual_seed(rank)
+def step(n):
+    run._step(torch.randn(n, 3, 8, 8), torch.randint(0, 10, (n,)))
+step(8)  # the full batch: compiled
+if rank == 0:
+    step(8)
+else:
+    run._placeholder_step()  # its share of this step was unreadable
+step(5)  # an epoch's short last batch
+params = b"".join(p.detach().numpy().tobytes() for p in run.module.parameters())
+print(json.dumps({"graphs": compiled_graphs() - run.graphs_before,
+                  "digest": hashlib.sha256(params).hexdigest()}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_compiled_ranks_run_placeholder_steps_and_short_batches_eagerly(tmp_path):
+    """2 Gloo ranks, compiled under DistributedDataParallel: a placeholder step and a short
+    batch run the module eagerly (no second graph), and the ranks stay alike."""
+    import json
+
+    import torch
+
+    outs = run_two_ranks(COMPILED_RANK, tmp_path)
+    got = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    # Torch before 2.6 has no stances: a graph for each batch size a rank met.
+    assert [g["graphs"] for g in got] == ([1, 1] if hasattr(torch.compiler, "set_stance")
+                                          else [2, 3])
+    assert got[0]["digest"] == got[1]["digest"]
+
+
 def test_a_placeholder_step_on_a_lone_rank_changes_nothing():
     import torch
 

@@ -12,7 +12,7 @@ One JSON file per user, ``$XDG_CACHE_HOME/automlperf/compile-figures.json`` (def
 they were measured at. A lookup matches the first four exactly, so figures from another
 device or another torch never decide, and takes the entry of the same batch, else of the
 nearest (the rates are per operation, as they serve other architectures). A file that
-cannot be read is no figures.
+cannot be read, or of another format (figures measured otherwise), is no figures.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from typing import Any
 from automlperf.train.compiling import CompileFigures
 
 FILE = "compile-figures.json"
-FORMAT = 1
+# 2: an epoch's short last batch runs eagerly (train.compiling.eager_stance); format 1's
+# costs include compiling a second graph for it, and are measured again, not used.
+FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ def _entries(path: Path) -> list[dict[str, Any]]:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return []
+    entries = data.get("entries")
     return [e for e in entries or [] if isinstance(e, dict)]
 
 

@@ -19,6 +19,7 @@ first epoch back 79 s of a 200 s run, for steps 1 % faster compiled. :func:`meas
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -97,10 +98,11 @@ def compile_module(module: Any, backend: Any = "inductor") -> Any:
     the rank's cores with its decoding workers (the rank sets their number when it starts)
     instead of starting one per core of the node.
 
-    Shapes stay static: an epoch's smaller last batch gets a graph of its own. Left to
-    Dynamo, the second batch size recompiles with a dynamic batch, and that graph, tried
-    first from then on, runs every later full batch too: ResNet-50 on an H200 stepped at
-    4,778 img/s instead of 6,916 (bench/bench_compile_shapes.py)."""
+    Shapes stay static. Left to Dynamo, a second batch size recompiles with a dynamic
+    batch, and that graph, tried first from then on, runs every later full batch too:
+    ResNet-50 on an H200 stepped at 4,778 img/s instead of 6,916
+    (bench/bench_compile_shapes.py). The trainer runs batches of another size eagerly
+    (:func:`eager_stance`), so a trial compiles one graph."""
     import torch
     import torch._dynamo
     import torch._inductor.config
@@ -110,6 +112,36 @@ def compile_module(module: Any, backend: Any = "inductor") -> Any:
     torch._dynamo.reset()
     torch._inductor.config.compile_threads = configured_compile_threads(torch.get_num_threads())
     return torch.compile(module, backend=backend, dynamic=False)
+
+
+def eager_stance() -> AbstractContextManager[Any]:
+    """A context in which compiled modules run their own eager code. An epoch's short last
+    batch (or a rank's placeholder step) would otherwise compile a second graph, for one
+    step an epoch, and cost a second compilation's seconds in every compiled trial. Torch
+    before 2.6 has no stances: there such a batch gets a static graph of its own."""
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else nullcontext()
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far (a count that only grows)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def note_compilation(graphs_before: int, extra: dict[str, Any]) -> bool:
+    """Record in a trial's ``extra`` how many graphs its first epoch compiled since
+    ``graphs_before``: none means Dynamo ran the trial eagerly (a recompile limit, an
+    unsupported construct), which would otherwise pass unseen as a slow compiled trial.
+    Whether the trial ran compiled."""
+    graphs = compiled_graphs() - graphs_before
+    extra["compiled_graphs"] = graphs
+    if graphs == 0:
+        extra["compile_fallback"] = "eager: torch.compile compiled no graph for this trial"
+    return graphs > 0
 
 
 def timed_steps(runner: Any, optimizer: Any, loss_fn: Any, autocast: Any, device: Any, n: int,
@@ -135,7 +167,8 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
     """Compilation's cost and both step rates of ``graph`` on ``device`` at ``per_rank``
     images a step, on random images with a model and optimiser of its own (the trial's are
     untouched). The cost is the time the compiled model's first step, and its first step at
-    a smaller batch (the last step of most epochs), took beyond a compiled step's time."""
+    a smaller batch (the last step of most epochs), took beyond a step's time; that smaller
+    batch runs as a trial runs it, eagerly (:func:`eager_stance`), so it costs no graph."""
     import torch
     from torch import nn
 
@@ -158,10 +191,12 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
     compiled = compile_module(module)
     small = max(2, batch // 2)
     first = timed(compiled, optimizer, 1)
-    first_small = timed(compiled, optimizer, 1, x[:small], y[:small])
+    with eager_stance():
+        first_small = timed(compiled, optimizer, 1, x[:small], y[:small])
     timed(compiled, optimizer, WARMUP_STEPS)
     step = timed(compiled, optimizer, steps) / steps
-    step_small = timed(compiled, optimizer, 1, x[:small], y[:small])
+    with eager_stance():
+        step_small = timed(compiled, optimizer, 1, x[:small], y[:small])
     import torch._dynamo
 
     torch._dynamo.reset()  # the trial compiles its own model from a clean cache

@@ -13,6 +13,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -25,7 +26,9 @@ from automlperf.graph.graph import Graph
 from automlperf.ops.count import count, epoch_ops
 from automlperf.train.builder import build_module
 from automlperf.train.compilecache import cached_figures, key_for
-from automlperf.train.compiling import CompileDecision, CompileFigures, compile_module, decide_compile
+from automlperf.train.compiling import (CompileDecision, CompileFigures, compile_module,
+                                        compiled_graphs, decide_compile, eager_stance,
+                                        note_compilation)
 from automlperf.train.data import DataError, Dataset, plan_steps
 from automlperf.train.device import channels_last_default, is_oom, resolve_precision, synchronize
 from automlperf.train.evaluate import evaluate, precision_context
@@ -168,6 +171,9 @@ class _Run:
             self.optimizer, lambda step: lr_factor(step, total, warmup))
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
         self.graphs_before = compiled_graphs() if self.compiled else 0
+        # The one batch size the compiled module runs compiled: that of this rank's first
+        # real step (an epoch's full batch; with one step an epoch, its only one).
+        self.compiled_size: int | None = None
         runner: Any = compile_module(self.module) if self.compiled else self.module
         if ctx.distributed:
             # Buffers (BatchNorm statistics) are averaged once before validation, not
@@ -293,7 +299,7 @@ class _Run:
             return
         buffers = list(self.module.buffers())
         saved = [b.clone() for b in buffers]
-        self._backward(*self._placeholder(), weight=0.0)
+        self._backward(*self._placeholder(), weight=0.0, placeholder=True)
         with torch.no_grad():
             for b, kept in zip(buffers, saved):
                 b.copy_(kept)
@@ -309,9 +315,23 @@ class _Run:
         self._update()
         return loss
 
-    def _backward(self, x: torch.Tensor, y: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
+    def _runs_eagerly(self, size: int, placeholder: bool) -> bool:
+        """Whether a compiled trial runs this step's module eagerly: any batch size but the
+        one it compiled, a placeholder step, and every step once its first epoch found that
+        Dynamo compiled nothing (the trial is then recorded as eager, and stays so)."""
+        if not self.decision.compile:
+            return False
+        if placeholder or not self.compiled:
+            return True
+        if self.compiled_size is None:
+            self.compiled_size = size
+        return size != self.compiled_size
+
+    def _backward(self, x: torch.Tensor, y: torch.Tensor, weight: float = 1.0,
+                  placeholder: bool = False) -> torch.Tensor:
         x = x.contiguous(memory_format=self.memory_format)  # free when the loader's matches
-        with self.autocast:
+        eager = self._runs_eagerly(x.shape[0], placeholder)
+        with eager_stance() if eager else nullcontext(), self.autocast:
             loss = self.loss_fn(self.runner(x), y)
             if weight != 1.0:
                 loss = loss * weight
@@ -358,24 +378,6 @@ class _Run:
         for b in buffers:
             b.copy_(flat[offset:offset + b.numel()].view_as(b))
             offset += b.numel()
-
-
-def compiled_graphs() -> int:
-    """Graphs Dynamo has compiled in this process so far (a count that only grows)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def _note_compilation(run: _Run, outcome: TrialOutcome) -> bool:
-    """Record how many graphs the trial's first epoch compiled: none means Dynamo ran the
-    trial eagerly (a recompile limit, an unsupported construct), which would otherwise pass
-    unseen as a slow compiled trial. Whether the trial ran compiled."""
-    graphs = compiled_graphs() - run.graphs_before
-    outcome.extra["compiled_graphs"] = graphs
-    if graphs == 0:
-        outcome.extra["compile_fallback"] = "eager: torch.compile compiled no graph for this trial"
-    return graphs > 0
 
 
 def _reduce(values: list[float], ctx: RankContext, op: Any = None) -> list[float]:
@@ -460,7 +462,7 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             raise TrialFailure(FailureKind.NAN, f"the training loss became non-finite in epoch {epoch}")
         accuracy = correct / seen if seen else 0.0
         if run.compiled and epoch == 0:
-            run.compiled = _note_compilation(run, outcome)
+            run.compiled = note_compilation(run.graphs_before, outcome.extra)
         val_loss = val_loss_sum / seen if seen else None
         event = EpochEvent(
             trial_id=spec.trial_id, epoch=spec.first_epoch + epoch, started_at=started,
