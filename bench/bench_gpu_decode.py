@@ -188,7 +188,8 @@ def device_stage(decoder: Any, paths: list[str], batch: int, device: torch.devic
 
 
 def conformance(decoder: Any, paths: list[str], device: torch.device, size: int = 224) -> dict[str, Any]:
-    """The path's images against the CPU reference's, training and validation boxes."""
+    """The path's images against the reference's (each file decoded whole on the CPU),
+    training and validation boxes."""
     from automlperf.train.data.gpudecode import decode_step, prepare
     from automlperf.train.data.transform import decode_file
 
@@ -203,7 +204,7 @@ def conformance(decoder: Any, paths: list[str], device: torch.device, size: int 
             want = np.empty((len(chunk), size, size, 3), np.uint8)
             kept = 0
             for i, p in enumerate(chunk):
-                if decode_file(p, size, train, 0, 0, start + i, want[kept]) is None:
+                if decode_file(p, size, train, 0, 0, start + i, want[kept], reduced=False) is None:
                     kept += 1
             diffs.append(np.abs(got - want[:kept].astype(np.int16)))
         d = np.concatenate(diffs).reshape(-1, 3)

@@ -4,13 +4,14 @@ own, and the CPU decoder's pixels against the loader's earlier code."""
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from automlperf.seeding import mix_seed
-from automlperf.train.data.transform import (decode_box, decode_file, random_resized_crop_box,
+from automlperf.train.data.transform import (decode_file, random_resized_crop_box,
                                              train_params, val_params)
 from imagefolder import photo
 
@@ -111,14 +112,32 @@ def photos(tmp_path_factory):
     return paths
 
 
+def _mapped_alike(path, box, size) -> bool:
+    """Whether the earlier loader mapped ``box`` onto the reduced-scale image as the reference
+    does: it scaled by the reduced image's size over the file's, which is rounded up to whole
+    pixels, so only where the file's sides are multiples of the reduction did it agree."""
+    with Image.open(path) as file:
+        width, height = file.size
+        left, top, right, bottom = box
+        drafted = file.draft("RGB", (math.ceil(width * size / (right - left)),
+                                     math.ceil(height * size / (bottom - top))))
+        factor = round(width / drafted[1][2]) if drafted else 1
+        return width % factor == 0 and height % factor == 0
+
+
 @pytest.mark.parametrize("size", [16, 224])
 def test_training_pixels_are_identical_to_the_earlier_loader(photos, size):
+    compared = 0
     for (width, height), path in photos.items():
         for seed, epoch, row in [(0, 0, 0), (7, 3, 5), (1, 2, 1281166)]:
+            if not _mapped_alike(path, train_params(seed, epoch, row, width, height)[0], size):
+                continue  # the conformance test below bounds these
             out = np.zeros((size, size, 3), dtype=np.uint8)
             assert decode_file(str(path), size, True, seed, epoch, row, out) is None
             assert np.array_equal(out, _old_decode(path, size, True, seed, epoch, row)), \
                 (width, height, seed, epoch, row)
+            compared += 1
+    assert compared >= len(photos) * 3 // 2
 
 
 @pytest.mark.parametrize("size", [32, 224])
@@ -139,23 +158,45 @@ def test_validation_pixels_match_the_earlier_resize_then_crop(photos, size):
         assert diff.max() <= 1 and diff.mean() < 0.25, (width, height, diff.max(), diff.mean())
 
 
-@pytest.mark.parametrize("train", [True, False])
-def test_reduced_scale_decoding_obeys_the_box(photos, train):
-    """A 2000x1500 JPEG decoded at 1/2-1/8 scale gives the box's image: close to the same box
-    resampled from the whole decoded file (a box misplaced by one pixel of the reduced image
-    is several levels off on average)."""
-    path = photos[2000, 1500]
-    size = 64
-    box, flip = train_params(4, 0, 9, 2000, 1500) if train else (val_params(2000, 1500, size), False)
-    with Image.open(path) as file:
-        drafted = decode_box(file, box, flip, size)
-        assert file.width < 2000  # decoded at reduced scale
-    with Image.open(path) as file:
-        full = file.convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=box)
-        if flip:
-            full = full.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    diff = np.abs(drafted.astype(int) - np.asarray(full, dtype=int))
-    assert diff.mean() < 3.0, diff.mean()
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_draft_conformance",
+        Path(__file__).resolve().parents[2] / "bench" / "bench_draft_conformance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Reduced-scale decoding against the reference (the file decoded whole), per 8-bit channel:
+# bounds a quarter above the worst measured by bench/bench_draft_conformance.py on textured,
+# smooth, greyscale and progressive photos of 2048x1536 and 3000x2250 (bench/RESULTS.md, "What
+# reduced-scale decoding changes"): mean 1.29, 99.9th percentile 14, maximum 32. It is not
+# rounding: the reduced decode filters in the DCT, then the triangle filter's support is
+# narrower. The earlier mapping of the box (by the reduced image's rounded-up size) exceeded
+# them: 99.9th percentile 54-65, maximum 98-119 on 3000x2250.
+MEAN, P99_9, MAX = 1.6, 18, 40
+
+
+@pytest.mark.slow
+def test_reduced_scale_decoding_stays_within_its_measured_bounds_of_the_reference(tmp_path):
+    bench = _bench()
+    kinds = [("3000x2250 textured", 3000, 2250, 1, 22, "RGB", False),
+             ("2000x1500 greyscale", 2000, 1500, 1, 22, "L", False),
+             ("2000x1500 progressive", 2000, 1500, 1, 22, "RGB", True),
+             ("500x375 textured", 500, 375, 2, 22, "RGB", False)]
+    for kind, *spec in kinds:
+        got = bench.measure(bench.write_photos(tmp_path, kind, *spec), 224, draws=3)
+        for split, m in got.items():
+            where = (kind, split, m)
+            if kind.startswith("500x375"):
+                # ImageNet's typical file: no box covers twice 224 pixels, so no reduced scale.
+                assert m["decoded_at_reduced_scale"] == 0 and m["max_abs"] == 0, where
+                continue
+            assert m["decoded_at_reduced_scale"] == m["images"], where
+            assert m["mean_abs"] <= MEAN and m["p99_9_abs"] <= P99_9 and m["max_abs"] <= MAX, \
+                where
 
 
 def test_an_unreadable_file_says_why_in_one_line(tmp_path):
