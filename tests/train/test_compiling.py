@@ -40,6 +40,27 @@ def test_compilation_pays_only_when_the_planned_training_repays_it():
     assert not short.compile and "does not repay" in short.reason
 
 
+def test_where_the_deadline_cuts_the_training_the_work_done_before_it_decides():
+    # 1e15 operations: 1,000 s eager, 697 s compiled (30 s of it compiling); pays unbounded.
+    assert decide_compile(None, 1e15, 100, FIGURES, time_left_s=2000).compile  # both finish
+    # 400 s left: 4e14 done eager against (400 - 30) * 1.5e12 = 5.55e14 compiled.
+    cut = decide_compile(None, 1e15, 100, FIGURES, time_left_s=400)
+    assert cut.compile and "the deadline, 400 s away, leaves 40 % of it done eager against " \
+        "56 % compiled" in cut.reason
+    # 60 s left: 6e13 eager against 4.5e13 compiled: the compilation eats the time.
+    assert not decide_compile(None, 1e15, 100, FIGURES, time_left_s=60).compile
+    # 2e14 operations in 210 s: both finish (200 s eager, 163 s compiled): the usual rule.
+    assert decide_compile(None, 2e14, 100, FIGURES, time_left_s=210).compile
+    # 150 s left: 1.5e14 eager against 1.8e14 compiled: compiling pays.
+    assert decide_compile(None, 2e14, 100, FIGURES, time_left_s=150).compile
+    # 100 s left: 1e14 eager against 1.05e14 compiled: within the margin, eager stays.
+    assert not decide_compile(None, 2e14, 100, FIGURES, time_left_s=100).compile
+    # Past the deadline (a trial started in the grace): nothing is done either way.
+    assert not decide_compile(None, 1e15, 100, FIGURES, time_left_s=-5).compile
+    # A setting decides whatever the deadline.
+    assert decide_compile(True, 1e15, 100, FIGURES, time_left_s=1).compile
+
+
 def test_the_compilation_cost_grows_with_the_layers_and_settings_win():
     ops = 2e14  # 200 s eager; compiled: 133 s + the compilation
     assert decide_compile(None, ops, 100, FIGURES).compile  # 30 s: 163 s
@@ -85,6 +106,12 @@ def test_a_rank_without_figures_stays_eager_and_measures_nothing(monkeypatch):
     run = _run(trial_spec("t", graph=TINY, epochs=1, compile=None,
                           compile_figures={**cheap, "compile_s": 1e4}), ctx)
     assert not run.compiled
+    # The same 100 epochs with the run's deadline a second away: the compilation would eat it.
+    import time
+
+    run = _run(trial_spec("t", graph=TINY, epochs=100, compile=None, compile_figures=cheap,
+                          finish_by=time.time() + 1.0), ctx)
+    assert not run.compiled and "the deadline, " in run.decision.reason
 
 
 def _doctor_node(tmp_path):

@@ -70,9 +70,13 @@ class CompileDecision:
 
 
 def decide_compile(setting: bool | None, planned_ops: float, layers: int,
-                   figures: CompileFigures | None) -> CompileDecision:
+                   figures: CompileFigures | None,
+                   time_left_s: float | None = None) -> CompileDecision:
     """The decision for a trial of ``layers`` layers planned to train ``planned_ops``
-    operations: ``setting`` (``train.compile``) when it is set, else the rule above."""
+    operations: ``setting`` (``train.compile``) when it is set, else the rule above. With
+    ``time_left_s`` (to the run's deadline), where the deadline cuts the planned training
+    eagerly or compiled, what counts is the work each way does before it: compiling pays
+    when that is at least ``1 / (1 - MARGIN)`` times the eager work."""
     if setting is not None:
         return CompileDecision(setting, "train.compile = " + ("true" if setting else "false"),
                                planned_ops, figures=figures)
@@ -87,8 +91,19 @@ def decide_compile(setting: bool | None, planned_ops: float, layers: int,
     pays = compiled <= eager * (1 - MARGIN)
     words = (f"planned training {eager:.0f} s eager against {compiled:.0f} s compiled "
              f"({cost:.0f} s of it compiling)")
+    if time_left_s is not None and max(eager, compiled) > time_left_s:
+        left = max(0.0, time_left_s)
+        eager_done = min(planned_ops, left * figures.eager_ops_per_s)
+        compiled_done = min(planned_ops, max(0.0, left - cost) * figures.compiled_ops_per_s)
+        pays = compiled_done * (1 - MARGIN) >= eager_done and compiled_done > 0
+        words += (f"; the deadline, {left:.0f} s away, leaves {_share(eager_done, planned_ops)}"
+                  f" of it done eager against {_share(compiled_done, planned_ops)} compiled")
     return CompileDecision(pays, ("compiling repays itself: " if pays else "compiling does not "
                                   "repay itself: ") + words, planned_ops, eager, compiled, figures)
+
+
+def _share(done: float, planned: float) -> str:
+    return f"{100 * done / planned:.0f} %" if planned > 0 else "all"
 
 
 def compile_module(module: Any, backend: Any = "inductor") -> Any:
