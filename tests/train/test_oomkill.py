@@ -62,3 +62,23 @@ def test_the_kernel_log_names_the_process_it_killed(tmp_path):
     assert kernel_log_kill(4242, str(log)) is True
     assert kernel_log_kill(424, str(log)) is False
     assert kernel_log_kill(4242, str(tmp_path / "absent")) is None
+
+
+def test_a_kill_the_log_recorded_before_the_watch_was_armed_is_not_this_process(tmp_path):
+    """The kernel log keeps the kills of earlier processes, one of which may have had this
+    pid: only what it records after the watch was armed names this process."""
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,2,-;Memory cgroup out of memory: Killed process 4242 (python3)\n")
+    watch = OomWatch(4242, None, kmsg=str(log))
+    watch.arm()
+    assert watch.killed(-9) is None and watch.killed(-9, log_first=True) is None
+    with log.open("a") as f:
+        f.write("6,2,3,-;Memory cgroup out of memory: Killed process 4243 (python3)\n")
+    assert watch.killed(-9) is None
+    with log.open("a") as f:
+        f.write("6,3,4,-;oom-kill:constraint=CONSTRAINT_MEMCG,task=python3,pid=4242,uid=0\n")
+    assert "kernel log" in watch.killed(-9, log_first=True)
+    assert "kernel log" in watch.killed(-9)  # asked again: still so
+    watch.close()
+    # Never armed: the whole log is all there is to go by.
+    assert "kernel log" in OomWatch(4242, None, kmsg=str(log)).killed(-9)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -116,30 +116,56 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def kernel_log_kill(pid: int, kmsg: str = "/dev/kmsg") -> bool | None:
+KMSG = "/dev/kmsg"
+
+
+def kernel_log_kill(pid: int, kmsg: str = KMSG, fd: int | None = None) -> bool | None:
     """Whether the kernel log says the OOM killer ended ``pid``; None when it cannot be
+    read. With ``fd`` (a reader of the log opened earlier), only the records after where
+    that reader stands: the log also holds kills of earlier processes whose pid this one
+    may have been given again."""
+    if fd is not None:
+        return _search_log(fd, pid)
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return _search_log(fd, pid)
+    finally:
+        os.close(fd)
+
+
+def log_reader_at_end(kmsg: str = KMSG) -> int | None:
+    """A reader of the kernel log placed after its last record; None where it cannot be
     read."""
     try:
         fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
-    wanted = re.compile(rf"(Killed process {pid} |oom-kill:.*,pid={pid},)")
     try:
-        while True:
-            try:
-                record = os.read(fd, 8192)
-            except BlockingIOError:
-                return False  # read to the end
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:
-                    continue  # records overwritten while reading: go on with the next
-                return None
-            if not record:
-                return False
-            if wanted.search(record.decode("utf-8", "replace")):
-                return True
-    finally:
+        os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
         os.close(fd)
+        return None
+    return fd
+
+
+def _search_log(fd: int, pid: int) -> bool | None:
+    wanted = re.compile(rf"(Killed process {pid} |oom-kill:.*,pid={pid},)")
+    while True:
+        try:
+            record = os.read(fd, 8192)
+        except BlockingIOError:
+            return False  # read to the end
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                continue  # records overwritten while reading: go on with the next
+            return None
+        if not record:
+            return False
+        if wanted.search(record.decode("utf-8", "replace")):
+            return True
 
 
 @dataclass
@@ -149,14 +175,39 @@ class OomWatch:
     pid: int
     group: MemoryGroup | None
     before: int | None = None
+    kmsg: str = KMSG
+    # A reader of the kernel log from where it stood when armed, and whether it named the
+    # process since.
+    _log: int | None = field(default=None, repr=False, compare=False)
+    _named: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, pid: int) -> OomWatch:
         return cls(pid, memory_group(pid))
 
     def arm(self) -> None:
-        """Take the count a death is judged against (before each trial)."""
+        """Take the count a death is judged against (before each trial), and the kernel
+        log's end."""
         self.before = self.group.kills() if self.group is not None else None
+        self.close()
+        self._log, self._named = log_reader_at_end(self.kmsg), False
+
+    def close(self) -> None:
+        """Let go of the kernel log's reader."""
+        if self._log is not None:
+            os.close(self._log)
+            self._log = None
+
+    def _logged(self) -> bool | None:
+        """Whether the kernel log names this process as killed for memory: since it was
+        armed, where it was (a pid may be given again, and the log keeps earlier kills)."""
+        if self._named:
+            return True
+        if self._log is None:
+            return kernel_log_kill(self.pid, self.kmsg)
+        found = kernel_log_kill(self.pid, fd=self._log)
+        self._named = bool(found)
+        return found
 
     def killed(self, exitcode: int | None, log_first: bool = False) -> str | None:
         """Why the process died, when the OOM killer ended it (exit by signal 9); else None.
@@ -167,7 +218,7 @@ class OomWatch:
             return None
         by_log = "the kernel's out-of-memory killer ended it (kernel log)"
         if log_first:
-            logged = kernel_log_kill(self.pid)
+            logged = self._logged()
             if logged is not None:
                 return by_log if logged else None
         if self.group is not None and self.before is not None:
@@ -176,6 +227,6 @@ class OomWatch:
                 return (f"the kernel's out-of-memory killer ended it ({self.group.describe()}: "
                         f"{now - self.before} process(es) killed for memory)")
         # Asked already where it was asked first (and could not be read).
-        if not log_first and kernel_log_kill(self.pid):
+        if not log_first and self._logged():
             return by_log
         return None

@@ -367,6 +367,8 @@ class DevicePool:
         self._join_all(10.0)
         for rank in self._ranks:
             rank.conn.close()
+            if rank.oom is not None:
+                rank.oom.close()
 
     def _join_all(self, wait_s: float) -> None:
         """Wait for every rank against one deadline, not ``wait_s`` for each in turn."""
