@@ -172,11 +172,11 @@ def _bench():
 # Reduced-scale decoding against the reference (the file decoded whole), per 8-bit channel:
 # bounds a quarter above the worst measured by bench/bench_draft_conformance.py on textured,
 # smooth, greyscale and progressive photos of 2048x1536 and 3000x2250 (bench/RESULTS.md, "What
-# reduced-scale decoding changes"): mean 1.29, 99.9th percentile 14, maximum 32. It is not
+# reduced-scale decoding changes"): mean 1.44, 99.9th percentile 18, maximum 32. It is not
 # rounding: the reduced decode filters in the DCT, then the triangle filter's support is
 # narrower. The earlier mapping of the box (by the reduced image's rounded-up size) exceeded
 # them: 99.9th percentile 54-65, maximum 98-119 on 3000x2250.
-MEAN, P99_9, MAX = 1.6, 18, 40
+MEAN, P99_9, MAX = 1.8, 23, 40
 
 
 @pytest.mark.slow

@@ -30,8 +30,8 @@ decodes a JPEG at 1/2, 1/4 or 1/8 scale where the box still covers at least ``si
 pixels each way (``draft``), and maps the box onto the reduced image by that exact factor.
 That is not rounding only: the reduced decode filters in the DCT and the triangle filter
 then has a narrower support. On textured, smooth, greyscale and progressive photos of
-2048x1536 and 3000x2250 at 224 pixels, the mean difference per channel was 0.5-1.3 levels,
-the 99.9th percentile 7-14, the maximum 32 (bench/bench_draft_conformance.py; bounded in
+2048x1536 and 3000x2250 at 224 pixels, the mean difference per channel was 0.5-1.4 levels,
+the 99.9th percentile 7-18, the maximum 32 (bench/bench_draft_conformance.py; bounded in
 tests/train/test_transform.py). Files of ImageNet's typical 500x375 are never reduced at
 224 (no box covers 448 pixels each way): there it is the reference, bit for bit.
 
