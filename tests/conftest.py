@@ -1,6 +1,7 @@
 """Shared fixtures: real servers started by the tests themselves."""
 
 import functools
+import getpass
 import itertools
 import os
 import shutil
@@ -97,6 +98,12 @@ def session_cache(tmp_path_factory):
     figures a doctor kept on this machine decide no test's trials."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        # Ranks keep compiled graphs in the user's cache (train/rankenv.py), here one a test
+        # makes anew: they share Inductor's default instead, as the suite's compiled tests
+        # always have (a graph compiled once serves them all).
+        if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+            patch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+                tempfile.gettempdir(), "torchinductor_" + getpass.getuser()))
         yield
 
 

@@ -11,8 +11,8 @@ from torch import nn
 from automlperf.graph.graph import INPUT, Graph, conv, dense, simple
 from automlperf.train import data as datasets
 from automlperf.train.data import folders
-from automlperf.train.rankenv import (ALLOC_DEFAULT, COMPILE_THREADS_VAR, compile_threads,
-                                      set_rank_environment)
+from automlperf.train.rankenv import (ALLOC_DEFAULT, COMPILE_THREADS_VAR, INDUCTOR_CACHE_VAR,
+                                      compile_threads, set_rank_environment)
 from automlperf.train.trainer import RankContext, train_on_rank
 from helpers import TEST_MAX_UNREADABLE, data_section, trial_spec
 
@@ -24,15 +24,20 @@ TINY = Graph.build((1, 8, 8), [conv("c", INPUT, 4, 3, 1, padding=1),
                                dense("fc", "pool", 10), simple("softmax", "softmax", "fc")])
 
 
-def test_rank_environment_sets_defaults_and_keeps_the_users():
+def test_rank_environment_sets_defaults_and_keeps_the_users(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     env: dict[str, str] = {}
+    # Compiled graphs beside the compile figures, where the next job finds them.
     assert set_rank_environment(8, 6, env) == {"PYTORCH_CUDA_ALLOC_CONF": ALLOC_DEFAULT,
-                                               COMPILE_THREADS_VAR: "2"}
+                                               COMPILE_THREADS_VAR: "2",
+                                               INDUCTOR_CACHE_VAR: str(tmp_path / "automlperf"
+                                                                       / "inductor")}
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
-        env = {name: "max_split_size_mb:128", COMPILE_THREADS_VAR: "3"}
+        env = {name: "max_split_size_mb:128", COMPILE_THREADS_VAR: "3", INDUCTOR_CACHE_VAR: "/c"}
         assert set_rank_environment(8, 6, env) == {}
-        assert env == {name: "max_split_size_mb:128", COMPILE_THREADS_VAR: "3"}
+        assert env == {name: "max_split_size_mb:128", COMPILE_THREADS_VAR: "3",
+                       INDUCTOR_CACHE_VAR: "/c"}
     # Compile workers take the cores the decoding workers leave, never none.
     assert compile_threads(8, 7) == 1 and compile_threads(2, 5) == 1 and compile_threads(16, 0) == 16
 

@@ -1,6 +1,6 @@
 """The settings a rank process puts into its environment before PyTorch reads them.
 
-Both are read once, when the CUDA allocator starts and when Inductor's configuration is first
+They are read once, when the CUDA allocator starts and when Inductor's configuration is first
 imported, so they must be in place before the rank touches its device or compiles; a value
 the user set is kept.
 """
@@ -22,6 +22,7 @@ ALLOC_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 # one long-lived rank fragment the cache far less.
 ALLOC_DEFAULT = "expandable_segments:True"
 COMPILE_THREADS_VAR = "TORCHINDUCTOR_COMPILE_THREADS"
+INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
 # glibc's mallopt parameters, and the size below which a CPU rank keeps freed memory for reuse.
 # By default glibc maps every block above 32 MiB afresh and unmaps it when freed, so a CPU
 # rank page-faults its whole activation memory in (zeroed by the kernel) at every step: at
@@ -45,16 +46,29 @@ def rank_threads(device_type: str, threads: int) -> int:
     return max(1, threads) if device_type == "cpu" else 1
 
 
+def inductor_cache_dir() -> str:
+    """Where a rank's compiled graphs are kept: beside the compile figures
+    (train/compilecache.py), not in the temporary folder that is Inductor's default and that
+    batch systems often make private to each job. There the graphs `automlperf doctor`
+    compiled on a node serve the trials of the runs after it (Inductor's graph and AOT
+    autograd caches; their keys hold the device, torch and shapes)."""
+    from automlperf.train.compilecache import cache_path
+
+    return str(cache_path().parent / "inductor")
+
+
 def set_rank_environment(rank_threads: int, decode_workers: int,
                          env: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Put the allocator and compile-thread defaults into ``env`` (``os.environ``) unless the
-    user chose them; returns what was set."""
+    """Put the allocator, compile-thread and compile-cache defaults into ``env``
+    (``os.environ``) unless the user chose them; returns what was set."""
     env = os.environ if env is None else env
     chosen: dict[str, str] = {}
     if not any(env.get(name) for name in ALLOC_VARS):
         chosen[ALLOC_VAR] = ALLOC_DEFAULT
     if not env.get(COMPILE_THREADS_VAR):
         chosen[COMPILE_THREADS_VAR] = str(compile_threads(rank_threads, decode_workers))
+    if not env.get(INDUCTOR_CACHE_VAR):
+        chosen[INDUCTOR_CACHE_VAR] = inductor_cache_dir()
     env.update(chosen)
     return chosen
 
