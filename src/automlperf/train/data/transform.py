@@ -131,7 +131,7 @@ def decode_box(file: Any, box: Box, flip: bool, size: int, out: np.ndarray | Non
         # that is rounded up to whole pixels, and shifted the box by up to 7 source pixels.
         drafted = file.draft("RGB", (math.ceil(width * size / (right - left)),
                                      math.ceil(height * size / (bottom - top))))
-        if drafted is not None:
+        if isinstance(drafted, tuple):  # (mode, the file's box at the reduced scale)
             scale = drafted[1][2] / width
     sx = sy = scale
     img = rgb(file).resize((size, size), Image.Resampling.BILINEAR,
