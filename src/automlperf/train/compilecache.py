@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.train.compiling import CompileFigures
+from automlperf.train.rankenv import user_cache_dir
 
 FILE = "compile-figures.json"
 # 2: an epoch's short last batch runs eagerly (train.compiling.eager_stance); format 1's
@@ -49,8 +50,7 @@ class FiguresKey:
 
 def cache_path() -> Path:
     """Where this user's figures are kept."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "automlperf" / FILE
+    return user_cache_dir() / FILE
 
 
 def key_for(device: Any, precision: str, channels_last: bool, batch: int) -> FiguresKey:

@@ -12,6 +12,7 @@ import ctypes.util
 import os
 import sys
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 # Where a user may have configured the caching allocator (the first is PyTorch 2.9's name; the
@@ -46,15 +47,18 @@ def rank_threads(device_type: str, threads: int) -> int:
     return max(1, threads) if device_type == "cpu" else 1
 
 
+def user_cache_dir() -> Path:
+    """This user's cache of automlperf: ``$XDG_CACHE_HOME/automlperf`` (``~/.cache``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "automlperf"
+
+
 def inductor_cache_dir() -> str:
     """Where a rank's compiled graphs are kept: beside the compile figures
     (train/compilecache.py), not in the temporary folder that is Inductor's default and that
     batch systems often make private to each job. There the graphs `automlperf doctor`
     compiled on a node serve the trials of the runs after it (Inductor's graph and AOT
     autograd caches; their keys hold the device, torch and shapes)."""
-    from automlperf.train.compilecache import cache_path
-
-    return str(cache_path().parent / "inductor")
+    return str(user_cache_dir() / "inductor")
 
 
 def set_rank_environment(rank_threads: int, decode_workers: int,
