@@ -4,9 +4,11 @@ postmaster on it at once.
 The folder usually lives on a shared file system, where PostgreSQL's own lock
 (``postmaster.pid``) only protects one host: a second submission, or a job stuck completing
 on another node, would start a second postmaster on the same files and corrupt the store.
-So a start first claims the folder by creating ``owner.json`` exclusively (``O_EXCL``, which
-NFS v3+, Lustre and GPFS honour). The record names the host, the SLURM node and job, and the
-process that started the server. A later start takes the folder over only when that owner
+So a start first claims the folder by creating ``owner.json`` exclusively: written beside it,
+then hard-linked into place (``link`` fails where the name exists, on NFS, Lustre and GPFS
+alike), so that a racing start reads it whole; ``O_EXCL`` where there are no hard links.
+The record names the host, the SLURM node and job, and the process that started the
+server. A later start takes the folder over only when that owner
 is proven gone:
 
 - on the same host (its name is the kernel's), the postmaster named by ``postmaster.pid`` is
@@ -172,15 +174,10 @@ def claim(directory: Path) -> Owner:
     record = directory / OWNER_FILE
     for _ in range(2):
         try:
-            fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            _create_whole(record, json.dumps(asdict(me)) + "\n")
         except FileExistsError:
             _take_over(directory, me)
             continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(me), f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
         verdict = assess(directory, me)
         if verdict.live:  # a server without an owner record, still running here
             release(directory)
@@ -190,6 +187,32 @@ def claim(directory: Path) -> Owner:
         _clear_stale(directory)
         return me
     raise StoreInUse(f"another process claimed {directory} at the same moment: start once")
+
+
+def _create_whole(record: Path, text: str) -> None:
+    """Create ``record`` holding ``text``, or raise FileExistsError: written beside it, then
+    linked into place, so that a claimant that finds it reads it whole (created empty and
+    then written, it was found empty, "damaged", by a start racing this one). Where the file
+    system has no hard links, it is created exclusively and then written."""
+    part = record.with_name(f".{record.name}.{socket.gethostname()}.{os.getpid()}")
+    with open(part, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(part, record)
+        return
+    except FileExistsError:
+        raise
+    except OSError:
+        pass  # no hard links here
+    finally:
+        part.unlink(missing_ok=True)
+    fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _take_over(directory: Path, me: Owner) -> None:
