@@ -197,18 +197,11 @@ class _Run:
             figures = CompileFigures.from_dict(spec.compile_figures)
         elif spec.compile is None:
             figures = self._doctor_figures()
-        # Every rank has figures or none (_doctor_figures), so all take the reduce or none.
-        left = self._time_left() if figures is not None else None
+        left = None  # seconds to the deadline, the least any rank sees: all decide alike
+        if figures is not None and spec.finish_by is not None:  # on every rank or on none
+            (left,) = _reduce([spec.finish_by - time.time()], self.ctx,
+                              dist.ReduceOp.MIN if self.ctx.distributed else None)
         return decide_compile(spec.compile, planned, len(graph), figures, left)
-
-    def _time_left(self) -> float | None:
-        """Seconds to the run's deadline, the least any rank sees, so that all decide alike;
-        None without one."""
-        if self.spec.finish_by is None or self.spec.compile is not None:
-            return None
-        (least,) = _reduce([self.spec.finish_by - time.time()], self.ctx,
-                           dist.ReduceOp.MIN if self.ctx.distributed else None)
-        return least
 
     def _doctor_figures(self) -> CompileFigures | None:
         """The doctor's cached figures for this rank's device, torch, precision, layout and
