@@ -42,6 +42,9 @@ class DataConfig(Section):
                                     "H200 it fed a rank 2,293 img/s against 5,639 img/s "
                                     "from the CPU workers (its device stage alone 5,040 "
                                     "img/s: reading and parsing the files limits it).")
+    val_cache: bool = Field(True, description="Keep each rank's decoded validation images on "
+                            "its device for the trial (where its memory allows) instead of "
+                            "decoding them every epoch: the same batches bit for bit.")
     dali: bool = Field(False, description="Decode with NVIDIA DALI instead (the `dali` "
                        "extra): its own random crops and flips, a different function from "
                        "the reference, recorded as such; never chosen by default.")

@@ -50,10 +50,13 @@ def load(data: DataConfig, index_dir: str | None = None, device_type: str = "cpu
     """The dataset of a configuration's data section (see :func:`_load`), allowed
     ``data.max_unreadable`` of its images unreadable per split and epoch. ``index_dir``: a
     scanned index of its image folder (:class:`FileIndex`), else the folder is walked;
-    ``device_type``: where the images go. ``data.workers`` unset is no decoding workers
+    ``device_type``: where the images go; ``data.val_cache``: whether an image folder keeps
+    its decoded validation shard on the device. ``data.workers`` unset is no decoding workers
     (:meth:`DataConfig.for_ranks` sets them for a rank's cores)."""
     dataset = _load(data, index_dir, device_type)
     dataset.max_unreadable = data.max_unreadable
+    if isinstance(dataset, ImageFolderDataset):
+        dataset.val_cache = data.val_cache
     return dataset
 
 

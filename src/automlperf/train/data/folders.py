@@ -23,6 +23,7 @@ from automlperf.train.data.base import IMAGENET_MEAN, IMAGENET_STD, DataError, D
 from automlperf.train.data.index import FileIndex, load_index, scan_image_folder
 from automlperf.train.data.loader import FolderLoader, close_open_loaders
 from automlperf.train.data.transform import decode_file
+from automlperf.train.data.valcache import ValidationCache, shard_images
 
 # Decoded images in flight per rank, in shared memory between the decoding workers and the
 # rank: whole per-rank batches at 224 px are ~170 MB each at an H100's batch, and a few per
@@ -150,6 +151,8 @@ class ImageFolderDataset(Dataset):
         self._mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
         self._std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
         self._loader: Any = None
+        self.val_cache = True  # data.val_cache: keep the validation shard on the device
+        self._val = ValidationCache()
 
     @property
     def decode_path(self) -> str:
@@ -179,19 +182,49 @@ class ImageFolderDataset(Dataset):
                 seed: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader = self.loader(rank, world, batch_size, seed, device)
         mean, std = self._mean.to(device), self._std.to(device)
-        for x, y, bad, example in loader.passes(split, epoch):
+        for x, y, bad, example in self._passes(loader, split, epoch):
             self.skipped += bad
             self.unreadable = example or self.unreadable
             # NHWC seen as NCHW is channels-last: the network's preferred layout on GPUs.
             x = x.permute(0, 3, 1, 2).float()
             yield (x - mean) / std, y
 
+    def _passes(self, loader: Any, split: str, epoch: int) -> Iterator[tuple[Any, ...]]:
+        """The loader's pass, or validation replayed from the device once it was kept there;
+        with validation kept, the workers decode the next training epoch after this one."""
+        key = loader.key()
+        if split == "val" and self._val.holds(key):
+            return self._val.replay()
+        if split == "train" and self._val.holds(key):
+            self.expect_next(("train", epoch + 1))
+        if split != "val" or not self.val_cache:
+            return loader.passes(split, epoch)
+        rank, world, per_rank, seed, device = key
+        images = shard_images(self.val_size, rank, world, per_rank, seed)
+        nbytes = images * (self.image_size ** 2 * 3 + 8)
+        return self._val.fill(key, nbytes, device, world, loader.passes(split, epoch))
+
+    @property
+    def val_cache_note(self) -> str:
+        """Whether this trial's validation is replayed from the device, and why not."""
+        if self._val.key is not None:
+            return "kept on the device"
+        return self._val.refused or ("off (data.val_cache)" if not self.val_cache else "")
+
     def expect_next(self, after: tuple[str, int] | None) -> None:
+        if after is None and self._val.key is not None:
+            # Nothing follows, and validation needs no decoding: what the workers planned
+            # ahead (the next training epoch) is dropped.
+            drop = getattr(self._loader, "drop_ahead", None)
+            if drop is not None:
+                drop()
+            return
         expect = getattr(self._loader, "expect", None)
         if expect is not None:
             expect(after)
 
     def release(self) -> None:
+        self._val.clear()
         if self._loader is not None:
             self._loader.close()
             self._loader = None

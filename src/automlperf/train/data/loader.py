@@ -129,6 +129,11 @@ class FolderLoader:
         order; holds for one pass."""
         self._expect = after
 
+    def drop_ahead(self) -> None:
+        """Between passes: forget the pass planned ahead, which will not come."""
+        self._drop_all()
+        self._expect = True
+
     def _following(self, key: PassKey) -> PassKey | None:
         if self._expect is not True:
             following, self._expect = self._expect, True
