@@ -35,13 +35,13 @@ class DataConfig(Section):
                             "training crop, pixels.")
     workers: int | None = Field(None, ge=0, description="Data-loading worker processes per "
                                 "accelerator; default: the spare CPU cores.")
-    gpu_decode: bool | None = Field(False, description="Decode JPEGs on the GPU with nvJPEG "
+    gpu_decode: bool | None = Field(None, description="Decode JPEGs on the GPU with nvJPEG "
                                     "(the `nvjpeg` extra: torchcodec, else torchvision), "
                                     "with the same crops, flips and resampling as the CPU "
-                                    "path; off unless set to true (unset is off): on one "
-                                    "H200 it fed a rank 2,293 img/s against 5,639 img/s "
-                                    "from the CPU workers (its device stage alone 5,040 "
-                                    "img/s: reading and parsing the files limits it).")
+                                    "path. Unset: automatic, the path `automlperf doctor` "
+                                    "measured faster beside training on this node, the CPU "
+                                    "workers until the GPU path wins there; true or false "
+                                    "decides.")
     val_cache: bool = Field(True, description="Keep each rank's decoded validation images on "
                             "its device for the trial (where its memory allows) instead of "
                             "decoding them every epoch: the same batches bit for bit.")

@@ -133,8 +133,15 @@ def test_an_image_folder_on_two_ranks(tmp_path, photos):
     paths = {e.decode_path for e in epochs}
     assert len(paths) == 1 and paths.pop().startswith("cpu-pillow ")
     assert not any(e.compiled for e in epochs)
+    # Why that path decoded, as every trial recorded it: no GPU here, so the CPU workers.
+    trials = store.trials(1)
+    why = "automatic: the ranks have no NVIDIA GPU"
+    assert all(t.extra["decode_path"] == why for t in trials)
     assert result["decoding"] == {"paths": {epochs[0].decode_path: len(epochs)},
-                                  "cpu_decoded_images": 0, "compiled_epochs": 0}
+                                  "cpu_decoded_images": 0, "compiled_epochs": 0,
+                                  "chosen": {why: len(trials)}}
+    # Validation decoded once per trial, then replayed: each epoch still counts every image.
+    assert all(t.extra["validation"] == "kept on the device" for t in trials if t.epochs_done > 1)
     assert cli("check", run_dir).returncode == 0
     wait_no_strays(mark)
 

@@ -439,9 +439,9 @@ def test_a_timed_generated_run_trains_every_node_until_its_deadline(tmp_path):
 
 
 def test_check_verifies_a_run_written_before_a_default_changed_and_names_an_edit(tmp_path):
-    """A setting left unset (null) when the run was written has a different default now
-    (as data.gpu_decode went from null to false): the configuration file is still the one the
-    run started with. An edited setting is still named."""
+    """A setting written out when the run was written has a different default now (as
+    data.gpu_decode went from false to unset, automatic): the configuration file is still
+    the one the run started with. An edited setting is still named."""
     large_run = _large_run()
     import tomllib
 
@@ -456,13 +456,13 @@ def test_check_verifies_a_run_written_before_a_default_changed_and_names_an_edit
     store = open_store(run_dir=run)
     with store.engine.begin() as conn:
         stored = json.loads(conn.execute(sa.text("SELECT config FROM amp_runs")).scalar())
-        assert stored["data"]["gpu_decode"] is False
-        stored["data"]["gpu_decode"] = None  # as an earlier version stored it
+        assert stored["data"]["gpu_decode"] is None
+        stored["data"]["gpu_decode"] = False  # as an earlier version stored it
         conn.execute(sa.text("UPDATE amp_runs SET config = :c"), {"c": json.dumps(stored)})
     store.close()
     toml = (run / "config.toml").read_text()
-    assert "gpu_decode = false\n" in toml
-    old = toml.replace("gpu_decode = false\n", "")
+    assert "gpu_decode" not in toml and "[data]\n" in toml
+    old = toml.replace("[data]\n", "[data]\ngpu_decode = false\n")
     (run / "config.toml").write_text(old)
     checked = check_run(run)
     assert checked.ok, checked.mismatches[:5]

@@ -43,6 +43,10 @@ def test_the_quick_doctor_passes_on_this_machine_and_writes_every_item(tmp_path)
     assert 0 <= loader["predicted_data_share"] <= 1 and loader["per_rank"] == 8
     assert loader["workers"] == max(0, checks["devices"]["figures"]["threads_per_rank"] - 1)
     assert loader["decode_path"].startswith("cpu-pillow ")
+    # Which path the node's runs decode with, and why, in the item's own line.
+    why = "automatic: the ranks have no NVIDIA GPU"
+    assert loader["decode_choice"] == {"path": "cpu", "why": why}
+    assert f"decode path: cpu ({why})" in checks["input pipeline"]["summary"]
     run = checks["official run"]["figures"]
     assert run["check_ok"] and run["epochs"] >= 1
     assert run["speed"]["ratio"] > 0 and set(run["speed"]["lost_s"]) == {

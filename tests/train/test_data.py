@@ -157,6 +157,7 @@ def test_imagenet_folder_errors(tmp_path):
 
 
 def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monkeypatch):
+    from automlperf import hardware
     from automlperf.train.data import gpudecode
 
     make_image_folder(tmp_path, corrupt=False)
@@ -173,26 +174,64 @@ def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monke
         datasets.load(folder(gpu_decode=True), device_type="cuda")
     with pytest.raises(DataError, match="gpu_decode needs the ranks to train on NVIDIA GPUs"):
         datasets.load(folder(gpu_decode=True))
-    # Unset, GPU ranks keep the CPU workers, even where a decoder imports: on an H200 the
-    # GPU path fed a rank 2,293 img/s against the workers' 5,639.
+    # Unset, GPU ranks keep the CPU workers where a decoder imports but the doctor never
+    # compared the paths on this node; set, it decides.
     class Importable:
         name = "importable"
 
         def versions(self):
-            return {}
+            return {"lib": "1"}
 
     monkeypatch.setattr(gpudecode, "DECODERS", (Importable,))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(hardware, "device_name", lambda torch, device: "NVIDIA H200")
     assert gpudecode.gpu_decoder() is not None
     for setting in (None, False):
         ds = datasets.load(folder(gpu_decode=setting), device_type="cuda")
         assert type(ds) is datasets.ImageFolderDataset and ds.decode_path.startswith("cpu-pillow ")
-    ds = datasets.load(folder(), device_type="cuda")
-    assert type(ds) is datasets.ImageFolderDataset
+    assert "never compared on this node" in datasets.load(folder(), device_type="cuda").decode_choice
     ds = datasets.load(folder(gpu_decode=True), device_type="cuda")
     assert type(ds) is datasets.GpuImageFolderDataset  # asked for: the GPU path
+    assert ds.notes()["decode_path"] == "set: data.gpu_decode = true"
+    assert datasets.load(folder()).decode_choice == "automatic: the ranks have no NVIDIA GPU"
     from automlperf.config import DataConfig
 
-    assert DataConfig().gpu_decode is False
+    assert DataConfig().gpu_decode is None
+
+
+def test_unset_the_path_the_doctor_measured_faster_on_this_node_decodes(tmp_path, monkeypatch):
+    from automlperf import hardware
+    from automlperf.train.data import decodechoice, gpudecode
+
+    make_image_folder(tmp_path, corrupt=False)
+    data = data_section("imagenet", data_dir=tmp_path, image_size=32, workers=3)
+
+    class Importable:
+        name = "importable"
+
+        def versions(self):
+            return {"lib": "1"}
+
+    monkeypatch.setattr(gpudecode, "DECODERS", (Importable,))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(hardware, "device_name", lambda torch, device: "NVIDIA H200")
+    key = decodechoice.key_for("importable lib 1", 3)
+    assert key == decodechoice.PathKey("NVIDIA H200", torch.__version__, "importable lib 1", 3)
+    decodechoice.save(key, 4_300.0, 6_100.0, str(tmp_path))
+    ds = datasets.load(data, device_type="cuda")
+    assert type(ds) is datasets.GpuImageFolderDataset
+    assert ds.decode_choice.startswith("automatic: beside training, the GPU path fed 6,100 "
+                                       "img/s and the CPU workers 4,300 (automlperf doctor, ")
+    # Measured slower: the CPU workers; on other workers, another GPU or another decoder
+    # the measurement does not apply.
+    decodechoice.save(key, 4_300.0, 3_900.0, str(tmp_path))
+    assert type(datasets.load(data, device_type="cuda")) is datasets.ImageFolderDataset
+    decodechoice.save(key, 4_300.0, 6_100.0, str(tmp_path))
+    other = data_section("imagenet", data_dir=tmp_path, image_size=32, workers=2)
+    assert "never compared" in datasets.load(other, device_type="cuda").decode_choice
+    # A file that cannot be read is no measurement.
+    decodechoice.cache_path().write_text("{not json")
+    assert "never compared" in datasets.load(data, device_type="cuda").decode_choice
 
 
 def test_random_resized_crop_box_stays_inside():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "fraction_of_ceiling": scored["score"] / ceiling if ceiling else None,
         "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation(),
                                     grace_s=grace),
-        "decoding": decoding(epochs),
+        "decoding": decoding(epochs, trials),
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,
@@ -216,14 +217,19 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
     }
 
 
-def decoding(epochs: list[EpochRecord]) -> dict[str, Any]:
+def decoding(epochs: list[EpochRecord], trials: Sequence[TrialRecord] = ()) -> dict[str, Any]:
     """How the epochs ran: epochs per decode path (what decoded the images, with its
     libraries' versions), the images a GPU path left to the CPU reference, and the epochs
-    trained through torch.compile."""
+    trained through torch.compile; and, where the trials recorded it, why their path was
+    chosen (trials per reason: a setting, or the doctor's measurement on the node)."""
     paths = Counter(e.decode_path for e in epochs if e.decode_path)
-    return {"paths": dict(sorted(paths.items())),
-            "cpu_decoded_images": sum(e.cpu_decoded for e in epochs),
-            "compiled_epochs": sum(1 for e in epochs if e.compiled)}
+    out: dict[str, Any] = {"paths": dict(sorted(paths.items())),
+           "cpu_decoded_images": sum(e.cpu_decoded for e in epochs),
+           "compiled_epochs": sum(1 for e in epochs if e.compiled)}
+    why = Counter(str(t.extra["decode_path"]) for t in trials if t.extra.get("decode_path"))
+    if why:  # absent from results of runs whose trials did not record it
+        out["chosen"] = dict(sorted(why.items()))
+    return out
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

@@ -116,8 +116,7 @@ def train_on_rank(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -
         outcome.reason = f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         outcome.extra["failure"] = kind
     finally:
-        if note := getattr(ctx.dataset, "val_cache_note", ""):
-            outcome.extra["validation"] = note
+        outcome.extra.update(ctx.dataset.notes())
         release_trial(ctx)
     return outcome
 

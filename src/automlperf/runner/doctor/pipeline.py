@@ -21,16 +21,18 @@ DATA_SHARE_WARN = 0.10
 BESIDE_S, MIN_STEPS = 15.0, 3
 
 
-def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
+def probe(node: Node, shape: Shape, root: Path, index: Path, gpu_decode: bool | None = False,
+          compile: bool = False) -> dict[str, Any]:
     """The rank's own loader measured in a process set up as a rank
     (train/loaderprobe.py): a run's data arguments, threads, per-rank batch and device, the
-    seed trained beside it for about BESIDE_S of steps at the training item's rate."""
+    seed trained beside it for about BESIDE_S of steps at the training item's rate; decoded
+    by the CPU workers, or on the GPU (``gpu_decode``)."""
     from automlperf.config import load_config
     from automlperf.graph import seeds
     from automlperf.hardware import accelerator_memory_gib
     from automlperf.train.loaderprobe import probe_in_rank_process
 
-    cfg = load_config(None, "imagenet", {"data": {"data_dir": str(root),
+    cfg = load_config(None, "imagenet", {"data": {"data_dir": str(root), "gpu_decode": gpu_decode,
                                                   "image_size": shape.image_size}})
     # Quick: the generated folder holds 48 training images, six steps of 8 a pass (a probe
     # that needs more goes on into the next epochs, as a run does).
@@ -42,17 +44,48 @@ def probe(node: Node, shape: Shape, root: Path, index: Path) -> dict[str, Any]:
     measured = probe_in_rank_process(cfg.data, node.devices[0], node.threads, per_rank,
                                      graph.to_dict(), train_steps=steps,
                                      precision=node.req.precision,
-                                     channels_last=node.channels_last, index_dir=str(index))
+                                     channels_last=node.channels_last, index_dir=str(index),
+                                     compile=compile)
     measured["threads"] = node.threads
     return measured
+
+
+def decode_choice(node: Node, shape: Shape, root: Path, index: Path,
+                  cpu: dict[str, Any]) -> dict[str, Any]:
+    """Which path the node's runs decode with and why (train/data/decodechoice.py): on
+    NVIDIA GPUs with a GPU decoder, both paths beside the trial's own steps (compiled where
+    the compile rule compiles them), the faster kept for the runs; else the CPU workers."""
+    from automlperf.train.data import decodechoice, describe, gpu_decoder
+
+    cuda = node.devices[0].startswith("cuda")
+    decoder = gpu_decoder() if cuda else None
+    if decoder is None:
+        choice = decodechoice.choose(None, cuda, None, None)
+        return {"path": choice.path, "why": choice.why}
+    compiled = node.trial_images_per_s is not None
+    if compiled:  # the CPU path measured again beside the steps a run's trials compile
+        cpu = probe(node, shape, root, index, gpu_decode=False, compile=True)
+    gpu = probe(node, shape, root, index, gpu_decode=True, compile=compiled)
+    described = describe(decoder)
+    cpu_rate, gpu_rate = cpu["training"]["images_per_s"], gpu["training"]["images_per_s"]
+    try:
+        choice = decodechoice.save(decodechoice.key_for(described, cpu["workers"]), cpu_rate,
+                                   gpu_rate, str(root))
+        kept = ""
+    except OSError as exc:
+        choice = decodechoice.winner(cpu_rate, gpu_rate)
+        kept = f"; not kept for runs ({exc.strerror or exc}): they decode with the CPU workers"
+    return {"path": choice.path, "why": f"automatic: {choice.why}{kept}", "decoder": described,
+            "beside_compiled_steps": compiled, "gpu": gpu,
+            "cpu_images_per_s": cpu_rate, "gpu_images_per_s": gpu_rate}
 
 
 def verdict(alone: float, need: float | None, share: float,
             accelerated: bool = True) -> tuple[str, str]:
     """(status, advice) from the loader's rate alone against what training consumes (per
     rank) and the data share measured beside training."""
-    more = ("give each device more cores (data.workers), or try data.gpu_decode = true "
-            "(the nvjpeg extra) after bench/bench_gpu_decode.py shows it faster here" if accelerated else
+    more = ("give each device more cores (data.workers), or install the nvjpeg extra so that "
+            "the doctor compares the GPU decoding path (data.gpu_decode unset)" if accelerated else
             "decoding and training share this node's cores: more cores, or smaller files")
     if need and alone < HEADROOM_FAIL * need:
         return "fail", f"the loader alone cannot feed training (the data side limits): {more}"
@@ -98,5 +131,8 @@ def pipeline(node: Node, shape: Shape) -> Check:
                f"{beside['passes']} pass(es)) {beside['images_per_s']:.1f} img/s, data share "
                f"{beside['data_share']:.2f} (device {beside['device_share']:.2f})"
                + ("" if compiled else ": the run's will be about that"))
+    choice = decode_choice(node, shape, root, index, measured)
+    figures["decode_choice"] = choice
+    summary += f"; decode path: {choice['path']} ({choice['why']})"
     status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
     return Check("input pipeline", status, summary, advice, figures)

@@ -33,7 +33,8 @@ from automlperf.train.data.folders import (
     plan_loader,
     shm_free,
 )
-from automlperf.train.data.gpudecode import GpuImageFolderDataset, gpu_decoder
+from automlperf.train.data import decodechoice
+from automlperf.train.data.gpudecode import GpuImageFolderDataset, describe, gpu_decoder
 from automlperf.train.data.index import FileIndex, prepare_index, scan_image_folder
 from automlperf.train.data.memory import SyntheticDataset, TensorDataset, builtin, cifar10, digits
 from automlperf.train.spec import plan_steps
@@ -41,7 +42,7 @@ from automlperf.train.spec import plan_steps
 __all__ = ["CHUNK_IMAGES", "IMAGENET_MEAN", "IMAGENET_STD", "SHARED_BUDGET", "DaliImageFolderDataset",
            "DataError", "Dataset", "FileIndex", "GpuImageFolderDataset", "ImageFolderDataset", "LoaderPlan",
            "SyntheticDataset", "TensorDataset", "builtin", "cifar10", "dali_available", "digits",
-           "fit_shared_budget", "gpu_decoder", "load", "plan_loader", "plan_steps", "prepare_index",
+           "describe", "fit_shared_budget", "gpu_decoder", "load", "plan_loader", "plan_steps", "prepare_index",
            "random_resized_crop_box", "scan_image_folder", "shm_free", "step_plan", "train_params",
            "val_params"]
 
@@ -62,9 +63,9 @@ def load(data: DataConfig, index_dir: str | None = None, device_type: str = "cpu
 
 def _load(data: DataConfig, index_dir: str | None, device_type: str) -> Dataset:
     """A dataset by name; raises DataError naming what is missing. Image folders are decoded
-    by DALI when ``dali`` is set; else on the GPU with nvJPEG when ``gpu_decode`` is true
-    (never by default: on an H200 it fed a rank less than half what the CPU workers did); else
-    by the CPU workers."""
+    by DALI when ``dali`` is set; else on the GPU with nvJPEG where ``gpu_decode`` is true, or
+    unset and `automlperf doctor` measured it faster on this node (decodechoice.py); else by
+    the CPU workers."""
     size, workers = data.image_size, data.workers or 0
     if data.dataset == "builtin":
         return builtin(size)
@@ -77,9 +78,20 @@ def _load(data: DataConfig, index_dir: str | None, device_type: str) -> Dataset:
             return DaliImageFolderDataset(data.data_dir, size, workers, index_dir=index_dir)
         if data.gpu_decode and device_type != "cuda":
             raise DataError("gpu_decode needs the ranks to train on NVIDIA GPUs (nvJPEG); set "
-                            "data.gpu_decode = false on this node")
-        cls = GpuImageFolderDataset if data.gpu_decode else ImageFolderDataset
-        return cls(data.data_dir, size, workers, index_dir=index_dir)
+                            "data.gpu_decode = false on this node, or leave it unset")
+        decoder = gpu_decoder() if device_type == "cuda" and data.gpu_decode is None else None
+        described = describe(decoder) if decoder is not None else None
+        choice = decodechoice.choose(
+            data.gpu_decode, device_type == "cuda", described,
+            decodechoice.key_for(described, workers) if described else None)
+        folder: ImageFolderDataset
+        if choice.gpu:
+            folder = GpuImageFolderDataset(data.data_dir, size, workers, index_dir=index_dir,
+                                           decoder=decoder)
+        else:
+            folder = ImageFolderDataset(data.data_dir, size, workers, index_dir=index_dir)
+        folder.decode_choice = choice.why
+        return folder
     if data.dataset == "synthetic":
         return SyntheticDataset(size, data.synthetic_classes, data.synthetic_images)
     raise DataError(f"unknown dataset {data.dataset!r}; choose imagenet, cifar10, builtin, "

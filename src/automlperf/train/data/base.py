@@ -73,6 +73,11 @@ class Dataset(ABC):
         """Free what one trial's passes hold (worker processes, pinned buffers)."""
         return None
 
+    def notes(self) -> dict[str, str]:
+        """How this trial's data was served, in words its record keeps (which decode path
+        and why, whether validation was kept on the device)."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "classes": self.num_classes, "image_size": self.image_size,
                 "channels": self.channels, "train_images": self.train_size,

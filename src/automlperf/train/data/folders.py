@@ -152,6 +152,7 @@ class ImageFolderDataset(Dataset):
         self._std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
         self._loader: Any = None
         self.val_cache = True  # data.val_cache: keep the validation shard on the device
+        self.decode_choice = ""  # why this path decodes (data.load says)
         self._val = ValidationCache()
 
     @property
@@ -210,6 +211,12 @@ class ImageFolderDataset(Dataset):
         if self._val.key is not None:
             return "kept on the device"
         return self._val.refused or ("off (data.val_cache)" if not self.val_cache else "")
+
+    def notes(self) -> dict[str, str]:
+        notes = {"decode_path": self.decode_choice} if self.decode_choice else {}
+        if note := self.val_cache_note:
+            notes["validation"] = note
+        return notes
 
     def expect_next(self, after: tuple[str, int] | None) -> None:
         if after is None and self._val.key is not None:
