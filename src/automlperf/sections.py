@@ -92,6 +92,9 @@ class CompileFiguresConfig(Section):
     eager_ops_per_s: float = Field(gt=0, description="Training OPS of eager steps.")
     compiled_ops_per_s: float = Field(gt=0, description="Training OPS of compiled steps.")
     source: str = Field("", description="Where the figures were measured.")
+    loader_images_per_s: float | None = Field(None, gt=0, description="Images per second "
+                                              "the rank's loader delivers alone; caps both "
+                                              "rates (unset: not measured).")
 
 
 class TrainConfig(Section):

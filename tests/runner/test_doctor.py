@@ -197,6 +197,13 @@ def test_the_loader_is_judged_against_compiled_training_when_a_first_round_trial
     node = doctor.Node(DoctorRequest(tmp_path / "out", data_dir=tmp_path / "data"))
     node.devices, node.accelerated = ["cuda:0"], True
     node.train_images_per_s = 4821.0
+    # No GPU decoder to compare with here (test_doctor_choice.py covers the comparison), and
+    # the GPU's name as a CUDA node reports it.
+    from automlperf import hardware
+    from automlperf.train.data import gpudecode
+
+    monkeypatch.setattr(gpudecode, "DECODERS", ())
+    monkeypatch.setattr(hardware, "device_name", lambda torch, device: "NVIDIA H200")
     monkeypatch.setattr(pipeline, "probe", lambda *a: {
         "alone": {"images_per_s": 5282.0}, "decode_path": "cpu-pillow", "workers": 15,
         "rank_threads": 1, "per_rank": 256, "device": "cuda:0",

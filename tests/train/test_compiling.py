@@ -75,6 +75,42 @@ def test_the_compilation_cost_grows_with_the_layers_and_settings_win():
     assert not decide_compile(None, 1e18, 100, slower).compile
 
 
+def test_a_loader_slower_than_the_steps_caps_both_ways_and_compiling_gains_nothing():
+    # 1e15 operations on 1e6 images: 1e9 operations an image; steps of 1,000 img/s eager
+    # and 1,500 compiled. Unbounded, compiling pays (1,000 s against 697 s).
+    fed = replace(FIGURES, loader_images_per_s=5_000.0)  # faster than both: no change
+    assert decide_compile(None, 1e15, 100, fed, planned_images=1e6) == \
+        replace(decide_compile(None, 1e15, 100, FIGURES), figures=fed)
+    # A loader of 1,200 img/s: compiled steps wait for it (833 s + 30 s against 1,000 s).
+    mid = decide_compile(None, 1e15, 100, replace(FIGURES, loader_images_per_s=1_200.0),
+                         planned_images=1e6)
+    assert mid.compile and mid.compiled_s == pytest.approx(30 + 1e15 / 1.2e12)
+    assert "the loader's 1,200 img/s caps the steps at 1.2e+12 ops/s" in mid.reason
+    # A loader of 900 img/s: both ways train at its rate, and the compilation is lost time.
+    slow = decide_compile(None, 1e15, 100, replace(FIGURES, loader_images_per_s=900.0),
+                          planned_images=1e6)
+    assert not slow.compile and slow.eager_s == pytest.approx(1e15 / 0.9e12)
+    assert slow.compiled_s == pytest.approx(30 + 1e15 / 0.9e12)
+    # Without the trial's images the cap cannot be applied: the rates alone decide.
+    assert decide_compile(None, 1e15, 100, replace(FIGURES, loader_images_per_s=900.0)).compile
+
+
+def test_the_doctors_loader_rate_is_given_to_the_figures_of_its_device(tmp_path):
+    path = tmp_path / "figures.json"
+    assert compilecache.note_loader_rate(CPU, 750.0, path) == 0  # nothing kept yet
+    mine = compilecache.key_for(CPU, "fp32", True, 64)
+    compilecache.save_figures(mine, FIGURES, path)
+    compilecache.save_figures(replace(mine, batch=32, channels_last=False), FIGURES, path)
+    compilecache.save_figures(replace(mine, device="NVIDIA H200"), FIGURES, path)
+    assert compilecache.note_loader_rate(CPU, 750.0, path) == 2
+    assert compilecache.cached_figures(mine, path).loader_images_per_s == 750.0
+    assert compilecache.cached_figures(replace(mine, device="NVIDIA H200"),
+                                       path).loader_images_per_s is None
+    cfg = load_config(None, "digits", {"train": {"compile_figures": {
+        **FIGURES.to_dict(), "loader_images_per_s": 750.0}}})
+    assert cfg.train.compile_figures.loader_images_per_s == 750.0
+
+
 def test_figures_round_trip_through_the_configuration_and_the_spec():
     cfg = load_config(None, "digits", {"train": {"compile_figures": FIGURES.to_dict()}})
     assert cfg.train.compile is None  # the default: decided
@@ -145,6 +181,11 @@ def test_the_doctors_figures_are_kept_and_decide_the_ranks_on_that_node_alone(tm
     # Another batch takes the nearest kept one, and says so.
     other = _run(trial_spec("t", graph=TINY, epochs=100, batch_size=32), ctx)
     assert other.compiled and other.decision.figures.source.endswith(", at batch 64)")
+    # The loader's rate alone, which the doctor's input-pipeline item adds, caps both ways: a
+    # loader slower than the eager steps leaves compiling nothing to gain.
+    assert compilecache.note_loader_rate(CPU, 1e-3) == 1
+    capped = _run(trial_spec("t", graph=TINY, epochs=100), ctx)
+    assert not capped.compiled and "caps the steps" in capped.decision.reason
     # Figures of another precision, layout, device or torch never decide.
     key = compilecache.key_for(CPU, "fp32", True, 64)
     for changed in ({"precision": "bf16"}, {"channels_last": False}, {"device": "NVIDIA H200"},

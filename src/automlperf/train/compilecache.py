@@ -7,12 +7,14 @@ trial left to the compile rule decides with the figures it is given
 (``train.compile_figures``), else with the doctor's, read here, else stays eager.
 
 One JSON file per user, ``$XDG_CACHE_HOME/automlperf/compile-figures.json`` (default
-``~/.cache``). Its entries are keyed by what the figures depend on: the device's product name
-(a CPU's model), the torch version, the precision and the layout, and the per-rank batch
-they were measured at. A lookup matches the first four exactly, so figures from another
-device or another torch never decide, and takes the entry of the same batch, else of the
-nearest (the rates are per operation, as they serve other architectures). A file that
-cannot be read, or of another format (figures measured otherwise), is no figures.
+``~/.cache``); the doctor's input-pipeline item adds what the rank's loader delivers alone to
+the figures of its device (:func:`note_loader_rate`). Its entries are keyed by what the
+figures depend on: the device's product name (a CPU's model), the torch version, the
+precision and the layout, and the per-rank batch they were measured at. A lookup matches the
+first four exactly, so figures from another device or another torch never decide, and takes
+the entry of the same batch, else of the nearest (the rates are per operation, as they serve
+other architectures). A file that cannot be read, or of another format (figures measured
+otherwise), is no figures.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,25 @@ def cached_figures(key: FiguresKey, path: Path | None = None) -> CompileFigures 
         return None
     _, kept, figures = min(found, key=lambda f: (f[0], -f[1].batch))
     where = f"cached in {path}" + ("" if kept.batch == key.batch else f", at batch {kept.batch}")
-    return CompileFigures(figures.compile_s, figures.layers, figures.eager_ops_per_s,
-                          figures.compiled_ops_per_s,
-                          f"{figures.source} ({where})" if figures.source else where)
+    return replace(figures, source=f"{figures.source} ({where})" if figures.source else where)
+
+
+def note_loader_rate(device: Any, images_per_s: float, path: Path | None = None) -> int:
+    """Give the figures kept for ``device`` in this torch (every precision, layout and
+    batch) what the rank's loader delivers alone, which caps the rates they compare; returns
+    how many entries it was given to. Raises OSError when the file cannot be written."""
+    path = path or cache_path()
+    mine = key_for(device, "", False, 1)
+    entries = _entries(path)
+    given = 0
+    for entry in entries:
+        key = entry.get("key")
+        if isinstance(key, dict) and key.get("device") == mine.device and \
+                key.get("torch") == mine.torch and isinstance(entry.get("figures"), dict):
+            entry["figures"]["loader_images_per_s"] = float(images_per_s)
+            given += 1
+    if given:
+        part = path.with_name(f".{path.name}.{os.getpid()}")
+        part.write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n")
+        os.replace(part, path)
+    return given

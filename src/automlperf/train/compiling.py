@@ -7,7 +7,10 @@ planned training's time eagerly, ``ops / eager_ops_per_s``, with its time compil
 ``compile_s * layers / measured_layers + ops / compiled_ops_per_s``, and compiles when that
 saves at least ``MARGIN`` of the eager time. Rates are in operations per second so that
 figures measured on one architecture serve the next (a grown morph, another resolution); the
-compilation's cost grows with the graph, so it is scaled by the layer count.
+compilation's cost grows with the graph, so it is scaled by the layer count. Where the
+figures hold what the rank's loader delivers alone, both rates are capped by it: steps faster
+than their data wait for it, so a loader slower than the eager steps leaves compiling nothing
+to gain but its cost.
 
 The figures come from ``train.compile_figures`` or from those `automlperf doctor` measured
 on this node and kept (train/compilecache.py); without them a trial stays eager. A rank never
@@ -42,14 +45,19 @@ class CompileFigures:
     eager_ops_per_s: float  # training operations per second of its steps, eagerly
     compiled_ops_per_s: float  # the same, compiled
     source: str = ""  # where they were measured
+    # What the rank's loader delivers alone, images per second (None: not measured): steps
+    # faster than it wait for data, compiled or not.
+    loader_images_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CompileFigures:
+        loader = data.get("loader_images_per_s")
         return cls(float(data["compile_s"]), int(data["layers"]), float(data["eager_ops_per_s"]),
-                   float(data["compiled_ops_per_s"]), str(data.get("source", "")))
+                   float(data["compiled_ops_per_s"]), str(data.get("source", "")),
+                   float(loader) if loader else None)
 
 
 @dataclass(frozen=True)
@@ -70,13 +78,15 @@ class CompileDecision:
 
 
 def decide_compile(setting: bool | None, planned_ops: float, layers: int,
-                   figures: CompileFigures | None,
-                   time_left_s: float | None = None) -> CompileDecision:
+                   figures: CompileFigures | None, time_left_s: float | None = None,
+                   planned_images: float | None = None) -> CompileDecision:
     """The decision for a trial of ``layers`` layers planned to train ``planned_ops``
-    operations: ``setting`` (``train.compile``) when it is set, else the rule above. With
-    ``time_left_s`` (to the run's deadline), where the deadline cuts the planned training
-    eagerly or compiled, what counts is the work each way does before it: compiling pays
-    when that is at least ``1 / (1 - MARGIN)`` times the eager work."""
+    operations on ``planned_images`` images: ``setting`` (``train.compile``) when it is set,
+    else the rule above, each way's rate capped by what the loader delivers where the
+    figures measured it (a loader slower than the eager steps leaves compiled steps nothing
+    to gain). With ``time_left_s`` (to the run's deadline), where the deadline cuts the
+    planned training eagerly or compiled, what counts is the work each way does before it:
+    compiling pays when that is at least ``1 / (1 - MARGIN)`` times the eager work."""
     if setting is not None:
         return CompileDecision(setting, "train.compile = " + ("true" if setting else "false"),
                                planned_ops, figures=figures)
@@ -86,15 +96,22 @@ def decide_compile(setting: bool | None, planned_ops: float, layers: int,
         return CompileDecision(False, "the measured rates are not positive", planned_ops,
                                figures=figures)
     cost = figures.compile_s * layers / max(1, figures.layers)
-    eager = planned_ops / figures.eager_ops_per_s
-    compiled = cost + planned_ops / figures.compiled_ops_per_s
+    eager_rate, compiled_rate, capped = figures.eager_ops_per_s, figures.compiled_ops_per_s, ""
+    if figures.loader_images_per_s and planned_images:
+        cap = figures.loader_images_per_s * planned_ops / planned_images
+        if cap < compiled_rate:
+            capped = (f"; the loader's {figures.loader_images_per_s:,.0f} img/s caps the steps "
+                      f"at {cap:.3g} ops/s (eager {eager_rate:.3g}, compiled {compiled_rate:.3g})")
+        eager_rate, compiled_rate = min(eager_rate, cap), min(compiled_rate, cap)
+    eager = planned_ops / eager_rate
+    compiled = cost + planned_ops / compiled_rate
     pays = compiled <= eager * (1 - MARGIN)
     words = (f"planned training {eager:.0f} s eager against {compiled:.0f} s compiled "
-             f"({cost:.0f} s of it compiling)")
+             f"({cost:.0f} s of it compiling){capped}")
     if time_left_s is not None and max(eager, compiled) > time_left_s:
         left = max(0.0, time_left_s)
-        eager_done = min(planned_ops, left * figures.eager_ops_per_s)
-        compiled_done = min(planned_ops, max(0.0, left - cost) * figures.compiled_ops_per_s)
+        eager_done = min(planned_ops, left * eager_rate)
+        compiled_done = min(planned_ops, max(0.0, left - cost) * compiled_rate)
         pays = compiled_done * (1 - MARGIN) >= eager_done and compiled_done > 0
         words += (f"; the deadline, {left:.0f} s away, leaves {_share(eager_done, planned_ops)}"
                   f" of it done eager against {_share(compiled_done, planned_ops)} compiled")

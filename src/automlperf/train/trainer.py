@@ -202,7 +202,7 @@ class _Run:
         if figures is not None and spec.finish_by is not None:  # on every rank or on none
             (left,) = _reduce([spec.finish_by - time.time()], self.ctx,
                               dist.ReduceOp.MIN if self.ctx.distributed else None)
-        return decide_compile(spec.compile, planned, len(graph), figures, left)
+        return decide_compile(spec.compile, planned, len(graph), figures, left, per_rank_images)
 
     def _doctor_figures(self) -> CompileFigures | None:
         """The doctor's cached figures for this rank's device, torch, precision, layout and
@@ -210,14 +210,16 @@ class _Run:
         rank has some."""
         mine = cached_figures(key_for(self.device, self.precision, self.channels_last,
                                       self.per_rank))
-        values = ([1.0, mine.compile_s, mine.eager_ops_per_s, mine.compiled_ops_per_s]
-                  if mine else [0.0, 0.0, 0.0, 0.0])
-        found, compile_s, eager, compiled = _reduce(values, self.ctx)
+        loader = mine.loader_images_per_s if mine else None
+        values = ([1.0, mine.compile_s, mine.eager_ops_per_s, mine.compiled_ops_per_s,
+                   float(bool(loader)), loader or 0.0] if mine else [0.0] * 6)
+        found, compile_s, eager, compiled, with_loader, loader = _reduce(values, self.ctx)
         world = self.ctx.world
         if mine is None or found < world:
             return None
         return CompileFigures(compile_s / world, mine.layers, eager / world, compiled / world,
-                              mine.source + (f", averaged over {world} ranks" if world > 1 else ""))
+                              mine.source + (f", averaged over {world} ranks" if world > 1 else ""),
+                              loader / world if with_loader == world else None)
 
     def train_epoch(self, epoch: int, emit: Emit, max_steps: int | None = None,
                     untimed_steps: int = 0) -> EpochTimes:

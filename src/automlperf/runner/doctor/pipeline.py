@@ -134,5 +134,18 @@ def pipeline(node: Node, shape: Shape) -> Check:
     choice = decode_choice(node, shape, root, index, measured)
     figures["decode_choice"] = choice
     summary += f"; decode path: {choice['path']} ({choice['why']})"
+    chosen = choice["gpu"] if choice["path"] == "gpu" else measured
+    figures["compile_figures_given_loader_rate"] = _note_loader(node, chosen["alone"]["images_per_s"])
     status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
     return Check("input pipeline", status, summary, advice, figures)
+
+
+def _note_loader(node: Node, images_per_s: float) -> int:
+    """The chosen path's rate alone, given to the compile figures kept for this node, so
+    that the compile rule caps the steps' rates by it (train/compiling.py); how many."""
+    from automlperf.train.compilecache import note_loader_rate
+
+    try:
+        return note_loader_rate(node.devices[0], images_per_s)
+    except OSError:
+        return 0
