@@ -152,3 +152,23 @@ def test_a_trial_records_whether_its_validation_was_kept(folder):
     assert outcome.status == "completed", outcome.reason
     assert outcome.extra["validation"] == "kept on the device"
     assert ds._val.key is None  # released with the trial
+
+
+def test_a_device_that_runs_out_of_memory_keeping_it_serves_the_pass_and_gives_up(monkeypatch):
+    cache = valcache.ValidationCache()
+
+    class Full:
+        """A batch whose copy finds the device full."""
+
+        def clone(self):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    batches = [(Full(), torch.zeros(2), 0, ""), (Full(), torch.ones(2), 1, "a: bad")]
+    key = (0, 1, 2, 0, CPU)
+    served = list(cache.fill(key, 1, CPU, 1, iter(batches)))
+    assert served == batches and not cache.holds(key)
+    assert cache.refused == "cpu ran out of memory keeping it"
+    # The trial's later passes are not tried again; the next trial tries.
+    assert list(cache.fill(key, 1, CPU, 1, iter(batches))) == batches and cache.gave_up == key
+    cache.clear()
+    assert cache.gave_up is None and cache.refused == ""

@@ -64,6 +64,7 @@ class ValidationCache:
         self.batches: list[PassBatch] = []
         self.refused = ""  # why this trial's shard is not kept
         self.replays = 0  # passes served from the device so far
+        self.gave_up: tuple[Any, ...] | None = None  # a pass that ran out of memory keeping it
 
     def holds(self, key: tuple[Any, ...]) -> bool:
         return self.key == key
@@ -72,7 +73,10 @@ class ValidationCache:
              passes: Iterator[PassBatch]) -> Iterator[PassBatch]:
         """``passes`` as it comes, each batch kept (a copy: the loader reuses its slots) when
         the shard fits; the cache holds the pass only once it was read to its end."""
-        self.clear()
+        self.key, self.batches = None, []
+        if self.gave_up == key:
+            yield from passes
+            return
         why = room_for(nbytes, device, world)
         if why:
             if self.refused != why:
@@ -80,15 +84,25 @@ class ValidationCache:
             self.refused = why
             yield from passes
             return
-        kept: list[PassBatch] = []
+        kept: list[PassBatch] | None = []
         for x, y, bad, example in passes:
-            kept.append((x.clone(), y.clone(), bad, example))
+            if kept is not None:
+                try:
+                    kept.append((x.clone(), y.clone(), bad, example))
+                except torch.OutOfMemoryError:
+                    # The room measured was not there (another process took it): this pass
+                    # goes on uncached, and so do the trial's next ones.
+                    kept, self.refused = None, f"{device} ran out of memory keeping it"
+                    self.gave_up = key
+                    _log.info("validation decoded every epoch: %s", self.refused)
             yield x, y, bad, example
-        self.key, self.batches, self.refused = key, kept, ""
+        if kept is not None:
+            self.key, self.batches, self.refused = key, kept, ""
 
     def replay(self) -> Iterator[PassBatch]:
         self.replays += 1
         yield from self.batches
 
     def clear(self) -> None:
-        self.key, self.batches = None, []
+        """At a trial's end: what it kept, and its refusal, go with it."""
+        self.key, self.batches, self.refused, self.gave_up = None, [], "", None
