@@ -109,6 +109,11 @@ class TrainConfig(Section):
                               "images of global batch.")
     warmup_epochs: float = Field(2.0, ge=0, description="Linear learning-rate warm-up, epochs.")
     label_smoothing: float = Field(0.1, ge=0, lt=1)
+    cpu_binding: Literal["auto", "spread", "off"] = Field(
+        "auto", description="Where ranks and their decoding workers run: auto, on multi-NUMA "
+        "nodes a share of the cores of each GPU's NUMA node (not where the batch system "
+        "already placed the process); spread, a share of the allowed cores in any case (CPU "
+        "ranks too); off, wherever the scheduler puts them.")
     max_epochs: int = Field(60, ge=1, le=10000, description="fixed: 60 (aiperf-2021.3). Epoch "
                             "budget of a trial from the fourth round on; the learning rate "
                             "decays to 0 over it.")

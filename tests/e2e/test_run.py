@@ -140,6 +140,9 @@ def test_an_image_folder_on_two_ranks(tmp_path, photos):
     assert result["decoding"] == {"paths": {epochs[0].decode_path: len(epochs)},
                                   "cpu_decoded_images": 0, "compiled_epochs": 0,
                                   "chosen": {why: len(trials)}}
+    # Where the ranks ran, in the node's description: CPU ranks are left to the scheduler.
+    assert result["node_descriptions"][0]["binding"] == [
+        {"cpus": "", "numa": None, "why": "not bound: CPU ranks"}] * 2
     # Validation decoded once per trial, then replayed: each epoch still counts every image.
     assert all(t.extra["validation"] == "kept on the device" for t in trials if t.epochs_done > 1)
     assert cli("check", run_dir).returncode == 0

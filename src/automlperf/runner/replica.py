@@ -101,6 +101,7 @@ class Replica:
         self.default_batch = default_batch
         self.clock = clock
         self.probe_node = probe_node
+        self._node: dict[str, Any] | None = None  # this node's description, once recorded
         self.start_sampler = start_sampler
         self.stop = threading.Event()
         self.rng = random.Random(mix_seed(self.config.run.seed, place.index))
@@ -129,7 +130,7 @@ class Replica:
         try:
             described = self._record_node(None)
             description = self.trainer.start()
-            if not described:
+            if not described or description.get("binding"):
                 self._record_node(description)
             log.info("replica %d: %d x %s, %d threads each, %s", self.index,
                      len(self.place.devices), description["devices"][0], self.place.threads,
@@ -165,12 +166,21 @@ class Replica:
         ``started``. Whether the node is described."""
         if self.probe_node is None:
             return True
-        found = self.probe_node(started)
-        if found is None:
-            return False
-        ceiling = found.get("ceiling_ops")
-        log.info("replica %d: measured ceiling %s", self.index,
-                 f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
+        if started is not None and self._node is not None:
+            # Described before the ranks started: the description again, with where they
+            # run (a node's latest record is the one results read).
+            found: dict[str, Any] | None = {**self._node, "binding": started["binding"]}
+        else:
+            found = self.probe_node(started)
+            if found is None:
+                return False
+            if started is not None and started.get("binding"):
+                found = {**found, "binding": started["binding"]}
+            ceiling = found.get("ceiling_ops")
+            log.info("replica %d: measured ceiling %s", self.index,
+                     f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
+        assert found is not None
+        self._node = found
         self.store.record_node(self.run_id, self.index, self.segment.index,
                                socket.gethostname(), found, self.clock())
         return True

@@ -129,7 +129,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
                            config.monitor.ceiling_s)
                    if chosen == ["cpu"] else None)
         trainer = PoolTrainer(chosen, config.data, per_device, index_dir=index_dir,
-                              first_start=measure)
+                              first_start=measure, cpu_binding=config.train.cpu_binding)
         memory = accelerator_memory_gib()
     place = Placement(dir=rd, run_id=run_id, config=config, index=index,
                       segment=store.segments(run_id)[-1], devices=chosen, threads=per_device)

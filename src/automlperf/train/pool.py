@@ -138,6 +138,7 @@ class DevicePool:
     # description's "node": a CPU pool's measurement of the node, by a process that has
     # torch loaded anyway (picklable: a function of a module, or a partial of one).
     first_start: Callable[[], dict[str, Any]] | None = None
+    cpu_binding: str = "auto"  # train.cpu_binding: ranks placed on their device's cores
     description: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     start_error: str | None = None  # why the last start failed, while the pool is down
@@ -200,7 +201,8 @@ class DevicePool:
             before = self.first_start if index == 0 and self._starts == 1 else None
             proc = ctx.Process(target=rank_main, name=f"automlperf-rank{index}", daemon=False,
                                args=(index, self.world, rendezvous, device, self.threads_per_rank,
-                                     self.data, self.index_dir, child, os.getpid(), before))
+                                     self.data, self.index_dir, child, os.getpid(), before,
+                                     self.cpu_binding))
             proc.start()
             child.close()
             self._ranks.append(_Rank(proc, parent, oom=OomWatch.of(proc.pid or 0)))
@@ -237,6 +239,7 @@ class DevicePool:
         self.description = {"dataset": hello[0]["dataset"],
                             "devices": [h["device"] for h in hello],
                             "uuids": [h["uuid"] for h in hello if h["uuid"]],
+                            "binding": [h.get("binding") for h in hello],
                             **({"node": hello[0]["node"]} if "node" in hello[0] else {})}
         for rank in self._ranks:
             rank.done = None
@@ -448,8 +451,10 @@ class PoolTrainer:
 
     def __init__(self, devices: list[str], data: DataConfig, threads_per_rank: int = 1,
                  index_dir: str | None = None,
-                 first_start: Callable[[], dict[str, Any]] | None = None) -> None:
+                 first_start: Callable[[], dict[str, Any]] | None = None,
+                 cpu_binding: str = "auto") -> None:
         self.devices = list(devices)
+        self.cpu_binding = cpu_binding
         self.data = data
         self.threads_per_rank = threads_per_rank
         self.index_dir = index_dir  # see DevicePool.index_dir
@@ -462,7 +467,8 @@ class PoolTrainer:
 
     def start(self) -> dict[str, Any]:
         self.pool = DevicePool(self.devices, self.data, threads_per_rank=self.threads_per_rank,
-                               index_dir=self.index_dir, first_start=self.first_start)
+                               index_dir=self.index_dir, first_start=self.first_start,
+                               cpu_binding=self.cpu_binding)
         return self.pool.description
 
     def _started(self) -> DevicePool:

@@ -17,6 +17,7 @@ from typing import Any
 from automlperf import hardware
 from automlperf.config import DataConfig
 from automlperf.procutil import die_with_parent
+from automlperf.train.binding import bind_rank
 from automlperf.train.oomkill import volunteer_for_oom_kill
 from automlperf.train.rankenv import set_rank_environment, take_device
 from automlperf.train.spec import TrialSpec
@@ -46,11 +47,12 @@ def send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
 
 def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
               data: DataConfig, index_dir: str | None, conn: Connection, parent_pid: int,
-              first: Callable[[], dict[str, Any]] | None = None) -> None:
-    """A training process: its device, ``first`` (what the pool asks of this rank before the
-    others join it: a CPU node's measurement, reported as ``node``), its share of the
-    process group and the dataset of ``data`` (its image folder's index in ``index_dir``, if
-    scanned), then trials from the parent until it says stop."""
+              first: Callable[[], dict[str, Any]] | None = None, cpu_binding: str = "auto") -> None:
+    """A training process: its device and its place on the node's cores (``cpu_binding``:
+    train/binding.py), ``first`` (what the pool asks of this rank before the others join it:
+    a CPU node's measurement, reported as ``node``), its share of the process group and the
+    dataset of ``data`` (its image folder's index in ``index_dir``, if scanned), then trials
+    from the parent until it says stop."""
     die_with_parent(parent_pid)
     volunteer_for_oom_kill()
     # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
@@ -70,6 +72,8 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
 
         device = torch.device(device_name)
         take_device(device, threads)
+        # Before the measurement, the process group and the decoding workers it forks.
+        bound = bind_rank(device, cpu_binding, rank, world)
         node = None if first is None else first()
         if world > 1:
             dist.init_process_group(process_group_backend(device.type),
@@ -83,6 +87,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
         send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
                              "device": hardware.device_name(torch, device),
                              "uuid": hardware.device_uuid(torch, device),
+                             "binding": bound.to_dict(),
                              **({} if node is None else {"node": node})})
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
         send(conn, "fatal", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",

@@ -40,6 +40,7 @@ class TrainPlan:
     threads: int  # per device
     data: DataConfig  # the configuration's; the pool fills in its workers
     dataset: dict[str, Any]  # name, sizes and shape of the probed dataset
+    cpu_binding: str = "auto"  # train.cpu_binding
 
     def describe(self) -> str:
         d = self.dataset
@@ -92,7 +93,7 @@ def plan_training(req: TrainRequest) -> TrainPlan:
         epochs=req.epochs, batch_size=batch, patience=req.patience or req.epochs + 1,
         seed=req.seed, weights_out=str(req.weights_out) if req.weights_out else None)
     dataset = {"name": probe.name, "train_size": probe.train_size, "val_size": probe.val_size}
-    return TrainPlan(graph, spec, ranks, threads, cfg.data, dataset)
+    return TrainPlan(graph, spec, ranks, threads, cfg.data, dataset, cfg.train.cpu_binding)
 
 
 class _Collect:
@@ -116,7 +117,7 @@ def train_planned(plan: TrainPlan, on_progress: Callable[[dict[str, Any]], None]
     (mid-epoch, they would not read a polite stop) and goes on as KeyboardInterrupt."""
     from automlperf.train.pool import PoolTrainer
 
-    trainer = PoolTrainer(plan.devices, plan.data, plan.threads)
+    trainer = PoolTrainer(plan.devices, plan.data, plan.threads, cpu_binding=plan.cpu_binding)
     trainer.start()
     sink = _Collect(on_epoch)
     try:
