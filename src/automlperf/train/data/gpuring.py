@@ -210,6 +210,9 @@ def _place(ring: GpuRing, slot: int, pos: int, row: int, data: memoryview, at: i
         return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
     ring.route[slot, pos] = CPU
     ring.length[slot, pos] = ring.image_bytes
+    ring.width[slot, pos], ring.height[slot, pos] = file.size
+    ring.box[slot, pos] = box
+    ring.flip[slot, pos] = flip
     return ""
 
 
