@@ -214,3 +214,39 @@ def test_a_worker_killed_mid_pass_fails_the_pass_in_one_line(folder):
                 pass
     finally:
         ds.release()
+
+
+def test_the_devices_weights_are_the_references_bit_for_bit():
+    """resample.device_bands (torch, float64, any device) against triangle_bands (numpy):
+    the same weights after Pillow's 22-bit rounding, for boxes of every kind, flipped or not,
+    including downscales whose bands need more than 8 taps (where numpy sums pairwise)."""
+    from automlperf.train.data.resample import device_bands, triangle_bands, windows
+
+    rng = np.random.default_rng(4)
+    n, size = 200, 224
+    widths = rng.integers(8, 4000, n).astype(np.float64)
+    heights = rng.integers(8, 4000, n).astype(np.float64)
+    boxes = []
+    for k in range(n):
+        w, h = int(widths[k]), int(heights[k])
+        boxes.append(train_params(1, 2, k, w, h)[0] if k % 2 else val_params(w, h, size))
+    box = np.array(boxes, dtype=np.float64)
+    flips = rng.random(n) < 0.5
+    window, taps = windows(box, widths, heights, size)
+    cols, weights = device_bands(torch.from_numpy(box), torch.from_numpy(np.stack([widths, heights], 1)),
+                                 torch.from_numpy(flips), torch.from_numpy(window), size, int(taps))
+    for axis, (a, b, extent) in enumerate(((0, 2, widths), (1, 3, heights))):
+        want = triangle_bands(box[:, a], box[:, b], extent, size)
+        assert np.array_equal(window[:, 2 * axis], want.first)
+        assert np.array_equal(window[:, 2 * axis + 1], want.length)
+        assert int(taps) >= want.band.shape[2] > 8
+        got_cols, got = cols[:, axis].numpy().copy(), weights[:, axis].numpy().copy()
+        if axis == 0:  # the reference's unflipped rows
+            got_cols[flips], got[flips] = got_cols[flips, ::-1], got[flips, ::-1]
+        at = want.lo[:, :, None] + np.arange(want.band.shape[2]) - want.first[:, None, None]
+        inside = at < want.length[:, None, None]
+        ref = np.zeros_like(got)
+        ref[:, :, :want.band.shape[2]] = np.where(inside, want.band, 0.0)
+        assert np.array_equal(got, ref)
+        used = got[:, :, :want.band.shape[2]] != 0
+        assert np.array_equal(got_cols[:, :, :want.band.shape[2]][used], at[used])

@@ -66,7 +66,7 @@ from automlperf.train.data.folders import ImageFolderDataset, fit_shared_budget,
 from automlperf.train.data.gpuring import CPU, GPU, MAX_PIXELS, NONE, GpuRing, stage_chunk
 from automlperf.train.data.handoff import HostHandoff, page_lock
 from automlperf.train.data.loader import FolderLoader
-from automlperf.train.data.resample import apply_windows, plan_windows, upload
+from automlperf.train.data.resample import resample_step, upload
 from automlperf.train.data.transform import DECODE_ERRORS, decode_box
 
 __all__ = ["MAX_PIXELS", "DEPTH", "GIVE_UP_STEPS", "GpuImageFolderDataset", "JpegDecoder",
@@ -264,14 +264,8 @@ def decode_slot(ring: GpuRing, slot: int, n: int, decoder: JpegDecoder | None,
         out = torch.empty((len(keep), size, size, 3), dtype=torch.uint8, device=device)
         if flat is not None:
             places = gpu[good]
-            order, table, chunks = plan_windows(shapes[good], ring.window[slot, places],
-                                                out_row[places])
-            both = upload(np.concatenate([table.ravel(), places[order]]), device)
-            table_d, pick = both[:table.size].view(table.shape), both[table.size:]
-            cols = torch.from_numpy(ring.cols[slot, :n]).to(device, non_blocking=True)
-            weights = torch.from_numpy(ring.weights[slot, :n]).to(device, non_blocking=True)
-            apply_windows(flat, table_d, cols.index_select(0, pick),
-                          weights.index_select(0, pick), chunks, size, out)
+            resample_step(flat, shapes[good], ring.box[slot, places], ring.flip[slot, places] != 0,
+                          out_row[places], size, out)
         on_host = sorted([*np.flatnonzero(route == CPU).tolist(), *here])
         if on_host:
             pieces = [torch.from_numpy(here[p]).view(-1) if p in here else

@@ -1,6 +1,6 @@
 """The GPU decoding path's host stage: worker processes that read each file's bytes straight
-into a ring of batch slots in shared memory, with what the device stage needs beside them, so
-that the rank runs no Python per image.
+into a ring of batch slots in shared memory, with the few numbers the device stage needs
+beside them, so that the rank runs no Python per image.
 
 The ring is the CPU path's (train/data/ring.py: slots made before the workers are forked,
 one task queue, ``Done`` answers, cancelling, a dead worker noticed), with other contents.
@@ -13,12 +13,10 @@ Per slot and place (an image of the batch, in the step plan's order):
 * where it is (offset, length), its size, its box and flip, and its route: ``GPU`` (decoded
   on the device), ``CPU`` (decoded here by the CPU reference, its pixels, HWC uint8, written
   where its bytes would be: files a GPU decoder would refuse by their header, files too large
-  for their chunk's room, boxes downscaled more than :data:`TAPS` taps resolve) or ``NONE``
-  (unreadable: counted, label ``UNREADABLE``);
-* for ``GPU`` places, the resampling weights of both axes as the device stage uses them:
-  per output pixel, :data:`TAPS` columns of the box's window and their weights
-  (train/data/resample.py's bands, computed for the chunk in one go, flipped where the image
-  is), so the rank builds its matrices from them without numpy per step.
+  for their chunk's room, boxes downscaled so much that an output pixel reads more than
+  :data:`TAPS` source pixels) or ``NONE`` (unreadable: counted, label ``UNREADABLE``).
+
+The resampling weights are computed from the boxes on the device (train/data/resample.py).
 
 Nothing here imports torch: the rank page-locks the ring after the fork (gpudecode.py).
 """
@@ -34,7 +32,6 @@ import numpy as np
 
 from automlperf.train.data import jpeghead
 from automlperf.train.data.index import FileIndex
-from automlperf.train.data.resample import band_table
 from automlperf.train.data.ring import UNREADABLE, Done, Task, shared_bytes
 from automlperf.train.data.transform import (DECODE_ERRORS, Box, decode_box, train_params,
                                              val_params)
@@ -44,9 +41,10 @@ MAX_PIXELS = 64 * 2**20
 # Bytes a place owns in its slot: ImageNet's training files average about 110 KB, and a
 # chunk's places share their room, so only rare large files are decoded on the host.
 FILE_BYTES = 160 * 2**10
-# Source pixels an output pixel reads at most, per axis: a box downscaled up to 7.5 times
-# (2 x scale + 1 taps); more is rare at 224 px and goes to the CPU reference.
-TAPS = 16
+# Source pixels an output pixel reads at most, per axis: a box downscaled up to 15.5 times
+# (2 x scale + 1 taps; a 3,500-pixel box at 224); the device sums a step's weights in that
+# many operations, so rarer, steeper boxes go to the CPU reference.
+TAPS = 32
 GPU, CPU, NONE = 0, 1, 2  # routes
 
 
@@ -62,9 +60,6 @@ class GpuRing:
     width: np.ndarray
     height: np.ndarray
     box: np.ndarray
-    window: np.ndarray
-    cols: np.ndarray
-    weights: np.ndarray
     flip: np.ndarray
     route: np.ndarray
 
@@ -76,8 +71,6 @@ class GpuRing:
             ("rows", np.int64, ()), ("labels", np.int64, ()), ("offset", np.int64, ()),
             ("length", np.int64, ()), ("width", np.int64, ()), ("height", np.int64, ()),
             ("box", np.float64, (4,)),
-            ("window", np.int64, (4,)),  # first x, width, first y, height of the box's window
-            ("cols", np.int32, (2, size, TAPS)), ("weights", np.float32, (2, size, TAPS)),
             ("flip", np.uint8, ()), ("route", np.uint8, ())]
         layout, at = [], 0
         for name, dtype, shape in fields:
@@ -95,11 +88,11 @@ class GpuRing:
     @staticmethod
     def bytes_per_place(size: int) -> int:
         """Shared bytes a place holds, for the loader's memory plan."""
-        return max(FILE_BYTES, size * size * 3) + 2 * size * TAPS * 8 + 128
+        return max(FILE_BYTES, size * size * 3) + 128
 
     def close(self) -> None:
-        for name in ("rows", "labels", "offset", "length", "width", "height", "box", "window",
-                     "cols", "weights", "flip", "route", "files"):
+        for name in ("rows", "labels", "offset", "length", "width", "height", "box", "flip",
+                     "route", "files"):
             delattr(self, name)  # views first: an mmap with exported buffers cannot be closed
         if not isinstance(self.buffer, bytearray):
             self.buffer.close()
@@ -169,7 +162,6 @@ def stage_chunk(ring: GpuRing, index: FileIndex, seed: int, task: Task, worker: 
         ring.labels[slot, pos] = int(index.labels[row])
         ring.offset[slot, pos] = at
         at += int(ring.length[slot, pos])
-    _bands(ring, slot, start, stop)
     return Done(ticket, start, worker, time.perf_counter() - began, time.process_time() - cpu,
                 stop - start, bad, example)
 
@@ -214,20 +206,6 @@ def _place(ring: GpuRing, slot: int, pos: int, row: int, data: memoryview, at: i
     ring.box[slot, pos] = box
     ring.flip[slot, pos] = flip
     return ""
-
-
-def _bands(ring: GpuRing, slot: int, start: int, stop: int) -> None:
-    """The resampling weights of the chunk's GPU places, for all of them in one go."""
-    places = start + np.flatnonzero(ring.route[slot, start:stop] == GPU)
-    if not len(places):
-        return
-    cols, weights, window = band_table(ring.box[slot, places],
-                                       ring.width[slot, places].astype(np.float64),
-                                       ring.height[slot, places].astype(np.float64),
-                                       ring.flip[slot, places].astype(bool), ring.size, TAPS)
-    ring.cols[slot, places] = cols
-    ring.weights[slot, places] = weights
-    ring.window[slot, places] = window
 
 
 class _Files:

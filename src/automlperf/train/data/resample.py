@@ -71,30 +71,69 @@ def triangle_bands(start: np.ndarray, end: np.ndarray, in_size: np.ndarray, out_
     return Bands(first, last - first, lo, band)
 
 
-def band_table(box: np.ndarray, widths: np.ndarray, heights: np.ndarray, flips: np.ndarray,
-               size: int, taps: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The resampling weights of many images at once, as the device applies them: ``cols``
-    (n, 2, size, taps) int32 and ``weights`` (n, 2, size, taps) float32, per axis (x, then y)
-    and output pixel the columns of the box's window it reads and their weights (zeros
-    beyond a band), and ``window`` (n, 4): first x, width, first y, height of each window.
-    ``taps`` pads the bands (at least what the boxes need, which defaults)."""
-    bx = triangle_bands(box[:, 0], box[:, 2], widths, size)
-    by = triangle_bands(box[:, 1], box[:, 3], heights, size)
+def windows(box: np.ndarray, widths: np.ndarray, heights: np.ndarray,
+            size: int) -> tuple[np.ndarray, np.ndarray]:
+    """For many images at once: the window of source pixels each box's resampling reads,
+    (n, 4) int64 first x, width, first y, height (:func:`triangle_bands`' ``first`` and
+    ``length``, from its first and last output pixels: its bands' ends only grow along a
+    line), and the taps its bands need at most (2 x the downscale + 1)."""
+    out = np.empty((len(box), 4), np.int64)
+    taps = 1
+    for axis, (a, b, extent) in enumerate(((0, 2, widths), (1, 3, heights))):
+        start, end = box[:, a], box[:, b]
+        scale = (end - start) / size
+        filterscale = np.maximum(scale, 1.0)
+        ends = np.array([0.5, size - 0.5])[None, :]
+        centres = start[:, None] + ends * scale[:, None]
+        top = extent.astype(np.float64)
+        lo = np.clip(np.trunc(centres[:, 0] - filterscale + 0.5), 0, top).astype(np.int64)
+        hi = np.clip(np.trunc(centres[:, 1] + filterscale + 0.5), 0, top).astype(np.int64)
+        out[:, 2 * axis] = lo
+        out[:, 2 * axis + 1] = np.maximum(hi, lo + 1) - lo
+        if len(box):
+            taps = max(taps, int(np.floor(2 * filterscale + 1).max()))
+    return out, np.array(taps)
+
+
+def device_bands(box: Any, extent: Any, flips: Any, window: Any, size: int,
+                 taps: int) -> tuple[Any, Any]:
+    """:func:`triangle_bands` of many images on their device, with the same operations in
+    float64 (so the same weights, bit for bit), both axes, flipped where ``flips``: ``cols``
+    (n, 2, size, taps) int64 and ``weights`` (n, 2, size, taps) float32, per output pixel
+    the columns of the image's window it reads (:func:`windows`, as ``window``) and their
+    weights, zeros past its band. The sum over taps runs in tap order, so an image's
+    weights do not depend on the taps the others need."""
+    import torch
+
+    device = box.device
+    f64 = torch.float64
+    starts, ends = box[:, [0, 1]], box[:, [2, 3]]  # (n, axis)
+    scale = (ends - starts) / size
+    filterscale = torch.clamp(scale, min=1.0)[:, :, None]
+    centres = starts[:, :, None] + (torch.arange(size, dtype=f64, device=device) + 0.5) * scale[:, :, None]
+    top = extent[:, :, None]
+    zero = torch.zeros((), dtype=f64, device=device)
+    lo = torch.minimum(torch.maximum(torch.trunc(centres - filterscale + 0.5), zero), top)
+    hi = torch.minimum(torch.maximum(torch.trunc(centres + filterscale + 0.5), zero), top)
+    xs = lo[..., None] + torch.arange(taps, dtype=f64, device=device)
+    band = torch.clamp(1.0 - torch.abs((xs - centres[..., None] + 0.5) / filterscale[..., None]),
+                       min=0.0)
+    band = band * (xs < hi[..., None])
+    sums = band[..., 0]
+    for t in range(1, taps):
+        sums = sums + band[..., t]
+    sums = sums[..., None]
+    band = torch.where(sums != 0, band / torch.where(sums != 0, sums, 1.0), zero)
+    band = torch.floor(band * PRECISION + 0.5) / PRECISION
+    cols = lo.long()[..., None] + torch.arange(taps, device=device) - window[:, [0, 2], None, None]
+    inside = cols < window[:, [1, 3], None, None]  # a band past the line holds zeros
+    cols = torch.where(inside, cols, 0)
+    weights = torch.where(inside, band, zero).float()
     # A flip reverses the output columns: the rows of the horizontal weights.
-    bx.lo[flips] = bx.lo[flips, ::-1]
-    bx.band[flips] = bx.band[flips, ::-1]
-    width = max(bx.band.shape[2], by.band.shape[2]) if taps is None else taps
-    n = len(box)
-    cols = np.zeros((n, 2, size, width), np.int32)
-    weights = np.zeros((n, 2, size, width), np.float32)
-    for axis, bands in enumerate((bx, by)):
-        t = bands.band.shape[2]
-        at = bands.lo[:, :, None] + np.arange(t)[None, None, :] - bands.first[:, None, None]
-        inside = at < bands.length[:, None, None]  # a band past the line holds zeros
-        cols[:, axis, :, :t] = np.where(inside, at, 0)
-        weights[:, axis, :, :t] = np.where(inside, bands.band, 0.0)
-    window = np.stack([bx.first, bx.length, by.first, by.length], axis=1)
-    return cols, weights, window
+    flip = flips[:, None, None]
+    cols[:, 0] = torch.where(flip, cols[:, 0].flip(1), cols[:, 0])
+    weights[:, 0] = torch.where(flip, weights[:, 0].flip(1), weights[:, 0])
+    return cols, weights
 
 
 # Columns of a resampling table (:func:`plan_windows`): where an image starts in the flat
@@ -132,7 +171,7 @@ def apply_windows(flat: Any, table: Any, cols: Any, weights: Any,
                   chunks: list[tuple[int, int, int, int]], size: int, out: Any) -> None:
     """Resample a step's images, flattened into ``flat`` (uint8, on the device), into their
     rows of ``out`` (NHWC uint8): ``table`` (:func:`plan_windows`), ``cols`` and ``weights``
-    (:func:`band_table`) on the device in the table's order. Per chunk, its windows are
+    (:func:`device_bands`) on the device in the table's order. Per chunk, its windows are
     gathered in one indexing (positions past a window repeat its last pixel: their weights
     are zero) and resampled in two batched products; nothing waits for the device."""
     import torch
@@ -172,27 +211,40 @@ def upload(array: np.ndarray, device: Any) -> Any:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
+def resample_step(flat: Any, shapes: np.ndarray, box: np.ndarray, flips: np.ndarray,
+                  rows: np.ndarray, size: int, out: Any, taps: int | None = None) -> None:
+    """Resample a step's decoded images, flattened one after the other into ``flat`` (their
+    ``shapes``: (n, 3) of C, H, W), over their boxes, flipped where ``flips``, into rows
+    ``rows`` of ``out`` (NHWC uint8, on ``flat``'s device). On the host, only numbers per
+    image, for all at once: the windows and chunks; the weights are computed on the device
+    (at most ``taps`` per output pixel: by default what the boxes need). Two small tables
+    cross to the device, without the host waiting."""
+    device = flat.device
+    window, needed = windows(box, shapes[:, 2], shapes[:, 1], size)
+    order, table, chunks = plan_windows(shapes, window, rows)
+    numbers = np.concatenate([box, shapes[:, [2, 1]], flips[:, None]], axis=1)[order]
+    table_d = upload(table, device)
+    numbers_d = upload(np.ascontiguousarray(numbers, dtype=np.float64), device)
+    cols, weights = device_bands(numbers_d[:, :4], numbers_d[:, 4:6], numbers_d[:, 6] != 0,
+                                 table_d[:, [X0, XLEN, Y0, YLEN]], size,
+                                 int(needed) if taps is None else taps)
+    apply_windows(flat, table_d, cols, weights, chunks, size, out)
+
+
 def apply_many(images: list[Any], boxes: list[Box], flips: list[bool], size: int, out: Any,
                rows: list[int]) -> None:
     """:func:`resample` for a step's images at once: image ``j`` (CHW uint8, 1 or 3
     channels) resampled over ``boxes[j]``, flipped if ``flips[j]``, into ``out[rows[j]]``
-    (``out``: NHWC uint8 on the images' device). The weights of every image are computed
-    together on the host (:func:`band_table`) and applied by :func:`apply_windows`."""
+    (``out``: NHWC uint8 on the images' device), by :func:`resample_step`."""
     import torch
 
     if not images:
         return
-    device = images[0].device
     shapes = np.array([(1, *image.shape) if image.dim() == 2 else tuple(image.shape)
                        for image in images], dtype=np.int64)
-    box = np.array(boxes, dtype=np.float64).reshape(len(images), 4)
-    cols, weights, window = band_table(box, shapes[:, 2].astype(np.float64),
-                                       shapes[:, 1].astype(np.float64),
-                                       np.array(flips, dtype=bool), size)
-    order, table, chunks = plan_windows(shapes, window, np.array(rows, dtype=np.int64))
     flat = torch.cat([image.reshape(-1) for image in images])
-    apply_windows(flat, upload(table, device), upload(cols[order], device),
-                  upload(weights[order], device), chunks, size, out)
+    resample_step(flat, shapes, np.array(boxes, dtype=np.float64).reshape(len(images), 4),
+                  np.array(flips, dtype=bool), np.array(rows, dtype=np.int64), size, out)
 
 
 def resample(image: Any, box: Box, flip: bool, size: int) -> Any:
