@@ -107,7 +107,8 @@ def device_bands(box: Any, extent: Any, flips: Any, window: Any, size: int,
 
     device = box.device
     f64 = torch.float64
-    starts, ends = box[:, [0, 1]], box[:, [2, 3]]  # (n, axis)
+    # Slices, not lists of columns: a list would cross to the device as a pageable copy.
+    starts, ends = box[:, 0:2], box[:, 2:4]  # (n, axis)
     scale = (ends - starts) / size
     filterscale = torch.clamp(scale, min=1.0)[:, :, None]
     centres = starts[:, :, None] + (torch.arange(size, dtype=f64, device=device) + 0.5) * scale[:, :, None]
@@ -125,8 +126,8 @@ def device_bands(box: Any, extent: Any, flips: Any, window: Any, size: int,
     sums = sums[..., None]
     band = torch.where(sums != 0, band / torch.where(sums != 0, sums, 1.0), zero)
     band = torch.floor(band * PRECISION + 0.5) / PRECISION
-    cols = lo.long()[..., None] + torch.arange(taps, device=device) - window[:, [0, 2], None, None]
-    inside = cols < window[:, [1, 3], None, None]  # a band past the line holds zeros
+    cols = lo.long()[..., None] + torch.arange(taps, device=device) - window[:, 0::2, None, None]
+    inside = cols < window[:, 1::2, None, None]  # a band past the line holds zeros
     cols = torch.where(inside, cols, 0)
     weights = torch.where(inside, band, zero).float()
     # A flip reverses the output columns: the rows of the horizontal weights.
@@ -226,7 +227,7 @@ def resample_step(flat: Any, shapes: np.ndarray, box: np.ndarray, flips: np.ndar
     table_d = upload(table, device)
     numbers_d = upload(np.ascontiguousarray(numbers, dtype=np.float64), device)
     cols, weights = device_bands(numbers_d[:, :4], numbers_d[:, 4:6], numbers_d[:, 6] != 0,
-                                 table_d[:, [X0, XLEN, Y0, YLEN]], size,
+                                 table_d[:, X0:YLEN + 1], size,
                                  int(needed) if taps is None else taps)
     apply_windows(flat, table_d, cols, weights, chunks, size, out)
 
