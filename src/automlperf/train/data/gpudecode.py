@@ -211,6 +211,20 @@ def _reference(data: Any, box: np.ndarray, flip: bool, size: int) -> np.ndarray 
         return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
+def _views(area: torch.Tensor, offset: np.ndarray, length: np.ndarray) -> list[torch.Tensor]:
+    """Views of the files at ``offset`` (ascending) in ``area``, in one split: files lie back
+    to back in a chunk, so only the few gaps between them make extra pieces."""
+    end = offset + length
+    gap = np.empty_like(offset)
+    gap[0], gap[1:] = offset[0], offset[1:] - end[:-1]
+    sizes = np.stack([gap, length], axis=1).ravel()
+    keep = sizes != 0
+    keep[1::2] = True  # an empty file is still one
+    pieces = torch.split(area[:int(end[-1])], sizes[keep].tolist())
+    at = np.cumsum(keep) - 1
+    return [pieces[i] for i in at[1::2].tolist()]
+
+
 def decode_slot(ring: GpuRing, slot: int, n: int, decoder: JpegDecoder | None,
                 device: torch.device, streams: Streams | None = None,
                 path_of: Callable[[int], str] = str) -> DecodedStep:
@@ -226,16 +240,17 @@ def decode_slot(ring: GpuRing, slot: int, n: int, decoder: JpegDecoder | None,
     decoded: list[torch.Tensor | None] = [None] * len(gpu)
     files: list[torch.Tensor] = []
     if len(gpu):
-        offset = ring.offset[slot, gpu]
-        bounds = np.stack([offset, offset + ring.length[slot, gpu]], axis=1).ravel()
-        files = list(torch.tensor_split(files_t, torch.from_numpy(bounds)))[1::2]
+        files = _views(files_t, ring.offset[slot, gpu], ring.length[slot, gpu])
         if decoder is not None:
             if streams:
                 streams.decode.synchronize()  # the hazard guard (the module's description)
             with decoding:
                 decoded = decode_list(decoder, files, device)
-    shapes = np.array([tuple(im.shape) if im is not None and im.dim() == 3 else (0, 0, 0)
-                       for im in decoded], dtype=np.int64).reshape(-1, 3)
+    if all(im is not None and im.dim() == 3 for im in decoded):
+        shapes = np.array([im.shape for im in decoded], dtype=np.int64).reshape(-1, 3)  # type: ignore[union-attr]
+    else:
+        shapes = np.array([tuple(im.shape) if im is not None and im.dim() == 3 else (0, 0, 0)
+                           for im in decoded], dtype=np.int64).reshape(-1, 3)
     ok = ((shapes[:, 1] == ring.height[slot, gpu]) & (shapes[:, 2] == ring.width[slot, gpu])
           & np.isin(shapes[:, 0], (1, 3)))
     here: dict[int, np.ndarray] = {}

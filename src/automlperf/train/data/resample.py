@@ -218,14 +218,18 @@ def resample_step(flat: Any, shapes: np.ndarray, box: np.ndarray, flips: np.ndar
     ``shapes``: (n, 3) of C, H, W), over their boxes, flipped where ``flips``, into rows
     ``rows`` of ``out`` (NHWC uint8, on ``flat``'s device). On the host, only numbers per
     image, for all at once: the windows and chunks; the weights are computed on the device
-    (at most ``taps`` per output pixel: by default what the boxes need). Two small tables
-    cross to the device, without the host waiting."""
+    (at most ``taps`` per output pixel: by default what the boxes need). One small table
+    crosses to the device, without the host waiting."""
+    import torch
+
     device = flat.device
     window, needed = windows(box, shapes[:, 2], shapes[:, 1], size)
     order, table, chunks = plan_windows(shapes, window, rows)
     numbers = np.concatenate([box, shapes[:, [2, 1]], flips[:, None]], axis=1)[order]
-    table_d = upload(table, device)
-    numbers_d = upload(np.ascontiguousarray(numbers, dtype=np.float64), device)
+    # One copy to the device: the float64 numbers travel as their bits beside the table.
+    both = upload(np.concatenate([table, numbers.astype(np.float64).view(np.int64)], axis=1),
+                  device)
+    table_d, numbers_d = both[:, :table.shape[1]], both[:, table.shape[1]:].view(torch.float64)
     cols, weights = device_bands(numbers_d[:, :4], numbers_d[:, 4:6], numbers_d[:, 6] != 0,
                                  table_d[:, X0:YLEN + 1], size,
                                  int(needed) if taps is None else taps)
