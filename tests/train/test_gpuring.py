@@ -250,3 +250,49 @@ def test_the_devices_weights_are_the_references_bit_for_bit():
         assert np.array_equal(got, ref)
         used = got[:, :, :want.band.shape[2]] != 0
         assert np.array_equal(got_cols[:, :, :want.band.shape[2]][used], at[used])
+
+
+def test_a_slot_is_written_again_only_once_the_device_has_read_it(folder, monkeypatch):
+    """Events that finish only when waited for (a stand-in for a GPU still resampling): the
+    host stage never writes a slot whose step the device may still read, and the rank's
+    time waiting for one is booked to the device."""
+    from automlperf.train.data import gpudecode
+
+    class Event:
+        def __init__(self):
+            self.done = False
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = True
+
+    pending: dict[int, Event] = {}  # the latest step of each slot
+    made: list[Event] = []
+    real_decode, real_stage = gpudecode.decode_slot, gpuring.stage_chunk
+
+    def decode(ring, slot, *args, **kw):
+        step = real_decode(ring, slot, *args, **kw)
+        step.event = pending[slot] = Event()
+        made.append(step.event)
+        return step
+
+    def stage(ring, index, seed, task, worker):
+        assert task[1] not in pending or pending[task[1]].done
+        return real_stage(ring, index, seed, task, worker)
+
+    monkeypatch.setattr(gpudecode, "decode_slot", decode)
+    monkeypatch.setattr(gpudecode.GpuFolderLoader, "job", staticmethod(stage))
+    root, counts = folder
+    ds = GpuImageFolderDataset(root, 16, workers=0, decoder=PillowStandInDecoder())
+    try:
+        loader = ds.loader(0, 1, 4, 0, CPU)
+        loader.passes = lambda split, epoch: gpudecode.FolderLoader.passes(loader, split, epoch)
+        assert loader.plan.slots == 1
+        got = sum(len(y) for _, y, _, _ in loader.passes("train", 0))
+        assert got == counts["train"]
+        # One slot: each step but the first waited for the one before it.
+        assert sum(e.done for e in made) == len(made) - 1 and loader.stats.device_wait_s > 0
+    finally:
+        ds.release()
