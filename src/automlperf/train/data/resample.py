@@ -9,6 +9,14 @@ source pixels the box touches), so any box, fractional or not, and any downscale
 resamples alike; the flip reverses the horizontal weights' rows. Pillow's fixed-point weights
 (22 bits) and its integer sums against float32 sums here move a pixel by one level at
 most (a few percent of them on some boxes; tests/train/test_gpudecode.py bounds it).
+
+A step's images are resampled together with no Python per image: the host works out, for
+all of them at once, only the windows of source pixels their boxes read and how they group
+into chunks (:func:`windows`, :func:`plan_windows`); one table crosses to the device
+without the host waiting; the weights are computed there (:func:`device_bands`: numpy's
+:func:`triangle_bands`, operation for operation, in float64), the windows gathered from
+the flattened images in one indexing per chunk, and both passes run as batched products
+(:func:`apply_windows`). Nothing reads a value back from the device.
 """
 
 from __future__ import annotations
