@@ -7,7 +7,7 @@ NVIDIA nvImageCodec, NVIDIA DALI's mixed decoder):
 1. decode only: lists of ``--batch`` files already in memory, images per second and the
    process's CPU seconds per 1,000 images (every thread of this process: the library's
    Huffman threads included);
-2. the whole device stage of the path (gpudecode.decode_step: decode, then the reference's
+2. the whole device stage of the path (gpudecode.decode_slot: decode, then the reference's
    resampling into a 224x224 batch) for the decoders behind the path's seam;
 3. conformance: ``--conformance`` images through that stage against the CPU reference
    (transform.py, Pillow) for training and validation boxes: per-channel mean and 99.9th
@@ -164,8 +164,12 @@ def device_stage(decoder: Any, paths: list[str], batch: int, device: torch.devic
     from automlperf.train.data.gpudecode import Streams, decode_slot
     from automlperf.train.data.gpuring import stage_files
 
+    from automlperf.train.data.handoff import page_lock
+
     rings = [stage_files(paths[i:i + batch], size, True)
              for i in range(0, len(paths) - batch + 1, batch)]
+    for ring in rings:  # as the loader's ring is: the decoder reads page-locked files
+        page_lock(int(ring.rows.ctypes.data), ring.nbytes)
     streams = Streams(device)
 
     def one(ring: Any) -> None:
