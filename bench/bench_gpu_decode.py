@@ -163,27 +163,32 @@ def device_stage(decoder: Any, paths: list[str], batch: int, device: torch.devic
     stage done beforehand."""
     from automlperf.train.data.gpudecode import Streams, decode_slot
     from automlperf.train.data.gpuring import stage_files
-
     from automlperf.train.data.handoff import page_lock
 
     rings = [stage_files(paths[i:i + batch], size, True)
              for i in range(0, len(paths) - batch + 1, batch)]
-    for ring in rings:  # as the loader's ring is: the decoder reads page-locked files
-        page_lock(int(ring.rows.ctypes.data), ring.nbytes)
+    # As the loader's ring is: the decoder and the copies read page-locked memory.
+    locked = [page_lock(int(ring.rows.ctypes.data), ring.nbytes) for ring in rings]
     streams = Streams(device)
 
     def one(ring: Any) -> None:
         decode_slot(ring, 0, ring.capacity, decoder, device, streams)
 
-    one(rings[0])
-    torch.cuda.synchronize()
-    images, cpu0, t0 = 0, time.process_time(), time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for ring in rings:
-            one(ring)
-            images += ring.capacity
-    torch.cuda.synchronize()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    try:
+        one(rings[0])
+        torch.cuda.synchronize()
+        images, cpu0, t0 = 0, time.process_time(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for ring in rings:
+                one(ring)
+                images += ring.capacity
+        torch.cuda.synchronize()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    finally:
+        torch.cuda.synchronize()
+        for address in locked:
+            if address:
+                torch.cuda.cudart().cudaHostUnregister(address)
     return {"images_per_s": images / wall, "cpu_s_per_1000": 1000 * cpu / images,
             "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
 
