@@ -255,7 +255,7 @@ def apply_many(images: list[Any], boxes: list[Box], flips: list[bool], size: int
         return
     shapes = np.array([(1, *image.shape) if image.dim() == 2 else tuple(image.shape)
                        for image in images], dtype=np.int64)
-    flat = torch.cat([image.reshape(-1) for image in images])
+    flat = torch._utils._flatten_dense_tensors(images)  # each CHW, contiguous or not
     resample_step(flat, shapes, np.array(boxes, dtype=np.float64).reshape(len(images), 4),
                   np.array(flips, dtype=bool), np.array(rows, dtype=np.int64), size, out)
 
