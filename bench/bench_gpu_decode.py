@@ -7,7 +7,7 @@ NVIDIA nvImageCodec, NVIDIA DALI's mixed decoder):
 1. decode only: lists of ``--batch`` files already in memory, images per second and the
    process's CPU seconds per 1,000 images (every thread of this process: the library's
    Huffman threads included);
-2. the whole device stage of the path (gpudecode.decode_step: decode, then the reference's
+2. the whole device stage of the path (gpudecode.decode_slot: decode, then the reference's
    resampling into a 224x224 batch) for the decoders behind the path's seam;
 3. conformance: ``--conformance`` images through that stage against the CPU reference
    (transform.py, Pillow) for training and validation boxes: per-channel mean and 99.9th
@@ -161,28 +161,34 @@ def device_stage(decoder: Any, paths: list[str], batch: int, device: torch.devic
                  seconds: float, size: int = 224) -> dict[str, Any]:
     """Images/s of the path's whole device stage (decode, resample into the batch), the host
     stage done beforehand."""
-    from automlperf.train.data.gpudecode import decode_step, prepare
+    from automlperf.train.data.gpudecode import Streams, decode_slot
+    from automlperf.train.data.gpuring import stage_files
+    from automlperf.train.data.handoff import page_lock
 
-    items = [prepare(p, i, 0, True, 0, 0, size) for i, p in enumerate(paths)]
-    lists = [list(range(i, i + batch)) for i in range(0, len(items) - batch + 1, batch)]
-    stream = torch.cuda.Stream(device)
+    rings = [stage_files(paths[i:i + batch], size, True)
+             for i in range(0, len(paths) - batch + 1, batch)]
+    # As the loader's ring is: the decoder and the copies read page-locked memory.
+    locked = [page_lock(int(ring.rows.ctypes.data), ring.nbytes) for ring in rings]
+    streams = Streams(device)
 
-    def one(rows: list[int]) -> None:
-        chunk = [prepare(paths[r], r, 0, True, 0, 0, size) if items[r].data is None else items[r]
-                 for r in rows]
-        stream.synchronize()
-        with torch.cuda.stream(stream):
-            decode_step(chunk, decoder, device, size, True, 0, 0, [paths[r] for r in rows])
+    def one(ring: Any) -> None:
+        decode_slot(ring, 0, ring.capacity, decoder, device, streams)
 
-    one(lists[0])
-    torch.cuda.synchronize()
-    images, cpu0, t0 = 0, time.process_time(), time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for rows in lists:
-            one(rows)
-            images += len(rows)
-    torch.cuda.synchronize()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    try:
+        one(rings[0])
+        torch.cuda.synchronize()
+        images, cpu0, t0 = 0, time.process_time(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for ring in rings:
+                one(ring)
+                images += ring.capacity
+        torch.cuda.synchronize()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    finally:
+        torch.cuda.synchronize()
+        for address in locked:
+            if address:
+                torch.cuda.cudart().cudaHostUnregister(address)
     return {"images_per_s": images / wall, "cpu_s_per_1000": 1000 * cpu / images,
             "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
 
@@ -190,7 +196,8 @@ def device_stage(decoder: Any, paths: list[str], batch: int, device: torch.devic
 def conformance(decoder: Any, paths: list[str], device: torch.device, size: int = 224) -> dict[str, Any]:
     """The path's images against the reference's (each file decoded whole on the CPU),
     training and validation boxes."""
-    from automlperf.train.data.gpudecode import decode_step, prepare
+    from automlperf.train.data.gpudecode import decode_slot
+    from automlperf.train.data.gpuring import stage_files
     from automlperf.train.data.transform import decode_file
 
     out: dict[str, Any] = {}
@@ -198,8 +205,8 @@ def conformance(decoder: Any, paths: list[str], device: torch.device, size: int 
         diffs = []
         for start in range(0, len(paths), 64):
             chunk = paths[start:start + 64]
-            items = [prepare(p, start + i, 0, train, 0, 0, size) for i, p in enumerate(chunk)]
-            step = decode_step(items, decoder, device, size, train, 0, 0, chunk)
+            ring = stage_files(chunk, size, train, first_row=start)
+            step = decode_slot(ring, 0, len(chunk), decoder, device)
             got = step.images.cpu().numpy().astype(np.int16)
             want = np.empty((len(chunk), size, size, 3), np.uint8)
             kept = 0

@@ -7,8 +7,9 @@ the images it actually delivered.
 * ``cifar10``: the CIFAR-10 binary or python batches from a local folder (read as data; the
   python batches go through an unpickler that only admits NumPy arrays).
 * ``imagenet``: ``train/<class>/*.JPEG`` and ``val/<class>/*.JPEG``, decoded by worker
-  processes (or on NVIDIA GPUs by nvJPEG, with the same boxes and flips: gpudecode.py; or, when
-  asked, by NVIDIA DALI's own pipeline), random-resized-crop + flip for training,
+  processes (or on NVIDIA GPUs by nvJPEG, with the same boxes and flips, worker processes
+  reading the files for it: gpudecode.py, gpuring.py; or, when asked, by NVIDIA DALI's own
+  pipeline), random-resized-crop + flip for training,
   resize + centre crop for validation. The file index is scanned once and shared as arrays;
   one loader per trial keeps its workers for every pass, decodes in small chunks within a
   byte budget, and hands over NHWC uint8 (channels-last on the device at no cost).

@@ -1,10 +1,11 @@
 """Image folders decoded on the GPU with NVIDIA nvJPEG, computing the reference's function
 (train/data/transform.py): the same crop boxes and flips, drawn on the host, and the same
-resampling (train/data/resample.py) applied to the decoded images on the device. Used only
-when ``data.gpu_decode = true``: on one H200 the path fed a rank 2,293 img/s against the
-5,639 img/s of the CPU workers (an 8,000-image folder of 500x375 photos); its device stage
-alone runs at 5,040 img/s (nvJPEG alone 31,615), so the reader threads, which read each file
-and parse its header in Python, are what limits it (bench/RESULTS.md).
+resampling (train/data/resample.py) applied to the decoded images on the device. Used where
+``data.gpu_decode = true``, or where it is unset and `automlperf doctor` measured this path
+faster on the node (decodechoice.py). Before its host stage moved to worker processes, the path fed
+one H200 2,293 img/s against the 5,639 img/s of the CPU workers (an 8,000-image folder of
+500x375 photos), limited by reader threads and a device stage sharing the rank's interpreter
+lock (bench/RESULTS.md; bench/bench_gpu_host_stage.py measures both designs on a CPU).
 
 The library is a seam (:class:`JpegDecoder`): torchcodec's ``decode_jpeg(device="cuda")``
 (the ``nvjpeg`` extra, imported lazily), else torchvision's, whichever imports first; tests
@@ -16,49 +17,70 @@ nvImageCodec (beta) and DALI's decoder are measured beside them by
 bench/bench_gpu_decode.py; DALI as a whole weighs about 0.5 GB and draws its own crops
 (dali.py). Per step of a pass:
 
-* **Host stage** (a few threads): read each file, parse its header (train/data/jpeghead.py),
-  draw its box and flip. Files a GPU decoder would refuse or decode as another function (not
-  a JPEG, CMYK, 12-bit, lossless or arithmetic coding, an EXIF rotation, over
-  ``MAX_PIXELS``) are decoded here by the CPU reference instead, one by one; files that
-  cannot be read are left out and counted, as on the CPU path.
-* **Device stage** (one thread per rank, its own CUDA stream): decode the step's list in one
-  call, resample the images into the batch together, record an event; the training thread
-  waits on that event, not on the host. Two steps are in flight.
+* **Host stage** (the loader's worker processes, train/data/gpuring.py, on the CPU path's
+  queue and ring machinery, train/data/loader.py): read each file straight into the batch's
+  slot of a ring in shared memory, page-locked on CUDA; parse its header
+  (train/data/jpeghead.py); draw its box and flip (the resampling weights are computed from
+  the boxes on the device). Files a GPU decoder would refuse or decode as another function (not a JPEG,
+  CMYK, 12-bit, lossless or arithmetic coding, an EXIF rotation, over ``MAX_PIXELS``), files
+  too large for their slot, and boxes downscaled beyond what the device's bands hold are
+  decoded there by the CPU reference; files that cannot be read are left out and counted,
+  as on the CPU path.
+* **Device stage** (:func:`decode_slot`, in one thread per rank, two steps ahead of
+  training): views of the slot's files (no copy) decoded in one call on a decode stream;
+  on a second, high-priority stream, the slot's weights and a small table copied from
+  page-locked memory without the host waiting, every window gathered in one indexing per
+  chunk and resampled in two batched products, and the CPU reference's images uploaded in
+  one copy; an event recorded that the training stream waits on, not the host. Step k+1's
+  decoding overlaps step k's resampling. Python per image is limited to listing the decoded
+  images (their shapes, one view each); CPU decoding in the rank happens only for files the
+  decoder failed.
 
 Guards against nvJPEG's known hazards: the decode stream is synchronised before each call
-(hardware decoding writes its outputs without waiting for earlier work on the stream), the
-call runs outside the training thread (the decoder holds a process-wide lock and
-synchronises its stream before returning), a list that fails as a whole is decoded again
-image by image and what still fails goes to the CPU reference, and the resampling is two
-batched matrix products over the step's windows (no limit on the downscale factor). A decoder that fails every
-image of two steps in a row is given up for the rest of the trial, and the path records it.
+(hardware decoding writes its outputs without waiting for earlier work on the stream; the
+stream holds only decoding, so this waits for nothing else), the call runs outside the
+training thread (the decoder holds a process-wide lock and synchronises its stream before
+returning), a list that fails as a whole is decoded again image by image and what still
+fails goes to the CPU reference, and the resampling is two batched matrix products over
+the step's windows (no limit on the downscale factor beyond the host stage's routing). A
+decoder that fails every image of two steps in a row is given up for the rest of the trial,
+and the path records it. A slot is written again only once the device has read it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from automlperf.train.data import jpeghead
-from automlperf.train.data.base import DataError, step_plan
-from automlperf.train.data.folders import ImageFolderDataset
-from automlperf.train.data.resample import apply_many
-from automlperf.train.data.transform import DECODE_ERRORS, Box, decode_box, train_params, val_params
+from automlperf.train.data.base import DataError
+from automlperf.train.data.folders import ImageFolderDataset, fit_shared_budget, plan_loader, shm_free
+from automlperf.train.data.gpuring import CPU, GPU, MAX_PIXELS, NONE, GpuRing, stage_chunk
+from automlperf.train.data.handoff import HostHandoff, page_lock
+from automlperf.train.data.loader import FolderLoader
+from automlperf.train.data.resample import resample_step, upload
+from automlperf.train.data.transform import DECODE_ERRORS, decode_box
 
-# Larger images go to the CPU path: a decoded 64-megapixel image is 192 MB on the device.
-MAX_PIXELS = 64 * 2**20
+__all__ = ["MAX_PIXELS", "DEPTH", "GIVE_UP_STEPS", "GpuImageFolderDataset", "JpegDecoder",
+           "decode_list", "decode_slot", "describe", "gpu_decoder"]
+
 DEPTH = 2  # steps decoded ahead of the one training
 GIVE_UP_STEPS = 2  # steps in a row whose every GPU image failed: the decoder is not working
+# The ring's slots: decoding a batch takes about 10 ms on the device against about 50 on
+# the CPU workers, so fewer slots than the CPU path's keep the workers busy.
+GPU_SLOTS = 4
+# Images per worker task: the chunk's places share their bytes (a large file uses what small
+# ones leave), and a task costs the rank about 50 us.
+GPU_CHUNK_IMAGES = 32
 
 
 class JpegDecoder(Protocol):
@@ -132,58 +154,6 @@ def describe(decoder: JpegDecoder) -> str:
     return f"{decoder.name} " + " ".join(f"{k} {v}" for k, v in decoder.versions().items())
 
 
-@dataclass
-class HostItem:
-    """One image of a step after the host stage."""
-
-    row: int
-    label: int
-    data: bytes | None = None  # the file, for the GPU
-    box: Box = (0.0, 0.0, 0.0, 0.0)
-    flip: bool = False
-    pixels: np.ndarray | None = None  # decoded by the CPU reference instead (HWC uint8)
-    error: str = ""  # why the file cannot be read (left out and counted)
-    head: jpeghead.JpegHeader | None = None
-
-
-def cpu_reference(item: HostItem, data: bytes, train: bool, seed: int, epoch: int,
-                  size: int) -> HostItem:
-    """Decode ``data`` with the CPU reference (Pillow), as the CPU path would."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as file:
-            width, height = file.size
-            box, flip = (train_params(seed, epoch, item.row, width, height) if train
-                         else (val_params(width, height, size), False))
-            item.pixels = decode_box(file, box, flip, size)
-    except DECODE_ERRORS as exc:
-        item.error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-    item.data = None
-    return item
-
-
-def prepare(path: str, row: int, label: int, train: bool, seed: int, epoch: int, size: int,
-            max_pixels: int = MAX_PIXELS) -> HostItem:
-    """The host stage for one file: read it, route it by its header, draw its box."""
-    item = HostItem(row, label)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        item.error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        return item
-    head = jpeghead.parse(data)
-    if head is None or head.gpu_refusal(max_pixels):
-        return cpu_reference(item, data, train, seed, epoch, size)
-    item.data = data
-    if train:
-        item.box, item.flip = train_params(seed, epoch, row, head.width, head.height)
-    else:
-        item.box = val_params(head.width, head.height, size)
-    item.head = head
-    return item
-
-
 def decode_list(decoder: JpegDecoder, files: list[torch.Tensor],
                 device: torch.device) -> list[torch.Tensor | None]:
     """Each file decoded, None where it fails: the list in one call, then, if that fails as
@@ -208,122 +178,212 @@ def decode_list(decoder: JpegDecoder, files: list[torch.Tensor],
 @dataclass
 class DecodedStep:
     images: torch.Tensor  # NHWC uint8 on the device, the step's readable images in order
-    labels: torch.Tensor  # on the host
-    unreadable: int
-    example: str  # an unreadable file and why
+    labels: torch.Tensor  # on the host (page-locked on CUDA)
+    unreadable: int  # files the decoder and then the CPU reference failed here
+    example: str  # one of them and why
     cpu_decoded: int  # images the CPU reference decoded instead of the GPU
     gpu_failed: int  # images the GPU decoder was given and failed
     gpu_given: int
+    event: Any = None  # on CUDA: recorded once the step's images are complete
 
 
-def decode_step(items: list[HostItem], decoder: JpegDecoder | None, device: torch.device,
-                size: int, train: bool, seed: int, epoch: int, paths: list[str]) -> DecodedStep:
-    """The device stage of one step: decode the host stage's items, in their order."""
-    gpu = [i for i, it in enumerate(items) if it.data is not None]
-    if decoder is None:  # given up: the CPU reference takes them
-        for i in gpu:
-            cpu_reference(items[i], items[i].data or b"", train, seed, epoch, size)
-        gpu, decoded = [], []
+class Streams:
+    """A rank's decode stream and its high-priority resample stream (CUDA only)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.decode = torch.cuda.Stream(device)
+        self.resample = torch.cuda.Stream(device, priority=-1)
+
+    def synchronize(self) -> None:
+        self.decode.synchronize()
+        self.resample.synchronize()
+
+
+def _reference(data: Any, box: np.ndarray, flip: bool, size: int) -> np.ndarray | str:
+    """A file the decoder failed, decoded by the CPU reference over its drawn box; or why it
+    cannot be read."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(bytes(data.numpy()))) as file:
+            box_: Any = tuple(float(v) for v in box)
+            return np.array(decode_box(file, box_, flip, size))  # writable: it becomes a tensor
+    except DECODE_ERRORS as exc:
+        return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _views(area: torch.Tensor, offset: np.ndarray, length: np.ndarray) -> list[torch.Tensor]:
+    """Views of the files at ``offset`` (ascending) in ``area``, in one split: files lie back
+    to back in a chunk, so only the few gaps between them make extra pieces."""
+    end = offset + length
+    gap = np.empty_like(offset)
+    gap[0], gap[1:] = offset[0], offset[1:] - end[:-1]
+    sizes = np.stack([gap, length], axis=1).ravel()
+    keep = sizes != 0
+    keep[1::2] = True  # an empty file is still one
+    pieces = torch.split(area[:int(end[-1])], sizes[keep].tolist())
+    at = np.cumsum(keep) - 1
+    return [pieces[i] for i in at[1::2].tolist()]
+
+
+def decode_slot(ring: GpuRing, slot: int, n: int, decoder: JpegDecoder | None,
+                device: torch.device, streams: Streams | None = None,
+                path_of: Callable[[int], str] = str) -> DecodedStep:
+    """The device stage of the step in ``slot``'s first ``n`` places (see the module's
+    description): its readable images in place order. ``decoder`` None: given up, the CPU
+    reference decodes the files here. ``path_of`` names a row's file in the example."""
+    size = ring.size
+    route = ring.route[slot, :n]
+    gpu = np.flatnonzero(route == GPU)
+    files_t = torch.from_numpy(ring.files[slot])
+    decoding = torch.cuda.stream(streams.decode) if streams else contextlib.nullcontext()
+    resampling = torch.cuda.stream(streams.resample) if streams else contextlib.nullcontext()
+    decoded: list[torch.Tensor | None] = [None] * len(gpu)
+    files: list[torch.Tensor] = []
+    if len(gpu):
+        files = _views(files_t, ring.offset[slot, gpu], ring.length[slot, gpu])
+        if decoder is not None:
+            if streams:
+                streams.decode.synchronize()  # the hazard guard (the module's description)
+            with decoding:
+                decoded = decode_list(decoder, files, device)
+    if all(im is not None and im.dim() == 3 for im in decoded):
+        shapes = np.array([im.shape for im in decoded], dtype=np.int64).reshape(-1, 3)  # type: ignore[union-attr]
     else:
-        files = [torch.frombuffer(bytearray(items[i].data or b""), dtype=torch.uint8) for i in gpu]
-        decoded = decode_list(decoder, files, device)
-    failed = 0
-    by_index = dict(zip(gpu, decoded))
-    for i, image in by_index.items():
-        it = items[i]
-        head = it.head
-        if image is None or (head is not None and tuple(image.shape[-2:]) != (head.height, head.width)):
-            failed += 1
-            by_index[i] = None
-            cpu_reference(it, it.data or b"", train, seed, epoch, size)
-    keep = [i for i, it in enumerate(items) if not it.error]
-    out = torch.empty((len(keep), size, size, 3), dtype=torch.uint8, device=device)
-    on_gpu = [i for i in keep if by_index.get(i) is not None]
-    images = [image for i in on_gpu if (image := by_index[i]) is not None]
-    row = {i: n for n, i in enumerate(keep)}
-    apply_many(images, [items[i].box for i in on_gpu], [items[i].flip for i in on_gpu], size,
-               out, [row[i] for i in on_gpu])
-    cpu = 0
-    for n, i in enumerate(keep):
-        if by_index.get(i) is None:
-            cpu += 1
-            out[n].copy_(torch.from_numpy(np.array(items[i].pixels, dtype=np.uint8)))
-    labels = torch.tensor([items[i].label for i in keep], dtype=torch.long)
+        shapes = np.array([tuple(im.shape) if im is not None and im.dim() == 3 else (0, 0, 0)
+                           for im in decoded], dtype=np.int64).reshape(-1, 3)
+    ok = ((shapes[:, 1] == ring.height[slot, gpu]) & (shapes[:, 2] == ring.width[slot, gpu])
+          & np.isin(shapes[:, 0], (1, 3)))
+    here: dict[int, np.ndarray] = {}
+    errors: dict[int, str] = {}
+    for j in np.flatnonzero(~ok):  # rare while the decoder works
+        place = int(gpu[j])
+        got = _reference(files[j], ring.box[slot, place], bool(ring.flip[slot, place]), size)
+        if isinstance(got, str):
+            errors[place] = got
+        else:
+            here[place] = got
+    readable = route != NONE
+    readable[list(errors)] = False
+    keep = np.flatnonzero(readable)
+    out_row = np.cumsum(readable) - 1
+    good = np.flatnonzero(ok)
+    flat = None
+    if len(good):
+        with decoding:
+            # One call flattens and joins them (what DDP uses for its buckets): no Python per image.
+            flat = torch._utils._flatten_dense_tensors([decoded[j] for j in good])
+    if streams:  # the resampling, and the slot's release, follow the decoding
+        streams.resample.wait_stream(streams.decode)
+        if flat is not None:
+            flat.record_stream(streams.resample)
+    with resampling:
+        out = torch.empty((len(keep), size, size, 3), dtype=torch.uint8, device=device)
+        if flat is not None:
+            places = gpu[good]
+            resample_step(flat, shapes[good], ring.box[slot, places], ring.flip[slot, places] != 0,
+                          out_row[places], size, out)
+        on_host = sorted([*np.flatnonzero(route == CPU).tolist(), *here])
+        if on_host:
+            pieces = [torch.from_numpy(here[p]).view(-1) if p in here else
+                      files_t[int(ring.offset[slot, p]):int(ring.offset[slot, p]) + ring.image_bytes]
+                      for p in on_host]
+            staging = torch.empty(len(on_host) * ring.image_bytes, dtype=torch.uint8,
+                                  pin_memory=device.type == "cuda")
+            torch.cat(pieces, out=staging)
+            pixels = staging.to(device, non_blocking=True).view(-1, size, size, 3)
+            out.index_copy_(0, upload(out_row[on_host], device), pixels)
+        event = None
+        if streams:
+            event = torch.cuda.Event()
+            event.record(streams.resample)
+    labels = torch.from_numpy(ring.labels[slot, keep])
     if device.type == "cuda":
         labels = labels.pin_memory()  # its copy to the device is then truly asynchronous
-    bad = [i for i, it in enumerate(items) if it.error]
-    example = f"{paths[bad[-1]]}: {items[bad[-1]].error}" if bad else ""
-    return DecodedStep(out, labels, len(bad), example, cpu, failed, len(gpu))
+    example = ""
+    if errors:
+        place = max(errors)
+        example = f"{path_of(int(ring.rows[slot, place]))}: {errors[place]}"
+    failed = int((~ok).sum()) if decoder is not None else 0
+    return DecodedStep(out, labels, len(errors), example,
+                       int((route == CPU).sum()) + len(here), failed,
+                       len(gpu) if decoder is not None else 0, event)
 
 
-class _GpuLoader:
-    """One rank's GPU decoding for one trial: a host thread pool and, per pass, one decode
-    thread with its own stream, two steps ahead of training."""
+class GpuStage(HostHandoff):
+    """The device stage as the loader's hand-over: a slot's step decoded and resampled on the
+    device (:func:`decode_slot`); the slot is free again once the device has read it."""
+
+    def __init__(self, ring: GpuRing, device: torch.device, loader: GpuFolderLoader) -> None:
+        super().__init__(ring, device)  # type: ignore[arg-type]
+        self.loader = loader
+        self.streams = Streams(device) if device.type == "cuda" else None
+        # Page-locked after the fork: the decoder and the copies read the ring directly.
+        self._registered = page_lock(int(ring.rows.ctypes.data), ring.nbytes) if self.streams else 0
+        self.copying: deque[tuple[int, Any]] = deque()
+        self._last: dict[int, Any] = {}
+        self.step: DecodedStep | None = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.copying)
+
+    def deliver(self, slot: int, n: int, keep: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        self.step = decode_slot(self.ring, slot, n, self.loader.decoder,  # type: ignore[arg-type]
+                                self.device, self.streams, self.loader.ds.index.path)
+        if self.step.event is not None:
+            self._last[slot] = self.step.event
+        return self.step.images, self.step.labels
+
+    def release(self, slot: int) -> list[int]:
+        event = self._last.pop(slot, None)
+        if event is None or event.query():
+            return [slot]
+        self.copying.append((slot, event))
+        return []
+
+    def reclaim(self) -> list[int]:
+        freed = []
+        while self.copying and self.copying[0][1].query():
+            freed.append(self.copying.popleft()[0])
+        return freed
+
+    def wait_oldest(self) -> list[int]:
+        if not self.copying:
+            return []
+        slot, event = self.copying.popleft()
+        event.synchronize()
+        return [slot, *self.reclaim()]
+
+    def close(self) -> None:
+        if self.streams:
+            self.streams.synchronize()
+        self.copying.clear()
+        self._last.clear()
+        if self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self._registered)
+            self._registered = 0
+
+
+class GpuFolderLoader(FolderLoader):
+    """One rank's GPU decoding for one trial: the CPU path's loader (planning, ring, worker
+    processes, the next pass decoded ahead) with the host stage as its workers' job and the
+    device stage as its hand-over, run by one thread per pass, two steps ahead of training."""
+
+    job = staticmethod(stage_chunk)
 
     def __init__(self, ds: GpuImageFolderDataset, rank: int, world: int, per_rank: int,
-                 seed: int, device: torch.device) -> None:
-        self.ds, self.rank, self.world, self.per_rank = ds, rank, world, per_rank
-        self.seed, self.device = seed, device
+                 seed: int, device: torch.device, plan: Any) -> None:
         self.decoder: JpegDecoder | None = ds.decoder
-        self.pool = ThreadPoolExecutor(max(2, min(8, ds.workers or 2)),
-                                       thread_name_prefix="automlperf-read")
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.failed_steps = 0
         self.gave_up = ""
+        super().__init__(ds, rank, world, per_rank, seed, device, plan)
 
-    def key(self) -> tuple[Any, ...]:
-        return (self.rank, self.world, self.per_rank, self.seed, self.device)
+    def _make_ring(self, capacity: int, shared: bool) -> Any:
+        return GpuRing(self.plan.slots, capacity, self.ds.image_size, shared)
 
-    def _submit(self, rows: list[int], train: bool, epoch: int) -> list[Future[HostItem]]:
-        index, size = self.ds.index, self.ds.image_size
-        return [self.pool.submit(prepare, index.path(r), r, int(index.labels[r]), train,
-                                 self.seed, epoch, size) for r in rows]
-
-    def _decode(self, items: list[HostItem], rows: list[int], train: bool, epoch: int) -> Any:
-        paths = [self.ds.index.path(r) for r in rows]
-        size = self.ds.image_size
-        if self.stream is None:
-            return decode_step(items, self.decoder, self.device, size, train, self.seed,
-                               epoch, paths), None
-        # The hazard guard: nothing earlier on this stream is still running when the
-        # hardware decoder writes.
-        self.stream.synchronize()
-        with torch.cuda.stream(self.stream):
-            step = decode_step(items, self.decoder, self.device, size, train, self.seed,
-                               epoch, paths)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return step, event
-
-    def _produce(self, steps: list[list[int]], train: bool, epoch: int, out: queue.Queue[Any],
-                 stop: threading.Event) -> None:
-        try:
-            ahead: deque[tuple[list[int], list[Future[HostItem]]]] = deque()
-            todo = iter(steps)
-            for rows in todo:
-                ahead.append((rows, self._submit(rows, train, epoch)))
-                if len(ahead) > DEPTH:
-                    break
-            while ahead and not stop.is_set():
-                rows, futures = ahead.popleft()
-                nxt = next(todo, None)
-                if nxt is not None:
-                    ahead.append((nxt, self._submit(nxt, train, epoch)))
-                step, event = self._decode([f.result() for f in futures], rows, train, epoch)
-                self._judge(step)
-                while not stop.is_set():
-                    try:
-                        out.put((step, event), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-            for _, futures in ahead:
-                for f in futures:
-                    f.cancel()
-        except BaseException as exc:  # noqa: BLE001 - raised in the training thread
-            out.put((exc, None))
-            return
-        out.put((None, None))
+    def _make_handoff(self) -> HostHandoff:
+        return GpuStage(self.ring, self.device, self)
 
     def _judge(self, step: DecodedStep) -> None:
         """Give the decoder up after GIVE_UP_STEPS steps in a row failed every image."""
@@ -332,37 +392,57 @@ class _GpuLoader:
             if self.failed_steps >= GIVE_UP_STEPS and self.decoder is not None:
                 self.gave_up = f"{self.decoder.name} failed every image of {self.failed_steps} steps"
                 self.decoder = None
-                self.ds.path_note = self.gave_up
+                self.ds.path_note = self.gave_up  # type: ignore[attr-defined]
         elif step.gpu_given:
             self.failed_steps = 0
+
+    def _produce(self, split: str, epoch: int, out: queue.Queue[Any],
+                 stop: threading.Event) -> None:
+        try:
+            steps: Any = FolderLoader.passes(self, split, epoch)  # a generator: closed below
+            try:
+                for images, labels, bad, example in steps:
+                    step = self.handoff.step  # type: ignore[attr-defined]
+                    self._judge(step)
+                    item = (images, labels, bad + step.unreadable, step.example or example,
+                            step.cpu_decoded, step.event)
+                    while not stop.is_set():
+                        try:
+                            out.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        break
+            finally:
+                steps.close()
+        except BaseException as exc:  # noqa: BLE001 - raised in the training thread
+            out.put(exc)
+            return
+        out.put(None)
 
     def passes(self, split: str, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, str]]:
         """(NHWC uint8 images on the device, labels, unreadable count, an unreadable file and
         why) for every step, as the CPU path's loader gives them."""
-        train = split == "train"
-        base = 0 if train else self.ds.index.train_size
-        steps = [(rows + base).tolist() for rows in step_plan(
-            len(self.ds.index.rows(split)), self.rank, self.world, self.per_rank, split, epoch,
-            self.seed)]
         out: queue.Queue[Any] = queue.Queue(maxsize=DEPTH)
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(steps, train, epoch, out, stop),
+        thread = threading.Thread(target=self._produce, args=(split, epoch, out, stop),
                                   name="automlperf-decode", daemon=True)
         thread.start()
         try:
             while True:
-                step, event = out.get()
-                if step is None:
+                item = out.get()
+                if item is None:
                     return
-                if isinstance(step, BaseException):
-                    raise step
+                if isinstance(item, BaseException):
+                    raise item
+                images, labels, bad, example, cpu_decoded, event = item
                 if event is not None:
                     current = torch.cuda.current_stream(self.device)
                     current.wait_event(event)
-                    step.images.record_stream(current)
-                self.ds.cpu_decoded += step.cpu_decoded
-                yield (step.images, step.labels.to(self.device, non_blocking=True),
-                       step.unreadable, step.example)
+                    images.record_stream(current)
+                self.ds.cpu_decoded += cpu_decoded
+                yield images, labels.to(self.device, non_blocking=True), bad, example
         finally:
             stop.set()
             while thread.is_alive():
@@ -372,17 +452,16 @@ class _GpuLoader:
                     pass
             thread.join()
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
 
 class GpuImageFolderDataset(ImageFolderDataset):
     """The image folders decoded on the GPU with nvJPEG (see the module's description);
     ``decoder`` stands in for the library (tests give a CPU one)."""
 
     def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
-                 index_dir: Path | str | None = None, decoder: JpegDecoder | None = None) -> None:
-        super().__init__(root, image_size, workers, "imagenet", index_dir)
+                 index_dir: Path | str | None = None, decoder: JpegDecoder | None = None,
+                 chunk_images: int = GPU_CHUNK_IMAGES) -> None:
+        super().__init__(root, image_size, workers, "imagenet", index_dir,
+                         chunk_images=chunk_images)
         found = decoder or gpu_decoder()
         if found is None:
             raise DataError("gpu_decode needs an nvJPEG decoder: pip install "
@@ -396,4 +475,13 @@ class GpuImageFolderDataset(ImageFolderDataset):
 
     def _new_loader(self, rank: int, world: int, per_rank: int, seed: int,
                     device: torch.device) -> Any:
-        return _GpuLoader(self, rank, world, per_rank, seed, device)
+        place = GpuRing.bytes_per_place(self.image_size)
+        budget = fit_shared_budget(self.shared_budget, per_rank, self.workers, world, place,
+                                   shm_free())
+        plan = plan_loader(per_rank, self.workers, place, device.type == "cuda", budget,
+                           self.chunk_images)
+        slots = min(plan.slots, GPU_SLOTS)
+        ring = slots * (per_rank + 2) * place
+        plan = replace(plan, slots=slots, shared_bytes=ring if self.workers else 0,
+                       pinned_bytes=ring if device.type == "cuda" else 0)
+        return GpuFolderLoader(self, rank, world, per_rank, seed, device, plan)

@@ -24,6 +24,19 @@ from automlperf.train.data.ring import Ring
 log = logging.getLogger("automlperf.data")
 
 
+def page_lock(address: int, nbytes: int) -> int:
+    """Page-lock ``nbytes`` of a ring at ``address`` where they lie (after the workers are
+    forked: CUDA may keep registered memory out of later forks); ``address``, or 0 where
+    CUDA refused (the copies then run from pageable memory, and it is logged)."""
+    code = torch.cuda.cudart().cudaHostRegister(address, nbytes, 0)
+    if int(code) != 0:
+        log.warning("page-locking the loader's %.0f MiB of batch slots failed (CUDA error "
+                    "%s): batches are copied to the GPU from pageable memory, slower",
+                    nbytes / 2**20, int(code))
+        return 0
+    return address
+
+
 class HostHandoff:
     """Batches of a ring to a device, from pageable memory."""
 
@@ -80,14 +93,7 @@ class PinnedHandoff(HostHandoff):
 
     def _register(self) -> int:
         """Page-lock the ring (images, labels, rows: one mapping); its address, or 0."""
-        address = int(self.ring.images.ctypes.data)
-        code = torch.cuda.cudart().cudaHostRegister(address, self.ring.nbytes, 0)
-        if int(code) != 0:
-            log.warning("page-locking the loader's %.0f MiB of batch slots failed (CUDA error "
-                        "%s): batches are copied to the GPU from pageable memory, slower",
-                        self.ring.nbytes / 2**20, int(code))
-            return 0
-        return address
+        return page_lock(int(self.ring.images.ctypes.data), self.ring.nbytes)
 
     @property
     def busy(self) -> bool:

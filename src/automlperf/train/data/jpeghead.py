@@ -46,10 +46,10 @@ class JpegHeader:
         return ""
 
 
-def parse(data: bytes) -> JpegHeader | None:
-    """The header of a JPEG file's bytes; None for anything else (another format, a file cut
-    before its frame header)."""
-    if not data.startswith(SOI):
+def parse(data: bytes | memoryview) -> JpegHeader | None:
+    """The header of a JPEG file's bytes (a memoryview of them is read without a copy); None
+    for anything else (another format, a file cut before its frame header)."""
+    if bytes(data[:2]) != SOI:
         return None
     pos, n = 2, len(data)
     orientation = 1
@@ -67,7 +67,7 @@ def parse(data: bytes) -> JpegHeader | None:
         if length < 2:
             return None
         segment = data[pos + 4:pos + 2 + length]
-        if marker == 0xE1 and segment.startswith(b"Exif\x00\x00"):
+        if marker == 0xE1 and bytes(segment[:6]) == b"Exif\x00\x00":
             orientation = _exif_orientation(segment[6:]) or orientation
         elif marker in _SOF:
             if len(segment) < 6:
@@ -82,11 +82,11 @@ def parse(data: bytes) -> JpegHeader | None:
     return None
 
 
-def _exif_orientation(tiff: bytes) -> int | None:
+def _exif_orientation(tiff: bytes | memoryview) -> int | None:
     """The Orientation tag (0x0112) of IFD0 in an EXIF block's TIFF structure."""
-    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+    if len(tiff) < 8 or bytes(tiff[:2]) not in (b"II", b"MM"):
         return None
-    order = "<" if tiff[:2] == b"II" else ">"
+    order = "<" if bytes(tiff[:2]) == b"II" else ">"
     (ifd,) = struct.unpack(order + "I", tiff[4:8])
     if ifd + 2 > len(tiff):
         return None

@@ -21,7 +21,7 @@ import math
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from automlperf.train.data.base import step_plan
-from automlperf.train.data.handoff import handoff_for
-from automlperf.train.data.ring import UNREADABLE, DecodePool, Done, Ring, WorkerStats, decode_chunk
+from automlperf.train.data.handoff import HostHandoff, handoff_for
+from automlperf.train.data.ring import (UNREADABLE, DecodePool, Done, Ring, Task, WorkerStats,
+                                        decode_chunk)
 
 if TYPE_CHECKING:
     from automlperf.train.data.folders import ImageFolderDataset, LoaderPlan
@@ -105,9 +106,9 @@ class FolderLoader:
         self.ds, self.rank, self.world, self.per_rank = ds, rank, world, per_rank
         self.seed, self.device, self.plan = seed, device, plan
         workers = ds.workers
-        self.ring = Ring(plan.slots, per_rank + 2, ds.image_size, shared=workers > 0)
-        self.pool = DecodePool(self.ring, ds.index, seed, workers) if workers else None
-        self.handoff = handoff_for(self.ring, device)  # page-locks after the fork
+        self.ring = self._make_ring(per_rank + 2, shared=workers > 0)
+        self.pool = DecodePool(self.ring, ds.index, seed, workers, self.job) if workers else None
+        self.handoff = self._make_handoff()  # page-locks after the fork
         self.stats = LoaderStats([WorkerStats() for _ in range(max(1, workers))])
         self._queue: deque[_Batch] = deque()  # in the order they will be asked for
         self._unslotted: deque[_Batch] = deque()  # the tail of the queue without a slot
@@ -119,6 +120,15 @@ class FolderLoader:
         self._last_train: int | None = None
         self._expect: PassKey | None | bool = True  # True: the usual order
         _open_loaders.add(self)
+
+    # What a worker does with a chunk of a batch; the GPU path's loader puts its host stage here.
+    job: Callable[[Any, Any, int, Task, int], Done] = staticmethod(decode_chunk)
+
+    def _make_ring(self, capacity: int, shared: bool) -> Any:
+        return Ring(self.plan.slots, capacity, self.ds.image_size, shared)
+
+    def _make_handoff(self) -> HostHandoff:
+        return handoff_for(self.ring, self.device)
 
     def key(self) -> tuple[Any, ...]:
         return (self.rank, self.world, self.per_rank, self.seed, self.device)
@@ -221,7 +231,7 @@ class FolderLoader:
         for start in sorted(batch.pending):
             task = (batch.ticket, batch.slot, start, min(n, start + chunk),
                     batch.key[0] == "train", batch.key[1])
-            self._record(decode_chunk(self.ring, self.ds.index, self.seed, task, 0))
+            self._record(self.job(self.ring, self.ds.index, self.seed, task, 0))
 
     def _wait(self, batch: _Batch) -> None:
         """Until ``batch`` is decoded; waits for a slot's copy are waits for the device."""

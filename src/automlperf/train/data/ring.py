@@ -22,6 +22,7 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,8 +122,12 @@ def decode_chunk(ring: Ring, index: FileIndex, seed: int, task: Task, worker: in
                 stop - start, bad, example)
 
 
-def _work(ring: Ring, index: FileIndex, seed: int, tasks: Any, results: Any, cancel: Any,
-          worker: int, rank_pid: int) -> None:
+# What a worker does with one task: decode_chunk here, the GPU path's host stage in gpuring.py.
+Job = Callable[[Any, FileIndex, int, Task, int], Done]
+
+
+def _work(ring: Any, index: FileIndex, seed: int, tasks: Any, results: Any, cancel: Any,
+          worker: int, rank_pid: int, job: Job = decode_chunk) -> None:
     """A worker's life: take tasks until told to stop. It dies with its rank, even when the
     rank is killed outright, and ignores SIGTERM, as its rank does: a batch system signals
     every process of a step, and a worker dying of it would fail the trial under a shutdown
@@ -141,7 +146,7 @@ def _work(ring: Ring, index: FileIndex, seed: int, tasks: Any, results: Any, can
             results.put(Done(ticket, start, worker, 0.0, 0.0, 0, 0, "", skipped=True))
             continue
         try:
-            done = decode_chunk(ring, index, seed, task, worker)
+            done = job(ring, index, seed, task, worker)
         except Exception as exc:  # noqa: BLE001 - reported to the rank, which fails the trial
             where = traceback.extract_tb(exc.__traceback__)[-1]
             done = Done(ticket, start, worker, 0.0, 0.0, 0, 0, "",
@@ -186,16 +191,18 @@ class WorkerDied(RuntimeError):
 
 class DecodePool:
     """``workers`` processes forked now, sharing ``ring`` and ``index``, taking tasks from
-    one queue. ``rank_pid`` is the process they die with."""
+    one queue and doing ``job`` with each (decoding a chunk, by default); they die with the
+    process that made them."""
 
-    def __init__(self, ring: Ring, index: FileIndex, seed: int, workers: int) -> None:
+    def __init__(self, ring: Any, index: FileIndex, seed: int, workers: int,
+                 job: Job = decode_chunk) -> None:
         ctx = mp.get_context("fork")
         self.tasks: Any = ctx.SimpleQueue()
         self.results: Any = ctx.SimpleQueue()
         self._cancel: Any = ctx.Value("q", 0, lock=False)
         self.procs = [ctx.Process(target=_work, name=f"automlperf-decode{i}", daemon=True,
                                   args=(ring, index, seed, self.tasks, self.results,
-                                        self._cancel, i, os.getpid()))
+                                        self._cancel, i, os.getpid(), job))
                       for i in range(workers)]
         for proc in self.procs:
             proc.start()
