@@ -172,3 +172,16 @@ def test_a_device_that_runs_out_of_memory_keeping_it_serves_the_pass_and_gives_u
     assert list(cache.fill(key, 1, CPU, 1, iter(batches))) == batches and cache.gave_up == key
     cache.clear()
     assert cache.gave_up is None and cache.refused == ""
+
+
+def test_a_trials_only_validation_is_not_kept(folder):
+    ds = ImageFolderDataset(folder, image_size=16, workers=0)
+    try:
+        list(ds.batches("train", 0, 1, 4, 0, 0, CPU))
+        ds.expect_next(None)  # a trial of one epoch: nothing would replay it
+        assert list(ds.batches("val", 0, 1, 4, 0, 0, CPU))
+        assert ds._val.key is None and ds.val_cache_note == ""
+        list(ds.batches("val", 0, 1, 4, 0, 0, CPU))  # asked again all the same: kept now
+        assert ds._val.key is not None
+    finally:
+        ds.release()

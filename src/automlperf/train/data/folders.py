@@ -154,6 +154,7 @@ class ImageFolderDataset(Dataset):
         self.val_cache = True  # data.val_cache: keep the validation shard on the device
         self.decode_choice = ""  # why this path decodes (data.load says)
         self._val = ValidationCache()
+        self._last_pass = False  # the next pass is the trial's last (expect_next(None))
 
     @property
     def decode_path(self) -> str:
@@ -194,11 +195,13 @@ class ImageFolderDataset(Dataset):
         """The loader's pass, or validation replayed from the device once it was kept there;
         with validation kept, the workers decode the next training epoch after this one."""
         key = loader.key()
+        last, self._last_pass = self._last_pass, False
         if split == "val" and self._val.holds(key):
             return self._val.replay()
         if split == "train" and self._val.holds(key):
             self.expect_next(("train", epoch + 1))
-        if split != "val" or not self.val_cache:
+        if split != "val" or not self.val_cache or last:
+            # The trial's last pass is not kept: nothing would replay it.
             return loader.passes(split, epoch)
         rank, world, per_rank, seed, device = key
         images = shard_images(self.val_size, rank, world, per_rank, seed)
@@ -219,6 +222,7 @@ class ImageFolderDataset(Dataset):
         return notes
 
     def expect_next(self, after: tuple[str, int] | None) -> None:
+        self._last_pass = after is None
         if after is None and self._val.key is not None:
             # Nothing follows, and validation needs no decoding: what the workers planned
             # ahead (the next training epoch) is dropped.
@@ -232,6 +236,7 @@ class ImageFolderDataset(Dataset):
 
     def release(self) -> None:
         self._val.clear()
+        self._last_pass = False
         if self._loader is not None:
             self._loader.close()
             self._loader = None
