@@ -156,6 +156,15 @@ def test_imagenet_folder_errors(tmp_path):
         datasets.load(data_section("imagenet", data_dir=tmp_path))
 
 
+class Importable:
+    """A GPU decoder that imports here (it is never asked to decode)."""
+
+    name = "importable"
+
+    def versions(self):
+        return {"lib": "1"}
+
+
 def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monkeypatch):
     from automlperf import hardware
     from automlperf.train.data import gpudecode
@@ -176,12 +185,6 @@ def test_dali_and_gpu_decoding_not_installed_say_how_to_get_them(tmp_path, monke
         datasets.load(folder(gpu_decode=True))
     # Unset, GPU ranks keep the CPU workers where a decoder imports but the doctor never
     # compared the paths on this node; set, it decides.
-    class Importable:
-        name = "importable"
-
-        def versions(self):
-            return {"lib": "1"}
-
     monkeypatch.setattr(gpudecode, "DECODERS", (Importable,))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(hardware, "device_name", lambda torch, device: "NVIDIA H200")
@@ -205,12 +208,6 @@ def test_unset_the_path_the_doctor_measured_faster_on_this_node_decodes(tmp_path
 
     make_image_folder(tmp_path, corrupt=False)
     data = data_section("imagenet", data_dir=tmp_path, image_size=32, workers=3)
-
-    class Importable:
-        name = "importable"
-
-        def versions(self):
-            return {"lib": "1"}
 
     monkeypatch.setattr(gpudecode, "DECODERS", (Importable,))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -19,8 +19,6 @@ otherwise), is no figures.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 from automlperf.train.compiling import CompileFigures
 from automlperf.train.rankenv import user_cache_dir
+from automlperf.train.usercache import read_entries, write_entries
 
 FILE = "compile-figures.json"
 # 2: an epoch's short last batch runs eagerly (train.compiling.eager_stance); format 1's
@@ -67,14 +66,7 @@ def key_for(device: Any, precision: str, channels_last: bool, batch: int) -> Fig
 
 
 def _entries(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return []
-    entries = data.get("entries")
-    return [e for e in entries or [] if isinstance(e, dict)]
+    return read_entries(path, FORMAT)
 
 
 def save_figures(key: FiguresKey, figures: CompileFigures, path: Path | None = None) -> Path:
@@ -84,10 +76,7 @@ def save_figures(key: FiguresKey, figures: CompileFigures, path: Path | None = N
     path = path or cache_path()
     entries = [e for e in _entries(path) if e.get("key") != asdict(key)]
     entries.append({"key": asdict(key), "figures": figures.to_dict(), "measured_at": time.time()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{os.getpid()}")
-    part.write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n")
-    os.replace(part, path)
+    write_entries(path, FORMAT, entries)
     return path
 
 
@@ -126,7 +115,5 @@ def note_loader_rate(device: Any, images_per_s: float, path: Path | None = None)
             entry["figures"]["loader_images_per_s"] = float(images_per_s)
             given += 1
     if given:
-        part = path.with_name(f".{path.name}.{os.getpid()}")
-        part.write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n")
-        os.replace(part, path)
+        write_entries(path, FORMAT, entries)
     return given

@@ -14,14 +14,13 @@ A file that cannot be read, or of another format, is no measurement.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from automlperf.train.rankenv import user_cache_dir
+from automlperf.train.usercache import read_entries, write_entries
 
 FILE = "decode-path.json"
 FORMAT = 1
@@ -54,13 +53,7 @@ def cache_path() -> Path:
 
 
 def _entries(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return []
-    return [e for e in data.get("entries") or [] if isinstance(e, dict)]
+    return read_entries(path, FORMAT)
 
 
 def winner(cpu_images_per_s: float, gpu_images_per_s: float | None) -> Choice:
@@ -82,10 +75,7 @@ def save(key: PathKey, cpu_images_per_s: float, gpu_images_per_s: float, data_di
     entries.append({"key": asdict(key), "cpu_images_per_s": cpu_images_per_s,
                     "gpu_images_per_s": gpu_images_per_s, "data_dir": data_dir,
                     "measured_at": time.time()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{os.getpid()}")
-    part.write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n")
-    os.replace(part, path)
+    write_entries(path, FORMAT, entries)
     return winner(cpu_images_per_s, gpu_images_per_s)
 
 

@@ -53,7 +53,6 @@ import contextlib
 import io
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -65,7 +64,7 @@ import torch
 from automlperf.train.data.base import DataError
 from automlperf.train.data.folders import ImageFolderDataset, fit_shared_budget, plan_loader, shm_free
 from automlperf.train.data.gpuring import CPU, GPU, MAX_PIXELS, NONE, GpuRing, stage_chunk
-from automlperf.train.data.handoff import HostHandoff, page_lock
+from automlperf.train.data.handoff import EventHandoff, HostHandoff, page_lock
 from automlperf.train.data.loader import FolderLoader
 from automlperf.train.data.resample import resample_step, upload
 from automlperf.train.data.transform import DECODE_ERRORS, decode_box
@@ -310,23 +309,17 @@ def decode_slot(ring: GpuRing, slot: int, n: int, decoder: JpegDecoder | None,
                        len(gpu) if decoder is not None else 0, event)
 
 
-class GpuStage(HostHandoff):
+class GpuStage(EventHandoff):
     """The device stage as the loader's hand-over: a slot's step decoded and resampled on the
     device (:func:`decode_slot`); the slot is free again once the device has read it."""
 
     def __init__(self, ring: GpuRing, device: torch.device, loader: GpuFolderLoader) -> None:
-        super().__init__(ring, device)  # type: ignore[arg-type]
+        super().__init__(ring, device)
         self.loader = loader
         self.streams = Streams(device) if device.type == "cuda" else None
         # Page-locked after the fork: the decoder and the copies read the ring directly.
         self._registered = page_lock(int(ring.rows.ctypes.data), ring.nbytes) if self.streams else 0
-        self.copying: deque[tuple[int, Any]] = deque()
-        self._last: dict[int, Any] = {}
         self.step: DecodedStep | None = None
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.copying)
 
     def deliver(self, slot: int, n: int, keep: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         self.step = decode_slot(self.ring, slot, n, self.loader.decoder,  # type: ignore[arg-type]
@@ -334,26 +327,6 @@ class GpuStage(HostHandoff):
         if self.step.event is not None:
             self._last[slot] = self.step.event
         return self.step.images, self.step.labels
-
-    def release(self, slot: int) -> list[int]:
-        event = self._last.pop(slot, None)
-        if event is None or event.query():
-            return [slot]
-        self.copying.append((slot, event))
-        return []
-
-    def reclaim(self) -> list[int]:
-        freed = []
-        while self.copying and self.copying[0][1].query():
-            freed.append(self.copying.popleft()[0])
-        return freed
-
-    def wait_oldest(self) -> list[int]:
-        if not self.copying:
-            return []
-        slot, event = self.copying.popleft()
-        event.synchronize()
-        return [slot, *self.reclaim()]
 
     def close(self) -> None:
         if self.streams:

@@ -81,41 +81,18 @@ class HostHandoff:
         return None
 
 
-class PinnedHandoff(HostHandoff):
-    """Batches of a page-locked ring to a CUDA device on a copy stream of their own."""
+class EventHandoff(HostHandoff):
+    """A hand-over whose slots are free again only once the device has read them: the CUDA
+    event recorded after a slot's last read is kept until it has passed."""
 
-    def __init__(self, ring: Ring, device: torch.device) -> None:
+    def __init__(self, ring: Any, device: torch.device) -> None:
         super().__init__(ring, device)
-        self.stream = torch.cuda.Stream(device)
-        self.copying: deque[tuple[int, Any]] = deque()
-        self._last: dict[int, Any] = {}
-        self._registered = self._register()
-
-    def _register(self) -> int:
-        """Page-lock the ring (images, labels, rows: one mapping); its address, or 0."""
-        return page_lock(int(self.ring.images.ctypes.data), self.ring.nbytes)
+        self.copying: deque[tuple[int, Any]] = deque()  # released, read not yet finished
+        self._last: dict[int, Any] = {}  # slot -> the event after its last read
 
     @property
     def busy(self) -> bool:
         return bool(self.copying)
-
-    def _event(self) -> Any:
-        event = torch.cuda.Event()
-        event.record(self.stream)
-        return event
-
-    def deliver(self, slot: int, n: int, keep: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = self._tensors(slot, n, keep)
-        current = torch.cuda.current_stream(self.device)
-        with torch.cuda.stream(self.stream):
-            x = images.to(self.device, non_blocking=True)
-            y = labels.to(self.device, non_blocking=True)
-            self._last[slot] = self._event()
-        current.wait_event(self._last[slot])
-        # Made on the copy stream, used on the training stream: not reused before it is done.
-        x.record_stream(current)
-        y.record_stream(current)
-        return x, y
 
     def release(self, slot: int) -> list[int]:
         event = self._last.pop(slot, None)
@@ -136,6 +113,37 @@ class PinnedHandoff(HostHandoff):
         slot, event = self.copying.popleft()
         event.synchronize()
         return [slot, *self.reclaim()]
+
+
+class PinnedHandoff(EventHandoff):
+    """Batches of a page-locked ring to a CUDA device on a copy stream of their own."""
+
+    def __init__(self, ring: Ring, device: torch.device) -> None:
+        super().__init__(ring, device)
+        self.stream = torch.cuda.Stream(device)
+        self._registered = self._register()
+
+    def _register(self) -> int:
+        """Page-lock the ring (images, labels, rows: one mapping); its address, or 0."""
+        return page_lock(int(self.ring.images.ctypes.data), self.ring.nbytes)
+
+    def _event(self) -> Any:
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def deliver(self, slot: int, n: int, keep: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = self._tensors(slot, n, keep)
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            x = images.to(self.device, non_blocking=True)
+            y = labels.to(self.device, non_blocking=True)
+            self._last[slot] = self._event()
+        current.wait_event(self._last[slot])
+        # Made on the copy stream, used on the training stream: not reused before it is done.
+        x.record_stream(current)
+        y.record_stream(current)
+        return x, y
 
     def close(self) -> None:
         self.stream.synchronize()
