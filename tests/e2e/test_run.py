@@ -80,7 +80,10 @@ def test_a_short_run_searches_morphs_and_tunes(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "score" in done.stdout and "regulated score" in done.stdout and "best accuracy" in done.stdout
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["score"] > 0 and result["best_accuracy"] > 0.5 and result["regulated_score"] > 0
+    # Well above the 10 classes' chance (0.1) at any speed: which parents and hyperparameters
+    # the rounds take depends on when the other replica's trials finish, and beside two CPU
+    # burners the best of the 8 trials ranged 0.43-0.91 (0.90-0.94 idle).
+    assert result["score"] > 0 and result["best_accuracy"] > 0.3 and result["regulated_score"] > 0
     assert not result["official"] and not result["valid"]
     assert {v["rule"] for v in result["violations"]} >= {"dataset", "duration"}
     for name in ("config.toml", "system.json", "run.json", "history.db"):

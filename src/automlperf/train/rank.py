@@ -72,9 +72,10 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
 
         device = torch.device(device_name)
         take_device(device, threads)
-        # Before the measurement, the process group and the decoding workers it forks.
-        bound = bind_rank(device, cpu_binding, rank, world)
+        # A CPU node's measurement first, on every core it may use; then this rank's place,
+        # before the process group and the decoding workers it forks.
         node = None if first is None else first()
+        bound = bind_rank(device, cpu_binding, rank, world)
         if world > 1:
             dist.init_process_group(process_group_backend(device.type),
                                     init_method=rendezvous, rank=rank,
