@@ -169,17 +169,17 @@ class Replica:
         if started is not None and self._node is not None:
             # Described before the ranks started: the description again, with where they
             # run (a node's latest record is the one results read).
-            found: dict[str, Any] | None = {**self._node, "binding": started["binding"]}
+            found = self._node
         else:
-            found = self.probe_node(started)
-            if found is None:
+            probed = self.probe_node(started)
+            if probed is None:
                 return False
-            if started is not None and started.get("binding"):
-                found = {**found, "binding": started["binding"]}
+            found = probed
             ceiling = found.get("ceiling_ops")
             log.info("replica %d: measured ceiling %s", self.index,
                      f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
-        assert found is not None
+        if started is not None and started.get("binding"):
+            found = {**found, "binding": started["binding"]}
         self._node = found
         self.store.record_node(self.run_id, self.index, self.segment.index,
                                socket.gethostname(), found, self.clock())
