@@ -206,6 +206,7 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
 
     from automlperf.ops.count import count
     from automlperf.train.builder import build_module
+    from automlperf.train.optim import sgd
 
     batch = max(2, per_rank)
     module = build_module(graph, seed=0).to(device, memory_format=memory_format)  # type: ignore[call-overload]
@@ -217,7 +218,7 @@ def measure_compile(graph: Any, per_rank: int, device: Any, autocast: Any,
     def timed(runner: Any, optimizer: Any, n: int, images: Any = x, labels: Any = y) -> float:
         return timed_steps(runner, optimizer, loss_fn, autocast, device, n, images, labels)
 
-    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = sgd(module.parameters(), lr=1e-3, momentum=0.9)
     timed(module, optimizer, WARMUP_STEPS)
     eager = timed(module, optimizer, steps) / steps
     compiled = compile_module(module)

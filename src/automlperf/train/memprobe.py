@@ -21,6 +21,7 @@ def step_peak(model: str, image_size: int, classes: int, batch: int, device: str
     from automlperf.train.builder import build_module
     from automlperf.train.rankenv import keep_host_memory
     from automlperf.train.device import is_oom, resolve_precision
+    from automlperf.train.optim import sgd
 
     dev = torch.device(device)
     if dev.type == "cpu":
@@ -30,7 +31,7 @@ def step_peak(model: str, image_size: int, classes: int, batch: int, device: str
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     graph = seeds.seed(model, classes, image_size, 3)
     module = build_module(graph, seed=0).to(dev, memory_format=fmt)  # type: ignore[call-overload]
-    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    opt = sgd(module.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, 3, image_size, image_size, device=dev).contiguous(memory_format=fmt)
     y = torch.randint(0, classes, (batch,), device=dev)
     if dev.type == "cuda":

@@ -33,6 +33,7 @@ from automlperf.train.data import DataError, Dataset, plan_steps
 from automlperf.train.device import channels_last_default, is_oom, resolve_precision, synchronize
 from automlperf.train.evaluate import evaluate, precision_context
 from automlperf.train.inherit import inherit
+from automlperf.train.optim import trial_optimizer
 from automlperf.train.spec import EarlyStopping, TrialSpec
 
 # Where linear scaling of the learning rate with the global batch stops: beyond it SGD on
@@ -63,16 +64,6 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     if warmup and step < warmup:
         return (step + 1) / warmup
     return max(0.0, (total - step) / max(1, total - warmup))
-
-
-def _optimizer(module: nn.Module, spec: TrialSpec, lr: float) -> torch.optim.Optimizer:
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for p in module.parameters():
-        (decay if p.ndim > 1 else no_decay).append(p)  # no decay on BN and biases
-    return torch.optim.SGD([{"params": decay, "weight_decay": spec.weight_decay},
-                            {"params": no_decay, "weight_decay": 0.0}],
-                           lr=lr, momentum=spec.momentum, nesterov=spec.nesterov)
 
 
 def _initial_module(spec: TrialSpec, graph: Graph) -> nn.Module:
@@ -167,7 +158,7 @@ class _Run:
         warmup = min(int(spec.warmup_epochs * self.steps_per_epoch), total // 2)
         # Scaling with the batch stops at MAX_LR (a rate set above it per 256 images stays).
         self.lr = min(spec.lr_per_256 * self.batch / 256, max(MAX_LR, spec.lr_per_256))
-        self.optimizer = _optimizer(self.module, spec, self.lr)
+        self.optimizer = trial_optimizer(self.module, self.lr, spec.weight_decay, spec.momentum, spec.nesterov)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, total, warmup))
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
