@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.store.base import SCHEMA_VERSION
-from automlperf.store.opening import open_store
 from automlperf.store.urls import resolve_store_url, strip_password
 from automlperf.errors import UserError
 
@@ -149,6 +148,8 @@ def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
 
             server = PostgresServer(private)
             url = server.start()
+    from automlperf.store.opening import open_store
+
     try:
         store = open_store(url, run_dir=rd.path)
         try:
