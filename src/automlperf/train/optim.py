@@ -23,13 +23,18 @@ import torch
 from torch.optim import SGD, Optimizer
 
 
-def _unwrapped(cls: type, name: str) -> Any:
-    """The function under ``cls.name``'s Dynamo wrapper, or None where it has none."""
-    return getattr(getattr(cls, name, None), "__wrapped__", None)
+def _unwrapped(cls: type, name: str, wrapper: str) -> Any:
+    """The function under ``cls.name``'s Dynamo wrapper (a function named ``wrapper``), or
+    None where torch wraps it otherwise or not at all: then nothing is bypassed."""
+    method = getattr(cls, name, None)
+    code = getattr(method, "__code__", None)
+    if code is None or code.co_name != wrapper:
+        return None
+    return getattr(method, "__wrapped__", None)
 
 
-_STEP = _unwrapped(SGD, "step")
-_METHODS = {name: _unwrapped(Optimizer, name)
+_STEP = _unwrapped(SGD, "step", "_use_grad")  # torch.optim.optimizer._use_grad_for_differentiable
+_METHODS = {name: _unwrapped(Optimizer, name, "inner")  # torch._disable_dynamo
             for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict")}
 
 
