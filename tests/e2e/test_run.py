@@ -169,8 +169,11 @@ def test_killing_a_replica_leaves_the_run_going(tmp_path, photos):
     def held_mid_trial() -> bool:
         # Held (SIGSTOP: the replica, its ranks and their workers) while its running trial is
         # picked and it is killed, so that trial cannot finish in between on a loaded machine.
+        # Frozen while the test holds the store's write lock, so between two of its writes:
+        # frozen inside one, it would keep SQLite's lock and hold up the reads below.
         nonlocal victim
-        os.killpg(pid, signal.SIGSTOP)
+        with write_lock(run_dir / "history.db"):
+            os.killpg(pid, signal.SIGSTOP)
         victim = next((t for t in store.trials(1) if t.replica_index == 1 and t.status == "running"
                        and t.epochs_done >= 1), None)
         if victim is None:
@@ -216,7 +219,8 @@ def test_kill_the_primary_and_resume(tmp_path, photos):
     wait_for(has_epoch(run_dir), 600, "an epoch", every=0.1)
     store = open_store(run_dir=run_dir)
     (replica,) = store.replicas(1)
-    os.killpg(replica.pid, signal.SIGSTOP)  # the replica, its ranks and their workers
+    with write_lock(run_dir / "history.db"):  # frozen between two writes, as below
+        os.killpg(replica.pid, signal.SIGSTOP)  # the replica, its ranks and their workers
     primary.send_signal(signal.SIGKILL)
     primary.wait()
     lease = Config.load(run_dir / "config.toml").run.lease_timeout_s
