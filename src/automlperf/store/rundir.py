@@ -148,6 +148,7 @@ def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
 
             server = PostgresServer(private)
             url = server.start()
+    # Here, not at the top: the resource sampler reads this module and needs no SQLAlchemy.
     from automlperf.store.opening import open_store
 
     try:

@@ -1,12 +1,13 @@
 """The trials' optimizer: torch's SGD, built so that a process that trains eagerly never
 imports ``torch._dynamo``.
 
-``torch.optim`` imports ``torch._dynamo`` (with sympy and Inductor's configuration: about 1.2
-CPU-s, more than a short trial's training) when an optimizer first adds a parameter group,
-and again at every step, only to mark those methods as ones Dynamo must not trace. The
-trials never trace the optimizer (only the model is compiled, ``train.compiling``), so the
-marks do nothing here; on a digits trial the import took 1.7 s of the rank's 5.3 (py-spy),
-and every rank, memory probe and doctor's training process paid it before its first step.
+``torch.optim`` imports ``torch._dynamo`` (with sympy and Inductor's configuration: 1.4-1.8
+CPU-s, more than a short trial's training; bench/bench_rank_start.py) when an optimizer
+first adds a parameter group, and again at every step, only to mark those methods as ones
+Dynamo must not trace. The trials never trace the optimizer (only the model is compiled,
+``train.compiling``), so the marks do nothing here; on a digits trial the import took 1.7 s
+of the rank's 5.3 (py-spy), and every rank, memory probe and doctor's training process paid
+it before its first step.
 
 :func:`sgd` calls the same methods of ``torch.optim.SGD`` without those wrappers (the step
 under ``torch.no_grad``, as the wrapper runs it for a non-differentiable optimizer), so the
