@@ -169,11 +169,8 @@ def test_killing_a_replica_leaves_the_run_going(tmp_path, photos):
     def held_mid_trial() -> bool:
         # Held (SIGSTOP: the replica, its ranks and their workers) while its running trial is
         # picked and it is killed, so that trial cannot finish in between on a loaded machine.
-        # Frozen while the test holds the store's write lock, so between two of its writes:
-        # frozen inside one, it would keep SQLite's lock and hold up the reads below.
         nonlocal victim
-        with write_lock(run_dir / "history.db"):
-            os.killpg(pid, signal.SIGSTOP)
+        freeze_between_writes(run_dir / "history.db", pid)
         victim = next((t for t in store.trials(1) if t.replica_index == 1 and t.status == "running"
                        and t.epochs_done >= 1), None)
         if victim is None:
@@ -219,8 +216,7 @@ def test_kill_the_primary_and_resume(tmp_path, photos):
     wait_for(has_epoch(run_dir), 600, "an epoch", every=0.1)
     store = open_store(run_dir=run_dir)
     (replica,) = store.replicas(1)
-    with write_lock(run_dir / "history.db"):  # frozen between two writes, as below
-        os.killpg(replica.pid, signal.SIGSTOP)  # the replica, its ranks and their workers
+    freeze_between_writes(run_dir / "history.db", replica.pid)  # with its ranks and workers
     primary.send_signal(signal.SIGKILL)
     primary.wait()
     lease = Config.load(run_dir / "config.toml").run.lease_timeout_s
@@ -274,6 +270,14 @@ def write_lock(db: Path) -> Iterator[None]:
         conn.execute("ROLLBACK")
     finally:
         conn.close()
+
+
+def freeze_between_writes(db: Path, group: int) -> None:
+    """Freeze (SIGSTOP) process group ``group`` while holding ``db``'s write lock, so between
+    two of its writes: frozen inside one, it would keep SQLite's lock, and the test's own
+    reads of the store would wait for it for the store's whole retry time."""
+    with write_lock(db):
+        os.killpg(group, signal.SIGSTOP)
 
 
 def test_a_frozen_primary(tmp_path):

@@ -8,6 +8,7 @@ import automlperf.store as store
 
 
 def test_every_exported_name_resolves_to_its_module():
+    assert sorted(store.__all__) == sorted(store._WHERE)
     for name in store.__all__:
         value = getattr(store, name)
         assert getattr(value, "__name__", name) == name or name == "SCHEMA_VERSION"
