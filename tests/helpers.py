@@ -103,7 +103,7 @@ heartbeat_s = 1
 lease_timeout_s = 6
 [data]
 dataset = "synthetic"
-image_size = 256
+image_size = 128
 synthetic_images = 4096
 synthetic_classes = 10
 [model]
@@ -111,6 +111,8 @@ seed_model = "resnet_small"
 [train]
 max_epochs = 2
 batch_size = 4096
+[monitor]
+ceiling_s = 0.3
 """
 
 

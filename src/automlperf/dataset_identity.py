@@ -15,11 +15,14 @@ No torch here.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,21 +77,54 @@ def is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_SUFFIXES)
 
 
-def walk(root: Path, top: Path, listing: list[tuple[str, int]], sizes: bool = True,
-         prefix: str | None = None) -> None:
-    """Every file under ``top`` as (path relative to ``root`` with ``/``, size), recursively:
-    the one walker of image folders, for the identity and for training's index (which needs
-    no sizes, and so no ``stat`` per file: its sizes are -1). Relative paths are built from
-    each folder's own (``prefix``): ``os.path.relpath`` per file cost more than the ``stat``."""
-    if prefix is None:
-        rel = os.path.relpath(top, root).replace(os.sep, "/")
-        prefix = "" if rel == "." else rel + "/"
-    with os.scandir(top) as it:
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a folder's listing is walked and read: a million
+    tuples of strings make no cycle, and its passes over them took a tenth of the CPU of
+    scanning ImageNet's 1.3 million files."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def walk(top: Path | str, listing: list[tuple[str, int]], sizes: bool = True,
+         prefix: str = "") -> None:
+    """Every file under ``top`` as (``prefix`` + its path under ``top``, with ``/``; size),
+    recursively: the one walker of image folders, for the identity and for training's index
+    (which needs no sizes, and so no ``stat`` per file: its sizes are -1). Folders are walked
+    by descriptor, so each ``stat`` resolves one name, not the whole path (a sixth less CPU
+    over ImageNet's 1.3 million files); relative paths are built from each folder's own:
+    ``os.path.relpath`` per file cost more than the ``stat``."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _walk_fd(fd, str(top), listing, sizes, prefix)
+    finally:
+        os.close(fd)
+
+
+def _walk_fd(fd: int, where: str, listing: list[tuple[str, int]], sizes: bool,
+             prefix: str) -> None:
+    with os.scandir(fd) as it:
         for entry in it:
-            if entry.is_dir(follow_symlinks=True):
-                walk(root, Path(entry.path), listing, sizes, prefix + entry.name + "/")
-            else:
-                listing.append((prefix + entry.name, entry.stat().st_size if sizes else -1))
+            try:
+                if entry.is_dir(follow_symlinks=True):
+                    sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                    try:
+                        _walk_fd(sub, f"{where}/{entry.name}", listing, sizes,
+                                 prefix + entry.name + "/")
+                    finally:
+                        os.close(sub)
+                else:
+                    listing.append((prefix + entry.name, entry.stat().st_size if sizes else -1))
+            except OSError as exc:
+                if exc.filename != entry.name:
+                    raise
+                # A descriptor's error names the file alone: name it in full, as a path would.
+                raise type(exc)(exc.errno, exc.strerror, f"{where}/{entry.name}") from None
 
 
 def class_images(listing: list[tuple[str, int]]) -> list[tuple[str, str]]:
@@ -163,8 +199,8 @@ def walk_splits(root: Path | str, sizes: bool = True) -> list[tuple[str, int]]:
                                        "train/<class>/ and val/<class>/ (or a flat val/ with "
                                        f"{KAGGLE_LABELS})")
     listing: list[tuple[str, int]] = []
-    walk(root, root / "train", listing, sizes)
-    walk(root, root / "val", listing, sizes)
+    walk(root / "train", listing, sizes, "train/")
+    walk(root / "val", listing, sizes, "val/")
     return listing
 
 
@@ -286,7 +322,8 @@ class FileIndex:
     @classmethod
     def scan(cls, root: Path | str) -> FileIndex:
         """Walk the folder (no ``stat`` per file) and index it."""
-        return cls.from_listing(root, walk_splits(root, sizes=False))
+        with collector_paused():
+            return cls.from_listing(root, walk_splits(root, sizes=False))
 
     @classmethod
     def from_listing(cls, root: Path | str, listing: list[tuple[str, int]]) -> FileIndex:
@@ -432,9 +469,10 @@ def build_shared_index(data_dir: Path | str, run_dir: Path | str) -> SharedIndex
 
     root = Path(data_dir)
     started = time.perf_counter()
-    listing = walk_splits(root)
-    found = scan(root, listing)
-    index = FileIndex.from_listing(root, listing)
+    with collector_paused():
+        listing = walk_splits(root)
+        found = scan(root, listing)
+        index = FileIndex.from_listing(root, listing)
     took = time.perf_counter() - started
     folder = Path(run_dir) / SHARED_INDEX
     index.save(folder, found=found.to_dict(), stamps=folder_stamps(root, index.classes),

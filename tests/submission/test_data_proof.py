@@ -5,6 +5,7 @@ run checks before its clock, and `check`'s own sample."""
 import dataclasses
 import gzip
 import io
+import json
 
 import pytest
 from PIL import Image
@@ -56,7 +57,7 @@ def test_a_folder_equal_to_its_archives_gets_a_manifest_an_official_run_samples(
     root, _, found = proven
     assert found.compared == 3000 and (root / MANIFEST).exists()
     manifest = read_manifest(root)
-    assert manifest.root == found.root and len(manifest.entries) == 3000
+    assert manifest.root == found.root and len(manifest.lines) == 3000
     assert manifest.header["fingerprint"] == scan(root).fingerprint
     origin = record_origin(official(root), SMALL_RULES)
     identity = origin["dataset_identity"]
@@ -153,9 +154,23 @@ def test_check_samples_the_data_again(proven):
 
 def test_a_damaged_manifest_is_named(proven_few):
     root, _, _ = proven_few
+    good = gzip.decompress((root / MANIFEST).read_bytes()).decode()
     (root / MANIFEST).write_bytes(gzip.compress(b"not a manifest\n"))
     with pytest.raises(DataProofError, match="cannot be read .*verify-data"):
         read_manifest(root)
+    # A line lost, or a field: the header's count of files, of three fields each, says so.
+    header, *lines = good.splitlines()
+    for damaged in (lines[:-1], [lines[0].rsplit("\t", 1)[0]] + lines[1:]):
+        (root / MANIFEST).write_bytes(gzip.compress("\n".join([header, *damaged, ""]).encode()))
+        with pytest.raises(DataProofError, match="cannot be read .*not the .* files of three "
+                                                 "fields its header counts"):
+            read_manifest(root)
+    # A size that is no number is found where it is sampled.
+    rel, _, sha = lines[0].split("\t")
+    (root / MANIFEST).write_bytes(gzip.compress("\n".join(
+        [header, f"{rel}\tbig\t{sha}", *lines[1:], ""]).encode()))
+    with pytest.raises(DataProofError, match="a damaged line .*verify-data"):
+        sample_check(root, json.loads(header)["fingerprint"], sample=len(lines))
 
 
 def test_the_command_names_what_it_cannot_prove(tmp_path):

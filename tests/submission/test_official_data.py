@@ -64,7 +64,8 @@ def test_check_rescans_the_data_and_catches_an_edited_fingerprint(tmp_path):
     root = make_tree(tmp_path / "imagenet", per_class=(8, 2), classes=classes)
     (tmp_path / "c.toml").write_text(f"""
 [run]
-duration_s = 20
+duration_s = 900
+max_rounds = 1
 heartbeat_s = 1
 lease_timeout_s = 6
 [data]
