@@ -18,10 +18,14 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "installing $spec"
     pip install --no-compile "$spec"
 fi
-pip install --no-compile -e ".[test]"
 # pip compiles what it installs one file at a time (torch alone: about 3,000 files); here every
 # core does it, and a file that does not compile for this Python only keeps its source. The
 # packages' own test suites (pandas', sympy's, scipy's...: a quarter of the files) are never
-# imported and are left out.
+# imported and are left out. torch and its dependencies compile while pip, on one core,
+# installs the rest; the last pass compiles what is new and finds the rest current.
 site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
-"$VENV/bin/python" -m compileall -q -j 0 -x '/tests/' "$site" > /dev/null || true
+compile() { "$VENV/bin/python" -m compileall -q -j 0 -x '/tests/' "$site" > /dev/null 2>&1 || true; }
+compile &
+pip install --no-compile -e ".[test]"
+wait
+compile
