@@ -16,6 +16,7 @@ PACKAGE = Path(automlperf.__file__).parent
 # torch about devices only inside its functions.
 LAYERS = [
     {"__init__", "errors", "events", "rules", "config", "procutil", "hardware", "dataset_identity",
+     "folderwalk",
      "data_manifest", "seeding", "sections", "settings"},
     {"graph"},
     {"ops"},
@@ -33,7 +34,7 @@ LAYERS = [
 # Importable, and usable, without torch.
 PURE = ["automlperf.errors", "automlperf.events", "automlperf.config", "automlperf.rules",
         "automlperf.hardware", "automlperf.graph", "automlperf.ops", "automlperf.search",
-        "automlperf.dataset_identity",
+        "automlperf.dataset_identity", "automlperf.folderwalk",
         "automlperf.data_manifest", "automlperf.seeding", "automlperf.measure.score", "automlperf.train.spec",
         "automlperf.train.simulated",
         "automlperf.store"]
