@@ -15,7 +15,7 @@ run: setup
 TEST_WORKERS ?= 4
 # pytest keeps the test modules' rewritten bytecode only where Python may write bytecode;
 # where PYTHONDONTWRITEBYTECODE is set (as on CI), every worker of every run rewrites them all
-# again: collecting took 9.3 CPU-s a worker here, 4.5 with them kept.
+# again: collecting took 9.4-9.7 CPU-s a worker here, 4.8-4.9 with them kept.
 unexport PYTHONDONTWRITEBYTECODE
 # The workers' training processes share the cores: OpenMP threads that spin while they wait
 # for work take the cores from the others' (two short runs side by side: 36-39 CPU-s with
