@@ -24,6 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing import connection
 from typing import Any
 
 import numpy as np
@@ -224,12 +225,18 @@ class DecodePool:
 
     def receive(self, timeout: float = 1.0) -> Done | None:
         """The next answer, or None after ``timeout`` seconds; raises :class:`WorkerDied`
-        when a worker has ended (killed by the system, out of memory) or failed."""
-        if not self.results._reader.poll(timeout):
-            for proc in self.procs:
-                if proc.exitcode is not None or not _exists(proc.pid):
-                    raise WorkerDied(f"decoding worker {proc.name} (pid {proc.pid}) exited "
-                                     f"with code {proc.exitcode}")
+        as soon as a worker has ended (killed by the system, out of memory) or failed.
+
+        The workers' sentinels are waited on too: a worker killed while idle leaves no task
+        unanswered, and the others would go on without it, so nothing would ever stall."""
+        ready = connection.wait([self.results._reader, *(p.sentinel for p in self.procs)],
+                                timeout)
+        for proc in self.procs:
+            if proc.sentinel in ready or (not ready and not _exists(proc.pid)):
+                proc.join(1.0)  # its sentinel closes just before its exit code can be read
+                raise WorkerDied(f"decoding worker {proc.name} (pid {proc.pid}) exited "
+                                 f"with code {proc.exitcode}")
+        if not ready:
             return None
         done: Done = self.results.get()
         if done.error:
@@ -241,10 +248,13 @@ class DecodePool:
         (they ignore SIGTERM, so terminate() cannot end one that did not stop, and
         multiprocessing would wait for it forever at exit)."""
         self.cancelled_below = 2**62
-        for proc in self.procs:
-            if proc.is_alive():
+        # One that ended untold may have died holding the task queue's lock: the others
+        # could then never take their stop, and asking them would only wait `timeout` out.
+        ask = all(proc.is_alive() for proc in self.procs)
+        if ask:
+            for _ in self.procs:
                 self.tasks.put(None)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if ask else 0.0)
         while any(p.is_alive() for p in self.procs) and time.monotonic() < deadline:
             # Their answers to dropped tasks must not fill the pipe they wait to write to.
             while self.results._reader.poll(0.02):
