@@ -98,11 +98,17 @@ def init_weights(module: nn.Module, method: str = "kaiming_normal",
         elif isinstance(m, nn.BatchNorm2d):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+            m.reset_running_stats()
 
 
 def build_module(graph: Graph, init: str = "kaiming_normal", seed: int | None = None) -> GraphModule:
     """A torch module for ``graph`` with freshly initialised weights."""
-    module = GraphModule(graph)
+    # Made without memory and then initialised once: each layer's own initialisation, which
+    # init_weights replaces, drew as many random numbers again (a fifth of building ResNet-50).
+    device = torch.get_default_device()  # the caller's (a `with torch.device(...)` block)
+    with torch.device("meta"):
+        module = GraphModule(graph)
+    module.to_empty(device=device)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     init_weights(module, init, generator)
     return module
