@@ -6,20 +6,25 @@ import io
 from typing import Any
 
 import matplotlib
+import numpy as np
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.collections import LineCollection  # noqa: E402
-
-from automlperf.measure.samples import ResourceColumns  # noqa: E402
-from automlperf.measure.units import ops_unit  # noqa: E402
+from automlperf.measure.samples import ResourceColumns
+from automlperf.measure.units import ops_unit
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
            "#e377c2", "#7f7f7f", "#bcbd22"]
-plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
+matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
                      "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
                      "font.family": "sans-serif"})
+
+
+def _figure(*grid: int, figsize: tuple[float, float]) -> tuple[Figure, Any]:
+    """A figure of its own and its axes: pyplot's registry of open figures (and its import,
+    a sixth of the charts' start-up) is for interactive sessions, not a report."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid)
 
 
 def _svg(fig: Any, title: str) -> str:
@@ -27,7 +32,6 @@ def _svg(fig: Any, title: str) -> str:
     # No metadata block: it only carries a date and RDF namespaces.
     fig.savefig(buf, format="svg", bbox_inches="tight",
                 metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
-    plt.close(fig)
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]
     return svg.replace("<svg ", f'<svg role="img" aria-label="{title}" class="chart" ', 1)
@@ -39,7 +43,7 @@ def _time_label(hours: bool) -> str:
 
 def score_chart(curve: list[dict[str, float]], marks: list[dict[str, Any]]) -> str:
     """Cumulative OPS and regulated score at every epoch end; the official 0.1 h marks."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    fig, ax = _figure(figsize=(6.4, 3.0))
     long_run = bool(curve) and curve[-1]["t"] > 2 * 3600
     tx = 3600.0 if long_run else 60.0
     values = [p["ops_per_s"] for p in curve] + [p["regulated"] or 0 for p in curve]
@@ -64,7 +68,7 @@ def score_chart(curve: list[dict[str, float]], marks: list[dict[str, Any]]) -> s
 
 
 def error_chart(curve: list[dict[str, float]]) -> str:
-    fig, ax = plt.subplots(figsize=(6.4, 2.6))
+    fig, ax = _figure(figsize=(6.4, 2.6))
     long_run = bool(curve) and curve[-1]["t"] > 2 * 3600
     tx = 3600.0 if long_run else 60.0
     pts = [p for p in curve if p.get("best_accuracy") is not None]
@@ -89,7 +93,7 @@ def trials_chart(series: list[dict[str, Any]], best_lineage: list[Any] | None = 
     """Every trial's validation accuracy at each epoch end, coloured by replica. A thin grey
     link joins each child's first epoch to its parent's last (lineage); the path from the
     seed to the best model is drawn bold."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    fig, ax = _figure(figsize=(6.4, 3.2))
     long_run = any(p[0] > 2 * 3600 for s in series for p in s["points"])
     tx = 3600.0 if long_run else 60.0
     by_id = {s["id"]: s for s in series if "id" in s and s["points"]}
@@ -174,7 +178,7 @@ def resource_chart(cols: ResourceColumns, start: float) -> tuple[str, str]:
     """GPU utilisation and memory over time; CPU and host memory when there are no GPUs.
     Returns (svg, what it shows)."""
     gpu = cols.gpu
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(6.8, 2.6))
+    fig, (a1, a2) = _figure(1, 2, figsize=(6.8, 2.6))
     t = (cols.t - start) / 60.0
     drawn = False
     if cols.nodes * cols.per_node > MANY_SERIES:
@@ -216,7 +220,7 @@ def resource_chart(cols: ResourceColumns, start: float) -> tuple[str, str]:
 def scaling_chart(rows: list[dict[str, Any]]) -> str:
     """Weak scaling (the AIPerf paper's Fig. 6): the score against the devices, beside the
     ideal of the smallest run's OPS per device on every device, and the efficiency."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.0, 3.0))
+    fig, (a1, a2) = _figure(1, 2, figsize=(8.0, 3.0))
     devices = [r["devices"] for r in rows]
     scale, unit = ops_unit([r["score"] for r in rows] + [r["ideal_score"] for r in rows])
     a1.plot(devices, [r["ideal_score"] / scale for r in rows], "--", color="#999", lw=1,
@@ -277,7 +281,7 @@ def progress_chart(whole: list[tuple[float, float]],
     """The best validation accuracy reached so far (as error, log scale), by the whole run
     (bold) and by each replica on its own (thin; beyond a palette's worth of replicas, all in
     grey; with one replica, its line is the run's), held flat to ``end`` (seconds)."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    fig, ax = _figure(figsize=(6.4, 3.0))
     end = max([t for t, _ in whole] + [1.0, end])
     long_run = end > 2 * 3600
     tx = 3600.0 if long_run else 60.0
@@ -326,7 +330,7 @@ def lineage_chart(nodes: list[dict[str, Any]], siblings: list[list[tuple[int, fl
     arrow; grey branches to the other children of the ancestor before it. Error on a log
     scale, better upwards."""
     n = len(nodes)
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = _figure(figsize=(6.4, 3.4))
     values = [_error(v) for d in nodes for v in (d["birth"], d["reached"]) if v is not None]
     branches = []
     for depth, others in enumerate(siblings, 1):
@@ -376,7 +380,7 @@ def ranking_chart(points: list[tuple[float, float, int]]) -> str:
     """Each child the Gaussian process scored: the gain over its parent it predicted against
     the gain the child reached, in points of accuracy. Right of zero: ranked above the
     parent; above zero: did beat it."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    fig, ax = _figure(figsize=(6.4, 3.0))
     if points:
         xs = np.array([100 * p[0] for p in points])
         ys = np.array([100 * p[1] for p in points])
