@@ -8,11 +8,12 @@ BIN := $(VENV)/bin
 run: setup
 	$(BIN)/automlperf run
 
-# Four pytest-xdist workers on any machine: much of the suite waits on processes, servers and
-# jobs, and two workers left a 2-core machine idle for a third of the run (bench/RESULTS.md,
-# "The test suite"). A module's SLURM tests share a worker and the slow tests go first
+# Five pytest-xdist workers on any machine: much of the suite waits on processes, servers and
+# jobs; two workers left a 2-core machine idle for a third of the run, four for 6-7 % of it,
+# mostly while three waited at once (bench/RESULTS.md, "The test suite"). A module's SLURM
+# tests share a worker, the slow tests go first, and SLURM's alternate with the others
 # (tests/conftest.py).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 # pytest keeps the test modules' rewritten bytecode only where Python may write bytecode;
 # where PYTHONDONTWRITEBYTECODE is set (as on CI), every worker of every run rewrites them all
 # again: collecting took 9.4-9.7 CPU-s a worker here, 4.8-4.9 with them kept.

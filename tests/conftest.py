@@ -52,6 +52,7 @@ def pytest_collection_modifyitems(config, items):
         elif item.module is not None and item.module.__name__ in SHARED_SESSION_FIXTURE:
             item.add_marker(pytest.mark.xdist_group(SHARED_SESSION_FIXTURE[item.module.__name__]))
     items.sort(key=_start_order)
+    items[:] = _alternated(items)
 
 
 def _start_order(item) -> int:
@@ -59,6 +60,21 @@ def _start_order(item) -> int:
     if item.get_closest_marker("slurm"):
         return 0
     return 1 if item.get_closest_marker("slow") else 2
+
+
+def _alternated(items: list) -> list:
+    """The units of work in start order, each SLURM module's alternating with another slow
+    one. pytest-xdist hands the first unit to the first worker, the second to the second, and
+    so on; a SLURM module's tests mostly wait (daemons, jobs, leases), and with all the
+    workers starting on one the cores idled for a third of the first minutes."""
+    units: dict[str, list] = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        units.setdefault(group.args[0] if group else item.nodeid, []).append(item)
+    slurm = [u for u in units.values() if u[0].get_closest_marker("slurm")]
+    others = [u for u in units.values() if not u[0].get_closest_marker("slurm")]
+    order = [unit for pair in itertools.zip_longest(slurm, others) for unit in pair if unit]
+    return [item for unit in order for item in unit]
 
 
 # A test that takes longer than this and carries no lane's mark is named at the end of the
