@@ -65,8 +65,8 @@ def _start_order(item) -> int:
 def _alternated(items: list) -> list:
     """The units of work in start order, each SLURM module's alternating with another slow
     one. pytest-xdist hands the first unit to the first worker, the second to the second, and
-    so on; a SLURM module's tests mostly wait (daemons, jobs, leases), and with all the
-    workers starting on one the cores idled for a third of the first minutes."""
+    so on; a SLURM module's tests mostly wait (daemons, jobs, leases), and the workers should
+    not all begin by waiting together."""
     units: dict[str, list] = {}
     for item in items:
         group = item.get_closest_marker("xdist_group")

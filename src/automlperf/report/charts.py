@@ -16,8 +16,8 @@ from automlperf.measure.units import ops_unit
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
            "#e377c2", "#7f7f7f", "#bcbd22"]
 matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
-                     "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
-                     "font.family": "sans-serif"})
+                            "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+                            "font.family": "sans-serif"})
 
 
 def _figure(*grid: int, figsize: tuple[float, float]) -> tuple[Figure, Any]:
