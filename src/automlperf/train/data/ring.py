@@ -175,17 +175,6 @@ class WorkerStats:
             self.chunk_seconds.append(done.seconds)
 
 
-def _exists(pid: int | None) -> bool:
-    """Whether a process is still there (another waiter may have collected its status)."""
-    try:
-        os.kill(pid or 0, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid is not None
-
-
 class WorkerDied(RuntimeError):
     """A decoding worker ended without being told to."""
 
@@ -228,11 +217,13 @@ class DecodePool:
         as soon as a worker has ended (killed by the system, out of memory) or failed.
 
         The workers' sentinels are waited on too: a worker killed while idle leaves no task
-        unanswered, and the others would go on without it, so nothing would ever stall."""
+        unanswered, and the others would go on without it, so nothing would ever stall. A
+        sentinel is ready once its worker is gone, even where another waiter collected its
+        status (its exit code then reads None)."""
         ready = connection.wait([self.results._reader, *(p.sentinel for p in self.procs)],
                                 timeout)
         for proc in self.procs:
-            if proc.sentinel in ready or (not ready and not _exists(proc.pid)):
+            if proc.sentinel in ready:
                 proc.join(1.0)  # its sentinel closes just before its exit code can be read
                 raise WorkerDied(f"decoding worker {proc.name} (pid {proc.pid}) exited "
                                  f"with code {proc.exitcode}")
