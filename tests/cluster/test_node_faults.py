@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from test_slurm import wait_job
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 LEASE_S = 10
+MAX_EPOCHS = 4
 
 
 def node_fault_config() -> str:
@@ -27,7 +29,7 @@ def node_fault_config() -> str:
     run ends at its deadline. The epoch in flight there gets a short grace: these tests are
     about the faults, not the grace (tests/runner/test_replica.py), and a quarter of the duration
     would only lengthen the job."""
-    return sim_config(max_epochs=4, lease_timeout_s=LEASE_S, stop_grace_s=10,
+    return sim_config(max_epochs=MAX_EPOCHS, lease_timeout_s=LEASE_S, stop_grace_s=10,
                       deadline_grace_s=2)
 
 
@@ -84,8 +86,23 @@ def records(store):
             | {("trial", t.id) for t in store.trials(1)})
 
 
+def stopped(pid):
+    """Whether every thread of ``pid`` has stopped: SIGSTOP is delivered asynchronously."""
+    states = []
+    for task in (Path("/proc") / str(pid) / "task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return all(state in "tT" for state in states)
+
+
 def hold_mid_trial(store, replica):
-    """Replica ``replica`` held (SIGSTOP) in a running trial with an epoch done: (pid, trial)."""
+    """Replica ``replica`` held (SIGSTOP) in a running trial with an epoch done: (pid, trial).
+
+    A write the replica sent just before it stopped may still land (the store service runs
+    it), so the trial picked is one that such a write cannot end: at least two epochs short
+    of its last, as recording an epoch and ending the trial are separate writes."""
     found = {}
 
     def held():
@@ -93,8 +110,9 @@ def hold_mid_trial(store, replica):
         if rep is None:
             return False
         os.kill(rep.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(rep.pid), 60, f"replica {replica} to stop")
         trial = next((t for t in store.trials(1) if t.replica_index == replica
-                      and t.status == "running" and t.epochs_done >= 1), None)
+                      and t.status == "running" and 1 <= t.epochs_done <= MAX_EPOCHS - 2), None)
         if trial is None:
             os.kill(rep.pid, signal.SIGCONT)  # between trials: wait for the next one's epoch
             return False
