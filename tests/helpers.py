@@ -233,6 +233,33 @@ def wait_for(predicate, timeout, what, every=0.5):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def stopped(pid):
+    """Whether every thread of process ``pid`` has stopped: SIGSTOP takes effect after
+    ``kill`` returns, and a thread still running may write in between."""
+    states = []
+    for task in (Path("/proc") / str(pid) / "task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return all(state in "tT" for state in states)
+
+
+def outcome_logged(run_dir, trial_id):
+    """Whether trial ``trial_id``'s log holds its outcome. A replica logs it before it ends
+    the trial in the store, and the primary ends a trial the store still holds running with
+    its logged outcome (runner/recovery.py): a replica stopped between the two has, in
+    effect, finished that trial."""
+    from automlperf.events import read_jsonl
+    from automlperf.store.ledger import LOG
+
+    path = Path(run_dir) / "trials" / str(trial_id) / LOG
+    try:
+        return any(record.get("type") == "trial" for record in read_jsonl(path))
+    except FileNotFoundError:
+        return False
+
+
 def wait_no_strays(mark, timeout=120):
     """Every process of a run ends with it (the limit covers replicas that notice a dead
     primary by its silence, after their lease)."""

@@ -10,18 +10,16 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from automlperf.testing.slurm import kill_replica
-from helpers import cli, sim_config, wait_for
+from helpers import cli, outcome_logged, sim_config, stopped, wait_for
 from test_slurm import wait_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 LEASE_S = 10
-MAX_EPOCHS = 4
 
 
 def node_fault_config() -> str:
@@ -29,7 +27,7 @@ def node_fault_config() -> str:
     run ends at its deadline. The epoch in flight there gets a short grace: these tests are
     about the faults, not the grace (tests/runner/test_replica.py), and a quarter of the duration
     would only lengthen the job."""
-    return sim_config(max_epochs=MAX_EPOCHS, lease_timeout_s=LEASE_S, stop_grace_s=10,
+    return sim_config(max_epochs=4, lease_timeout_s=LEASE_S, stop_grace_s=10,
                       deadline_grace_s=2)
 
 
@@ -86,23 +84,11 @@ def records(store):
             | {("trial", t.id) for t in store.trials(1)})
 
 
-def stopped(pid):
-    """Whether every thread of ``pid`` has stopped: SIGSTOP is delivered asynchronously."""
-    states = []
-    for task in (Path("/proc") / str(pid) / "task").iterdir():
-        try:
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return all(state in "tT" for state in states)
-
-
-def hold_mid_trial(store, replica):
+def hold_mid_trial(store, run_dir, replica):
     """Replica ``replica`` held (SIGSTOP) in a running trial with an epoch done: (pid, trial).
-
-    A write the replica sent just before it stopped may still land (the store service runs
-    it), so the trial picked is one that such a write cannot end: at least two epochs short
-    of its last, as recording an epoch and ending the trial are separate writes."""
+    The trial picked is one whose outcome the replica has not logged: it logs an outcome
+    before it ends the trial in the store, so a trial logged as ended may still end as it
+    logged (a write already sent to the store service, or the primary's recovery)."""
     found = {}
 
     def held():
@@ -112,7 +98,8 @@ def hold_mid_trial(store, replica):
         os.kill(rep.pid, signal.SIGSTOP)
         wait_for(lambda: stopped(rep.pid), 60, f"replica {replica} to stop")
         trial = next((t for t in store.trials(1) if t.replica_index == replica
-                      and t.status == "running" and 1 <= t.epochs_done <= MAX_EPOCHS - 2), None)
+                      and t.status == "running" and t.epochs_done >= 1
+                      and not outcome_logged(run_dir, t.id)), None)
         if trial is None:
             os.kill(rep.pid, signal.SIGCONT)  # between trials: wait for the next one's epoch
             return False
@@ -153,15 +140,15 @@ def test_a_killed_replica_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, 
     job, run_dir = submit(tmp_path, env, 3, f"{duration}s")
     store = opened(run_dir)
 
-    pid2, paused = hold_mid_trial(store, 2)
+    pid2, paused = hold_mid_trial(store, run_dir, 2)
     before = records(store)
     time.sleep(LEASE_S / 2)  # the fault itself: silent for half the lease
     os.kill(pid2, signal.SIGCONT)
     resumed_at = time.time()
 
-    _, cancelled = hold_mid_trial(store, 0)
+    _, cancelled = hold_mid_trial(store, run_dir, 0)
     kill_replica(run_dir, 0)
-    frozen_pid, frozen = hold_mid_trial(store, 1)  # and never continued
+    frozen_pid, frozen = hold_mid_trial(store, run_dir, 1)  # and never continued
     before |= records(store)
 
     assert wait_job(job, env) == "COMPLETED"
@@ -191,7 +178,7 @@ def test_cancelling_the_only_replica_ends_the_run_in_one_line(slurm_cluster_3, t
     env = slurm_cluster_3
     job, run_dir = submit(tmp_path, env, 1, "15m")
     store = opened(run_dir)
-    _, cancelled = hold_mid_trial(store, 0)
+    _, cancelled = hold_mid_trial(store, run_dir, 0)
     subprocess.run(["scancel", replicas_step(job, env)], env=env, check=True)
     wait_job(job, env)
     out = next((run_dir / "logs").glob("slurm-*.out")).read_text()

@@ -22,7 +22,8 @@ from automlperf.measure.score import counted_epochs
 from automlperf.ops import count, epoch_ops
 from automlperf.store import open_store
 from helpers import (OOM_CONFIG, cli, cli_args, default_sigint, fast_config, folder_config,
-                     marked_env, sim_config, wait_for, wait_no_strays, write_config)
+                     marked_env, outcome_logged, sim_config, stopped, wait_for, wait_no_strays,
+                     write_config)
 from imagefolder import make_image_folder
 
 pytestmark = pytest.mark.slow
@@ -168,11 +169,13 @@ def test_killing_a_replica_leaves_the_run_going(tmp_path, photos):
 
     def held_mid_trial() -> bool:
         # Held (SIGSTOP: the replica, its ranks and their workers) while its running trial is
-        # picked and it is killed, so that trial cannot finish in between on a loaded machine.
+        # picked and it is killed, so that trial cannot finish in between on a loaded machine;
+        # nor after, by its logged outcome (helpers.outcome_logged).
         nonlocal victim
         freeze_between_writes(run_dir / "history.db", pid)
+        wait_for(lambda: stopped(pid), 60, "replica 1 to stop")
         victim = next((t for t in store.trials(1) if t.replica_index == 1 and t.status == "running"
-                       and t.epochs_done >= 1), None)
+                       and t.epochs_done >= 1 and not outcome_logged(run_dir, t.id)), None)
         if victim is None:
             os.killpg(pid, signal.SIGCONT)  # between two trials: wait for the next one's epoch
         return victim is not None
