@@ -234,15 +234,19 @@ def wait_for(predicate, timeout, what, every=0.5):
 
 
 def stopped(pid):
-    """Whether every thread of process ``pid`` has stopped: SIGSTOP takes effect after
-    ``kill`` returns, and a thread still running may write in between."""
+    """Whether no thread of process ``pid`` runs any more (stopped, or gone): SIGSTOP takes
+    effect after ``kill`` returns, and a thread still running may write in between."""
+    try:
+        tasks = list((Path("/proc") / str(pid) / "task").iterdir())
+    except FileNotFoundError:
+        return True  # the process ended
     states = []
-    for task in (Path("/proc") / str(pid) / "task").iterdir():
+    for task in tasks:
         try:
             states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
         except (FileNotFoundError, ProcessLookupError):
-            continue
-    return all(state in "tT" for state in states)
+            continue  # a thread that ended meanwhile
+    return all(state in "tTZX" for state in states)
 
 
 def outcome_logged(run_dir, trial_id):

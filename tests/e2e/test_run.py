@@ -173,7 +173,6 @@ def test_killing_a_replica_leaves_the_run_going(tmp_path, photos):
         # nor after, by its logged outcome (helpers.outcome_logged).
         nonlocal victim
         freeze_between_writes(run_dir / "history.db", pid)
-        wait_for(lambda: stopped(pid), 60, "replica 1 to stop")
         victim = next((t for t in store.trials(1) if t.replica_index == 1 and t.status == "running"
                        and t.epochs_done >= 1 and not outcome_logged(run_dir, t.id)), None)
         if victim is None:
@@ -278,9 +277,11 @@ def write_lock(db: Path) -> Iterator[None]:
 def freeze_between_writes(db: Path, group: int) -> None:
     """Freeze (SIGSTOP) process group ``group`` while holding ``db``'s write lock, so between
     two of its writes: frozen inside one, it would keep SQLite's lock, and the test's own
-    reads of the store would wait for it for the store's whole retry time."""
+    reads of the store would wait for it for the store's whole retry time. The lock is held
+    until the group's leader has stopped, which is after ``killpg`` returns."""
     with write_lock(db):
         os.killpg(group, signal.SIGSTOP)
+        wait_for(lambda: stopped(group), 60, f"process group {group} to stop")
 
 
 def test_a_frozen_primary(tmp_path):
