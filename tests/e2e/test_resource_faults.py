@@ -7,6 +7,7 @@ tests/e2e/test_run.py, test_trials_that_keep_failing_alike_stop_the_run.)"""
 import logging
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -196,15 +197,21 @@ def test_a_rank_killed_by_the_kernels_oom_killer(tmp_path):
     is an `oom` failure, retried once at half the batch, and the run stops in one line with
     the advice for memory; the primary and the replica survive to say so. Where the kernel
     takes the replica as well, the line says that, with the same advice, and the scenario
-    is run again (the kernel's own report decides, not a clock)."""
+    is run again (the kernel's own report decides, not a clock); so it is where the kernel
+    takes the primary as well as a training process (SIGKILL, with two kills or more in the
+    group's count), since nothing is then left to say it."""
     for attempt in range(3):
         done, kills, run_dir = run_out_of_memory(tmp_path, attempt)
-        assert done.returncode == 1, done.stdout + done.stderr
+        if done.returncode == -signal.SIGKILL and kills is not None and kills >= 2:
+            continue
+        assert done.returncode == 1, f"{done.returncode}, {kills} kills: {done.stdout + done.stderr}"
         assert "Traceback" not in done.stderr
         line = done.stderr.strip().splitlines()[-1]
         if SECOND_VICTIM not in line:
             break
         assert "give each replica more memory" in line
+    else:
+        pytest.fail("the kernel took more than a training process in each of 3 runs")
     assert line.startswith("error: the run cannot train: replica 0")
     assert "out-of-memory killer" in line and "give each replica more memory" in line
     assert kills >= 2  # the trial, and its retry at half the batch
