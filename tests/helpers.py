@@ -236,17 +236,21 @@ def wait_for(predicate, timeout, what, every=0.5):
 def stopped(pid):
     """Whether no thread of process ``pid`` runs any more (stopped, or gone): SIGSTOP takes
     effect after ``kill`` returns, and a thread still running may write in between."""
+    import psutil
+
+    halted = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE,
+              psutil.STATUS_DEAD)
     try:
-        tasks = list((Path("/proc") / str(pid) / "task").iterdir())
-    except FileNotFoundError:
+        threads = psutil.Process(pid).threads()
+    except psutil.NoSuchProcess:
         return True  # the process ended
     states = []
-    for task in tasks:
+    for thread in threads:
         try:
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        except (FileNotFoundError, ProcessLookupError):
+            states.append(psutil.Process(thread.id).status())
+        except psutil.NoSuchProcess:
             continue  # a thread that ended meanwhile
-    return all(state in "tTZX" for state in states)
+    return all(state in halted for state in states)
 
 
 def outcome_logged(run_dir, trial_id):
