@@ -19,6 +19,27 @@ from PIL import Image
 from automlperf.train.data.generate import photo
 
 
+def write_textured_folder(root: Path, classes: int = 10, train: int = 16, val: int = 4,
+                          size: tuple[int, int] = (3000, 2250), quality: int = 90) -> None:
+    """``root/{train,val}/nXXXXXXXX/*.JPEG``: a band of the photo per class, scaled to
+    ``size`` and overlaid with noise of 24 levels."""
+    w, h = size
+    src, rng = photo(), random.Random(0)
+    noise = np.random.default_rng(0).normal(0, 24, (h + 64, w + 64, 3)).astype(np.int16)
+    band = src.width // classes
+    for split, per in (("train", train), ("val", val)):
+        for c in range(classes):
+            folder = root / split / f"n{c:08d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per):
+                top = rng.randint(0, src.height // 3)
+                img = src.crop((c * band, top, (c + 1) * band, src.height)).resize((w, h))
+                dx, dy = rng.randint(0, 63), rng.randint(0, 63)
+                pixels = np.asarray(img).astype(np.int16) + noise[dy:dy + h, dx:dx + w]
+                Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
+                    folder / f"{split}_{c}_{i}.JPEG", quality=quality)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path)
@@ -29,20 +50,7 @@ def main() -> None:
     parser.add_argument("--quality", type=int, default=90)
     args = parser.parse_args()
     w, h = map(int, args.size.split("x"))
-    src, rng = photo(), random.Random(0)
-    noise = np.random.default_rng(0).normal(0, 24, (h + 64, w + 64, 3)).astype(np.int16)
-    band = src.width // args.classes
-    for split, per in (("train", args.train), ("val", args.val)):
-        for c in range(args.classes):
-            folder = args.root / split / f"n{c:08d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(per):
-                top = rng.randint(0, src.height // 3)
-                img = src.crop((c * band, top, (c + 1) * band, src.height)).resize((w, h))
-                dx, dy = rng.randint(0, 63), rng.randint(0, 63)
-                pixels = np.asarray(img).astype(np.int16) + noise[dy:dy + h, dx:dx + w]
-                Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
-                    folder / f"{split}_{c}_{i}.JPEG", quality=args.quality)
+    write_textured_folder(args.root, args.classes, args.train, args.val, (w, h), args.quality)
 
 
 if __name__ == "__main__":
