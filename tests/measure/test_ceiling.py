@@ -23,3 +23,22 @@ def test_the_measurement_as_a_run_makes_it_describes_the_node_and_its_kernel():
     (cpu,) = node["ceiling"]
     assert cpu["device"] == "cpu" and cpu["threads"] == 1 and cpu["kernel"] in ("matmul", "conv3x3")
     assert node["ceiling_ops"] == cpu["ops_per_s"] and node["system"]["cpu"]
+
+
+def test_a_repetition_another_process_stalled_does_not_lower_the_rate(monkeypatch):
+    """The rate is the median repetition's: on a clock the steps themselves advance, a step
+    stalled ten times over (the cores taken a moment) leaves it as the others make it."""
+    clock = [0.0]
+    monkeypatch.setattr(ceiling.time, "perf_counter", lambda: clock[0])
+    costs = iter([0.5] + [0.1, 0.1, 1.0, 0.1, 0.1, 0.1])  # the warm-up, then the timed steps
+
+    def step():
+        clock[0] += next(costs)
+
+    reps, elapsed, median = ceiling._timed(step, seconds=1.35)
+    assert (reps, round(elapsed, 6), round(median, 6)) == (5, 1.4, 0.1)
+    synced = []
+    costs = iter([0.2] * 9)
+    reps, _, median = ceiling._timed(step, seconds=0.9, group=4, sync=lambda: synced.append(1))
+    # The warm-up and two groups, each synchronised once; a group's time over its steps.
+    assert (reps, round(median, 6), len(synced)) == (8, 0.2, 3)
