@@ -48,10 +48,11 @@ def _timed(step: Callable[[], Any], seconds: float, group: int = 1,
     """``step`` repeated for ``seconds``, timed in groups of ``group`` (a device that queues
     work is synchronised once a group): (repetitions, elapsed, the median group's seconds).
 
-    The rate is taken from the median group, not from the elapsed time: on a 2-core node,
-    another process waking for 0.3 s of every second (a sampler, a replica starting) moved
-    a 1-second mean of 3x3 convolutions between 419 and 480 GOPS (idle: 526-561), the
-    median between 526 and 542. A ceiling is what the device does, not what it was left."""
+    The rate is taken from the median group, not from the elapsed time: on a 2-core node
+    beside another process waking for 0.3 s of every second (as a sampler or a starting
+    replica does), the mean over the time read 10-21 % below the median measured just
+    after it, while idle the two agree within 4 % (bench/RESULTS.md). A ceiling is what
+    the device does, not what other work left it."""
     step()  # warm-up: library initialisation, kernel choice and code generation
     sync()
     times: list[float] = []
