@@ -111,6 +111,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="images per rank and step")
     ap.add_argument("--workers", default="1,2")
     args = ap.parse_args()
+    if args.rounds < 3:
+        ap.error("--rounds must be at least 3: the first two of each folder warm up and are not counted")
     torch.set_num_threads(2)  # a CPU rank on this machine: its cores
     out: dict[str, Any] = {"bench": "imagenet_penalty", "size": SIZE, "batch": args.batch,
                            "load_before": round(os.getloadavg()[0], 2)}
