@@ -37,6 +37,7 @@ from automlperf.train.data import ImageFolderDataset
 from automlperf.train.data.generate import write_photo_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loader import _FdCount, _round  # noqa: E402
 from textured_folder import write_textured_folder  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -58,22 +59,10 @@ def pillow_alone(root: Path, split: str) -> dict[str, float]:
             "decodes_per_core_s": round(len(blobs) / cpu, 1)}
 
 
-def one_pass(loader: Any, split: str, epoch: int) -> dict[str, float]:
-    """A whole pass of ``split``: delivered and decoded images per second."""
-    before = [(w.images, w.seconds) for w in loader.stats.workers]
-    loader.expect(None)
-    began, images = time.perf_counter(), 0
-    for _, labels, _, _ in loader.passes(split, epoch if split == "train" else 0):
-        images += len(labels)
-    wall = time.perf_counter() - began
-    rates = [(w.images - n0) / (w.seconds - s0)
-             for w, (n0, s0) in zip(loader.stats.workers, before) if w.seconds > s0]
-    return {"images": images, "delivered": images / wall, "decoded": sum(rates)}
-
-
-def penalty(folders: dict[str, Path], workers: int, batch: int, rounds: int
+def penalty(folders: dict[str, Path], workers: int, batch: int, rounds: int, fds: _FdCount
             ) -> dict[str, Any]:
-    """Both folders' loaders side by side at ``workers`` workers, rounds alternated."""
+    """Both folders' loaders side by side at ``workers`` workers, rounds alternated; each
+    round one whole pass of a split, measured as bench/bench_loader.py measures its rounds."""
     datasets = {name: ImageFolderDataset(root, SIZE, workers) for name, root in folders.items()}
     loaders = {name: ds.loader(0, 1, batch, 0, CPU) for name, ds in datasets.items()}
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -83,7 +72,7 @@ def penalty(folders: dict[str, Path], workers: int, batch: int, rounds: int
             order = names if r % 2 == 0 else names[::-1]
             for split in ("train", "val"):
                 for name in order:
-                    figures = one_pass(loaders[name], split, r)
+                    figures = _round(loaders[name], r, True, fds, (split,))
                     if r >= 2:
                         rows.setdefault((name, split), []).append(figures)
     finally:
@@ -95,7 +84,7 @@ def penalty(folders: dict[str, Path], workers: int, batch: int, rounds: int
         out[f"{name}_{split}"] = {
             "delivered": round(delivered, 1), "per_worker": round(delivered / workers, 1),
             "decoded": round(statistics.median(x["decoded"] for x in runs), 1),
-            "rounds": len(runs), "images": runs[0]["images"]}
+            "rounds": len(runs), "images": len(_files(folders[name], split))}
     for split in ("train", "val"):
         out[f"penalty_{split}"] = round(out[f"smooth_{split}"]["delivered"]
                                         / out[f"imagenet_{split}"]["delivered"], 3)
@@ -114,6 +103,7 @@ def main() -> None:
     if args.rounds < 3:
         ap.error("--rounds must be at least 3: the first two of each folder warm up and are not counted")
     torch.set_num_threads(2)  # a CPU rank on this machine: its cores
+    fds = _FdCount()
     out: dict[str, Any] = {"bench": "imagenet_penalty", "size": SIZE, "batch": args.batch,
                            "load_before": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +117,7 @@ def main() -> None:
                 print(f"{name} {split}: {alone['files']} files of {alone['kb']} KB, Pillow "
                       f"alone {alone['decodes_per_core_s']} decodes per core-second", flush=True)
         for workers in map(int, args.workers.split(",")):
-            out[f"{workers}w"] = row = penalty(folders, workers, args.batch, args.rounds)
+            out[f"{workers}w"] = row = penalty(folders, workers, args.batch, args.rounds, fds)
             for split in ("train", "val"):
                 s, i = row[f"smooth_{split}"], row[f"imagenet_{split}"]
                 print(f"{workers} worker(s), {split}: smooth {s['delivered']:.0f} img/s "
