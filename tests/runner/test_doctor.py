@@ -204,7 +204,7 @@ def test_the_loader_is_judged_against_compiled_training_when_a_first_round_trial
 
     monkeypatch.setattr(gpudecode, "DECODERS", ())
     monkeypatch.setattr(hardware, "device_name", lambda torch, device: "NVIDIA H200")
-    monkeypatch.setattr(pipeline, "probe", lambda *a: {
+    monkeypatch.setattr(pipeline, "probe", lambda *a, **k: {
         "alone": {"images_per_s": 5282.0}, "decode_path": "cpu-pillow", "workers": 15,
         "rank_threads": 1, "per_rank": 256, "device": "cuda:0",
         "training": {"steps": 373, "passes": 3, "images_per_s": 4815.0, "data_share": 0.04,
@@ -216,6 +216,7 @@ def test_the_loader_is_judged_against_compiled_training_when_a_first_round_trial
     assert compiled.status == "fail" and "data side" in compiled.advice
     assert "0.77x what compiled training consumes (6852.0)" in compiled.summary
     assert compiled.figures["need_compiled"] and "beside eager training" in compiled.summary
+    assert compiled.summary.startswith("cpu path, chosen (cpu-pillow, 15 worker(s)")
 
 
 def _result(images, **parts):
@@ -240,3 +241,48 @@ def test_a_slow_whole_run_names_the_side_that_limits():
     device = official.judge_speed(_result(500, training_s=90.0, validation_s=5.0), 10.0)
     assert device["limit"] == "device" and device["lost_s"]["device"] == pytest.approx(40.0)
     assert official.judge_speed(_result(500), None) == {"ratio": None}
+
+
+def test_a_quick_doctor_after_a_full_one_makes_its_own_folder_and_sizes_its_model_to_any(
+        tmp_path, monkeypatch):
+    """`automlperf doctor` then `automlperf doctor --quick` in the same folder: the quick one
+    found the full one's 10-class folder and probed it with its 4-class model (`IndexError:
+    Target 8 is out of bounds`). Each mode has its own folder, made again where its note is
+    absent or says otherwise; a site's folder of more classes than the shape's gets a model
+    with an output for each."""
+    from automlperf.train.data import generate
+    from automlperf.train.data.generate import write_photo_folder
+    from automlperf.train.data.index import scan_image_folder
+
+    made = []
+
+    def small(root, classes, train, val, **kw):
+        made.append((root.name, classes))
+        write_photo_folder(root, classes, 2, 1, size=(40, 30))
+
+    monkeypatch.setattr(generate, "write_photo_folder", small)
+    out = tmp_path / "out"
+    write_photo_folder(out / "data", 10, 2, 1, size=(40, 30))  # a full doctor's, noted by none
+    quick = doctor.Node(DoctorRequest(out, quick=True))
+    shape = doctor.Shape("resnet_small", 32, 4, False)
+    root = official.dataset_dir(quick, shape)
+    assert root == out / "data-quick" and len(scan_image_folder(root).classes) == 4
+    assert official.dataset_dir(quick, shape) == root and made == [("data-quick.partial", 4)]
+    full = _node(out, False, 10.0)
+    assert official.dataset_dir(full, shape) == out / "data"  # no note: made again
+    assert made[-1] == ("data.partial", official.CLASSES)
+    assert official.dataset_dir(full, shape) == out / "data" and len(made) == 2
+    (out / "data.json").write_text('{"quick": true, "classes": 4}')  # says otherwise
+    official.dataset_dir(full, shape)
+    assert len(made) == 3 and not (out / "data.partial").exists()
+    # A site's folder of 10 classes probed for the 4-class quick shape.
+    asked = []
+    monkeypatch.setattr(pipeline, "probe", lambda *a, **k: asked.append(k.get("classes")) or {
+        "alone": {"images_per_s": 50.0}, "decode_path": "cpu-pillow", "workers": 1,
+        "rank_threads": 1, "per_rank": 8, "device": "cpu",
+        "training": {"steps": 3, "passes": 1, "images_per_s": 40.0, "data_share": 0.0,
+                     "device_share": 1.0, "busy_cores": 1.0}})
+    site = doctor.Node(DoctorRequest(tmp_path / "o2", quick=True, data_dir=out / "data"))
+    site.train_images_per_s = 10.0
+    check = pipeline.pipeline(site, shape)
+    assert asked == [official.CLASSES] and check.status == "pass", check.summary

@@ -217,6 +217,10 @@ def test_the_ranks_own_loader_is_probed_alone_and_beside_training(folder):
     assert training["steps"] == 4 and training["images"] > 0
     assert 0 <= training["data_share"] <= 1 and 0 <= training["device_share"] <= 1
     assert training["data_share"] + training["device_share"] <= 1 + 1e-9
+    # The host cores busy over the timed steps (CPU seconds counted in clock ticks: a few
+    # tiny steps may show none), and no spread from too few progress reports.
+    assert training["busy_cores"] is not None and training["busy_cores"] >= 0
+    assert training["spread"] is None or training["spread"] >= 0
     with pytest.raises(ProbeError, match="train not found"):
         probe_in_rank_process(data_section("imagenet", data_dir=folder / "nowhere", workers=1),
                               "cpu", threads=1, per_rank=4)
@@ -265,6 +269,16 @@ def test_a_probe_longer_than_a_pass_goes_on_as_the_runs_epochs_do(folder, per_ra
     assert out["seconds"] > 0 and out["images_per_s"] > 0
     assert 0 <= out["data_share"] <= 1 and 0 <= out["device_share"] <= 1
     assert out["data_share"] + out["device_share"] <= 1 + 1e-9
+
+
+def test_a_probes_spread_compares_the_rates_of_its_two_halves():
+    from automlperf.train.loaderprobe import halves_spread
+
+    # Pass 1: 10 steps a second for two intervals, then 8 (pass 2 starts its own count).
+    marks = [(1, 0.0, 2), (1, 1.0, 12), (1, 2.0, 22), (2, 5.0, 1), (2, 6.0, 9), (2, 7.0, 17)]
+    assert halves_spread(marks) == pytest.approx(2 / 9)
+    assert halves_spread(marks[:4]) is None  # two intervals only
+    assert halves_spread([(1, 0.0, 1), (1, 1.0, 5), (1, 2.0, 9), (1, 3.0, 13), (1, 4.0, 17)]) == 0
 
 
 def test_a_pinned_slot_is_free_again_only_once_its_copy_has_finished():

@@ -20,6 +20,11 @@ transform, workers and budget), and calls :func:`probe_loader`:
   the next epoch's training pass (its own shuffle and crops), which the loader has been
   decoding ahead; it then times whole passes (the share of a pass's first steps differs
   from its last ones'), which costs at most one pass more, a pass being short there.
+  Also the host cores the rank and its workers kept busy over the timed steps
+  (``busy_cores``: their CPU seconds over the wall's, from the end of the warm-up on), and
+  the probe's own ``spread``: its rate over the first half of the timed steps
+  against the second's, from the progress reports a run's rank 0 makes (twice a second),
+  where there are four intervals at least.
 
 Everything returned is plain JSON data.
 """
@@ -83,12 +88,21 @@ def beside_training(run: Any, train_steps: int) -> dict[str, Any]:
     """``train_steps`` timed steps of ``run`` (a trainer's ``_Run``) after ``WARM_STEPS``
     untimed ones, epoch after epoch with a validation pass between them where one pass holds
     fewer steps than that (see the module's description): the run's per-epoch figures summed
-    over the timed steps."""
+    over the timed steps, the busy host cores and the probe's own spread."""
     per_pass = run.steps_per_epoch
     spans = per_pass < WARM_STEPS + train_steps
     warm, left = WARM_STEPS, train_steps
     steps = images = passes = 0
     seconds = data_wait = device_wait = 0.0
+    marks: list[tuple[int, float, int]] = []  # (pass, time, step) of each timed report
+    busy = _BusyCores()
+    untimed = warm
+
+    def noted(kind: str, payload: dict[str, Any]) -> None:
+        if kind == "timed" or (kind == "progress" and payload["step"] > untimed):
+            busy.start()
+            marks.append((passes, time.perf_counter(), int(payload["step"])))
+
     # Each pass takes one step at least; a pass of unreadable files only could take none.
     for epoch in range(WARM_STEPS + train_steps):
         if epoch:
@@ -99,7 +113,8 @@ def beside_training(run: Any, train_steps: int) -> dict[str, Any]:
         if warm >= per_pass:  # the whole pass warms up
             warm -= max(1, run.train_epoch(epoch, _quiet).steps)
             continue
-        times = run.train_epoch(epoch, _quiet, max_steps=None if spans else warm + left,
+        untimed = warm
+        times = run.train_epoch(epoch, noted, max_steps=None if spans else warm + left,
                                 untimed_steps=warm)
         warm = 0
         steps, images = steps + times.steps, images + times.images
@@ -111,7 +126,55 @@ def beside_training(run: Any, train_steps: int) -> dict[str, Any]:
     seconds = max(seconds, 1e-9)
     return {"steps": steps, "images": images, "seconds": seconds, "passes": passes,
             "images_per_s": images / seconds, "data_share": min(1.0, data_wait / seconds),
-            "device_share": min(1.0, device_wait / seconds)}
+            "device_share": min(1.0, device_wait / seconds), "busy_cores": busy.stop(),
+            "spread": halves_spread(marks)}
+
+
+def halves_spread(marks: list[tuple[int, float, int]]) -> float | None:
+    """The difference between the step rate over the first and the second half of the timed
+    intervals between progress reports (``(pass, time, step)``; intervals within a pass),
+    over their mean; None with fewer than four intervals."""
+    intervals = [(t1 - t0, s1 - s0) for (p0, t0, s0), (p1, t1, s1) in zip(marks, marks[1:])
+                 if p0 == p1 and t1 > t0 and s1 > s0]
+    if len(intervals) < 4:
+        return None
+    half = len(intervals) // 2
+    rates = [sum(s for _, s in part) / sum(t for t, _ in part)
+             for part in (intervals[:half], intervals[half:])]
+    return abs(rates[0] - rates[1]) / (sum(rates) / 2)
+
+
+class _BusyCores:
+    """The host cores this process and its children (the decoding workers) keep busy
+    between :meth:`start` (the first call counts) and :meth:`stop`: CPU seconds over wall
+    seconds (psutil)."""
+
+    def __init__(self) -> None:
+        self.began: tuple[float, float] | None = None
+
+    @staticmethod
+    def _cpu() -> float:
+        import psutil
+
+        me = psutil.Process()
+        total = 0.0
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:  # ended meanwhile
+                continue
+            total += t.user + t.system
+        return total
+
+    def start(self) -> None:
+        if self.began is None:
+            self.began = (time.perf_counter(), self._cpu())
+
+    def stop(self) -> float | None:
+        if self.began is None:
+            return None
+        wall = time.perf_counter() - self.began[0]
+        return (self._cpu() - self.began[1]) / wall if wall > 0 else None
 
 
 def _quiet(kind: str, payload: dict[str, Any]) -> None:

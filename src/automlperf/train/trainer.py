@@ -258,6 +258,7 @@ class _Run:
                 synchronize(self.device)
                 loss_sum.zero_()
                 images, data_wait, device_wait = 0, 0.0, 0.0
+                emit("timed", {"step": steps})  # only a probe warms up (untimed_steps)
                 started = time.perf_counter()
                 continue
             now = time.perf_counter()

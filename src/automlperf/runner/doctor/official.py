@@ -29,18 +29,36 @@ SPEED_WARN = 0.8
 
 
 def dataset_dir(node: Node, shape: Shape) -> Path:
-    """The site's folder, or one generated under the doctor's output folder (once)."""
+    """The site's folder, or one generated under the doctor's output folder: one per mode
+    (``data``, ``data-quick``), each with a note of what it was made for beside it, and made
+    again where that note is absent or says otherwise (a folder left by an earlier doctor of
+    another version, or cut short)."""
     if node.req.data_dir is not None:
         return node.req.data_dir
     from automlperf.train.data.generate import write_photo_folder
 
-    root = node.req.out / "data"
-    if not (root / "val").exists():
-        tmp = node.req.out / "data.partial"
+    root = node.req.out / ("data-quick" if node.req.quick else "data")
+    note = root.with_name(root.name + ".json")
+    wanted = generated_size(node)
+    if not (root / "val").exists() or _made_for(note) != (node.req.quick, wanted[0]):
+        tmp = node.req.out / (root.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_photo_folder(tmp, *generated_size(node))
+        note.unlink(missing_ok=True)
+        write_photo_folder(tmp, *wanted)
+        shutil.rmtree(root, ignore_errors=True)
         tmp.rename(root)
+        note.write_text(json.dumps({"quick": node.req.quick, "classes": wanted[0],
+                                    "train_per_class": wanted[1], "val_per_class": wanted[2]}))
     return root
+
+
+def _made_for(note: Path) -> tuple[bool, int] | None:
+    """(quick, classes) of a generated folder, from its note; None without a readable one."""
+    try:
+        made = json.loads(note.read_text())
+        return bool(made["quick"]), int(made["classes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def generated_size(node: Node) -> tuple[int, int, int]:

@@ -1,7 +1,13 @@
 """The input pipeline as a run's rank has it: its own loader (transform, decoding workers,
 threads, per-rank batch, device) in a process set up as a rank, alone and feeding training
 steps (``train/loaderprobe.py``). Alone against what training consumes gives the headroom;
-beside training, the data share the run will see."""
+beside training, the data share the run will see and the host cores it keeps busy.
+
+On NVIDIA GPUs with a GPU decoder, both decode paths are probed beside the steps a run's
+trials take (compiled where the compile rule compiles them) and the faster is kept for the
+runs (:func:`decode_choice`); the item is then judged on the path chosen, with the other's
+figures beside it. Elsewhere one probe, of the CPU workers beside eager steps.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +28,12 @@ BESIDE_S, MIN_STEPS = 15.0, 3
 
 
 def probe(node: Node, shape: Shape, root: Path, index: Path, gpu_decode: bool | None = False,
-          compile: bool = False) -> dict[str, Any]:
+          compile: bool = False, classes: int | None = None) -> dict[str, Any]:
     """The rank's own loader measured in a process set up as a rank
     (train/loaderprobe.py): a run's data arguments, threads, per-rank batch and device, the
-    seed trained beside it for about BESIDE_S of steps at the training item's rate; decoded
-    by the CPU workers, or on the GPU (``gpu_decode``)."""
+    seed (with ``classes`` outputs, the shape's by default) trained beside it for about
+    BESIDE_S of steps at the training item's rate; decoded by the CPU workers, or on the GPU
+    (``gpu_decode``)."""
     from automlperf.config import load_config
     from automlperf.graph import seeds
     from automlperf.hardware import accelerator_memory_gib
@@ -40,7 +47,7 @@ def probe(node: Node, shape: Shape, root: Path, index: Path, gpu_decode: bool | 
     ranks = len(node.devices)
     rate = (node.train_images_per_s or 0.0) / ranks
     steps = max(MIN_STEPS, math.ceil((2.0 if node.req.quick else BESIDE_S) * rate / per_rank))
-    graph = seeds.seed(shape.model, shape.classes, shape.image_size, 3)
+    graph = seeds.seed(shape.model, classes or shape.classes, shape.image_size, 3)
     measured = probe_in_rank_process(cfg.data, node.devices[0], node.threads, per_rank,
                                      graph.to_dict(), train_steps=steps,
                                      precision=node.req.precision,
@@ -50,34 +57,44 @@ def probe(node: Node, shape: Shape, root: Path, index: Path, gpu_decode: bool | 
     return measured
 
 
-def decode_choice(node: Node, shape: Shape, root: Path, index: Path,
-                  cpu: dict[str, Any]) -> dict[str, Any]:
-    """Which path the node's runs decode with and why (train/data/decodechoice.py): on
-    NVIDIA GPUs with a GPU decoder, both paths beside the trial's own steps (compiled where
-    the compile rule compiles them), the faster kept for the runs; else the CPU workers."""
-    from automlperf.train.data import decodechoice, describe, gpu_decoder
+def decoder_here(node: Node) -> str | None:
+    """The GPU decoder the node's runs could decode with (its description), or None: no
+    NVIDIA GPU, or no decoder installed."""
+    from automlperf.train.data import describe, gpu_decoder
 
-    cuda = node.devices[0].startswith("cuda")
-    decoder = gpu_decoder() if cuda else None
-    if decoder is None:
-        choice = decodechoice.choose(None, cuda, None, None)
+    if not node.devices[0].startswith("cuda"):
+        return None
+    decoder = gpu_decoder()
+    return describe(decoder) if decoder is not None else None
+
+
+def decode_choice(node: Node, root: Path, cpu: dict[str, Any] | None,
+                  gpu: dict[str, Any] | None, decoder: str | None) -> dict[str, Any]:
+    """Which path the node's runs decode with and why (train/data/decodechoice.py), from the
+    two probes beside the same steps (``cpu``, ``gpu``; None where not probed): the faster,
+    kept for the runs, with its margin and whether that is within the probes' own spread.
+    Without a GPU decoder (``decoder``), the CPU workers."""
+    from automlperf.train.data import decodechoice
+
+    if decoder is None or cpu is None or gpu is None:
+        cuda = node.devices[0].startswith("cuda")
+        choice = decodechoice.choose(None, cuda, decoder, None)
         return {"path": choice.path, "why": choice.why}
-    compiled = node.trial_images_per_s is not None
-    if compiled:  # the CPU path measured again beside the steps a run's trials compile
-        cpu = probe(node, shape, root, index, gpu_decode=False, compile=True)
-    gpu = probe(node, shape, root, index, gpu_decode=True, compile=compiled)
-    described = describe(decoder)
     cpu_rate, gpu_rate = cpu["training"]["images_per_s"], gpu["training"]["images_per_s"]
+    spreads = [p["training"].get("spread") for p in (cpu, gpu)]
+    noise = max((s for s in spreads if s is not None), default=None)
     try:
-        choice = decodechoice.save(decodechoice.key_for(described, cpu["workers"]), cpu_rate,
-                                   gpu_rate, str(root))
+        choice = decodechoice.save(decodechoice.key_for(decoder, cpu["workers"]), cpu_rate,
+                                   gpu_rate, str(root), noise=noise)
         kept = ""
     except OSError as exc:
-        choice = decodechoice.winner(cpu_rate, gpu_rate)
+        choice = decodechoice.winner(cpu_rate, gpu_rate, noise)
         kept = f"; not kept for runs ({exc.strerror or exc}): they decode with the CPU workers"
-    return {"path": choice.path, "why": f"automatic: {choice.why}{kept}", "decoder": described,
-            "beside_compiled_steps": compiled, "gpu": gpu,
-            "cpu_images_per_s": cpu_rate, "gpu_images_per_s": gpu_rate}
+    return {"path": choice.path, "why": f"automatic: {choice.why}{kept}", "decoder": decoder,
+            "beside_compiled_steps": bool(gpu.get("compiled")),
+            "cpu_images_per_s": cpu_rate, "gpu_images_per_s": gpu_rate,
+            "margin": choice.margin, "noise": choice.noise,
+            "noise_measured": noise is not None, "within_noise": choice.within_noise}
 
 
 def verdict(alone: float, need: float | None, share: float,
@@ -103,41 +120,63 @@ def pipeline(node: Node, shape: Shape) -> Check:
 
     root = dataset_dir(node, shape)
     # Scanned here, once: a folder that cannot be used fails in its own words, and the
-    # probe's rank maps the saved index as a run's ranks do.
+    # probe's rank maps the saved index as a run's ranks do. The probe's model has an output
+    # for each of the folder's classes (a site's folder may hold more than the shape's).
     index = node.req.out / "index"
-    prepare_index(str(root), str(index))
-    measured = probe(node, shape, root, index)
+    classes = max(shape.classes, len(prepare_index(str(root), str(index)).classes))
     ranks = len(node.devices)
-    alone = measured["alone"]["images_per_s"]
-    beside = measured["training"]
     # A first-round trial that compiles consumes the compiled rate, and the official run's
-    # long trials are those: the loader is judged against it (beside training, the probe's
-    # steps stay eager, so that share is what the eager rate sees).
+    # long trials are those: the loader is judged against it.
     compiled = node.trial_images_per_s is not None
     consumed = node.trial_images_per_s or node.train_images_per_s
     need = consumed / ranks if consumed else None
+    decoder = decoder_here(node)
+    if decoder is None:  # one path: the CPU workers, beside eager steps
+        cpu, gpu = probe(node, shape, root, index, classes=classes), None
+        cpu["compiled"] = False
+    else:  # both paths beside the steps a run's trials take
+        cpu = probe(node, shape, root, index, gpu_decode=False, compile=compiled, classes=classes)
+        gpu = probe(node, shape, root, index, gpu_decode=True, compile=compiled, classes=classes)
+        cpu["compiled"] = gpu["compiled"] = compiled
+    choice = decode_choice(node, root, cpu, gpu, decoder)
+    chosen, other = (gpu, cpu) if choice["path"] == "gpu" and gpu is not None else (cpu, gpu)
+    alone = chosen["alone"]["images_per_s"]
+    beside = chosen["training"]
     headroom = alone / need if need else None
-    figures: dict[str, Any] = {"data_dir": str(root), **measured,
+    figures: dict[str, Any] = {"data_dir": str(root), **chosen, "chosen_path": choice["path"],
                                "needed_images_per_s_per_rank": need, "need_compiled": compiled,
                                "headroom": headroom,
                                "predicted_data_share": beside["data_share"],
-                               "shm_free_bytes": shm_free()}
-    summary = (f"rank loader ({measured.get('decode_path') or 'cpu'}, {measured['workers']} "
-               f"worker(s), {measured['rank_threads']} rank thread(s), batch "
-               f"{measured['per_rank']}, {measured['device']}): alone {alone:.1f} img/s"
+                               "busy_host_cores": beside.get("busy_cores"),
+                               "shm_free_bytes": shm_free(), "decode_choice": choice}
+    if other is not None:
+        figures["other_path"] = {"path": "cpu" if other is cpu else "gpu",
+                                 **{k: other.get(k) for k in ("alone", "training", "decode_path",
+                                                              "workers", "rank_threads")}}
+    summary = (f"{choice['path']} path, chosen ({chosen.get('decode_path') or 'cpu'}, "
+               f"{chosen['workers']} worker(s), {chosen['rank_threads']} rank thread(s), batch "
+               f"{chosen['per_rank']}, {chosen['device']}): alone {alone:.1f} img/s"
                + (f", {headroom:.2f}x what {'compiled ' if compiled else ''}training "
                   f"consumes ({need:.1f})" if need else "")
-               + f"; beside {'eager ' if compiled else ''}training ({beside['steps']} steps, "
-               f"{beside['passes']} pass(es)) {beside['images_per_s']:.1f} img/s, data share "
-               f"{beside['data_share']:.2f} (device {beside['device_share']:.2f})"
-               + ("" if compiled else ": the run's will be about that"))
-    choice = decode_choice(node, shape, root, index, measured)
-    figures["decode_choice"] = choice
+               + "; " + _beside_words(chosen, compiled and decoder is not None)
+               + ("" if compiled and decoder is None else ": the run's will be about that"))
+    if other is not None:
+        summary += (f"; the {figures['other_path']['path']} path: alone "
+                    f"{other['alone']['images_per_s']:.1f} img/s, "
+                    + _beside_words(other, compiled))
     summary += f"; decode path: {choice['path']} ({choice['why']})"
-    chosen = choice["gpu"] if choice["path"] == "gpu" else measured
-    figures["compile_figures_given_loader_rate"] = _note_loader(node, chosen["alone"]["images_per_s"])
+    figures["compile_figures_given_loader_rate"] = _note_loader(node, alone)
     status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
     return Check("input pipeline", status, summary, advice, figures)
+
+
+def _beside_words(probed: dict[str, Any], compiled: bool) -> str:
+    beside = probed["training"]
+    busy = beside.get("busy_cores")
+    return (f"beside {'compiled' if compiled else 'eager'} training ({beside['steps']} steps, "
+            f"{beside['passes']} pass(es)) {beside['images_per_s']:.1f} img/s, data share "
+            f"{beside['data_share']:.2f} (device {beside['device_share']:.2f})"
+            + (f", {busy:.1f} busy host cores" if busy is not None else ""))
 
 
 def _note_loader(node: Node, images_per_s: float) -> int:

@@ -38,14 +38,24 @@ class PathKey:
 
 @dataclass(frozen=True)
 class Choice:
-    """The path that decodes (``gpu``: nvJPEG) and why, in words a result can carry."""
+    """The path that decodes (``gpu``: nvJPEG) and why, in words a result can carry; where
+    both paths were measured, the GPU path's ``margin`` over the CPU's (a share of the CPU
+    path's rate) and the probes' own ``noise`` (their spread, train/loaderprobe.py)."""
 
     gpu: bool
     why: str
+    margin: float | None = None
+    noise: float | None = None
 
     @property
     def path(self) -> str:
         return "gpu" if self.gpu else "cpu"
+
+    @property
+    def within_noise(self) -> bool | None:
+        if self.margin is None or self.noise is None:
+            return None
+        return abs(self.margin) < self.noise
 
 
 def cache_path() -> Path:
@@ -56,27 +66,42 @@ def _entries(path: Path) -> list[dict[str, Any]]:
     return read_entries(path, FORMAT)
 
 
-def winner(cpu_images_per_s: float, gpu_images_per_s: float | None) -> Choice:
-    """The faster path beside training (the GPU path must be faster to be chosen)."""
+# The probes' spread assumed where neither measured its own (a probe too short for four
+# intervals between progress reports): two 12-second probes on a GPU differ by about 2 %.
+NOISE_UNMEASURED = 0.03
+
+
+def winner(cpu_images_per_s: float, gpu_images_per_s: float | None,
+           noise: float | None = None) -> Choice:
+    """The faster path beside training (the GPU path must be faster to be chosen), with its
+    margin, said to be within noise where the two differ by less than ``noise`` (the probes'
+    spread; NOISE_UNMEASURED where None)."""
     if gpu_images_per_s is None:
         return Choice(False, "the GPU path was not measured")
     gpu = gpu_images_per_s > cpu_images_per_s
-    return Choice(gpu, f"beside training, the GPU path fed {gpu_images_per_s:,.0f} img/s and "
-                       f"the CPU workers {cpu_images_per_s:,.0f}")
+    margin = gpu_images_per_s / cpu_images_per_s - 1 if cpu_images_per_s > 0 else None
+    spread = NOISE_UNMEASURED if noise is None else noise
+    words = (f"beside training, the GPU path fed {gpu_images_per_s:,.0f} img/s and the CPU "
+             f"workers {cpu_images_per_s:,.0f}")
+    if margin is not None:
+        measured = "the probes' own spread" if noise is not None else "an assumed spread"
+        words += (f" ({margin:+.1%}: within noise, {measured} being {spread:.1%})"
+                  if abs(margin) < spread else f" ({margin:+.1%}, beyond {measured} of {spread:.1%})")
+    return Choice(gpu, words, margin, spread)
 
 
 def save(key: PathKey, cpu_images_per_s: float, gpu_images_per_s: float, data_dir: str,
-         path: Path | None = None) -> Choice:
-    """Keep the comparison under ``key`` (replacing one of the same key); the file is
-    replaced whole, so a reader never sees half of it. Raises OSError when it cannot be
-    written."""
+         path: Path | None = None, noise: float | None = None) -> Choice:
+    """Keep the comparison under ``key`` (replacing one of the same key), with the probes'
+    spread (``noise``); the file is replaced whole, so a reader never sees half of it.
+    Raises OSError when it cannot be written."""
     path = path or cache_path()
     entries = [e for e in _entries(path) if e.get("key") != asdict(key)]
     entries.append({"key": asdict(key), "cpu_images_per_s": cpu_images_per_s,
-                    "gpu_images_per_s": gpu_images_per_s, "data_dir": data_dir,
+                    "gpu_images_per_s": gpu_images_per_s, "noise": noise, "data_dir": data_dir,
                     "measured_at": time.time()})
     write_entries(path, FORMAT, entries)
-    return winner(cpu_images_per_s, gpu_images_per_s)
+    return winner(cpu_images_per_s, gpu_images_per_s, noise)
 
 
 def measured(key: PathKey, path: Path | None = None) -> Choice | None:
@@ -88,11 +113,12 @@ def measured(key: PathKey, path: Path | None = None) -> Choice | None:
         try:
             cpu, gpu = float(entry["cpu_images_per_s"]), float(entry["gpu_images_per_s"])
             when = time.strftime("%Y-%m-%d", time.gmtime(float(entry["measured_at"])))
+            noise = None if entry.get("noise") is None else float(entry["noise"])
         except (KeyError, TypeError, ValueError):
             return None
-        found = winner(cpu, gpu)
+        found = winner(cpu, gpu, noise)
         return Choice(found.gpu, f"automatic: {found.why} (automlperf doctor, {when}, "
-                                 f"kept in {path})")
+                                 f"kept in {path})", found.margin, found.noise)
     return None
 
 
