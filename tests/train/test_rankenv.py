@@ -51,3 +51,20 @@ def test_an_accelerator_rank_leaves_its_cores_to_the_decoding_workers():
 
     assert rank_threads("cpu", 16) == 16 and rank_threads("cpu", 0) == 1
     assert rank_threads("cuda", 16) == 1 and rank_threads("xpu", 8) == 1
+
+
+def test_a_rank_decoding_on_its_gpu_compiles_with_the_cores_its_workers_leave_idle():
+    """16 cores a rank: the CPU path's 15 workers leave one for compiling; on the GPU path
+    they only read files, and compiling gets all but two. A number the user set stands."""
+    from automlperf.train.rankenv import (COMPILE_THREADS_VAR, compile_threads,
+                                          decoding_on_gpu, set_rank_environment)
+
+    assert compile_threads(16, 15) == 1 and compile_threads(16, 15, gpu_path=True) == 14
+    assert compile_threads(2, 1, gpu_path=True) == 1
+    env: dict[str, str] = {}
+    chosen = set_rank_environment(16, 15, env)
+    assert env[COMPILE_THREADS_VAR] == "1"
+    assert decoding_on_gpu(16, chosen, env) == 14 and env[COMPILE_THREADS_VAR] == "14"
+    mine = {COMPILE_THREADS_VAR: "3"}
+    assert decoding_on_gpu(16, set_rank_environment(16, 15, mine), mine) is None
+    assert mine[COMPILE_THREADS_VAR] == "3"

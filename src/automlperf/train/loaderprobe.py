@@ -221,9 +221,10 @@ def probe_loader(dataset: Any, device: Any, per_rank: int, graph: dict[str, Any]
 def _rank_process(conn: Connection, data: DataConfig, index_dir: str | None, device_name: str,
                   threads: int, kwargs: dict[str, Any]) -> None:
     """A probe in a process set up as train/rank.py sets up a rank."""
-    from automlperf.train.rankenv import set_rank_environment, take_device
+    from automlperf.train.rankenv import (configured_compile_threads, decoding_on_gpu,
+                                           set_rank_environment, take_device)
 
-    set_rank_environment(threads, data.workers or 0)
+    chosen = set_rank_environment(threads, data.workers or 0)
     try:
         import torch
 
@@ -232,7 +233,10 @@ def _rank_process(conn: Connection, data: DataConfig, index_dir: str | None, dev
         device = torch.device(device_name)
         take_device(device, threads)
         dataset = datasets.load(data, index_dir, device.type)
+        if getattr(dataset, "decodes_on_gpu", False):
+            decoding_on_gpu(threads, chosen)
         result = probe_loader(dataset, device, **kwargs)
+        result["compile_threads"] = configured_compile_threads(1)
         result["rank_threads"] = torch.get_num_threads()
         result["workers"] = data.workers or 0
         result["decode_path"] = dataset.decode_path

@@ -19,7 +19,7 @@ from automlperf.config import DataConfig
 from automlperf.procutil import die_with_parent
 from automlperf.train.binding import bind_rank
 from automlperf.train.oomkill import volunteer_for_oom_kill
-from automlperf.train.rankenv import set_rank_environment, take_device
+from automlperf.train.rankenv import decoding_on_gpu, set_rank_environment, take_device
 from automlperf.train.spec import TrialSpec
 
 
@@ -62,7 +62,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Before PyTorch reads them: the caching allocator's segments, Inductor's compile workers.
-    set_rank_environment(threads, data.workers or 0)
+    chosen = set_rank_environment(threads, data.workers or 0)
     try:
         import torch
         import torch.distributed as dist
@@ -84,6 +84,8 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
             # rendezvous file now: the parent removes it once every rank is ready.
             dist.all_reduce(torch.zeros(1, device=device))
         dataset = datasets.load(data, index_dir, device.type)
+        if getattr(dataset, "decodes_on_gpu", False):
+            decoding_on_gpu(threads, chosen)
         ctx = RankContext(rank, world, device, dataset, distributed=world > 1)
         send(conn, "ready", {"rank": rank, "dataset": dataset.describe(),
                              "device": hardware.device_name(torch, device),

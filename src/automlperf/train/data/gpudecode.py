@@ -430,6 +430,8 @@ class GpuImageFolderDataset(ImageFolderDataset):
     """The image folders decoded on the GPU with nvJPEG (see the module's description);
     ``decoder`` stands in for the library (tests give a CPU one)."""
 
+    decodes_on_gpu = True  # the rank's compile workers take the cores its workers leave idle
+
     def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
                  index_dir: Path | str | None = None, decoder: JpegDecoder | None = None,
                  chunk_images: int = GPU_CHUNK_IMAGES) -> None:
