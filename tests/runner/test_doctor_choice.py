@@ -115,6 +115,9 @@ def test_the_input_item_judges_the_path_chosen_with_the_other_beside_it(
     assert asked == [(False, True), (True, True)]
     figures = check.figures
     assert figures["chosen_path"] == path and figures["decode_choice"]["path"] == path
+    # The folder's files, counted before the run (all plain photos here).
+    assert figures["file_mix"]["files"] == 16 and figures["file_mix"]["gpu_path"]["batched"] == 1
+    assert "16 training files: 0.0% progressive" in check.summary
     if path == "gpu":
         assert check.status == "pass", check.summary
         assert check.summary.startswith("gpu path, chosen (x, 15 worker(s)")

@@ -123,7 +123,8 @@ def pipeline(node: Node, shape: Shape) -> Check:
     # probe's rank maps the saved index as a run's ranks do. The probe's model has an output
     # for each of the folder's classes (a site's folder may hold more than the shape's).
     index = node.req.out / "index"
-    classes = max(shape.classes, len(prepare_index(str(root), str(index)).classes))
+    files = prepare_index(str(root), str(index))
+    classes = max(shape.classes, len(files.classes))
     ranks = len(node.devices)
     # A first-round trial that compiles consumes the compiled rate, and the official run's
     # long trials are those: the loader is judged against it.
@@ -165,9 +166,49 @@ def pipeline(node: Node, shape: Shape) -> Check:
                     f"{other['alone']['images_per_s']:.1f} img/s, "
                     + _beside_words(other, compiled))
     summary += f"; decode path: {choice['path']} ({choice['why']})"
+    figures["file_mix"] = mix = file_mix(files, shape, chosen)
+    summary += "; " + mix_words(mix)
     figures["compile_figures_given_loader_rate"] = _note_loader(node, alone)
     status, advice = verdict(alone, need, beside["data_share"], node.accelerated)
     return Check("input pipeline", status, summary, advice, figures)
+
+
+def file_mix(files: Any, shape: Shape, probed: dict[str, Any]) -> dict[str, Any]:
+    """The folder's training files counted by what decides their decoding
+    (train/data/filemix.py), with the GPU path's limits at the probed batch and workers, and
+    the cost of its tail: the files it leaves to the CPU reference, timed on a few of them,
+    in core-seconds an epoch and in cores at the rate the probe fed beside training."""
+    from automlperf.train.data import filemix
+    from automlperf.train.data.gpudecode import GPU_CHUNK_IMAGES
+
+    chunk = max(1, min(GPU_CHUNK_IMAGES,
+                       math.ceil((probed["per_rank"] + 2) / max(1, probed["workers"]))))
+    mix = filemix.folder_mix(files, filemix.gpu_mix(shape.image_size, chunk))
+    per_file = filemix.tail_cost(mix.pop("tail"), shape.image_size)
+    share = mix["gpu_path"]["cpu_reference"]
+    mix["tail_core_s_per_file"] = per_file
+    mix["tail_core_s_per_epoch"] = None if per_file is None else per_file * share * mix["train_files"]
+    rate = probed["training"]["images_per_s"]
+    mix["tail_cores_beside_training"] = None if per_file is None else per_file * share * rate
+    return mix
+
+
+def mix_words(mix: dict[str, Any]) -> str:
+    shares, gpu = mix["shares"], mix["gpu_path"]
+    sampled = ("" if mix["sampled_every"] == 1 else
+               f" (every {mix['sampled_every']}th of {mix['train_files']:,})")
+    words = (f"{mix['files']:,} training files{sampled}: {shares['progressive']:.1%} progressive, "
+             f"{shares['greyscale']:.1%} greyscale, {shares['cmyk']:.1%} CMYK, "
+             f"{shares['rotated']:.1%} EXIF-rotated, {shares['large_file']:.1%} over "
+             f"{mix['limits']['place_bytes'] // 1024} KiB, {shares['not_jpeg']:.1%} not JPEG; "
+             f"the GPU path would decode {gpu['batched']:.1%} in its batched call, "
+             f"{gpu['one_by_one']:.1%} one by one (progressive) and leave "
+             f"{gpu['cpu_reference']:.1%} to the CPU reference")
+    if mix["tail_core_s_per_file"] is not None:
+        words += (f" ({1e3 * mix['tail_core_s_per_file']:.0f} ms a file: "
+                  f"{mix['tail_core_s_per_epoch']:.3g} core-s an epoch, "
+                  f"{mix['tail_cores_beside_training']:.2f} cores at the rate beside training)")
+    return words
 
 
 def _beside_words(probed: dict[str, Any], compiled: bool) -> str:

@@ -100,3 +100,81 @@ def _exif_orientation(tiff: bytes | memoryview) -> int | None:
             (value,) = struct.unpack(order + "H", tiff[entry + 8:entry + 10])
             return value if 1 <= value <= 8 else None
     return None
+
+
+class FileMix:
+    """Tallies of a dataset's files by what decides how each decode path treats them, one
+    file at a time (:meth:`add_bytes`: its first bytes, at least up to its frame header; or
+    :meth:`add` with a header already parsed), so any pass that reads the files (a folder's,
+    an archive's) can count as it goes; :meth:`merge` adds another pass's tallies.
+
+    Kinds overlap (a progressive greyscale file is both): ``progressive``, ``greyscale``,
+    ``cmyk`` (4 components), ``rotated`` (an EXIF orientation), ``large_file`` (more bytes than
+    ``place_bytes``, a GPU ring place's own room), ``large_image`` (over ``max_pixels``),
+    ``other_coding`` (12-bit, lossless, arithmetic) and ``not_jpeg``. Each file also takes one
+    route on the GPU path (train/data/gpuring.py's, before its box is drawn): ``batched`` in
+    the decoder's one call a step, ``one_by_one`` (progressive: nvJPEG's per-image path on the
+    rank's decode thread), or ``cpu_reference`` (decoded by Pillow in the workers: refused by
+    their header, or larger than ``chunk_room``, the most a chunk's first place can hold).
+    The CPU path decodes every file with Pillow."""
+
+    KINDS = ("progressive", "greyscale", "cmyk", "rotated", "large_file", "large_image",
+             "other_coding", "not_jpeg")
+    ROUTES = ("batched", "one_by_one", "cpu_reference")
+
+    def __init__(self, max_pixels: int, place_bytes: int, chunk_room: int) -> None:
+        self.max_pixels, self.place_bytes, self.chunk_room = max_pixels, place_bytes, chunk_room
+        self.files = 0
+        self.bytes = 0
+        self.kinds = dict.fromkeys(self.KINDS, 0)
+        self.routes = dict.fromkeys(self.ROUTES, 0)
+
+    def add_bytes(self, data: bytes | memoryview, size: int | None = None) -> JpegHeader | None:
+        """Count a file from its bytes (``size``: the whole file's, where ``data`` is only
+        its start); its header, or None where it is no JPEG."""
+        head = parse(data)
+        self.add(head, len(data) if size is None else size)
+        return head
+
+    def add(self, head: JpegHeader | None, size: int) -> None:
+        """Count a file of ``size`` bytes whose header is ``head`` (None: no JPEG)."""
+        self.files += 1
+        self.bytes += size
+        kinds = self.kinds
+        if size > self.place_bytes:
+            kinds["large_file"] += 1
+        if head is None:
+            kinds["not_jpeg"] += 1
+            self.routes["cpu_reference"] += 1
+            return
+        kinds["progressive"] += head.coding == "progressive"
+        kinds["greyscale"] += head.components == 1
+        kinds["cmyk"] += head.components == 4
+        kinds["rotated"] += head.orientation != 1
+        kinds["large_image"] += head.width * head.height > self.max_pixels
+        kinds["other_coding"] += (head.precision != 8
+                                  or head.coding not in ("baseline", "sequential", "progressive"))
+        if head.gpu_refusal(self.max_pixels) or size > self.chunk_room:
+            self.routes["cpu_reference"] += 1
+        elif head.coding == "progressive":
+            self.routes["one_by_one"] += 1
+        else:
+            self.routes["batched"] += 1
+
+    def merge(self, other: FileMix) -> None:
+        self.files += other.files
+        self.bytes += other.bytes
+        for k in self.KINDS:
+            self.kinds[k] += other.kinds[k]
+        for k in self.ROUTES:
+            self.routes[k] += other.routes[k]
+
+    def to_dict(self) -> dict[str, object]:
+        """The tallies, and each as a share of the files counted."""
+        n = max(1, self.files)
+        return {"files": self.files, "mean_bytes": self.bytes / n, "kinds": dict(self.kinds),
+                "shares": {k: v / n for k, v in self.kinds.items()},
+                "gpu_path": {k: v / n for k, v in self.routes.items()},
+                "gpu_routes": dict(self.routes),
+                "limits": {"max_pixels": self.max_pixels, "place_bytes": self.place_bytes,
+                           "chunk_room": self.chunk_room}}
