@@ -347,3 +347,37 @@ def test_a_trainer_that_cannot_go_on_ends_the_replica_with_its_reason(tmp_path):
     last = max(trials, key=lambda t: t.id)
     assert last.status == TrialStatus.FAILED and last.reason == rep.reason
     store.close()
+
+
+def test_the_ceiling_is_measured_again_once_the_runs_time_is_over(tmp_path):
+    """Both ceilings recorded, the end's beside the start's, where the replica ran to its
+    deadline; one whose rounds ended first measures nothing more (its seconds would be the
+    run's)."""
+    from automlperf.measure.result import latest_nodes
+
+    session = new_run(tmp_path)
+    now = [session.started_at]
+
+    def pass_the_deadline(spec, epoch):
+        if spec.round == 1 and epoch == 0:
+            now[0] = session.deadline_at + 1
+
+    asked = []
+    replica, store = make_replica(session, FakeTrainer(on_epoch=pass_the_deadline,
+                                                       clock=lambda: now[0]),
+                                  clock=lambda: now[0])
+    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.measure_end = lambda: asked.append(now[0]) or {"ceiling_ops": 8e8, "ceiling": []}
+    assert replica.run() == 0
+    assert asked == [session.deadline_at + 1]
+    node = latest_nodes(store.nodes(session.run_id))[0]
+    assert node["ceiling_ops"] == 1e9 and node["ceiling_end_ops"] == 8e8
+    store.close()
+    (tmp_path / "early").mkdir()
+    early = new_run(tmp_path / "early", max_rounds=1)
+    replica, store = make_replica(early, FakeTrainer())
+    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.measure_end = lambda: asked.append("early") or {}
+    assert replica.run() == 0 and asked == [session.deadline_at + 1]
+    assert "ceiling_end_ops" not in latest_nodes(store.nodes(early.run_id))[0]
+    store.close()

@@ -83,6 +83,7 @@ def check(
                           "official": r.get("official"), "simulated": r.get("simulated"),
                           "violations": r.get("violations"),
                           "unreadable_images": r.get("unreadable_images"),
+                          "interference": r.get("interference"),
                           "revalidation": again.to_dict() if again else None,
                           "recorded": rep.recorded}))
     else:
@@ -119,6 +120,10 @@ def check(
                       "validation images could not be read", highlight=False)
         for v in r.get("violations", []):
             out.print(f"  {v['rule']}: {v['detail']}", highlight=False)
+        said = (r.get("interference") or {}).get("why")
+        if said:  # from the store's samples and nodes, as recomputed
+            out.print(styled(("interference:", "red" if said.startswith("not") else "green"),
+                             f" {said}"), highlight=False, soft_wrap=True)
     if not rep.ok:
         raise typer.Exit(1)
     refusal = official_refusal(r) if official else None

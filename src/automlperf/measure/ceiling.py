@@ -1,5 +1,6 @@
 """A node's measured ceiling: the dense rate of its devices, in the precision the run trains
-in, measured for a few seconds when its replica starts: a GPU's matrix product (its vendor's
+in, measured for a few seconds when its replica starts (and again once the run's time is
+over, runner/replica.py, so that the result holds both: measure/interference.py): a GPU's matrix product (its vendor's
 GEMM), a CPU's faster of a matrix product and a 3x3 convolution, each at the rate of its median
 repetition (so that what else wakes on the node while it measures does not lower it).
 
@@ -138,12 +139,14 @@ def measure_node(devices: list[str], precision: str, threads: int,
 
 
 def run_measurement(devices: list[str], precision: str, threads: int,
-                    seconds: float = 2.0, timeout_s: float = 300.0) -> dict[str, Any]:
+                    seconds: float = 2.0, timeout_s: float = 300.0,
+                    in_process: bool = True) -> dict[str, Any]:
     """:func:`measure_node`; an error is reported, not raised (a node without a ceiling still
     trains and scores). CPU ranks are measured in this process (torch is loaded already and
-    the thread setting is restored); GPUs in a process of their own, so that no GPU context
-    stays behind."""
-    if all(d == "cpu" for d in devices):
+    the thread setting is restored) unless ``in_process`` is False (a replica's process,
+    which never loads torch); GPUs in a process of their own, so that no GPU context stays
+    behind."""
+    if in_process and all(d == "cpu" for d in devices):
         import torch
 
         before = torch.get_num_threads()

@@ -1,9 +1,12 @@
 """Resource monitor: one sampler process per node, every ``interval_s`` seconds.
 
 Records per-GPU utilisation, memory, power and the cumulative energy counter through NVML
-(``nvidia-ml-py``, imported only here), CPU utilisation and host memory through psutil, and
-the CPU packages' RAPL energy counters where readable, into the run's store and
-``monitor/<node>.jsonl``. Energy is the difference of the counters between samples
+(``nvidia-ml-py``, imported only here), with the SM clock and the reasons NVML gives for
+holding it down (``throttled`` where they are interference: thermal or hardware slowdown, a
+power brake), CPU utilisation and host memory through psutil, the share of CPU time the
+host stole from this (virtual) machine since the last sample (``cpu_steal``, from
+``/proc/stat``), and the CPU packages' RAPL energy counters where readable, into the run's
+store and ``monitor/<node>.jsonl``. Energy is the difference of the counters between samples
 (measure/energy.py). NVML numbers devices its own way and ignores
 CUDA_VISIBLE_DEVICES, so GPUs are matched to torch's numbering by UUID. Without a GPU (or
 without NVML) it records CPU and memory only.
@@ -29,6 +32,63 @@ from pathlib import Path
 from typing import IO, Any
 
 from automlperf.measure.energy import POWERCAP, RaplReader
+
+
+# NVML's clock event reasons (nvmlClocksEventReason*, formerly ClocksThrottleReason*) that
+# mean something outside the run held the GPU's clock down: hardware slowdown, software and
+# hardware thermal slowdown, the power brake. Idle, application clocks, a display clock and
+# the software power cap (the GPU at its power limit, as full load brings it) are not counted.
+INTERFERENCE_REASONS = 0x8 | 0x20 | 0x40 | 0x80
+
+
+def clock_figures(nv: Any, handle: Any) -> dict[str, Any]:
+    """The SM clock, its maximum and NVML's reasons for holding it down, where NVML gives
+    them (older bindings name the reasons' call ``ClocksThrottleReasons``)."""
+    out: dict[str, Any] = {}
+    try:
+        sm = getattr(nv, "NVML_CLOCK_SM", 1)
+        out["sm_clock_mhz"] = int(nv.nvmlDeviceGetClockInfo(handle, sm))
+        out["sm_clock_max_mhz"] = int(nv.nvmlDeviceGetMaxClockInfo(handle, sm))
+    except (nv.NVMLError, AttributeError):
+        pass
+    reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+               or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+    if reasons is not None:
+        try:
+            mask = int(reasons(handle))
+            out["clock_reasons"] = mask
+            out["throttled"] = bool(mask & INTERFERENCE_REASONS)
+        except nv.NVMLError:
+            pass
+    return out
+
+
+class StealReader:
+    """The share of this machine's CPU time that its host took for others since the last
+    reading: ``/proc/stat``'s steal over all its counters (Linux in a virtual machine; None
+    where the file or the field is absent)."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self.last = self._counters()
+
+    def _counters(self) -> tuple[int, int] | None:
+        try:
+            with open(self.path, encoding="ascii") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 9 or fields[0] != "cpu":
+            return None
+        values = [int(v) for v in fields[1:9]]  # user .. steal; guests are inside user
+        return values[7], sum(values)
+
+    def read(self) -> float | None:
+        now = self._counters()
+        last, self.last = self.last, now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return max(0.0, (now[0] - last[0]) / (now[1] - last[1]))
 
 
 class GPUSampler:
@@ -91,6 +151,7 @@ class GPUSampler:
                 entry["energy_mj"] = int(nv.nvmlDeviceGetTotalEnergyConsumption(handle))
             except nv.NVMLError:
                 pass
+            entry.update(clock_figures(nv, handle))
             out.append(entry)
         return out
 
@@ -174,16 +235,20 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def host_sample() -> dict[str, Any]:
+def host_sample(steal: StealReader | None = None) -> dict[str, Any]:
     import psutil
 
     mem = psutil.virtual_memory()
-    return {"cpu_percent": psutil.cpu_percent(interval=None),
-            "mem_used_gib": (mem.total - mem.available) / 2**30, "mem_total_gib": mem.total / 2**30}
+    out = {"cpu_percent": psutil.cpu_percent(interval=None),
+           "mem_used_gib": (mem.total - mem.available) / 2**30, "mem_total_gib": mem.total / 2**30}
+    if steal is not None:
+        out["cpu_steal"] = steal.read()
+    return out
 
 
-def sample(gpus: GPUSampler | AmdSampler | NoGPUs, rapl: RaplReader | None = None) -> dict[str, Any]:
-    record = {"t": time.time(), **host_sample(), "gpus": gpus.sample()}
+def sample(gpus: GPUSampler | AmdSampler | NoGPUs, rapl: RaplReader | None = None,
+           steal: StealReader | None = None) -> dict[str, Any]:
+    record = {"t": time.time(), **host_sample(steal), "gpus": gpus.sample()}
     if rapl is not None and rapl.domains:
         record["cpu_energy_uj"] = rapl.read()
     return record
@@ -227,6 +292,7 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
     import psutil
 
     psutil.cpu_percent(interval=None)  # the first reading only starts the measurement
+    steal = StealReader()
     pending: list[dict[str, Any]] = []
     with open(rd.monitor / f"{node}.jsonl", "a", encoding="utf-8") as out:
         for note in (gpus.error, rapl and rapl.error):
@@ -237,7 +303,7 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
             if stop.wait(wait):
                 break
             wait = interval_s
-            record = sample(gpus, rapl)
+            record = sample(gpus, rapl, steal)
             out.write(json.dumps(record) + "\n")
             out.flush()
             pending.append(record)
@@ -246,7 +312,7 @@ def run_sampler(run_dir: Path, store_url: str | None, interval_s: float, uuids: 
                 pending = []
             except Exception:  # noqa: BLE001 - kept and sent with the next sample
                 pass
-        record = sample(gpus, rapl)
+        record = sample(gpus, rapl, steal)
         out.write(json.dumps(record) + "\n")
         pending.append(record)
         try:

@@ -13,6 +13,7 @@ from automlperf import __version__, rules
 from automlperf.config import Config
 from automlperf.measure.breakdown import breakdown
 from automlperf.measure.sample_reader import PendingDigest
+from automlperf.measure import interference
 from automlperf.measure.samples import SampleDigest
 from automlperf.measure.score import implausible, score_run
 from automlperf.store import EpochRecord, TrialRecord, TrialStatus
@@ -144,10 +145,12 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         total_peak = sum(p for p in peaks if p) if all(peaks) else None
         ceilings = [n.get("ceiling_ops") for n in described]
         ceiling = sum(c for c in ceilings if c) if all(ceilings) else None
+        ends = [n.get("ceiling_end_ops") for n in described]
+        ceiling_end = sum(c for c in ends if c) if all(ends) else None
     else:  # a run from before nodes described themselves
         peak = system.get("peak_ops_per_node")
         total_peak = peak * nodes if peak else None
-        ceiling = None
+        ceiling = ceiling_end = None
     wrong = implausible(scored["score"], ceiling, ruleset)
     if wrong is not None:
         scored["violations"].append(wrong)
@@ -196,6 +199,9 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "time_breakdown": breakdown(epochs, trials, segments, used=sampled.utilisation(),
                                     grace_s=grace),
         "decoding": decoding(epochs, trials),
+        # The nodes' own while the run ran? The host's steal, GPU clocks held down, and the
+        # ceiling measured again at the end (measure/interference.py).
+        "interference": interference.judge(sampled.interference(), ceiling, ceiling_end),
         "dataset_identity": identity,
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,

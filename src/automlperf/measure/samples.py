@@ -59,6 +59,9 @@ class SampleDigest:
         self._inside = 0
         self._cpu_sum, self._cpu_n = 0.0, 0
         self._gpu_sum, self._gpu_n = 0.0, 0
+        # interference inside the sessions: the host's steal, GPU readings held down
+        self._steal_sum, self._steal_n = 0.0, 0
+        self._throttled, self._clocked = 0.0, 0
         # chart
         self._any_gpu = False
         self._nodes: set[str] = set()
@@ -125,6 +128,16 @@ class SampleDigest:
                     if util == util:
                         self._gpu_sum += util / 100.0
                         self._gpu_n += 1
+                after = 2 + 4 * len(uuids)  # samples stored before steal end here
+                if len(numbers) > after:
+                    steal = numbers[after]
+                    if steal == steal:
+                        self._steal_sum += steal
+                        self._steal_n += 1
+                    for held in numbers[after + 1:after + 1 + len(uuids)]:
+                        if held == held:
+                            self._throttled += held
+                            self._clocked += 1
             if chart and cpu == cpu:
                 self._charted(node, t, numbers, gpus)
 
@@ -164,6 +177,10 @@ class SampleDigest:
         self._cpu_n += other._cpu_n
         self._gpu_sum += other._gpu_sum
         self._gpu_n += other._gpu_n
+        self._steal_sum += other._steal_sum
+        self._steal_n += other._steal_n
+        self._throttled += other._throttled
+        self._clocked += other._clocked
         self._any_gpu |= other._any_gpu
         self._nodes |= other._nodes
         self._first += other._first
@@ -192,6 +209,14 @@ class SampleDigest:
         return {"accelerator": self._gpu_sum / self._gpu_n if self._gpu_n else None,
                 "cpu": self._cpu_sum / self._cpu_n if self._cpu_n else None,
                 "samples": self._inside}
+
+    def interference(self) -> dict[str, Any]:
+        """Inside the sessions: the mean share of CPU time the host stole from the nodes,
+        and the share of GPU readings whose clock NVML said was held down by interference
+        (thermal, hardware slowdown, power brake); None where no sample had the reading."""
+        return {"cpu_steal": self._steal_sum / self._steal_n if self._steal_n else None,
+                "gpu_throttled": self._throttled / self._clocked if self._clocked else None,
+                "steal_samples": self._steal_n, "gpu_readings": self._clocked}
 
     def columns(self) -> ResourceColumns:
         if not self._chart:

@@ -79,6 +79,7 @@ class Replica:
     size of the rounds before HPO; ``clock`` tells the time that records and the deadline
     use; ``probe_node`` describes the node (and measures its ceiling) before training starts,
     or, when it answers None, once the trainer has started, from the trainer's description;
+    ``measure_end`` measures the ceiling again once the run's time is over;
     ``start_sampler`` starts the node's resource sampler once the trainer is up; ``history``
     is the run's trials as the search reads them (shared by the replicas of a process)."""
 
@@ -87,7 +88,8 @@ class Replica:
                  clock: Callable[[], float] = time.time,
                  probe_node: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                  start_sampler: Callable[[dict[str, Any]], Sampler | None] | None = None,
-                 history: History | None = None) -> None:
+                 history: History | None = None,
+                 measure_end: Callable[[], dict[str, Any]] | None = None) -> None:
         self.place = place
         self.dir = place.dir
         self.run_id = place.run_id
@@ -103,6 +105,7 @@ class Replica:
         self.probe_node = probe_node
         self._node: dict[str, Any] | None = None  # this node's description, once recorded
         self.start_sampler = start_sampler
+        self.measure_end = measure_end
         self.stop = threading.Event()
         self.rng = random.Random(mix_seed(self.config.run.seed, place.index))
         self.history = history if history is not None else History(place.run_id)
@@ -141,6 +144,8 @@ class Replica:
                 status = TrialStatus.STOPPED
             finally:
                 self.trainer.close()
+                if status == TrialStatus.STOPPED:
+                    self._record_end_ceiling()
                 if sampler is not None:
                     sampler.terminate()
                     sampler.wait(timeout=30)
@@ -184,6 +189,32 @@ class Replica:
         self.store.record_node(self.run_id, self.index, self.segment.index,
                                socket.gethostname(), found, self.clock())
         return True
+
+    def _record_end_ceiling(self) -> None:
+        """The node's ceiling measured again once the session's time is over and the ranks
+        have stopped, recorded beside the start's (measure/interference.py compares them).
+        Not for a replica that ends before its deadline (its rounds done): the seconds would
+        be the run's."""
+        if self.measure_end is None or self._node is None:
+            return
+        if self.clock() < self.segment.deadline_at:
+            return
+        try:
+            found = self.measure_end()
+        except Exception as exc:  # noqa: BLE001 - the run's result stands without it
+            found = {"error": f"{type(exc).__name__}: {exc}"}
+        ceiling = found.get("ceiling_ops")
+        log.info("replica %d: ceiling at the end %s", self.index,
+                 f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
+        node = {**self._node, "ceiling_end": found.get("ceiling"), "ceiling_end_ops": ceiling,
+                "ceiling_end_error": found.get("error"), "ceiling_end_at": self.clock()}
+        self._node = node
+        try:
+            self.store.record_node(self.run_id, self.index, self.segment.index,
+                                   socket.gethostname(), node, self.clock())
+        except Exception:  # noqa: BLE001 - the run's result stands without it
+            log.warning("replica %d: the end's ceiling was not recorded", self.index,
+                        exc_info=True)
 
     def _log_name(self) -> str:
         return str(self.dir.logs / f"replica-{self.index}.log")

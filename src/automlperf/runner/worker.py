@@ -183,9 +183,19 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         assert proc.stdout is not None
         return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
 
+    # The ceiling again once the run's time is over, the ranks stopped, in a process of its
+    # own (this one never loads torch); not where CPU replicas share the node's cores: they
+    # end together and would measure beside one another.
+    from automlperf.runner.identity import local_size
+
+    measure_end = None
+    if not config.simulated and not (chosen == ["cpu"] and local_size() > 1):
+        measure_end = partial(run_measurement, chosen, config.train.precision,
+                              per_device if chosen == ["cpu"] else per_device * world,
+                              config.monitor.ceiling_s, in_process=False)
     replica = Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
                       probe_node=probe, start_sampler=sampler if sample else None,
-                      history=history.shared(store.url, run_id))
+                      history=history.shared(store.url, run_id), measure_end=measure_end)
     if isinstance(trainer, SimulatedTrainer):
         trainer.waiter = replica.wait_stop  # a simulated epoch ends early only for a stop
     return replica

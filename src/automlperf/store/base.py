@@ -21,16 +21,20 @@ _ABSENT = float("nan")
 
 
 def sample_figures(sample: Mapping[str, Any]) -> tuple[list[float], list[Any], Any]:
-    """What energy, utilisation and the resource chart read from a monitor sample: the
-    numbers ``[cpu_percent, mem_used_gib]`` followed by ``[index, util, energy_mj,
-    mem_used_gib]`` of each GPU the sample lists (one that answered with an error too), NaN
-    where a reading is absent; the GPUs' uuids, in the same order; and the CPU energy
-    counters (``cpu_energy_uj``, or None)."""
+    """What energy, utilisation, interference and the resource chart read from a monitor
+    sample: the numbers ``[cpu_percent, mem_used_gib]`` followed by ``[index, util,
+    energy_mj, mem_used_gib]`` of each GPU the sample lists (one that answered with an error
+    too), then ``cpu_steal`` and each GPU's ``throttled`` (1 or 0), NaN where a reading is
+    absent (samples stored before these last ones end after the GPUs'); the GPUs' uuids, in
+    the same order; and the CPU energy counters (``cpu_energy_uj``, or None)."""
     gpus = sample.get("gpus") or ()
     numbers = [_number(sample.get("cpu_percent")), _number(sample.get("mem_used_gib"))]
     for g in gpus:
         numbers += (_number(g.get("index")), _number(g.get("util")), _number(g.get("energy_mj")),
                     _number(g.get("mem_used_gib")))
+    numbers.append(_number(sample.get("cpu_steal")))
+    numbers += [_number(None if g.get("throttled") is None else float(g["throttled"]))
+                for g in gpus]
     return numbers, [g.get("uuid") for g in gpus], sample.get("cpu_energy_uj")
 
 
