@@ -70,6 +70,19 @@ def traffic(chunks: list[tuple[int, int, int, int]], folded: bool) -> dict[str, 
     return parts
 
 
+def fixed_point(window: np.ndarray, boxes: np.ndarray) -> tuple[float, float]:
+    """The fixed-point kernels' (train/data/resample_fixed.py) bytes and integer operations
+    for the step, by arithmetic: each window's pixels read once (a tap's re-reads hit the
+    cache), the uint8 intermediate written and read, the output written; a multiply-add (2
+    operations) per tap of each output of either pass (at most 2 x the downscale + 1 taps)."""
+    taps_x = np.floor(2 * np.maximum((boxes[:, 2] - boxes[:, 0]) / SIZE, 1.0) + 1)
+    taps_y = np.floor(2 * np.maximum((boxes[:, 3] - boxes[:, 1]) / SIZE, 1.0) + 1)
+    w, h = window[:, 1].astype(float), window[:, 3].astype(float)
+    moved = float((3 * w * h + 2 * 3 * h * SIZE + 3 * SIZE * SIZE).sum())
+    ops = float((2 * 3 * h * SIZE * taps_x + 2 * 3 * SIZE * SIZE * taps_y).sum())
+    return moved, ops
+
+
 def measure(seed: int, repeat: int) -> dict[str, object]:
     shapes, boxes, flips = step(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -91,7 +104,9 @@ def measure(seed: int, repeat: int) -> dict[str, object]:
         if k:  # the first call is a warm-up
             times.append(time.perf_counter() - t)
     moved = traffic(chunks, hasattr(rs, "PAD_RATIO"))
+    fixed_bytes, fixed_ops = fixed_point(window, boxes)
     return {"seed": seed, "chunks": len(chunks), "taps": int(taps),
+            "fixed_point_gbytes": fixed_bytes / 1e9, "fixed_point_gop": fixed_ops / 1e9,
             "own_mfloats": own / 1e6, "padded_mfloats": padded / 1e6,
             "padding": padded / own, "gflop": gflop, "gbytes_moved": moved["total"] / 1e9,
             "moved_gb_by_kind": {k: v / 1e9 for k, v in moved.items()},
@@ -114,9 +129,11 @@ def main() -> None:
         print(f"  step {s['seed']}: {s['own_mfloats']:.0f} M window floats padded "
               f"{s['padding']:.2f}x in {s['chunks']} chunks, {s['gflop']:.1f} GFLOP, "
               f"{s['gbytes_moved']:.2f} GB moved, CPU {s['cpu_ms_median']:.0f} ms "
-              f"({', '.join(f'{x:.0f}' for x in s['cpu_ms'])}), plan {s['plan_ms']:.2f} ms")
+              f"({', '.join(f'{x:.0f}' for x in s['cpu_ms'])}), plan {s['plan_ms']:.2f} ms; "
+              f"fixed-point kernels {s['fixed_point_gbytes']:.2f} GB, {s['fixed_point_gop']:.2f} GOP")
     mean = {k: statistics.mean(float(s[k]) for s in steps)  # type: ignore[arg-type]
-            for k in ("padding", "gflop", "gbytes_moved", "cpu_ms_median", "chunks", "plan_ms")}
+            for k in ("padding", "gflop", "gbytes_moved", "cpu_ms_median", "chunks", "plan_ms",
+                      "fixed_point_gbytes", "fixed_point_gop")}
     print("  mean: " + ", ".join(f"{k} {v:.2f}" for k, v in mean.items()))
     if args.out:
         with open(args.out, "w") as f:

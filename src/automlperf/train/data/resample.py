@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from automlperf.train.data import resample_fixed
+
 Box = tuple[float, float, float, float]
 PRECISION = float(1 << 22)
 
@@ -69,7 +71,10 @@ def triangle_bands(start: np.ndarray, end: np.ndarray, in_size: np.ndarray, out_
     Pillow's Resample.c), for all lines together: a step's boxes cost a few array operations,
     not a few per image. Each output pixel reads at most ``taps`` source pixels from its own
     ``lo``, so the weights are computed over that band, not the whole window."""
-    scale = (end - start) / out_size
+    # Pillow takes the box in float32 and its span in float32 before its double arithmetic.
+    start, end = start.astype(np.float32), end.astype(np.float32)
+    scale = (end - start).astype(np.float64) / out_size
+    start = start.astype(np.float64)
     filterscale = np.maximum(scale, 1.0)[:, None]  # the triangle's support, 1 at scale 1
     centres = start[:, None] + (np.arange(out_size) + 0.5)[None, :] * scale[:, None]
     top = in_size[:, None]
@@ -80,7 +85,9 @@ def triangle_bands(start: np.ndarray, end: np.ndarray, in_size: np.ndarray, out_
     last = np.maximum(hi.max(axis=1), first + 1)
     taps = max(1, int((hi - lo).max(initial=0)))
     xs = lo[:, :, None] + np.arange(taps)[None, None, :]
-    band = np.maximum(0.0, 1.0 - np.abs((xs - centres[:, :, None] + 0.5) / filterscale[:, :, None]))
+    # Times the reciprocal, as Pillow computes it (not a division: the last bit differs).
+    band = np.maximum(0.0, 1.0 - np.abs((xs - centres[:, :, None] + 0.5)
+                                        * (1.0 / filterscale[:, :, None])))
     band *= xs < hi[:, :, None]
     sums = band.sum(axis=2, keepdims=True)
     band = np.divide(band, sums, out=np.zeros_like(band), where=sums != 0)
@@ -98,8 +105,9 @@ def windows(box: np.ndarray, widths: np.ndarray, heights: np.ndarray,
     out = np.empty((len(box), 4), np.int64)
     taps = 1
     for axis, (a, b, extent) in enumerate(((0, 2, widths), (1, 3, heights))):
-        start, end = box[:, a], box[:, b]
-        scale = (end - start) / size
+        start, end = box[:, a].astype(np.float32), box[:, b].astype(np.float32)
+        scale = (end - start).astype(np.float64) / size  # as triangle_bands
+        start = start.astype(np.float64)
         filterscale = np.maximum(scale, 1.0)
         ends = np.array([0.5, size - 0.5])[None, :]
         centres = start[:, None] + ends * scale[:, None]
@@ -126,8 +134,10 @@ def device_bands(box: Any, extent: Any, flips: Any, window: Any, size: int,
     device = box.device
     f64 = torch.float64
     # Slices, not lists of columns: a list would cross to the device as a pageable copy.
-    starts, ends = box[:, 0:2], box[:, 2:4]  # (n, axis)
-    scale = (ends - starts) / size
+    # Pillow's box is float32, its span too (as triangle_bands).
+    starts, ends = box[:, 0:2].float(), box[:, 2:4].float()  # (n, axis)
+    scale = (ends - starts).double() / size
+    starts = starts.double()
     filterscale = torch.clamp(scale, min=1.0)[:, :, None]
     centres = starts[:, :, None] + (torch.arange(size, dtype=f64, device=device) + 0.5) * scale[:, :, None]
     top = extent[:, :, None]
@@ -135,7 +145,7 @@ def device_bands(box: Any, extent: Any, flips: Any, window: Any, size: int,
     lo = torch.minimum(torch.maximum(torch.trunc(centres - filterscale + 0.5), zero), top)
     hi = torch.minimum(torch.maximum(torch.trunc(centres + filterscale + 0.5), zero), top)
     xs = lo[..., None] + torch.arange(taps, dtype=f64, device=device)
-    band = torch.clamp(1.0 - torch.abs((xs - centres[..., None] + 0.5) / filterscale[..., None]),
+    band = torch.clamp(1.0 - torch.abs((xs - centres[..., None] + 0.5) * (1.0 / filterscale[..., None])),
                        min=0.0)
     band = band * (xs < hi[..., None])
     sums = band[..., 0]
@@ -265,6 +275,9 @@ def resample_step(flat: Any, shapes: np.ndarray, box: np.ndarray, flips: np.ndar
     cols, weights = device_bands(numbers_d[:, :4], numbers_d[:, 4:6], numbers_d[:, 6] != 0,
                                  table_d[:, X0:YLEN + 1], size,
                                  int(needed) if taps is None else taps)
+    if resample_fixed.wanted(device) and resample_fixed.apply_fixed(
+            flat, table_d, cols, weights, size, out, table[:, YLEN]):
+        return
     apply_windows(flat, table_d, cols, weights, chunks, size, out)
 
 
