@@ -77,7 +77,7 @@ def check_result(rd: RunDir, config: Config, fresh: dict[str, Any], stored: dict
     # recorded beside it; any other that names none had the key deleted.
     era = ruleset_problems(stored, recorded, fresh["node_descriptions"])
     bad.extend(era)
-    if "ruleset" in stored or "ruleset" in recorded or era:
+    if ("ruleset" in stored or "ruleset" in recorded) and not era:
         _check_ruleset(recorded, fresh, bad)  # a list shows result.json's
     if "ruleset" in stored or era:
         _check_records(recorded, fresh, bad)
@@ -119,7 +119,7 @@ def _check_system_figure(recorded: dict[str, Any], fresh: dict[str, Any],
     Results of rulesets before aiperf-2021.3 took the host and CPU from the primary of
     their last session, which a resumed run may have started elsewhere, and added its
     accelerators: there each must be one the records describe (the store's system or a
-    node's), and every accelerator the nodes trained on must be named."""
+    node's), and every accelerator the nodes describe must be named."""
     mine, theirs = recorded.get("system"), fresh.get("system") or {}
     if not legacy or not isinstance(mine, dict):
         if not same(mine, theirs):
