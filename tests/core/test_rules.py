@@ -158,3 +158,30 @@ def test_a_seed_is_drawn_by_an_official_run_and_recorded():
     with pytest.raises(ConfigError, match="run.seed = 7"):
         chosen.check_official()
 
+
+def test_the_configuration_page_says_exactly_what_the_ruleset_fixes():
+    """docs/configuration.md's table names every setting the current ruleset fixes as fixed,
+    and none that it leaves to the site."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+    settings = Config().settings()
+    fixed_rows, open_rows = set(), set()
+    for line in page.read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`["):
+            continue
+        section = cells[0].strip("`[]")
+        names = set()
+        for key in re.findall(r"`([a-z_*]+)`", cells[1]):
+            names |= {n for n in settings if re.fullmatch(
+                re.escape(f"{section}.{key}").replace(r"\*", ".*"), n)}
+        assert names, f"no setting in {line!r}"
+        if cells[3].startswith("fixed"):
+            fixed_rows |= names
+        elif cells[3].startswith("customisable"):
+            open_rows |= names
+    assert fixed_rows <= set(FIXED), fixed_rows - set(FIXED)
+    assert not open_rows & set(FIXED), open_rows & set(FIXED)
+    assert set(FIXED) <= fixed_rows, set(FIXED) - fixed_rows
