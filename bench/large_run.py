@@ -89,7 +89,8 @@ def _node(index: int) -> dict[str, Any]:
                                      "accelerators": accel},
             "devices": [f"cuda:{i}" for i in range(DEVICES)], "ceiling_ops": 6.1e15,
             "ceiling": [{"device": f"cuda:{i}", "precision": "bf16", "side": 8192,
-                         "ops": 7.6e14} for i in range(DEVICES)]}
+                         "ops_per_s": 6.1e15 / DEVICES, "kernel": "matmul"}
+                        for i in range(DEVICES)]}
 
 
 def _child(parent: Graph, rng: random.Random, taken: set[str]) -> tuple[Graph, list[dict[str, Any]]]:

@@ -18,7 +18,7 @@ _db_names = itertools.count()
 SHARED_MODULE_FIXTURE = ("test_results", "test_trainer")
 # Modules that share a session fixture: one worker for all of them, which runs it once.
 SHARED_SESSION_FIXTURE = {"test_official_shape": "official_shape", "test_bundle": "official_shape",
-                          "test_listing": "official_shape",
+                          "test_listing": "official_shape", "test_record_edits": "official_shape",
                           "test_identity": "imagenet_1k", "test_readme_cluster": "imagenet_1k"}
 
 

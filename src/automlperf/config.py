@@ -15,6 +15,7 @@ here. What a command's options ask for is turned into a :class:`Config` by
 from __future__ import annotations
 
 import re
+import secrets
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -65,13 +66,17 @@ def parse_duration(value: Any) -> float:
 
 class RunConfig(Section):
     duration_s: float = Field(3600.0, gt=0, description="Wall-clock length of the run in "
-                              "seconds (TOML also takes '10m', '2h'). Official runs need >= 1 h.")
+                              "seconds (TOML also takes '10m', '2h'). An official run needs "
+                              "a whole number of hours, at least 1, and must run to it.")
     replicas: int = Field(1, ge=1, le=10_000, description="Local replica processes (`run`); on "
                           "SLURM, one replica per node; with an external launcher, the replicas "
                           "expected. At most 10,000: the size the control plane is measured at.")
     devices_per_replica: int | None = Field(None, ge=1, description="Accelerators each replica "
                                             "trains on; default all visible (CPU: 1).")
-    seed: int = Field(0, ge=0, description="Seed of the search, the HPO and weight init.")
+    seed: int | None = Field(None, ge=0, description="Seed of the search, the HPO and weight "
+                             "init. Unset: an official run draws its own when it starts "
+                             "(aiperf-2021.4 fixes it unset, so that no seed is chosen), "
+                             "any other run uses 0; the run records the seed it used.")
     official: bool | None = Field(None, description="true: refuse to start unless the run can "
                                   "be official (every fixed setting at its official value, real "
                                   "accelerators, the data ImageNet-1k). false: an unofficial run, "
@@ -199,12 +204,32 @@ class Config(Section):
         if self.run.official and changes:
             raise ConfigError("official run refused: fixed setting(s) changed: "
                               + "; ".join(changes) + ". Restore them or set run.official = false")
+        short = rules.CURRENT.duration_problem(self.run.duration_s)
+        if self.run.official and short:
+            raise ConfigError(f"official run refused: run.duration_s: {short}; set a whole "
+                              "number of hours (e.g. '2h') or run.official = false")
 
     def deadline_grace(self, ruleset: rules.Ruleset = rules.CURRENT) -> float:
         """Seconds an epoch in flight at the deadline may take to finish and count: under a
         ruleset that charges each replica its own time, the run's own setting or else the
         ruleset's grace; none under any other."""
         return ruleset.grace_s(self.run.duration_s, self.run.deadline_grace_s)
+
+    def new_seed(self) -> int:
+        """The seed a new run records and trains with: its configuration's; else, for a run
+        held to the official rules, one drawn now, which no one chose (a site cannot bring
+        the best of the seeds it tried elsewhere); else 0, so that other runs repeat."""
+        if self.run.seed is not None:
+            return self.run.seed
+        return secrets.randbelow(2**31) if self.strict() else 0
+
+    def seed_used(self, recorded: dict[str, Any] | None = None) -> int:
+        """The seed the run trains with: the configuration's, else the one the run drew and
+        recorded at its start (``recorded``, its system record), else 0."""
+        if self.run.seed is not None:
+            return self.run.seed
+        drawn = (recorded or {}).get("seed")
+        return int(drawn) if isinstance(drawn, int) else 0
 
     def customised(self) -> dict[str, Any]:
         """Dotted names of every setting that differs from the defaults, with its value."""

@@ -77,8 +77,10 @@ class EpochEvent:
     compiled: bool = False  # trained through torch.compile (train.compiling decides)
     decode_path: str = ""  # what decoded the images, with its libraries' versions
     cpu_decoded: int = 0  # images a GPU decoding path left to the CPU reference
-    # Mean validation loss (what early stopping may watch); None in records written before
-    # it was kept, and where no validation image was read.
+    # Mean validation loss (what early stopping may watch): the cross-entropy without label
+    # smoothing (in runs of rulesets before aiperf-2021.4, the training loss's, smoothing
+    # included); None in records written before it was kept, and where no validation image
+    # was read.
     val_loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -69,6 +69,22 @@ class Ruleset:
     # Whether the data must be proven by content: a manifest of the folder, verified against
     # the official archives, sampled before the clock (automlperf.data_manifest).
     proven_data: bool = False
+    # The bound above for a node that trains on accelerators (None: the same as a CPU's). A
+    # GPU's ceiling is its vendor's GEMM, which a whole training step never approaches:
+    # ResNet-50's compiled steps reached 0.23 of it on an H200 (bench/RESULTS.md), while a
+    # CPU's training runs at up to three quarters of its convolution's rate.
+    max_fraction_of_accelerator_ceiling: float | None = None
+    # Whether a node without a measured ceiling makes the result not valid, rather than
+    # leaving the bound above unjudged.
+    ceiling_required: bool = False
+    # A node's ceiling above this multiple of the data-sheet peak of its accelerators
+    # (measure/system.py peak_for, by their names) is implausible (None: not judged).
+    max_ceiling_of_peak: float | None = None
+    # Durations a result may have: whole multiples of this (None: any at or above the
+    # minimum), run to within ``max_short_s`` of their end, so that a duration class holds
+    # only runs of that duration.
+    duration_step_s: float | None = None
+    max_short_s: float | None = None
 
     def grace_s(self, duration_s: float, configured: float | None = None) -> float:
         """Seconds an epoch in flight at the deadline may take to finish and count."""
@@ -86,12 +102,37 @@ class Ruleset:
                                "does not have")
             value = settings[name]
             if _normal(value) != _normal(official):
-                shown = "unset, the ruleset's own" if official is None else repr(official)
+                shown = _UNSET.get(name, "unset, the ruleset's own") if official is None \
+                    else repr(official)
                 changes.append(f"{name} = {value!r} (official: {shown})")
         return changes
 
     def precision_violations(self, precisions: list[str] | set[str]) -> list[str]:
         return sorted({p for p in precisions if p not in self.allowed_precisions})
+
+    def duration_problem(self, duration_s: float) -> str | None:
+        """Why a run of this duration cannot be valid, in words (None: it can)."""
+        if duration_s < self.min_duration_s:
+            return (f"a duration of {_hours(duration_s)} is below the minimum of "
+                    f"{_hours(self.min_duration_s)}")
+        step = self.duration_step_s
+        if step and abs(duration_s / step - round(duration_s / step)) > 1e-9:
+            unit = "hours" if step == 3600 else f"{step:g}-s steps"
+            return (f"a duration of {duration_s:,.0f} s is not a whole number of {unit} "
+                    f"(ruleset {self.id}: a duration class holds only runs of its length)")
+        return None
+
+    def newer_than(self, other: Ruleset) -> bool:
+        order = list(RULESETS)
+        return order.index(self.id) > order.index(other.id)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min"
+
+
+# What an official value of None stands for, where it is not the ruleset's own figure.
+_UNSET = {"run.seed": "unset: the run draws its own"}
 
 
 def _normal(value: Any) -> Any:
@@ -187,10 +228,31 @@ AIPERF_2021_3 = replace(
         "once against the official archives (automlperf verify-data), and a sample of its "
         "files checked against that manifest before the clock.",))
 
+# What still moved the score of an official run or escaped its judgement under 2021.3
+# (docs/official.md, "The rules that move the score"): a seed the submitter chose (the best of
+# several could be kept), a duration between whole hours ranked with the hour below it, a run
+# that ended early, a node without a ceiling that switched the bound off, a ceiling above its
+# accelerators' data sheet, and a bound too loose for GPUs.
+AIPERF_2021_4 = replace(
+    AIPERF_2021_3, id="aiperf-2021.4", ceiling_required=True,
+    max_fraction_of_accelerator_ceiling=0.5, max_ceiling_of_peak=1.1,
+    duration_step_s=3600.0, max_short_s=60.0,
+    # None: the run draws its own seed when it starts, and records it.
+    fixed=MappingProxyType({**AIPERF_2021_3.fixed, "run.seed": None}),
+    notes=AIPERF_2021_3.notes + (
+        "An official run draws its own seed at its start (run.seed stays unset) and records "
+        "it. The duration is a whole number of hours, and a run ends no more than 60 s "
+        "before it. Every node measures its ceiling, or the result is not valid; a score "
+        "above 1.5 times the ceiling of CPU nodes and 0.5 times that of accelerator nodes "
+        "is implausible, and so is a ceiling above 1.1 times its accelerators' data-sheet "
+        "peak. Early stopping watches the validation's cross-entropy without label "
+        "smoothing, so that the loss a site chooses does not move it.",))
+
 RULESETS: Mapping[str, Ruleset] = MappingProxyType({r.id: r for r in (AIPERF_2021_1,
                                                                      AIPERF_2021_2,
-                                                                     AIPERF_2021_3)})
-CURRENT = AIPERF_2021_3
+                                                                     AIPERF_2021_3,
+                                                                     AIPERF_2021_4)})
+CURRENT = AIPERF_2021_4
 # result.json files written before results named their ruleset were judged by these rules.
 LEGACY_ID = AIPERF_2021_1.id
 

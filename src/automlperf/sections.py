@@ -108,7 +108,9 @@ class TrainConfig(Section):
     lr_per_256: float = Field(0.1, gt=0, le=100, description="Peak learning rate per 256 "
                               "images of global batch.")
     warmup_epochs: float = Field(2.0, ge=0, description="Linear learning-rate warm-up, epochs.")
-    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    label_smoothing: float = Field(0.1, ge=0, lt=1, description="Of the training loss "
+                                   "(customisable, as the paper's loss is); early stopping "
+                                   "watches the validation loss without it.")
     cpu_binding: Literal["auto", "spread", "off"] = Field(
         "auto", description="Where ranks and their decoding workers run: auto, on multi-NUMA "
         "nodes a share of the cores of each GPU's NUMA node (not where the batch system "

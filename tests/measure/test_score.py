@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from automlperf import rules
-from automlperf.measure.score import (MIN_ERROR, counted_epochs, implausible, score_run,
+from automlperf.measure.score import (MIN_ERROR, NodeCeiling, ceiling_violations,
+                                      counted_epochs, implausible, plausible_limit, score_run,
                                       segment_bounds, timeline, violations)
 
 LAST_EPOCH = rules.AIPERF_2021_1
@@ -206,8 +207,43 @@ def test_each_rule_is_checked_and_named(change, rule, official):
     assert [v["rule"] for v in found] == [rule] and found[0]["detail"]
 
 
+def cpu_node(ceiling, replica=0, **kw):
+    return NodeCeiling(replica=replica, host=f"n{replica}", ceiling_ops=ceiling,
+                       accelerator=False, **kw)
+
+
+def gpu_node(ceiling, replica=0, peak=None, **kw):
+    return NodeCeiling(replica=replica, host=f"g{replica}", ceiling_ops=ceiling,
+                       accelerator=True, peak_ops=peak, **kw)
+
+
 def test_a_score_far_above_the_measured_ceiling_is_implausible_from_aiperf_2021_3():
-    assert implausible(1.4e12, 1e12) is None and implausible(1e12, None) is None
-    wrong = implausible(2e12, 1e12)
+    r2021_3 = rules.AIPERF_2021_3
+    assert implausible(1.4e12, [cpu_node(1e12)], r2021_3) is None
+    wrong = implausible(2e12, [cpu_node(1e12)], r2021_3)
     assert wrong["rule"] == "implausible" and "2.00 times the ceiling" in wrong["detail"]
-    assert implausible(2e12, 1e12, PER_REPLICA) is None  # earlier rulesets never judged it
+    assert implausible(2e12, [cpu_node(1e12)], PER_REPLICA) is None  # earlier rulesets never judged it
+    # Under 2021.3 a node without a ceiling switched the bound off; its results keep that.
+    assert ceiling_violations(9e15, [cpu_node(1e12), cpu_node(None, 1)], r2021_3) == []
+
+
+def test_no_bound_switches_itself_off_from_aiperf_2021_4():
+    """A node without a ceiling makes the result not valid, naming the node; an accelerator
+    node's bound is its GEMM's rate at 0.5 (a training step reached 0.23 of it), a CPU's at
+    1.5 (training reaches three quarters of its convolution's); a ceiling above its
+    accelerators' data sheet is implausible too."""
+    (missing,) = ceiling_violations(1e12, [cpu_node(1e12), cpu_node(None, 1, error="the "
+                                                                    "measurement failed: boom")])
+    assert missing["rule"] == "ceiling"
+    assert "replica 1 on n1 (the measurement failed: boom)" in missing["detail"]
+    assert ceiling_violations(1e12, [])[0]["rule"] == "ceiling"  # no node described itself
+    assert ceiling_violations(1.45e12, [cpu_node(1e12)]) == []
+    assert ceiling_violations(0.45e15, [gpu_node(1e15)]) == []
+    (over,) = ceiling_violations(0.6e15, [gpu_node(1e15)])
+    assert over["rule"] == "implausible" and "at most 0.50 is plausible" in over["detail"]
+    # Both kinds: each node's own multiple.
+    assert plausible_limit([gpu_node(1e15), cpu_node(1e12, 1)]) == 0.5e15 + 1.5e12
+    (peak,) = ceiling_violations(1e14, [gpu_node(1.2e15, peak=989.4e12)])
+    assert peak["rule"] == "implausible" and "1.21 times its accelerators' data-sheet peak" \
+        in peak["detail"]
+    assert ceiling_violations(1e14, [gpu_node(1.05e15, peak=989.4e12)]) == []

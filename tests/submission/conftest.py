@@ -65,3 +65,13 @@ def simulated_bundle(tmp_path_factory):
     done = cli("submit", base / "run", "--dir", "--out", base / "bundle")
     assert done.returncode == 0, done.stdout + done.stderr
     return base / "bundle"
+
+
+@pytest.fixture(scope="session")
+def official_bundle(official_shape_run, tmp_path_factory):
+    """The official-shape run's bundle (a folder), as `automlperf submit` writes it. Read it,
+    never write: a test copies it (helpers.copy_of) to edit."""
+    out = tmp_path_factory.mktemp("official-bundle") / "official-shape"
+    done = cli("submit", official_shape_run, "--dir", "--out", out, "--system", "Shape [x1]")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out

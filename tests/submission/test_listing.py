@@ -17,14 +17,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def recorded_bundle(official_shape_run, tmp_path_factory):
+def recorded_bundle(official_shape_run, official_bundle, tmp_path_factory):
     """The official-shape run's bundle, its accuracy re-measured where its data is and kept
     in it (`check --revalidate --record`), as a list-keeper with the data would."""
     import tomllib
 
     out = tmp_path_factory.mktemp("recorded") / "official-shape"
-    done = cli("submit", official_shape_run, "--dir", "--out", out, "--system", "Shape [x1]")
-    assert done.returncode == 0, done.stdout + done.stderr
+    shutil.copytree(official_bundle, out)
     data = tomllib.loads((official_shape_run / "config.toml").read_text())["data"]["data_dir"]
     done = cli("check", "--revalidate", "--record", "--data-dir", data, out)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -157,29 +156,49 @@ def test_a_re_measurement_is_kept_in_an_archive(bundle_tgz, builtin_run, tmp_pat
 
 
 def test_the_order_of_a_list():
-    """Official, valid, verified results whose accuracy was re-measured are ranked by score;
-    the rest never among them; a run given twice is listed once."""
+    """Official, valid, verified results whose accuracy was re-measured are ranked by score,
+    like with like: within the rulesets the list ranks, a ruleset and a duration exactly,
+    results within the score's spread shown as equal; the rest never among them."""
+    from automlperf import rules
     from automlperf.report.listing import once_per_run, ranked
 
+    current = rules.CURRENT.id
+
     def e(source, score, official=True, valid=True, simulated=False, verified=True,
-          remeasured="list", hours=1, ruleset="aiperf-2021.3"):
-        return {"source": source, "score": score, "official": official, "valid": valid,
-                "simulated": simulated, "verified": verified, "remeasured_by": remeasured,
-                "duration_s": hours * 3600.0, "ruleset": ruleset}
+          remeasured="list", hours=1, ruleset=current):
+        return {"source": source, "system": source.upper(), "score": score,
+                "official": official, "valid": valid, "simulated": simulated,
+                "verified": verified, "remeasured_by": remeasured,
+                "duration_s": hours * 3600.0, "ruleset": ruleset, "problems": []}
 
     # A submitter's own re-measurement is shown, never ranked; like is ranked with like: a
-    # longer run, or one under another ruleset, is ranked in its own class.
-    order = ranked([e("slow", 1e15), e("sim", 9e18, official=False, valid=False, simulated=True),
-                    e("fast", 3e15), e("open", 5e15, official=False, valid=False),
-                    e("edited", 8e15, verified=False), e("short", 7e15, valid=False),
-                    e("unmeasured", 6e15, remeasured=None), e("self", 9e15, remeasured="record"),
-                    e("long", 4e15, hours=10.5), e("old", 5e15, ruleset="aiperf-2021.2")])
+    # longer run, or one of 7,199 s, is ranked in its own class, and one under another
+    # ruleset only when the list ranks that ruleset.
+    given = [e("slow", 1e15), e("sim", 9e18, official=False, valid=False, simulated=True),
+             e("fast", 3e15), e("near", 2.8e15), e("open", 5e15, official=False, valid=False),
+             e("edited", 8e15, verified=False), e("short", 7e15, valid=False),
+             e("unmeasured", 6e15, remeasured=None), e("self", 9e15, remeasured="record"),
+             e("long", 4e15, hours=10), e("stretched", 4.5e15, hours=7199 / 3600),
+             e("old", 5e15, ruleset="aiperf-2021.2")]
+    order = ranked([dict(x) for x in given])
     assert [(x["source"], x["class"], x["rank"], x["section"]) for x in order] == [
-        ("old", "aiperf-2021.2, 1 h", 1, "ranked"), ("fast", "aiperf-2021.3, 1 h", 1, "ranked"),
-        ("slow", "aiperf-2021.3, 1 h", 2, "ranked"), ("long", "aiperf-2021.3, 10 h", 1, "ranked"),
+        ("fast", f"{current}, 1 h", 1, "ranked"), ("near", f"{current}, 1 h", 1, "ranked"),
+        ("slow", f"{current}, 1 h", 3, "ranked"), ("long", f"{current}, 10 h", 1, "ranked"),
+        ("stretched", f"{current}, 7,199 s", 1, "ranked"),
         ("self", None, None, "unmeasured"), ("unmeasured", None, None, "unmeasured"),
+        ("old", None, None, "other_ruleset"),
         ("short", None, None, "unranked"), ("open", None, None, "unranked"),
         ("sim", None, None, "simulated"), ("edited", None, None, "failed")]
+    by = {x["source"]: x for x in order}
+    # 3.0 and 2.8 are 6.7 % apart, within the score's spread: equal, not ordered.
+    assert by["fast"]["equal_to"] == ["NEAR (near)"] and by["near"]["equal_to"] == ["FAST (fast)"]
+    assert by["slow"]["equal_to"] == [] and by["long"]["equal_to"] == []
+    assert "not ranked: ruleset aiperf-2021.2; this list ranks " + current in \
+        by["old"]["problems"][0]
+    # Asked to, the list ranks an earlier ruleset too, in its own classes.
+    again = {x["source"]: x for x in ranked([dict(x) for x in given],
+                                             (current, "aiperf-2021.2"))}
+    assert (again["old"]["class"], again["old"]["rank"]) == ("aiperf-2021.2, 1 h", 1)
 
     def run(source, key, content, **kw):
         return {**e(source, 1e15, **kw), "run_key": key, "content": content, "problems": [],
@@ -191,6 +210,7 @@ def test_the_order_of_a_list():
     assert [x["source"] for x in once] == ["a.tar.gz", "a2.tar.gz", "b.tar.gz"]
     assert once[0]["duplicates"] == ["dir"] and once[1]["version_of"] == "a.tar.gz"
     assert [x["section"] for x in ranked(once)] == ["ranked", "ranked", "failed"]
+    assert [x["rank"] for x in ranked(once)][:2] == [1, 1]  # equal scores share a rank
 
 
 @pytest.mark.browser

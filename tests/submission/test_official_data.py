@@ -25,7 +25,8 @@ def test_the_right_data_is_recorded_for_an_official_run(tmp_path):
     assert verify_folder(tmp_path / "archives", root,
                          official_archives(root, tmp_path / "archives")).ok
     origin = record_origin(official(root), SMALL_RULES)
-    assert origin["ruleset"] == rules.CURRENT.id == "aiperf-2021.3"
+    assert origin["ruleset"] == rules.CURRENT.id == "aiperf-2021.4"
+    assert 0 <= origin["seed"] < 2**31  # drawn by the run, recorded beside its ruleset
     assert origin["dataset_identity"]["problems"] == []
     assert origin["dataset_identity"]["fingerprint"].startswith("sha256:")
     assert origin["provenance"]["source_hash"].startswith("sha256:")

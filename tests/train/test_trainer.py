@@ -88,6 +88,35 @@ def test_early_stopping_on_a_flat_validation_loss(pool):
     assert out.best_accuracy == max(e["val_accuracy"] for e in rec.epochs)
 
 
+def test_early_stopping_watches_the_validation_loss_without_label_smoothing(pool, tmp_path):
+    """Label smoothing is the site's (the paper's loss function is a default, not a rule);
+    the early-stopping rule is fixed: the loss it watches is the plain cross-entropy of the
+    validation set, whatever the training loss smooths."""
+    import contextlib
+
+    import torch
+    from torch import nn
+
+    from automlperf.train.data import load
+    from automlperf.train.evaluate import evaluate, load_weights
+
+    rec = Recorder()
+    out = train_trial(pool, spec("smooth", epochs=1, label_smoothing=0.6,
+                                 weights_out=str(tmp_path / "w.safetensors")), rec)
+    assert out.status == "completed"
+    (epoch,) = rec.epochs
+    module = load_weights(SMALL8, tmp_path / "w.safetensors")
+    data = load(data_section("digits"), None, "cpu")
+    losses = {}
+    for smoothing in (0.0, 0.6):
+        batches = data.batches("val", 0, 1, 64, 0, 0, torch.device("cpu"))
+        _, seen, total = evaluate(module, batches, contextlib.nullcontext(),
+                                  torch.contiguous_format, nn.CrossEntropyLoss(label_smoothing=smoothing))
+        losses[smoothing] = total / seen
+    assert abs(losses[0.6] - losses[0.0]) > 0.1  # the two losses are far apart here
+    assert epoch["val_loss"] == pytest.approx(losses[0.0], rel=1e-4)
+
+
 def test_non_finite_loss_fails_the_trial_not_the_replica(pool):
     rec = Recorder()
     out = train_trial(pool, spec("nan", epochs=2, lr_per_256=1e9), rec)

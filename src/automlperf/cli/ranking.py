@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
+from automlperf import rules
 from automlperf.cli.common import app, err, out, styled, user_errors
 
 
@@ -34,6 +35,9 @@ def list_results(
     device: Annotated[Optional[str], typer.Option(help="Where accuracies are re-measured, "
                                                   "e.g. cuda:0 or cpu (default: the first "
                                                   "GPU, else the CPU).")] = None,
+    ruleset: Annotated[Optional[list[str]], typer.Option(
+        help="Rank results of this ruleset (repeat for several, each ranked in its own "
+             "classes); default: the current one. Others are listed, unranked.")] = None,
 ) -> None:
     """The results list, TOP500-style: every entry verified and its best accuracy re-measured
     from its weights (here, or by a recorded `check --revalidate --record`); official valid
@@ -44,7 +48,8 @@ def list_results(
     def progress(path: Path, entry: dict[str, Any]) -> None:
         err.print(f"{path}: {', '.join(entry['labels'])}", highlight=False)
 
-    rows = publish(entries, html, verify, progress, title, Remeasure(data_dir, device))
+    rows = publish(entries, html, verify, progress, title, Remeasure(data_dir, device),
+                   tuple(ruleset or (rules.CURRENT.id,)))
     for target, text in ((json_out, to_json), (csv_out, to_csv)):
         if target is not None:
             if str(target) == "-":
@@ -65,7 +70,8 @@ def list_results(
                     "per device", "best acc.", "re-measured", "labels"):
             table.add_column(col, justify="right" if col in ("#", "devices", "nodes") else "left")
         for r in mine:
-            table.add_row("-" if r["rank"] is None else str(r["rank"]), str(r["system"]),
+            table.add_row("-" if r["rank"] is None else f"{r['rank']}{'=' if r['equal_to'] else ''}",
+                          str(r["system"]),
                           str(r["accelerators"] or "-"), str(r["devices"] or "-"),
                           str(r["nodes"] or "-"), format_ops(r["score"]),
                           format_ops(r["regulated_score"]), format_ops(r["ops_per_device"]),

@@ -15,7 +15,8 @@ from automlperf.measure.breakdown import breakdown
 from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure import interference
 from automlperf.measure.samples import SampleDigest
-from automlperf.measure.score import implausible, score_run
+from automlperf.measure.score import NodeCeiling, ceiling_violations, score_run
+from automlperf.measure.system import peak_for
 from automlperf.store import EpochRecord, TrialRecord, TrialStatus
 from automlperf.store.base import RunRecords
 
@@ -69,6 +70,26 @@ def owned_peak(node: dict[str, Any]) -> float | None:
     return sum(p for p in peaks if p) if peaks and all(peaks) else None
 
 
+def cited_peak(node: dict[str, Any]) -> float | None:
+    """The data-sheet peak of the accelerators this replica trained on, from their names
+    (``peak_for``), not from the peak the node recorded; None where any is not known."""
+    accel = {f"{a.get('type', 'cuda')}:{a.get('index')}": a
+             for a in (node.get("system") or {}).get("accelerators", [])}
+    devices = [d for d in node.get("devices") or [] if d != "cpu"]
+    found = [peak_for(str(accel[d].get("name") or "")) if d in accel else None for d in devices]
+    if not devices or not all(found):
+        return None
+    return sum(f[0] for f in found if f)
+
+
+def node_ceiling(node: dict[str, Any]) -> NodeCeiling:
+    """What the implausibility bound reads of a node's description."""
+    return NodeCeiling(replica=int(node.get("replica_index") or 0),
+                       host=str(node.get("host") or "?"), ceiling_ops=node.get("ceiling_ops"),
+                       accelerator=any(d != "cpu" for d in node.get("devices") or []),
+                       peak_ops=cited_peak(node), error=node.get("error"))
+
+
 def simulation_of(config: Config) -> dict[str, Any] | None:
     """What a simulated run modelled (None for a measured run)."""
     if not config.simulated:
@@ -109,7 +130,8 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
     scored = score_run(epochs, segments, dataset=config.data.dataset,
                        dataset_official=official_data, dataset_detail=why,
                        fixed_changes=config.fixed_changes(ruleset), accuracy_counts=not synthetic,
-                       ruleset=ruleset, replica_of=replica_of, grace_s=grace)
+                       ruleset=ruleset, replica_of=replica_of, grace_s=grace,
+                       duration_s=run["duration_s"])
     if synthetic:
         scored["violations"].append({"rule": "accuracy", "detail": "synthetic data: throughput "
                                      "only, no accuracy-based score"})
@@ -151,10 +173,18 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         peak = system.get("peak_ops_per_node")
         total_peak = peak * nodes if peak else None
         ceiling = ceiling_end = None
-    wrong = implausible(scored["score"], ceiling, ruleset)
-    if wrong is not None:
-        scored["violations"].append(wrong)
-        scored["valid"] = False
+    if simulation is None:  # a simulated run measured nothing, and is never valid
+        bounded = [node_ceiling(n) for n in described]
+        if ruleset.ceiling_required:
+            # A replica that trained without describing its node has no ceiling either.
+            seen = {b.replica for b in bounded}
+            hosts = {rep.index: rep.host for rep in replicas}
+            bounded += [NodeCeiling(replica=i, host=hosts.get(i, "?"), ceiling_ops=None,
+                                    accelerator=False, error="it recorded no node description")
+                        for i in sorted({t.replica_index for t in trials if t.epochs_done} - seen)]
+        wrong = ceiling_violations(scored["score"], bounded, ruleset)
+        scored["violations"] += wrong
+        scored["valid"] = scored["valid"] and not wrong
     if pending is not None:
         sampled = pending.result()
     assert sampled is not None

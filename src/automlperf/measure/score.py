@@ -209,8 +209,10 @@ def timeline(counted: Sequence[tuple[float, EpochLike]], elapsed_s: float,
 def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[str],
                elapsed_s: float, precisions: Iterable[str], error: float | None,
                dataset_detail: str | None = None, unreadable: int = 0,
-               ruleset: rules.Ruleset = rules.CURRENT) -> tuple[bool, bool, list[dict[str, str]]]:
-    """(official, valid, violations): each rule of the ruleset, checked."""
+               ruleset: rules.Ruleset = rules.CURRENT,
+               duration_s: float | None = None) -> tuple[bool, bool, list[dict[str, str]]]:
+    """(official, valid, violations): each rule of the ruleset, checked (the run's
+    ``duration_s``, where the ruleset fixes which durations a result may have)."""
     found: list[dict[str, str]] = []
     ds = ruleset.dataset
     if dataset != ds.name or not dataset_official:
@@ -232,6 +234,15 @@ def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[
     if elapsed_s < ruleset.min_duration_s:
         found.append({"rule": "duration", "detail": f"ran {elapsed_s / 60:.1f} min; the "
                       f"minimum is {ruleset.min_duration_s / 3600:g} h"})
+    elif duration_s is not None and ruleset.max_short_s is not None and \
+            elapsed_s < duration_s - ruleset.max_short_s:
+        found.append({"rule": "duration", "detail": f"ran {elapsed_s:,.0f} s of its "
+                      f"{duration_s:,.0f}: a run ends at its deadline (a round limit or an "
+                      "end before it leaves a result of another length)"})
+    if duration_s is not None and duration_s >= ruleset.min_duration_s:
+        problem = ruleset.duration_problem(duration_s)
+        if problem:
+            found.append({"rule": "duration", "detail": problem})
     low = ruleset.precision_violations(set(precisions))
     if low:
         found.append({"rule": "precision", "detail": f"trained in {', '.join(low)}; allowed: "
@@ -244,23 +255,87 @@ def violations(*, dataset: str, dataset_official: bool, fixed_changes: Sequence[
     return official, official and not found, found
 
 
-def implausible(score: float, ceiling: float | None,
-                ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, str] | None:
-    """The violation of a score above what the nodes that earned it measured they can do."""
-    limit = ruleset.max_fraction_of_ceiling
-    if limit is None or not ceiling or score <= limit * ceiling:
+@dataclass(frozen=True)
+class NodeCeiling:
+    """What the bound knows of one replica's node: who it is, the ceiling it measured (None:
+    none), whether it trains on accelerators, the data-sheet peak of those it trained on
+    (None: not known for every one), and why it has no ceiling, where it said."""
+
+    replica: int
+    host: str
+    ceiling_ops: float | None
+    accelerator: bool
+    peak_ops: float | None = None
+    error: str | None = None
+
+
+def ceiling_violations(score: float, nodes: Sequence[NodeCeiling],
+                       ruleset: rules.Ruleset = rules.CURRENT) -> list[dict[str, str]]:
+    """The violations of a score above what the nodes that earned it measured they can do:
+    a node without a ceiling (where the ruleset needs one), a ceiling above its
+    accelerators' data sheet, a score above the ruleset's multiple of the ceilings."""
+    found = []
+    missing = [n for n in nodes if not n.ceiling_ops]
+    if ruleset.ceiling_required and (missing or not nodes):
+        named = "; ".join(f"replica {n.replica} on {n.host}"
+                          + (f" ({n.error})" if n.error else "") for n in missing) \
+            or "no node described itself"
+        found.append({"rule": "ceiling", "detail": f"no measured ceiling: {named}; the "
+                      "implausibility bound needs every node's: measure it again "
+                      "(`automlperf doctor`), then run again"})
+    limit = ruleset.max_ceiling_of_peak
+    for n in nodes:
+        if limit is not None and n.ceiling_ops and n.peak_ops and \
+                n.ceiling_ops > limit * n.peak_ops:
+            found.append({"rule": "implausible", "detail": f"replica {n.replica} on {n.host}: "
+                          f"its ceiling ({n.ceiling_ops:.4g} OPS) is "
+                          f"{n.ceiling_ops / n.peak_ops:.2f} times its accelerators' "
+                          f"data-sheet peak ({n.peak_ops:.4g} OPS); at most {limit:g} is "
+                          "plausible: check the records"})
+    wrong = implausible(score, nodes, ruleset)
+    if wrong is not None:
+        found.append(wrong)
+    return found
+
+
+def plausible_limit(nodes: Sequence[NodeCeiling],
+                    ruleset: rules.Ruleset = rules.CURRENT) -> float | None:
+    """The highest plausible score: each node's ceiling times the ruleset's multiple for
+    its kind (None: not judged; every node must have a ceiling)."""
+    cpu = ruleset.max_fraction_of_ceiling
+    if cpu is None or not nodes or not all(n.ceiling_ops for n in nodes):
         return None
+    accel = ruleset.max_fraction_of_accelerator_ceiling or cpu
+    return sum((accel if n.accelerator else cpu) * float(n.ceiling_ops or 0) for n in nodes)
+
+
+def implausible(score: float, nodes: Sequence[NodeCeiling],
+                ruleset: rules.Ruleset = rules.CURRENT) -> dict[str, str] | None:
+    """The violation of a score above the plausible multiple of its nodes' ceilings."""
+    limit = plausible_limit(nodes, ruleset)
+    if limit is None or score <= limit:
+        return None
+    ceiling = sum(float(n.ceiling_ops or 0) for n in nodes)
     return {"rule": "implausible", "detail": f"the score ({score:.4g} OPS) is "
             f"{score / ceiling:.2f} times the ceiling its nodes measured ({ceiling:.4g} OPS); "
-            f"at most {limit:g} is plausible: check the records, or measure the nodes again "
-            "(`automlperf doctor`)"}
+            f"at most {limit / ceiling:.2f} is plausible ({_factors(nodes, ruleset)}): check "
+            "the records, or measure the nodes again (`automlperf doctor`)"}
+
+
+def _factors(nodes: Sequence[NodeCeiling], ruleset: rules.Ruleset) -> str:
+    cpu = ruleset.max_fraction_of_ceiling
+    accel = ruleset.max_fraction_of_accelerator_ceiling or cpu
+    kinds = {n.accelerator for n in nodes}
+    said = [f"{accel:g} of an accelerator node's" for k in (True,) if k in kinds]
+    said += [f"{cpu:g} of a CPU node's" for k in (False,) if k in kinds]
+    return " and ".join(said)
 
 
 def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, dataset: str,
               dataset_official: bool, fixed_changes: Sequence[str],
               accuracy_counts: bool = True, dataset_detail: str | None = None,
               ruleset: rules.Ruleset = rules.CURRENT, replica_of: Mapping[int, int] | None = None,
-              grace_s: float = 0.0) -> dict[str, Any]:
+              grace_s: float = 0.0, duration_s: float | None = None) -> dict[str, Any]:
     """The figures of result.json that follow from epochs and sessions alone, and, for a
     ruleset that charges each replica its own time, from which replica trained each trial
     (``replica_of``) and the grace after the deadline (``grace_s``)."""
@@ -290,7 +365,7 @@ def score_run(epochs: Sequence[EpochLike], segments: Sequence[SegmentLike], *, d
         dataset=dataset, dataset_official=dataset_official, fixed_changes=fixed_changes,
         elapsed_s=elapsed, precisions=[e.precision for _, e in counted], error=error,
         dataset_detail=dataset_detail, unreadable=unreadable["train"] + unreadable["val"],
-        ruleset=ruleset)
+        ruleset=ruleset, duration_s=duration_s)
     return {
         "ruleset": ruleset.id,
         "score": final.ops_per_s,

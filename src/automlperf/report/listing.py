@@ -7,12 +7,14 @@ confirm it): by the list itself where it has the validation set (the built-in da
 always, ImageNet with ``data_dir``), else by a ``check --revalidate --record`` the bundle
 carries, which is verified (:mod:`automlperf.submission.remeasure_record`) and shown, but never
 ranks: a submitter can write one by hand. Only results that are official, valid, verified,
-measured and re-measured by the list itself are ranked, like with like: within their
-ruleset and their duration class (whole hours of the duration; a 10-hour run has more time
-to grow its models and never outranks a 1-hour one). Official and valid ones whose
-accuracy this list did not re-measure follow, unranked, saying why; then measured results
-that are unofficial or not valid; simulated ones apart; and entries that fail verification
-(or cannot be read) last, each saying why. Within a section, by score. A run given twice
+measured and re-measured by the list itself are ranked, like with like: only the rulesets
+the list ranks (the current one unless told), within a ruleset and a duration class (its
+duration exactly: a 10-hour run has more time to grow its models and never outranks a
+1-hour one, nor does a 7,199-s one), and results closer than the score's own spread are
+shown as equal rather than ordered. Official and valid ones whose accuracy this list did
+not re-measure follow, unranked, saying why; then those of other rulesets; then measured
+results that are unofficial or not valid; simulated ones apart; and entries that fail
+verification (or cannot be read) last, each saying why. Within a section, by score. A run given twice
 (its bundle and its directory) is one entry, the other source named beside it; another
 version of a run already listed (the same run, a different result) is shown apart.
 """
@@ -24,6 +26,7 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import re
 import shutil
 from collections.abc import Callable
@@ -33,7 +36,7 @@ from typing import Any
 
 import jinja2
 
-from automlperf import __version__
+from automlperf import __version__, rules
 from automlperf.config import Config
 from automlperf.errors import UserError
 from automlperf.submission.bundle import Source, opened, read_bundle_file
@@ -51,6 +54,8 @@ SECTIONS = {
     "ranked": "Ranked: official, valid and verified results, accuracy re-measured",
     "unmeasured": "Not ranked: official, valid and verified, but this list did not re-measure "
                   "the accuracy from the weights (a submitter's own re-measurement is shown)",
+    "other_ruleset": "Not ranked: official, valid and verified under a ruleset this list does "
+                     "not rank",
     "unranked": "Not ranked: measured, verified, but unofficial or not valid",
     "simulated": "Simulated accelerators: not measurements, never ranked",
     "failed": "Failed verification, or another version of a listed run: shown apart, not "
@@ -59,7 +64,11 @@ SECTIONS = {
 COLUMNS = ("section", "class", "rank", "system", "submitter", "name", "accelerators", "devices", "nodes",
            "score", "regulated_score", "ops_per_device", "fraction_of_ceiling", "ops_per_watt",
            "best_accuracy", "remeasured_accuracy", "remeasured_by", "elapsed_s", "date",
-           "ruleset", "labels", "problems", "duplicates", "source", "report")
+           "ruleset", "labels", "problems", "duplicates", "equal_to", "source", "report")
+# Two scores closer than this share of the higher are shown as equal, not ordered: 2 x sqrt(2)
+# standard deviations of the score of one machine, whose coefficient of variation measured
+# 3.3-5.5 % (docs/official.md, "How far apart two results must be to differ"; about 10 %).
+TIE_BAND = round(2 * math.sqrt(2) * 0.035, 2)
 # Where a list re-measures an accuracy without being given the data: datasets automlperf
 # ships. ImageNet (the official dataset) and CIFAR-10 need their folder.
 NEEDS_DATA = ("imagenet", "cifar10")
@@ -92,21 +101,26 @@ def _label_set(e: dict[str, Any]) -> list[str]:
     return labels
 
 
-def _section(e: dict[str, Any]) -> str:
+def _section(e: dict[str, Any], rulesets: tuple[str, ...]) -> str:
     if e["verified"] is False or e.get("version_of"):
         return "failed"
     if e["simulated"]:
         return "simulated"
     if e["official"] and e["valid"] and e["verified"]:
+        if (e.get("ruleset") or rules.LEGACY_ID) not in rulesets:
+            return "other_ruleset"
         return "ranked" if e.get("remeasured_by") == "list" else "unmeasured"
     return "unranked"
 
 
 def rank_class(e: dict[str, Any]) -> str:
-    """What a ranked result is ranked among: its ruleset and the whole hours of its
-    duration."""
-    hours = int((e.get("duration_s") or 0) // 3600)
-    return f"{e.get('ruleset') or 'aiperf-2021.1'}, {hours} h"
+    """What a ranked result is ranked among: its ruleset and its duration, whole hours as
+    such and any other duration apart (a 7,199-s run never ranks with 1-hour ones: from
+    aiperf-2021.4 only whole hours are valid)."""
+    duration = float(e.get("duration_s") or 0)
+    hours = duration / 3600
+    length = f"{hours:g} h" if hours == int(hours) else f"{duration:,.0f} s"
+    return f"{e.get('ruleset') or rules.LEGACY_ID}, {length}"
 
 
 def _slug(text: str) -> str:
@@ -239,7 +253,8 @@ def _unreadable(path: Path, why: str) -> dict[str, Any]:
 
 def listing(paths: list[Path], check: bool = True, reports: Path | None = None,
             progress: Callable[[Path, dict[str, Any]], None] | None = None,
-            remeasure: Remeasure | None = None) -> list[dict[str, Any]]:
+            remeasure: Remeasure | None = None,
+            rulesets: tuple[str, ...] = (rules.CURRENT.id,)) -> list[dict[str, Any]]:
     """The entries of ``paths``, in list order: section by section, by score, the ranked
     ones numbered; one entry per run."""
     if not paths:
@@ -250,7 +265,7 @@ def listing(paths: list[Path], check: bool = True, reports: Path | None = None,
         entries.append(e)
         if progress is not None:
             progress(path, e)
-    return ranked(once_per_run(entries, reports))
+    return ranked(once_per_run(entries, reports), rulesets)
 
 
 def _preference(e: dict[str, Any]) -> tuple[bool, int, bool]:
@@ -292,21 +307,43 @@ def once_per_run(entries: list[dict[str, Any]],
     return kept
 
 
-def ranked(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ranked(entries: list[dict[str, Any]],
+           rulesets: tuple[str, ...] = (rules.CURRENT.id,)) -> list[dict[str, Any]]:
     """``entries`` (with their labels) sectioned, ordered by score within each section (the
-    ranked ones by class first), and the ranked ones numbered from 1 within their class."""
+    ranked ones by class first), and the ranked ones numbered from 1 within their class:
+    only results of ``rulesets`` are ranked (a result whose ruleset was changed to an older
+    one never ranks beside current ones). Within a class an entry's rank is one more than
+    the entries ahead of it by more than the score's spread (:data:`TIE_BAND`); those within
+    it are named in ``equal_to``, and share a rank where none is further ahead."""
     order = list(SECTIONS)
     for e in entries:
-        e["section"] = _section(e)
+        e["section"] = _section(e, rulesets)
         e["class"] = rank_class(e) if e["section"] == "ranked" else None
+        e["equal_to"] = []
+        if e["section"] == "other_ruleset":
+            e["problems"] = [*e.get("problems", []), (
+                f"not ranked: ruleset {e.get('ruleset') or rules.LEGACY_ID}; this list ranks "
+                f"{', '.join(rulesets)} (`automlperf list --ruleset ID` ranks others, each in "
+                "its own classes)")]
     entries = sorted(entries, key=lambda e: (order.index(e["section"]), e["class"] or "",
                                              -(e["score"] or 0.0), e["source"]))
-    ranks: dict[str, int] = {}
     for e in entries:
         e["rank"] = None
-        if e["section"] == "ranked":
-            e["rank"] = ranks[e["class"]] = ranks.get(e["class"], 0) + 1
+        if e["section"] != "ranked":
+            continue
+        mine = [o for o in entries if o["section"] == "ranked" and o["class"] == e["class"]
+                and o is not e]
+        score = e["score"] or 0.0
+        e["rank"] = 1 + sum(1 for o in mine if apart(o["score"] or 0.0, score) and
+                            (o["score"] or 0.0) > score)
+        e["equal_to"] = [f"{o['system']} ({o['source']})" for o in mine
+                         if not apart(o["score"] or 0.0, score)]
     return entries
+
+
+def apart(a: float, b: float) -> bool:
+    """Whether two scores differ by more than the score's own spread."""
+    return abs(a - b) > TIE_BAND * max(a, b)
 
 
 def to_json(entries: list[dict[str, Any]]) -> str:
@@ -319,7 +356,8 @@ def to_csv(entries: list[dict[str, Any]]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
     for e in entries:
-        writer.writerow(["; ".join(e.get(c) or []) if c in ("labels", "problems", "duplicates")
+        writer.writerow(["; ".join(e.get(c) or []) if c in ("labels", "problems", "duplicates",
+                                                             "equal_to")
                          else e.get(c) for c in COLUMNS])
     return out.getvalue()
 
@@ -335,7 +373,7 @@ def write_page(entries: list[dict[str, Any]], path: Path, title: str = "automlpe
     """The list as one self-contained HTML page (no network): sortable, filterable, readable
     on a phone; each entry links to its report (in the folder beside the page)."""
     html = _env.get_template("list.html.j2").render(
-        entries=entries, sections=SECTIONS, title=title, version=__version__,
+        entries=entries, sections=SECTIONS, title=title, version=__version__, tie_band=TIE_BAND,
         generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     write_atomic(Path(path), html)
     return Path(path)
@@ -349,13 +387,16 @@ def reports_folder(page: Path) -> Path:
 def publish(paths: list[Path], html: Path | None = None, check: bool = True,
             progress: Callable[[Path, dict[str, Any]], None] | None = None,
             title: str = "automlperf results",
-            remeasure: Remeasure | None = None) -> list[dict[str, Any]]:
-    """Verify and list ``paths`` (re-measuring as ``remeasure`` allows); with ``html``,
-    write the page and the reports beside it."""
+            remeasure: Remeasure | None = None,
+            rulesets: tuple[str, ...] = (rules.CURRENT.id,)) -> list[dict[str, Any]]:
+    """Verify and list ``paths`` (re-measuring as ``remeasure`` allows, ranking results of
+    ``rulesets``); with ``html``, write the page and the reports beside it."""
+    for ruleset in rulesets:
+        rules.get(ruleset)  # an unknown id is refused before anything is verified
     reports = reports_folder(html) if html is not None else None
     if reports is not None and reports.exists():
         shutil.rmtree(reports)
-    entries = listing(paths, check, reports, progress, remeasure)
+    entries = listing(paths, check, reports, progress, remeasure, rulesets)
     if html is not None:
         write_page(entries, html, title)
     return entries

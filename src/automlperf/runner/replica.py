@@ -107,7 +107,7 @@ class Replica:
         self.start_sampler = start_sampler
         self.measure_end = measure_end
         self.stop = threading.Event()
-        self.rng = random.Random(mix_seed(self.config.run.seed, place.index))
+        self.rng = random.Random(mix_seed(self.config.seed_used(), place.index))
         self.history = history if history is not None else History(place.run_id)
         self.failures = FailureStreak(self.config.run.max_repeated_failures, self._log_name())
         self.replica_id: int | None = None
@@ -452,7 +452,7 @@ class Replica:
             cfg.train, cfg.model.initial_weights, trial_id=trial_id, graph=graph.to_dict(),
             epochs=cfg.train.round_epochs(job.round), batch_size=job.batch_size,
             patience=cfg.train.patience(job.round),
-            seed=mix_seed(cfg.run.seed, trial_id), parent_graph=parent_graph,
+            seed=mix_seed(cfg.seed_used(), trial_id), parent_graph=parent_graph,
             parent_weights=parent_weights, weights_out=str(folder / "weights.safetensors"),
             round=job.round, horizon_epochs=cfg.train.max_epochs,
             finish_by=self.segment.deadline_at)

@@ -220,7 +220,7 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT,
                               f"{ruleset.dataset.name} as ruleset {ruleset.id} defines it: "
                               + "; ".join(identity["problems"]) + f"; {UNOFFICIAL_HINT}")
     origin = {"ruleset": ruleset.id, "provenance": provenance.collect(),
-              "dataset_identity": identity}
+              "dataset_identity": identity, "seed": config.new_seed()}
     if index_note:
         origin["startup"] = index_note
     return origin

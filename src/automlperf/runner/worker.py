@@ -110,7 +110,11 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         check_data_here(shared, data_dir)
         index_dir = str(shared)
     store = open_run_store(rd.path, url)
-    refuse_other_code(store.run(run_id)["system"].get("provenance") or {})
+    recorded = store.run(run_id)["system"]
+    refuse_other_code(recorded.get("provenance") or {})
+    # The seed the run drew at its start, when its configuration names none.
+    config = config.model_copy(update={"run": config.run.model_copy(
+        update={"seed": config.seed_used(recorded)})})
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
     measure = None
@@ -138,7 +142,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     search = config.search
     hpo = HyperSearch(journal_path(rd.path, index), f"run-{run_id}-replica-{index}",
                       batch_range(default_batch, search.batch_size_factors, world),
-                      search.kernel_sizes, multiple=world, seed=config.run.seed + index,
+                      search.kernel_sizes, multiple=world, seed=config.seed_used() + index,
                       startup_trials=search.tpe_startup_trials)
 
     def probe(started: dict[str, Any] | None) -> dict[str, Any] | None:

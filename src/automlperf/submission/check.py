@@ -44,7 +44,9 @@ from automlperf.errors import UserError
 from automlperf.submission import bundle
 from automlperf.submission.remeasure import RevalidateError, Revalidation, revalidate as remeasure
 from automlperf.submission.remeasure_record import read_record, verify_record, write_record
-from automlperf.submission.result_check import check_devices, check_software, check_result, same
+from automlperf.submission.node_check import (check_ceilings, check_devices, check_ranks,
+                                              check_software)
+from automlperf.submission.result_check import check_result, same
 from automlperf.store.base import RunRecords
 from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
@@ -218,8 +220,12 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
     # The system as the run recorded it in its store: system.json is held to it.
     system = store.run(run_id)["system"]
     nodes = store.nodes(run_id)
-    check_devices(nodes, store.replicas(run_id), bad)
+    replicas = store.replicas(run_id)
+    check_devices(nodes, replicas, bad)
+    check_ceilings(nodes, bad)
+    check_ranks(epochs, trials, replicas, bad)
     check_software(nodes, system.get("provenance") or {}, bad)
+    _check_identity(rd, store.run(run_id), bad)
     if rd.path.joinpath("trials").is_dir():
         known = {t.id for t in trials}
         bad.extend(f"trials/{p.name} holds a trial the store does not have"
@@ -237,6 +243,15 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
         if report.revalidation.problem:
             bad.append(f"revalidation: {report.revalidation.problem}")
     return report
+
+
+def _check_identity(rd: RunDir, run: dict[str, Any], bad: list[str]) -> None:
+    """run.json names the run as its store does (result.json's name and date, which a list
+    shows, are held to the store by check_result)."""
+    name = rd.meta().get("name")
+    if name != run.get("name"):
+        bad.append(f"{rd.path / 'run.json'}: name is {name!r}, but the run's record has "
+                   f"{run.get('name')!r}")
 
 
 def _check_config(rd: RunDir, stored: dict[str, Any], bad: list[str]) -> Config:

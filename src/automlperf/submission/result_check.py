@@ -3,13 +3,13 @@
 What ``automlperf check`` compares here, once the store and the logs agree:
 * every figure result.json gives, and a results list shows (score, regulated score,
   accuracy, totals, timeline, validity, violations, devices, nodes, replicas, operations per
-  device, accelerators, energy), with the same figures computed afresh from the store under
-  the ruleset the run was started with;
-* the ruleset: a run whose store names one has a result.json naming the same one, so that
-  deleting the key switches nothing off;
+  device, accelerators, energy, the run's name and date), with the same figures computed
+  afresh from the store under the ruleset the run was started with, whichever it is;
+* the ruleset: the store's is the one its records were written under
+  (:mod:`automlperf.submission.ruleset_check`), and result.json names the same one, so that
+  deleting or changing the key switches nothing off;
 * system.json with the system description the run recorded in its store when it was
   created (host, CPU, accelerators, provenance, dataset identity);
-* each replica's devices with its node's description of its accelerators;
 * the dataset identity, provenance, node descriptions and time breakdown with the store's,
   and the data folder, when reachable, with the fingerprint recorded at the start and,
   where the run proved its data by content, another random sample of its files with the
@@ -29,9 +29,8 @@ from automlperf.data_manifest import DataProofError, sample_check
 from automlperf.dataset_identity import DatasetIdentityError, scan
 from automlperf.measure.breakdown import ADDED_PARTS, PARTS
 from automlperf.measure.provenance import digest
-from automlperf.measure.result import latest_nodes
-from automlperf.store.base import ReplicaRecord
 from automlperf.store.rundir import RunDir
+from automlperf.submission.ruleset_check import ruleset_problems
 
 COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "elapsed_s",
             "epochs", "train_images", "val_images", "unreadable_images", "best_trial",
@@ -41,10 +40,13 @@ COMPARED = ("score", "regulated_score", "best_accuracy", "error", "total_ops", "
 # have them yet.
 ADDED_LATER = ("peak_ops", "ceiling_ops", "fraction_of_ceiling", "unreadable_images",
                "decoding", "charging")
-# What a results list shows beside the score, compared from aiperf-2021.3 on (earlier
-# results took the system from the resumed primary's host).
-LISTED = ("replicas", "devices", "nodes", "ops_per_s_per_device", "mean_power_w",
-          "gpu_energy_j", "cpu_energy_j", "trial_status", "dataset", "duration_s", "system")
+# What a results list shows beside the score, under every ruleset: every version wrote
+# these (its name and date included) ...
+LISTED = ("name", "started_at", "replicas", "devices", "nodes", "ops_per_s_per_device",
+          "trial_status", "dataset", "duration_s")
+# ... and these from the first version that measured energy (compared where present in the
+# results of rulesets before aiperf-2021.3).
+LISTED_LATER = ("mean_power_w", "gpu_energy_j", "cpu_energy_j")
 LEGACY_RULESETS = ("aiperf-2021.1", "aiperf-2021.2")
 # Recorded wholesale; compared by digest, named when they differ.
 RECORDS = ("dataset_identity", "provenance", "node_descriptions")
@@ -71,19 +73,24 @@ def check_result(rd: RunDir, config: Config, fresh: dict[str, Any], stored: dict
     except json.JSONDecodeError as exc:
         bad.append(f"{rd.result} is not valid JSON: {exc}")
         return
-    # A run created before rulesets were recorded names none, in its store and its result.
-    if "ruleset" in recorded or "ruleset" in stored:
-        _check_ruleset(recorded, fresh, bad)
+    # A run created before stores recorded a ruleset names none, and holds none of what was
+    # recorded beside it; any other that names none had the key deleted.
+    era = ruleset_problems(stored, recorded, fresh["node_descriptions"])
+    bad.extend(era)
+    if ("ruleset" in stored or "ruleset" in recorded) and not era:
+        _check_ruleset(recorded, fresh, bad)  # a list shows result.json's
+    if "ruleset" in stored or era:
         _check_records(recorded, fresh, bad)
         _check_data(config, fresh, bad, data_dir)
-        _check_system_file(rd, stored, bad)
+    _check_system_file(rd, stored, bad)
     legacy = fresh["ruleset"] in LEGACY_RULESETS
-    for name in COMPARED if legacy else COMPARED + LISTED:
-        if name not in recorded and legacy and name in ADDED_LATER:
+    for name in COMPARED + LISTED + LISTED_LATER:
+        if name not in recorded and legacy and name in ADDED_LATER + LISTED_LATER:
             continue
         if not same(recorded.get(name), fresh.get(name)):
             shown = "missing" if name not in recorded else repr(recorded[name])
             bad.append(f"result.json: {name} is {shown}, recomputed {fresh.get(name)!r}")
+    _check_system_figure(recorded, fresh, stored, legacy, bad)
     # A result without the label predates simulated runs: it is a measured one.
     if bool(recorded.get("simulated")) != fresh["simulated"] or \
             recorded.get("simulation") != fresh["simulation"]:
@@ -104,6 +111,32 @@ def check_result(rd: RunDir, config: Config, fresh: dict[str, Any], stored: dict
                 if not same(a.get(name), b.get(name)):
                     bad.append(f"result.json: timeline at {b['hours']} h: {name} is "
                                f"{a.get(name)!r}, recomputed {b.get(name)!r}")
+
+
+def _check_system_figure(recorded: dict[str, Any], fresh: dict[str, Any],
+                         stored: dict[str, Any], legacy: bool, bad: list[str]) -> None:
+    """The system a list shows (host, CPU, accelerators) is the one the records describe.
+    Results of rulesets before aiperf-2021.3 took the host and CPU from the primary of
+    their last session, which a resumed run may have started elsewhere, and added its
+    accelerators: there each must be one the records describe (the store's system or a
+    node's), and every accelerator the nodes describe must be named."""
+    mine, theirs = recorded.get("system"), fresh.get("system") or {}
+    if not legacy or not isinstance(mine, dict):
+        if not same(mine, theirs):
+            shown = "missing" if mine is None else repr(mine)
+            bad.append(f"result.json: system is {shown}, recomputed {theirs!r}")
+        return
+    nodes = fresh.get("node_descriptions") or []
+    systems = [stored, *(n.get("system") or {} for n in nodes)]
+    hosts = {stored.get("host"), *(n.get("host") for n in nodes)}
+    cpus = {(s.get("cpu") or {}).get("model") for s in systems}
+    known = {a.get("name") for s in systems for a in s.get("accelerators", [])}
+    named = set(mine.get("accelerators") or [])
+    on_nodes = {a.get("name") for n in nodes for a in (n.get("system") or {}).get("accelerators", [])}
+    if mine.get("host") not in hosts or mine.get("cpu") not in cpus or not named <= known \
+            or not on_nodes <= named:
+        bad.append(f"result.json: system is {mine!r}, but the records describe "
+                   f"{sorted(filter(None, hosts))} with {sorted(filter(None, known)) or 'no accelerators'}")
 
 
 def _check_ruleset(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:
@@ -133,45 +166,6 @@ def _check_system_file(rd: RunDir, stored: dict[str, Any], bad: list[str]) -> No
                   if digest(on_disk.get(k)) != digest(stored.get(k)))
     bad.append(f"{rd.system} differs from the system the run recorded in its store "
                f"({', '.join(keys[:6])})")
-
-
-def check_devices(nodes: list[dict[str, Any]], replicas: list[ReplicaRecord],
-                  bad: list[str]) -> None:
-    """Each replica trained on devices its node's description has, and the store's record
-    of the replica names the devices its node description does."""
-    latest = {(r.index, r.segment): r for r in replicas}
-    for node in latest_nodes(nodes):
-        index = node.get("replica_index")
-        accelerators = {f"{a.get('type', 'cuda')}:{a.get('index')}"
-                        for a in (node.get("system") or {}).get("accelerators", [])}
-        devices = node.get("devices") or []
-        unknown = [d for d in devices if d != "cpu" and d not in accelerators]
-        if unknown:
-            bad.append(f"replica {index}: trained on {', '.join(unknown)}, which its node's "
-                       f"description does not have ({', '.join(sorted(accelerators)) or 'none'})")
-        rep = latest.get((int(index or 0), int(node.get("segment") or 0)))
-        if rep is not None and sorted(rep.devices) != sorted(devices):
-            bad.append(f"replica {index}: the store records devices {sorted(rep.devices)}, its "
-                       f"node description {sorted(devices)}")
-
-
-def check_software(nodes: list[dict[str, Any]], provenance: dict[str, Any],
-                   bad: list[str]) -> None:
-    """Every replica trained with the automlperf the run records (its source's hash): one in
-    a container, or on a node with another installation, that ran other code did not run
-    the official workload. The record is the replica's own word (a consistency check, as
-    the rest of the store is); records from before replicas kept it are not held to it."""
-    want = provenance.get("source_hash")
-    for node in nodes:  # every session's: a resumed one may have run other code
-        found = node.get("software")
-        if not found or not want or found.get("source_hash") == want:
-            continue
-        image = (found.get("container") or {}).get("image")
-        bad.append(f"replica {node.get('replica_index')} on {node.get('host')} trained with "
-                   f"automlperf {found.get('automlperf_version')} (source "
-                   f"{str(found.get('source_hash'))[:19]}){f' in {image}' if image else ''}, "
-                   f"not the run's ({provenance.get('automlperf_version')}, {want[:19]}): "
-                   "install the same automlperf on every node and in the image")
 
 
 def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[str]) -> None:

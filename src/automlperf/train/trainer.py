@@ -175,6 +175,9 @@ class _Run:
                 gradient_as_bucket_view=True, broadcast_buffers=False)
         self.runner = runner
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
+        # Early stopping watches the validation's own cross-entropy: the loss a site trains
+        # with (its label smoothing) is customisable, the stopping rule is not.
+        self.val_loss_fn = nn.CrossEntropyLoss()
 
     def _decide_compile(self, graph: Graph) -> CompileDecision:
         """Whether this trial compiles (see train.compiling): the setting, else the rule with
@@ -356,11 +359,13 @@ class _Run:
 
     def validate(self) -> tuple[int, int, float]:
         """(correct, images, summed loss) of this rank's validation shard; the loss is the
-        training loss's (label smoothing included), as Keras' ``val_loss`` is."""
+        cross-entropy without label smoothing, whatever the training loss smooths (Keras'
+        ``val_loss`` would include it: then a customisable setting would move the fixed
+        early-stopping rule)."""
         self.average_buffers()
         return evaluate(self.module, self.data.batches(
             "val", self.ctx.rank, self.ctx.world, self.per_rank, 0, self.spec.seed, self.device),
-            self.autocast, self.memory_format, self.loss_fn)
+            self.autocast, self.memory_format, self.val_loss_fn)
 
     def average_buffers(self) -> None:
         """Every rank validates (and rank 0 saves) with the BatchNorm statistics averaged
