@@ -1,6 +1,8 @@
 """Where a training epoch's time goes: waiting for data and the device's side are different
-figures. Each case makes one side slow by construction (a step or an image that takes a
-tenth of a second more), so the shares hold whatever the machine's speed."""
+figures. Each case makes one side slow by construction: a step or an image moves the clock
+the trainer reads on by ten seconds, without sleeping, so the shares hold however slowly a
+crowded machine runs the rest (a real tenth of a second of sleep did not, beside steps that
+took tenths of a second themselves)."""
 
 import time
 
@@ -14,7 +16,29 @@ from automlperf.train.trainer import RankContext, TrialSpec, train_on_rank
 from imagefolder import make_image_folder
 
 CPU = torch.device("cpu")
-SLOW = 0.1  # seconds added to the slow side, per step or per image
+SLOW = 10.0  # seconds the clock moves on in the slow side, per step or per image
+
+
+class Clock:
+    """``time.perf_counter`` with time added by hand: what the trainer times is real time
+    plus what the slow side `spend`s."""
+
+    def __init__(self) -> None:
+        self.real = time.perf_counter
+        self.added = 0.0
+
+    def __call__(self) -> float:
+        return self.real() + self.added
+
+    def spend(self, seconds: float) -> None:
+        self.added += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock
 
 
 @pytest.fixture(autouse=True)
@@ -48,12 +72,12 @@ def _epochs(ds, batch=8, epochs=1):
     return [e for kind, e in events if kind == "epoch"]
 
 
-def test_a_slow_device_is_the_devices_share_not_datas(folder, monkeypatch):
-    """The simulated device takes a tenth of a second more per step; the workers decode ahead."""
+def test_a_slow_device_is_the_devices_share_not_datas(folder, monkeypatch, clock):
+    """The simulated device takes ten seconds more per step; the workers decode ahead."""
     real = trainer._Run._step
 
     def slow_step(self, x, y):
-        time.sleep(SLOW)
+        clock.spend(SLOW)
         return real(self, x, y)
 
     monkeypatch.setattr(trainer._Run, "_step", slow_step)
@@ -63,12 +87,12 @@ def test_a_slow_device_is_the_devices_share_not_datas(folder, monkeypatch):
     assert epoch["data_share"] + epoch["device_share"] <= 1.0 + 1e-9
 
 
-def test_a_slow_loader_is_datas_share(folder, monkeypatch):
-    """Every image takes a tenth of a second more to decode, in the rank (no workers)."""
+def test_a_slow_loader_is_datas_share(folder, monkeypatch, clock):
+    """Every image takes ten seconds more to decode, in the rank (no workers)."""
     real = transform.decode_file
 
     def slow_decode(*args, **kwargs):
-        time.sleep(SLOW)
+        clock.spend(SLOW)
         return real(*args, **kwargs)
 
     monkeypatch.setattr("automlperf.train.data.ring.decode_file", slow_decode)
@@ -78,7 +102,7 @@ def test_a_slow_loader_is_datas_share(folder, monkeypatch):
     assert epoch["device_share"] < 0.2
 
 
-def test_a_loader_waiting_for_the_device_is_booked_to_the_device():
+def test_a_loader_waiting_for_the_device_is_booked_to_the_device(clock):
     """A loader that waits for the device to free its memory (a slot's copy) before it
     hands a batch over: that wait is the device's, though it happens while asking for data."""
 
@@ -86,7 +110,7 @@ def test_a_loader_waiting_for_the_device_is_booked_to_the_device():
         def batches(self, *args, **kwargs):
             for batch in super().batches(*args, **kwargs):
                 began = time.perf_counter()
-                time.sleep(SLOW)
+                clock.spend(SLOW)
                 self.device_wait_s += time.perf_counter() - began
                 yield batch
 
