@@ -104,9 +104,10 @@ def main() -> None:
     for name, body in [
         (f"with the token: a compressed call ({len(squeezed) >> 10} KiB -> 1 GiB)",
          wire.HEADER.pack(len(squeezed), 1) + squeezed),
-        ("with the token: a wrong-arity call", wire.encode({"op": "heartbeat", "a": [1]})),
+        ("with the token: a call missing an argument",
+         wire.encode({"op": "heartbeat", "a": {"replica_id": 1}})),
         ("with the token: a wrong-type call",
-         wire.encode({"op": "touch_segment", "a": [1, "zero", None]})),
+         wire.encode({"op": "touch_segment", "a": {"run_id": 1, "index": "zero", "now": None}})),
     ]:
         before = proc.memory_info().rss
         sock = greeted()
@@ -142,7 +143,7 @@ def main() -> None:
     wire.read_frame(deaf)
     deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     deaf.setblocking(False)
-    asks, sent = wire.encode({"op": "replicas", "a": [served_id]}), 0
+    asks, sent = wire.encode({"op": "replicas", "a": {"run_id": served_id}}), 0
     try:
         while sent < 64 << 20:
             sent += deaf.send(asks)

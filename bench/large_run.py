@@ -249,8 +249,9 @@ def generate(run_dir: Path, trials: int = 10_000, epochs: int = 500_000, replica
                   "CUDA out of memory (generated)" if failed else "")
         extra = {"early_stopped": False, "precision": "bf16", "batch_size": BATCH,
                  "best_epoch": best_epoch}
-        outcome = TrialOutcome(trial_id, str(status), reason, len(accs), best, best_epoch,
-                               BATCH, "bf16", None, False, {})
+        outcome = TrialOutcome(trial_id=trial_id, status=str(status), reason=reason, epochs=len(accs),
+                               best_accuracy=best, best_epoch=best_epoch, batch_size=BATCH,
+                               precision="bf16")
         lines.append(json.dumps({"type": "trial", **outcome.to_dict()}))
         folder = rd.trial(trial_id)
         folder.mkdir(parents=True)

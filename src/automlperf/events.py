@@ -87,7 +87,7 @@ class EpochEvent:
         return asdict(self)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialOutcome:
     trial_id: Any
     status: str  # a final TrialStatus

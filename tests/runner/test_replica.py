@@ -42,7 +42,7 @@ class FakeTrainer:
             raise TrainerError("the training processes failed to start 3 times in a row; "
                                "the last time: device busy")
         self.specs.append(spec)
-        outcome = TrialOutcome(spec.trial_id, "failed", batch_size=spec.batch_size,
+        outcome = TrialOutcome(trial_id=spec.trial_id, status="failed", batch_size=spec.batch_size,
                                precision="fp32")
         if self.fail is not None:
             outcome.reason = f"{self.fail}: out of memory allocating 123 MiB"

@@ -116,16 +116,18 @@ def test_calls_that_are_not_this_protocols_get_one_line_and_the_service_goes_on(
     pid = service.proc.pid
     sock, _ = greet(service)
     bad = [
-        {"op": "heartbeat", "a": [rep]},  # too few arguments
-        {"op": "heartbeat", "a": [rep, 1.0, 60.0, 4]},  # too many
-        {"op": "heartbeat", "a": [rep, "soon", {"x": 1}]},  # wrong types, to the database
-        {"op": "end_replica", "a": [{"id": rep}, "stopped", 3.0, ""]},
-        {"op": "finish_trial", "a": [first, ["completed"], 3.0]},
-        {"op": "claim_trial", "a": [[run_id, rep]]},  # a claim of another protocol's shape
-        {"op": "record_epoch", "a": [[1, 2, 3]]},
-        {"op": "touch_segment", "a": [run_id, "zero", None]},
-        {"op": "no_such_call", "a": []},
-        {"op": "heartbeat", "a": "not a list"},
+        {"op": "heartbeat", "a": {"replica_id": rep}},  # too few arguments
+        {"op": "heartbeat", "a": {"replica_id": rep, "now": 1.0, "lease_s": 60.0, "x": 4}},
+        {"op": "heartbeat", "a": [rep, 1.0, 60.0]},  # by position, as protocol 3 sent them
+        {"op": "heartbeat", "a": {"replica_id": rep, "now": "soon", "lease_s": {"x": 1}}},
+        {"op": "end_replica", "a": {"replica_id": {"id": rep}, "status": "stopped", "now": 3.0}},
+        {"op": "finish_trial", "a": {"trial_id": first, "status": ["completed"], "now": 3.0}},
+        {"op": "claim_trial", "a": {"claim": [run_id, rep]}},  # another protocol's shape
+        {"op": "record_epoch", "a": {"epoch": [1, 2, 3]}},
+        {"op": "touch_segment", "a": {"run_id": run_id, "index": "zero", "now": None}},
+        {"op": "no_such_call", "a": {}},
+        {"op": "heartbeat", "a": "not an object"},
+        {"op": "open", "a": {"self": 1}},
         ["not", "a", "call"],
     ]
     for message in bad:
@@ -162,13 +164,13 @@ def test_idle_slow_and_deaf_clients_cost_the_service_little_and_the_run_goes_on(
             idle.append(connect(service))
         # A call of the run's, its bytes a few at a time.
         slow, _ = greet(service)
-        request = wire.encode({"op": "segments", "a": [run_id]})
+        request = wire.encode({"op": "segments", "a": {"run_id": run_id}})
         slow.sendall(request[:3])
         # A client that asks for the run's replicas again and again and never reads.
         deaf, _ = greet(service)
         deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         deaf.settimeout(120)
-        asks = wire.encode({"op": "replicas", "a": [run_id]})
+        asks = wire.encode({"op": "replicas", "a": {"run_id": run_id}})
         for i in range(100):
             remote.register_replica(run_id, i, seg, f"n{i}", i, ["cpu"] * 64, 1.0)
         sent = 0

@@ -1,48 +1,102 @@
-"""The store service's call signatures (store/service/calls.py): every call has one, what
-the run's own client sends conforms, and what another version could send does not."""
+"""The store service's calls (store/service/calls.py), read off Store's signatures: every call
+has one, what the run's own client sends conforms, what another version could send does not,
+and a rule written on a hint is checked with it."""
 
 import dataclasses
 import math
+from typing import Annotated
 
 import pytest
 
+from automlperf.store.base import Changes, ReplicaRecord, SegmentRecord, Store, TrialChange
+from automlperf.store.hints import Rule, conforms, named
 from automlperf.store.service import server, wire
-from automlperf.store.service.calls import SIGNATURES, CallError, check_call
+from automlperf.store.service.calls import CALLS, LOCAL, CallError
 from helpers import epoch_of, new_claim
 
 
-def test_every_call_of_the_service_has_its_signature():
-    ops = {name[3:] for name in dir(server.Service) if name.startswith("op_")}
-    assert ops == set(SIGNATURES)
+def test_every_call_of_the_store_is_a_call_of_the_service_and_the_service_has_no_other():
+    assert set(CALLS) == (Store.__abstractmethods__ - LOCAL) | {"open"}
+    handlers = {name[3:] for name in dir(server.Service) if name.startswith("op_")}
+    assert handlers <= set(CALLS), handlers - set(CALLS)
 
 
-def test_what_the_client_sends_conforms():
-    check_call("heartbeat", [3, 1.5, 60])
-    check_call("expire_leases", [1, math.inf])
-    check_call("finish_trial", [4, "completed", 3.0, "", 0.5, None, None, {"k": 1}])
-    check_call("register_replica", [1, 0, 1, "node", 42, ["cuda:0"], 1.0])
-    check_call("claim_trial", [wire.pack(new_claim(run_id=1, replica_id=2, replica_index=0,
-                                                   graph_hash="h", now=2.0, lease_s=600.0))])
+def sent(name, *args, **kwargs):
+    """What the run's client sends for ``store.<name>(*args, **kwargs)``, through JSON."""
+    return wire.decode(0, wire.encode(CALLS[name].sent(*args, **kwargs))[wire.HEADER.size:])
+
+
+def test_what_the_client_sends_travels_by_name_and_conforms():
+    beat = sent("heartbeat", 3, 1.5, lease_s=60)
+    assert beat == {"replica_id": 3, "now": 1.5, "lease_s": 60}
+    assert CALLS["heartbeat"].arguments(beat) == beat
+    assert CALLS["expire_leases"].arguments(sent("expire_leases", 1, math.inf))["now"] == math.inf
+    finish = sent("finish_trial", 4, "completed", 3.0, best_accuracy=0.5, extra={"k": 1})
+    assert finish["reason"] == "" and finish["weights_path"] is None  # defaults travel too
+    CALLS["finish_trial"].arguments(finish)
+    CALLS["register_replica"].arguments(sent("register_replica", 1, 0, 1, "node", 42, ("cuda:0",), 1.0))
+    claim = new_claim(run_id=1, replica_id=2, replica_index=0, graph_hash="h", now=2.0, lease_s=600.0)
+    assert CALLS["claim_trial"].arguments(sent("claim_trial", claim)) == {"claim": claim}
     diverged = dataclasses.replace(epoch_of(1, 3, 0), train_loss=math.nan)
-    check_call("record_epoch", [wire.pack(diverged)])
-    check_call("last_epoch_number", [])
+    got = CALLS["record_epoch"].arguments(sent("record_epoch", diverged))["epoch"]
+    assert math.isnan(got.train_loss) and dataclasses.replace(got, train_loss=0.0) == \
+        dataclasses.replace(diverged, train_loss=0.0)
+    assert CALLS["changes"].arguments(sent("changes", 1, 5, also=range(3))) == \
+        {"run_id": 1, "after": 5, "also": [0, 1, 2]}
+    assert CALLS["last_epoch_number"].arguments({}) == {}
+
+
+def test_a_missing_argument_that_has_a_default_takes_it():
+    assert CALLS["end_replica"].arguments({"replica_id": 1, "status": "stopped", "now": 2.0}) == \
+        {"replica_id": 1, "status": "stopped", "now": 2.0, "reason": ""}
+
+
+def test_values_come_back_as_their_declared_types():
+    seg = SegmentRecord(run_id=1, index=0, started_at=1.0, deadline_at=2.0, last_seen=1.5,
+                        ended_at=None)
+    rep = ReplicaRecord(id=3, run_id=1, index=0, segment=0, host="n", pid=7, devices=["cpu"],
+                        started_at=1.0, last_heartbeat=1.0, status="running")
+    change = TrialChange(id=4, graph_hash="h", status="running", replica_index=0,
+                         best_accuracy=None, predicted_accuracy=None, changed=9)
+    for name, value in [("heartbeat", seg), ("heartbeat", None), ("segments", [seg]),
+                        ("replica_changes", Changes(rows=[(5, rep)], through=5)),
+                        ("changes", Changes(rows=[change], through=None)),
+                        ("graphs", {4: "{}", 12: "[]"}), ("finish_trial", True),
+                        ("epochs_after", [(1, 0, epoch_of(1, 4, 0))])]:
+        call = CALLS[name]
+        travelled = wire.decode(0, wire.encode(call.encode_value(value) if call.encode_value
+                                               else value)[wire.HEADER.size:])
+        assert (call.decode_value(travelled) if call.decode_value else travelled) == value, name
 
 
 @pytest.mark.parametrize(("op", "args", "said"), [
-    ("heartbeat", [3], "takes 3 arguments, not 1"),
-    ("heartbeat", [3, 1.0, 60.0, 1], "takes 3 arguments, not 4"),
-    ("heartbeat", [True, 1.0, 60.0], "argument 1 is bool"),
-    ("heartbeat", [3, "soon", 60.0], "argument 2 is str 'soon', not a number"),
-    ("touch_segment", [1, 2.0, 3.0], "argument 2 is float"),
-    ("register_replica", [1, 0, 1, "node", 42, ["cuda:0", 1], 1.0], "argument 6"),
-    ("end_replica", [{"id": 1}, "stopped", 3.0, ""], "argument 1 is dict"),
-    ("claim_trial", [[1, 2]], "the Claim travels as a list of 11 values"),
-    ("claim_trial", [[1, 2, 0, "h", "{}", None, [], "round", {}, 2.0, 600.0]],
+    ("heartbeat", {"replica_id": 3}, "needs its argument 'now'"),
+    ("heartbeat", {"replica_id": 3, "now": 1.0, "lease_s": 60.0, "x": 1}, "takes no argument 'x'"),
+    ("heartbeat", [3, 1.0, 60.0], "travel by name"),
+    ("heartbeat", {"replica_id": True, "now": 1.0, "lease_s": 60.0}, "replica_id is bool"),
+    ("heartbeat", {"replica_id": 3, "now": "soon", "lease_s": 60.0},
+     "now is str 'soon', not a number"),
+    ("touch_segment", {"run_id": 1, "index": 2.0, "now": 3.0}, "index is float"),
+    ("register_replica", {"run_id": 1, "index": 0, "segment": 1, "host": "node", "pid": 42,
+                          "devices": ["cuda:0", 1], "now": 1.0}, "devices is list"),
+    ("end_replica", {"replica_id": {"id": 1}, "status": "stopped", "now": 3.0}, "replica_id is dict"),
+    ("add_samples", {"run_id": 1, "node": "n", "samples": [{"t": 1}, 2]}, "samples is list"),
+    ("claim_trial", {"claim": [1, 2]}, "the Claim travels as a list of 11 values"),
+    ("claim_trial", {"claim": [1, 2, 0, "h", "{}", None, [], "round", {}, 2.0, 600.0]},
      "Claim.round is str 'round'"),
-    ("record_epoch", ["epoch"], "the EpochRecord travels as a list"),
+    ("record_epoch", {"epoch": "epoch"}, "the EpochRecord travels as a list"),
 ])
 def test_what_another_version_could_send_is_refused_in_one_line(op, args, said):
     with pytest.raises(CallError) as refused:
-        check_call(op, args)
+        CALLS[op].arguments(args)
     message = str(refused.value)
     assert said.lower() in message.lower() and "\n" not in message
+
+
+def test_a_rule_on_a_hint_is_checked_and_named():
+    share = Annotated[float, Rule(test=lambda v: math.isfinite(v) and 0 <= v <= 1,
+                                  says="finite, from 0 to 1")]
+    assert conforms(0.5, share) and conforms(1, share)
+    assert not conforms(1.5, share) and not conforms(math.nan, share) and not conforms("1", share)
+    assert conforms(None, share | None) and not conforms(2.0, share | None)
+    assert named(share) == "a number (finite, from 0 to 1)"

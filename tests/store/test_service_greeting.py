@@ -153,8 +153,8 @@ def test_a_process_on_the_services_port_that_cannot_prove_the_token_gets_nothing
 
 def test_another_protocol_schema_or_token_is_refused_in_one_line(sqlite_service, tmp_path):
     for fields, kind, said in [
-            ({"hello": wire.PROTOCOL - 1}, "protocol",
-             f"speaks protocol {wire.PROTOCOL}, this client {wire.PROTOCOL - 1}"),
+            # Protocol 3 sent a call's arguments in order: refused before its first call.
+            ({"hello": 3}, "protocol", f"speaks protocol {wire.PROTOCOL}, this client 3"),
             ({"schema": SCHEMA_VERSION + 1}, "schema",
              f"schema version {SCHEMA_VERSION}, this client reads version {SCHEMA_VERSION + 1}"),
             ({"nonce": "not hex"}, "protocol", "without its nonce")]:
@@ -288,33 +288,35 @@ def test_every_write_sent_again_takes_effect_once(sqlite_service, tmp_path):
     import sqlalchemy as sa
 
     from automlperf.store import schema
+    from automlperf.store.service.calls import CALLS
     from helpers import call, epoch_of, new_claim
 
     token = sqlite_service.token_file.read_text().strip()
     sock = greeted(*address(sqlite_service), token)
 
-    def twice(op, *args):
-        first = call(sock, {"op": op, "a": list(args)})
-        again = call(sock, {"op": op, "a": list(args), "r": True})
+    def twice(op, *args, **kwargs):
+        sent = CALLS[op].sent(*args, **kwargs)
+        first = call(sock, {"op": op, "a": sent})
+        again = call(sock, {"op": op, "a": sent, "r": True})
         assert "v" in first and again["v"] == first["v"], (op, first, again)
         return first["v"]
 
     run_id = twice("create_run", "r", {"k": 1}, {}, 3600.0, 1.0)
     seg = twice("start_segment", run_id, 1.0, 3600.0)
     rep = twice("register_replica", run_id, 0, seg, "n0", 7, [], 1.0)
-    trial = twice("claim_trial", wire.pack(new_claim(run_id=run_id, replica_id=rep,
-                                                     replica_index=0, graph_hash="a",
-                                                     now=2.0, lease_s=600.0)))
-    twice("record_epoch", wire.pack(epoch_of(run_id, trial, 0)))
-    twice("finish_trial", trial, "completed", 3.0, "", 0.5, None, None, None)
-    twice("end_replica", rep, "stopped", 4.0, "")
+    trial = twice("claim_trial", new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                           graph_hash="a", now=2.0, lease_s=600.0))
+    twice("record_epoch", epoch_of(run_id, trial, 0))
+    twice("finish_trial", trial, "completed", 3.0, best_accuracy=0.5)
+    twice("end_replica", rep, "stopped", 4.0)
     twice("end_segment", run_id, seg, 5.0)
+    twice("record_node", run_id, 0, seg, "n0", {"devices": []}, 6.0)
     sock.close()
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'h.db'}")
     with engine.connect() as conn:
         counts = {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar()
                   for t in (schema.T_RUNS, schema.T_SEGMENTS, schema.T_REPLICAS,
-                            schema.T_TRIALS, schema.T_EPOCHS)}
+                            schema.T_TRIALS, schema.T_EPOCHS, schema.T_NODES)}
     engine.dispose()
     assert set(counts.values()) == {1}, counts
 

@@ -57,7 +57,7 @@ def test_epoch_events_carry_exact_operation_sums(pool, tmp_path):
     sink = JsonlSink(tmp_path / "events.jsonl")
     for e in rec.epochs:
         sink.epoch(EpochEvent(**e))
-    sink.trial(TrialOutcome("ops", "completed", epochs=2))
+    sink.trial(TrialOutcome(trial_id="ops", status="completed", epochs=2))
     sink.close()
     with open(tmp_path / "events.jsonl", "a") as f:
         f.write('{"type": "epoch", "trial_id": "torn"')  # a kill mid-write

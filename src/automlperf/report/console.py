@@ -100,7 +100,8 @@ class LiveView:
                     old.last_id = max(self._running[before[0]], default=0)
             key = (c.replica_index, c.status)
             self._trials[c.id] = key
-            found = self.tally.setdefault(key, TrialTally(c.replica_index, c.status, 0, 0))
+            found = self.tally.setdefault(key, TrialTally(replica_index=c.replica_index, status=c.status,
+                                                         count=0, last_id=0))
             found.count += 1
             found.last_id = max(found.last_id, c.id)
             if c.status == TrialStatus.RUNNING:

@@ -108,7 +108,7 @@ class Claim:
     lease_s: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialSummary:
     id: int
     graph_hash: str
@@ -122,19 +122,19 @@ class TrialSummary:
         return self.predicted_accuracy if self.predicted_accuracy is not None else self.best_accuracy
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialChange(TrialSummary):
     """A trial as a history read since an earlier one finds it: claimed or ended at change
     number ``changed``. ``graph_hash`` is empty where the reader was sent it before (a trial
     ended that it saw claimed)."""
 
-    changed: int = field(kw_only=True)
+    changed: int
 
 
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Changes(Generic[T]):
     """What changed since a reader's last read. ``through``: every change numbered up to it
     is in ``rows`` or an earlier read (None where the store cannot say: a number skipped is
@@ -144,7 +144,7 @@ class Changes(Generic[T]):
     through: int | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrialTally:
     """How many of a replica's trials stand at ``status``, and the newest of them."""
 
@@ -166,7 +166,7 @@ class EpochRecord(EpochEvent):
 EPOCH_FIELDS = tuple(f.name for f in fields(EpochRecord) if f.name != "run_id")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SegmentRecord:
     """One session of the primary: a run interrupted and resumed has several."""
 
@@ -204,22 +204,30 @@ class RunRecords(ABC):
     any database."""
 
     @abstractmethod
-    def run(self, run_id: int) -> dict[str, Any]: ...
+    def run(self, run_id: int) -> dict[str, Any]:
+        """The run: its id, name, created_at, duration_s, config and system (parsed);
+        :class:`StoreError` when there is no such run."""
 
     @abstractmethod
-    def segments(self, run_id: int) -> list[SegmentRecord]: ...
+    def segments(self, run_id: int) -> list[SegmentRecord]:
+        """The run's sessions of the primary, oldest first."""
 
     @abstractmethod
-    def replicas(self, run_id: int) -> list[ReplicaRecord]: ...
+    def replicas(self, run_id: int) -> list[ReplicaRecord]:
+        """The run's replica processes, in the order they registered."""
 
     @abstractmethod
-    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]: ...
+    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]:
+        """The run's trials numbered above ``after_id``, by id, each with its graph and
+        with ``best_accuracy`` so far for one still running."""
 
     @abstractmethod
-    def epochs(self, run_id: int) -> list[EpochRecord]: ...
+    def epochs(self, run_id: int) -> list[EpochRecord]:
+        """Every epoch the run recorded, by when it ended."""
 
     @abstractmethod
-    def samples(self, run_id: int) -> list[dict[str, Any]]: ...
+    def samples(self, run_id: int) -> list[dict[str, Any]]:
+        """The monitor's samples as it recorded them, each with its ``node``, by time."""
 
     def sample_figure_chunks(self, run_id: int,
                              nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
@@ -288,7 +296,8 @@ class Store(RunRecords):
     # runs and segments ---------------------------------------------------------------------
     @abstractmethod
     def create_run(self, name: str, config: dict[str, Any], system: dict[str, Any],
-                   duration_s: float, now: float) -> int: ...
+                   duration_s: float, now: float) -> int:
+        """The id of a new run of ``duration_s`` seconds, created at ``now``."""
 
     @abstractmethod
     def extend_run(self, run_id: int, duration_s: float, config: dict[str, Any],
@@ -297,18 +306,25 @@ class Store(RunRecords):
         name the extension, with it)."""
 
     @abstractmethod
-    def start_segment(self, run_id: int, now: float, deadline_at: float) -> int: ...
+    def start_segment(self, run_id: int, now: float, deadline_at: float) -> int:
+        """The index of the primary's new session of the run (0 for its first), started
+        at ``now`` and due to end at ``deadline_at``."""
 
     @abstractmethod
-    def touch_segment(self, run_id: int, index: int, now: float) -> None: ...
+    def touch_segment(self, run_id: int, index: int, now: float) -> None:
+        """The primary of session ``index`` was alive at ``now`` (``last_seen``); an ended
+        session is left as it is."""
 
     @abstractmethod
-    def end_segment(self, run_id: int, index: int, ended_at: float) -> None: ...
+    def end_segment(self, run_id: int, index: int, ended_at: float) -> None:
+        """Session ``index`` ended at ``ended_at``; one that had ended is left as it is."""
 
     # replicas ------------------------------------------------------------------------------
     @abstractmethod
     def register_replica(self, run_id: int, index: int, segment: int, host: str, pid: int,
-                         devices: list[str], now: float) -> int: ...
+                         devices: list[str], now: float) -> int:
+        """The id of replica ``index`` of session ``segment``, starting at ``now`` as process
+        ``pid`` on ``host`` with ``devices``; running, with a heartbeat at ``now``."""
 
     @abstractmethod
     def heartbeat(self, replica_id: int, now: float, lease_s: float) -> SegmentRecord | None:
@@ -340,13 +356,19 @@ class Store(RunRecords):
     def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
                      best_accuracy: float | None = None,
                      predicted_accuracy: float | None = None, weights_path: str | None = None,
-                     extra: dict[str, Any] | None = None) -> bool: ...
+                     extra: dict[str, Any] | None = None) -> bool:
+        """End a running trial as ``status`` (``completed``, ``failed`` or ``stopped``) at
+        ``now``, with its figures. True when it ended so: now, or by this very call sent
+        again; False when it had ended otherwise before (nothing is changed)."""
 
     @abstractmethod
-    def expire_leases(self, run_id: int, now: float) -> list[int]: ...
+    def expire_leases(self, run_id: int, now: float) -> list[int]:
+        """Fail the run's running trials whose lease has lapsed by ``now``
+        (:data:`LEASE_EXPIRED`); the ids of those failed now."""
 
     @abstractmethod
-    def trial(self, trial_id: int) -> TrialRecord: ...
+    def trial(self, trial_id: int) -> TrialRecord:
+        """The trial, as :meth:`trials` gives it; :class:`StoreError` when there is none."""
 
     @abstractmethod
     def tally(self, run_id: int) -> list[TrialTally]:
@@ -368,7 +390,9 @@ class Store(RunRecords):
 
     # epochs and samples --------------------------------------------------------------------
     @abstractmethod
-    def record_epoch(self, epoch: EpochRecord) -> None: ...
+    def record_epoch(self, epoch: EpochRecord) -> None:
+        """Record a completed epoch once; :class:`StoreError` when its trial's epoch is
+        recorded already, differently."""
 
     @abstractmethod
     def epochs_after(self, run_id: int, after: int,
@@ -384,7 +408,9 @@ class Store(RunRecords):
         """The highest number the store has given a committed epoch of any run; 0 if none."""
 
     @abstractmethod
-    def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None: ...
+    def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None:
+        """Keep the monitor's ``samples`` of ``node`` (each a JSON object with its time
+        ``t``), once."""
 
     # nodes ---------------------------------------------------------------------------------
     @abstractmethod
@@ -393,4 +419,5 @@ class Store(RunRecords):
         """What a replica found on its node when it started (hardware, measured ceiling)."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of the store's connections; the store takes no more calls."""

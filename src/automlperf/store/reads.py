@@ -105,7 +105,8 @@ def tally(conn: sa.Connection, run_id: int) -> list[TrialTally]:
                        sa.func.max(T_TRIALS.c.id))
              .where(T_TRIALS.c.run_id == run_id)
              .group_by(T_TRIALS.c.replica_index, T_TRIALS.c.status))
-    return [TrialTally(int(r), str(s), int(n), int(last)) for r, s, n, last in conn.execute(query)]
+    return [TrialTally(replica_index=int(r), status=str(s), count=int(n), last_id=int(last))
+            for r, s, n, last in conn.execute(query)]
 
 
 SUMMARY = (T_TRIALS.c.id, T_TRIALS.c.graph_hash, T_TRIALS.c.status, T_TRIALS.c.replica_index,
@@ -114,8 +115,8 @@ SUMMARY = (T_TRIALS.c.id, T_TRIALS.c.graph_hash, T_TRIALS.c.status, T_TRIALS.c.r
 
 def summaries(conn: sa.Connection, run_id: int) -> list[TrialSummary]:
     rows = conn.execute(sa.select(*SUMMARY).where(T_TRIALS.c.run_id == run_id)
-                        .order_by(T_TRIALS.c.id)).all()
-    return [TrialSummary(*row) for row in rows]
+                        .order_by(T_TRIALS.c.id)).mappings().all()
+    return [TrialSummary(**row) for row in rows]
 
 
 def changes(conn: sa.Connection, run_id: int, after: int,
@@ -127,8 +128,8 @@ def changes(conn: sa.Connection, run_id: int, after: int,
         wanted = wanted | T_TRIALS.c.changed.in_(list(also))
     rows = conn.execute(sa.select(T_TRIALS.c.changed, *SUMMARY)
                         .where((T_TRIALS.c.run_id == run_id) & wanted)
-                        .order_by(T_TRIALS.c.changed)).all()
-    return [TrialChange(*rest, changed=int(c)) for c, *rest in rows]
+                        .order_by(T_TRIALS.c.changed)).mappings().all()
+    return [TrialChange(**row) for row in rows]
 
 
 def graphs(conn: sa.Connection, ids: Sequence[int]) -> dict[int, str]:

@@ -30,6 +30,7 @@ from typing import Any
 from automlperf.store.base import (EPOCH_FIELDS, EpochRecord, ReplicaRecord, RunRecords,
                                    SampleFigures, SegmentRecord, StoreError, TrialRecord,
                                    sample_figures)
+from automlperf.store.hints import checker, field_hints, named
 from automlperf.store.values import bulk
 
 FORMAT = "automlperf-records"
@@ -45,30 +46,6 @@ REPLICA_FIELDS = tuple(f.name for f in dataclasses.fields(ReplicaRecord) if f.na
 
 class RecordsError(StoreError):
     """Exported records that cannot be read; the message names the file and line."""
-
-
-_NUMBER = (int, float)
-_OPTIONAL_NUMBER = (int, float, type(None))
-# What each field must hold, where a wrong type would stop the figures being recomputed
-# (rather than make them differ, which `check` names).
-TYPES: dict[type, dict[str, tuple[type, ...]]] = {
-    EpochRecord: {**dict.fromkeys(("trial_id", "epoch", "train_images", "val_images", "steps",
-                                   "ops", "batch_size", "world_size", "skipped_images",
-                                   "val_skipped"), (int,)),
-                  **dict.fromkeys(("started_at", "ended_at", "train_loss", "val_accuracy",
-                                   "data_share", "images_per_s"), _NUMBER),
-                  "device_share": _OPTIONAL_NUMBER, "precision": (str,),
-                  "val_loss": _OPTIONAL_NUMBER},
-    TrialRecord: {"id": (int,), "replica_index": (int,), "graph_hash": (str,),
-                  "parent_id": (int, type(None)), "morphs": (list,), "round": (int,),
-                  "hparams": (dict,), "status": (str,), "reason": (str,),
-                  "created_at": _NUMBER, "finished_at": _OPTIONAL_NUMBER,
-                  "best_accuracy": _OPTIONAL_NUMBER, "predicted_accuracy": _OPTIONAL_NUMBER,
-                  "extra": (dict,)},
-    SegmentRecord: {"index": (int,), "started_at": _NUMBER, "deadline_at": _NUMBER,
-                    "last_seen": _NUMBER, "ended_at": _OPTIONAL_NUMBER},
-    ReplicaRecord: {"index": (int,), "host": (str,), "devices": (list,), "status": (str,)},
-}
 
 
 @dataclasses.dataclass
@@ -201,13 +178,15 @@ class ExportedRecords(RunRecords):
     def _build(self, path: Path, make: Callable[..., Any], rows: list[dict[str, Any]],
                **extra: Any) -> list[Any]:
         out = []
-        types = TYPES.get(make, {})  # type: ignore[call-overload]
+        # Each field as its record's hint says (a field missing is the record's to refuse).
+        hints = field_hints(make)
+        checks = {name: checker(kind) for name, kind in hints.items()}
         for number, row in enumerate(rows, start=1):
-            for name, allowed in types.items():
-                # bool is an int to Python, never to the format
-                if not isinstance(row.get(name), allowed) or isinstance(row.get(name), bool):
+            for name, value in row.items():
+                check = checks.get(name)
+                if check is not None and not check(value):
                     raise RecordsError(f"{self._name(path)} record {number}: {name} is "
-                                       f"{row.get(name)!r}, not of the format's type")
+                                       f"{str(value)[:40]!r}, not {named(hints[name])}")
             try:
                 out.append(make(**row, **extra))
             except (TypeError, ValueError) as exc:

@@ -119,7 +119,9 @@ class Writes:
                            .returning(T_REPLICAS.c.run_id, T_REPLICAS.c.segment, *cols)).first()
         if row is None or row[2] is None:
             return None
-        return SegmentRecord(int(row[0]), int(row[1]), *row[2:])
+        run_id, index, started_at, deadline_at, last_seen, ended_at = row
+        return SegmentRecord(run_id=int(run_id), index=int(index), started_at=started_at,
+                             deadline_at=deadline_at, last_seen=last_seen, ended_at=ended_at)
 
     def beats(self, conn: sa.Connection, beats: list[tuple[int, float, float]]) -> None:
         """Many replicas' last heartbeats (id, time, lease end) at once: on PostgreSQL one

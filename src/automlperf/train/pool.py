@@ -258,20 +258,20 @@ class DevicePool:
 
         def stopped() -> TrialOutcome:
             self._restart(kill_only=True)
-            return TrialOutcome(spec.trial_id, TrialStatus.STOPPED, "deadline reached",
-                                batch_size=spec.batch_size)
+            return TrialOutcome(trial_id=spec.trial_id, status=TrialStatus.STOPPED,
+                                reason="deadline reached", batch_size=spec.batch_size)
 
         def died(idx: int, code: int | None, oom: str | None) -> TrialOutcome:
             # A rank the kernel killed for memory is out of memory like one whose allocation
             # failed, with the same fix; any other death is a crash.
             if oom is not None:
-                return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
-                                    f"oom: training process {idx} ({self.devices[idx]}) was "
+                return TrialOutcome(trial_id=spec.trial_id, status=TrialStatus.FAILED,
+                                    reason=f"oom: training process {idx} ({self.devices[idx]}) was "
                                     f"killed by signal 9: {oom}", epochs=reported,
                                     batch_size=spec.batch_size,
                                     extra={"failure": FailureKind.OOM, "oom_kill": True})
-            return TrialOutcome(spec.trial_id, TrialStatus.FAILED,
-                                f"crash: training process {idx} exited with code {code}",
+            return TrialOutcome(trial_id=spec.trial_id, status=TrialStatus.FAILED,
+                                reason=f"crash: training process {idx} exited with code {code}",
                                 epochs=reported, batch_size=spec.batch_size,
                                 extra={"failure": FailureKind.CRASH})
 

@@ -241,8 +241,8 @@ class SimulatedTrainer:
             self.start()
         assert self.curves is not None
         precision = self.precision(spec)
-        outcome = TrialOutcome(spec.trial_id, TrialStatus.FAILED, batch_size=spec.batch_size,
-                               precision=precision, extra={"simulated": True})
+        outcome = TrialOutcome(trial_id=spec.trial_id, status=TrialStatus.FAILED,
+                               batch_size=spec.batch_size, precision=precision, extra={"simulated": True})
         try:
             graph = Graph.from_dict(spec.graph)
         except GraphError as exc:

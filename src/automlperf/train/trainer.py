@@ -92,7 +92,8 @@ def train_on_rank(spec: TrialSpec, ctx: RankContext, emit: Emit | None = None) -
     """Train ``spec`` on this rank; returns how the trial ended. Failures are classified,
     not raised, so the rank stays ready for the next trial."""
     emit = emit if (emit is not None and ctx.rank == 0) else (lambda kind, payload: None)
-    outcome = TrialOutcome(spec.trial_id, TrialStatus.FAILED, batch_size=spec.batch_size)
+    outcome = TrialOutcome(trial_id=spec.trial_id, status=TrialStatus.FAILED,
+                           batch_size=spec.batch_size)
     try:
         _train(spec, ctx, emit, outcome)
     except TrialFailure as exc:

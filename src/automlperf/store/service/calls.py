@@ -1,127 +1,125 @@
-"""What each call of the store service takes (store/service/server.py), checked before the call
-touches the service's memory or a transaction: a client of another version, or a broken one,
-gets one line naming the argument, and nothing it sent is kept to fail a later write (a
-heartbeat flushed with the others, a claim held in the run's state).
+"""The store service's calls, read off :class:`~automlperf.store.base.Store`: each abstract
+method of ``Store`` but ``close`` is a call of its name, whose arguments travel by its
+parameters' names, are checked against their hints, and whose value travels as its declared
+return type says (store/service/wire.py ``encoder``, ``decoder``). No call is listed here:
+``CALLS`` is derived when the module loads, and the client (store/service/client.py) and the
+service (store/service/server.py) both use it.
 
-Arguments are JSON: a count is an int (not a bool), a time or a figure an int or a float
-(NaN and infinity included: a diverged loss, a deadline that never comes); a record travels
-as the list :func:`~automlperf.store.service.wire.pack` made, each value checked against its
-field's type."""
+The service checks a call's arguments before the call touches its memory or a transaction: a
+client of another version, or a broken one, gets one line naming the argument, and nothing it
+sent is kept to fail a later write (a heartbeat flushed with the others, a claim held in the
+run's state). Arguments are JSON: a count is an int (not a bool), a time or a figure an int or
+a float (NaN and infinity included: a diverged loss, a deadline that never comes); a record
+travels as the list :func:`~automlperf.store.service.wire.pack` made, each value checked
+against its field's hint. A hint's rules (``Annotated[float, Rule(...)]``, store/hints.py)
+are checked with it: a bound on a call's argument is written on ``Store``'s signature."""
 
 from __future__ import annotations
 
-import functools
-import types
+import inspect
 import typing
-from typing import Any, Union
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from automlperf.store.base import Claim, EpochRecord
+from automlperf.store.base import Store
+from automlperf.store.hints import conforms, field_hints, named, shown
 from automlperf.store.service import wire
 
-NUM = float
-OPT_NUM = float | None
-# Each call's arguments, in order (the client's side: store/service/client.py).
-SIGNATURES: dict[str, tuple[Any, ...]] = {
-    "open": (),
-    "create_run": (str, dict, dict, NUM, NUM),
-    "run": (int,),
-    "extend_run": (int, NUM, dict, dict),
-    "start_segment": (int, NUM, NUM),
-    "touch_segment": (int, int, NUM),
-    "end_segment": (int, int, NUM),
-    "segments": (int,),
-    "register_replica": (int, int, int, str, int, list[str], NUM),
-    "heartbeat": (int, NUM, NUM),
-    "end_replica": (int, str, NUM, str),
-    "replicas": (int,),
-    "replica_changes": (int, int, list[int]),
-    "silent_replicas": (int, NUM),
-    "claim_trial": (Claim,),
-    "finish_trial": (int, str, NUM, str, OPT_NUM, OPT_NUM, str | None, dict | None),
-    "expire_leases": (int, NUM),
-    "trial": (int,),
-    "trials": (int, int),
-    "tally": (int,),
-    "summaries": (int,),
-    "changes": (int, int, list[int]),
-    "graphs": (list[int],),
-    "record_epoch": (EpochRecord,),
-    "epochs": (int,),
-    "epochs_after": (int, int, list[int]),
-    "last_epoch_number": (),
-    "add_samples": (int, str, list),
-    "samples": (int,),
-    "record_node": (int, int, int, str, dict, NUM),
-    "nodes": (int,),
-}
+# Store's methods that are no calls: each process closes its own store.
+LOCAL = frozenset({"close"})
 
 
 class CallError(ValueError):
     """A call whose arguments are not what its name takes."""
 
 
-def check_call(op: str, args: list[Any]) -> None:
-    """Raise :class:`CallError` unless ``args`` are what ``op`` takes."""
-    wanted = SIGNATURES[op]
-    if len(args) != len(wanted):
-        raise CallError(f"{op} takes {len(wanted)} arguments, not {len(args)}: use the "
-                        "automlperf that started the run")
-    for i, (value, kind) in enumerate(zip(args, wanted)):
-        if kind in wire.FIELDS:
-            _check_record(op, kind, value)
-        elif not conforms(value, kind):
-            raise CallError(f"{op}: argument {i + 1} is {_shown(value)}, not {_name(kind)}")
+@dataclass(frozen=True, kw_only=True)
+class Call:
+    """One call as its declaration says: its parameters (their hints, the defaults of those
+    that have one) and what it returns, with the conversions to and from what travels."""
+
+    name: str
+    signature: inspect.Signature  # without ``self``
+    kinds: dict[str, Any]
+    defaults: dict[str, Any]
+    returns: Any
+    encode: dict[str, wire.Convert]  # the parameters whose values do not travel as they are
+    decode: dict[str, wire.Convert]
+    encode_value: wire.Convert | None
+    decode_value: wire.Convert | None
+
+    @classmethod
+    def of(cls, name: str, method: Callable[..., Any]) -> Call:
+        signature = inspect.signature(method)
+        params = list(signature.parameters.values())[1:]
+        hints = typing.get_type_hints(method, include_extras=True)
+        kinds = {p.name: hints[p.name] for p in params}
+        returns = hints["return"]
+        return cls(name=name, signature=signature.replace(parameters=params), kinds=kinds,
+                   defaults={p.name: p.default for p in params if p.default is not p.empty},
+                   returns=returns,
+                   encode={p: c for p, k in kinds.items() if (c := wire.encoder(k)) is not None},
+                   decode={p: c for p, k in kinds.items() if (c := wire.decoder(k)) is not None},
+                   encode_value=wire.encoder(returns), decode_value=wire.decoder(returns))
+
+    def sent(self, *positional: Any, **named: Any) -> dict[str, Any]:
+        """A Python call's arguments as they travel: bound by the call's signature, and sent
+        by name, every one (defaults too)."""
+        bound = self.signature.bind(*positional, **named)
+        bound.apply_defaults()
+        return {name: value if (c := self.encode.get(name)) is None else c(value)
+                for name, value in bound.arguments.items()}
+
+    def arguments(self, sent: Any) -> dict[str, Any]:
+        """What a client sent, checked, as the call's handler takes it (a missing argument
+        that has a default takes it; records built); :class:`CallError` in one line unless
+        it is what the call takes."""
+        if not isinstance(sent, dict):
+            raise CallError(f"{self.name}'s arguments travel by name, as an object: use the "
+                            "automlperf that started the run")
+        if sent.keys() != self.kinds.keys():
+            unknown = [name for name in sent if name not in self.kinds]
+            if unknown:
+                raise CallError(f"{self.name} takes no argument {str(unknown[0])[:40]!r} (it "
+                                f"takes {', '.join(self.kinds) or 'none'}): use the automlperf "
+                                "that started the run")
+            missing = [name for name in self.kinds if name not in sent and name not in self.defaults]
+            if missing:
+                raise CallError(f"{self.name} needs its argument {missing[0]!r}: use the "
+                                "automlperf that started the run")
+            sent = {**self.defaults, **sent}
+        for name, value in sent.items():
+            kind = self.kinds[name]
+            if wire.is_record(kind):
+                _check_record(self.name, kind, value)
+            elif not conforms(value, kind):
+                raise CallError(f"{self.name}: {name} is {shown(value)}, not {named(kind)}")
+        return {name: value if (c := self.decode.get(name)) is None else c(value)
+                for name, value in sent.items()}
 
 
 def _check_record(op: str, cls: type, value: Any) -> None:
-    hints = _hints(cls)
-    names = wire.FIELDS[cls]
-    if not isinstance(value, list) or len(value) != len(names):
-        raise CallError(f"{op}: the {cls.__name__} travels as a list of {len(names)} values")
-    for name, field_value in zip(names, value):
-        if not conforms(field_value, hints[name], record=True):
-            raise CallError(f"{op}: {cls.__name__}.{name} is {_shown(field_value)}, not "
-                            f"{_name(hints[name])}")
+    hints = field_hints(cls)
+    if not isinstance(value, list) or len(value) != len(hints):
+        raise CallError(f"{op}: the {cls.__name__} travels as a list of {len(hints)} values")
+    for (name, kind), field_value in zip(hints.items(), value):
+        if not conforms(field_value, kind, record=True):
+            raise CallError(f"{op}: {cls.__name__}.{name} is {shown(field_value)}, not "
+                            f"{named(kind)}")
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _open(self: Any) -> int:
+    """The schema version the service serves: what a client's open checks (the service's
+    own call, no store's)."""
+    raise NotImplementedError
 
 
-def conforms(value: Any, kind: Any, record: bool = False) -> bool:
-    """Whether the JSON ``value`` is of ``kind`` (a type, ``X | None``, ``list[X]``, ...). A
-    ``record``'s counts may have been computed as whole floats."""
-    if kind is Any:
-        return True
-    if kind is None or kind is type(None):
-        return value is None
-    origin = typing.get_origin(kind)
-    if origin in (Union, types.UnionType):
-        return any(conforms(value, k, record) for k in typing.get_args(kind))
-    if origin is list:
-        (item,) = typing.get_args(kind) or (Any,)
-        return isinstance(value, list) and all(conforms(v, item, record) for v in value)
-    if origin is dict or kind is dict:
-        return isinstance(value, dict)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind is int:
-        return number and (isinstance(value, int) or record and float(value).is_integer())
-    if kind is float:
-        return number  # inf included: "every lease, whenever it ends"
-    if kind is str:
-        return isinstance(value, str)
-    if kind is list:
-        return isinstance(value, list)
-    return True  # a kind no call sends: the call's own code decides
+def _calls() -> dict[str, Call]:
+    calls = {name: Call.of(name, getattr(Store, name))
+             for name in sorted(Store.__abstractmethods__) if name not in LOCAL}
+    calls["open"] = Call.of("open", _open)
+    return calls
 
 
-def _name(kind: Any) -> str:
-    return {int: "a whole number", float: "a number", str: "a string",
-            dict: "an object", list: "a list"}.get(kind, str(kind).replace("typing.", ""))
-
-
-def _shown(value: Any) -> str:
-    return f"{type(value).__name__} {str(value)[:40]!r}"
+CALLS = _calls()

@@ -12,6 +12,7 @@ A store URL ``store-service://FILE`` names the service whose address is in FILE
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -19,16 +20,15 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, Changes, Claim, EpochRecord,
-                                   ReplicaRecord, SampleFigures, SchemaMismatch, SegmentRecord,
-                                   Store, StoreError, TrialChange, TrialRecord, TrialSummary,
-                                   TrialTally)
+from automlperf.store.base import (BACKOFF_MAX_S, SCHEMA_VERSION, SampleFigures, SchemaMismatch,
+                                   SegmentRecord, Store, StoreError)
 from automlperf.store.retry import OUTAGE_NOTICE_S, RETRY_ENV, configured_retry_s
 from automlperf.store.service import wire
+from automlperf.store.service.calls import CALLS
 
 SCHEME = "store-service://"
 SERVICE_FILE = "store-service.json"
@@ -41,6 +41,9 @@ KEEP = 1
 # connection whose peer vanished without a word (a half-open connection) is given up and
 # sent again on a new one while the lease still holds, not after the socket's timeout.
 HEARTBEAT_MIN_S = 5.0
+# The bulk reads of a finished run that go to the database itself where the store was given
+# one (``direct``): half a million epochs need not cross the service.
+DIRECT = frozenset({"trials", "epochs", "samples", "nodes"})
 log = logging.getLogger("automlperf.store")
 
 
@@ -48,7 +51,22 @@ class ServiceUnavailable(ConnectionError):
     """No answer from the service on this try."""
 
 
-class RemoteStore(Store):
+def _forwarding() -> Any:
+    """The class of Store's calls as :class:`RemoteStore` makes them: each a method with
+    Store's own signature and docstring that hands its arguments to ``RemoteStore._forward``.
+    Typed Any: the type checker reads the calls' types off Store, RemoteStore's other base."""
+
+    def forwarded(name: str) -> Callable[..., Any]:
+        def method(store: RemoteStore, *positional: Any, **named: Any) -> Any:
+            return store._forward(name, *positional, **named)
+
+        # Store's name, docstring and signature (``__wrapped__``), not its abstractness.
+        return functools.update_wrapper(method, getattr(Store, name), updated=())
+
+    return type("StoreCalls", (), {name: forwarded(name) for name in CALLS if name != "open"})
+
+
+class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
     """The store served at the address in ``service_file`` (with the token in
     ``token_file``). ``direct``: a store on the database itself, which the primary passes for
     reading a finished run's records in bulk (epochs, samples), rather than through the
@@ -70,7 +88,7 @@ class RemoteStore(Store):
         self.bytes_in: Counter[str] = Counter()
         self.bytes_out: Counter[str] = Counter()
         # Opening checks the schema (the service asks the database, one query).
-        served = self._call("open")
+        served = self._call("open", {})
         if served != SCHEMA_VERSION:
             raise SchemaMismatch(f"the store service at {self.service_file} serves schema "
                                  f"version {served}; this automlperf reads version "
@@ -131,12 +149,13 @@ class RemoteStore(Store):
         answer, _ = wire.read_frame(sock, wire.MAX_GREETING)
         return answer if isinstance(answer, dict) else {"e": "protocol", "m": str(answer)[:200]}
 
-    def _call(self, op: str, *args: Any, deadline_s: float | None = None) -> Any:
-        """Send one call and return its value, riding out the service's outages; a try
-        unanswered after ``deadline_s`` is given up and sent again on a new connection."""
+    def _call(self, op: str, sent: dict[str, Any], deadline_s: float | None = None) -> Any:
+        """Send one call (its arguments by name, as they travel) and return its value as it
+        came, riding out the service's outages; a try unanswered after ``deadline_s`` is given
+        up and sent again on a new connection."""
         if self.closed:
             raise StoreError(f"store {self.url} is closed")
-        request = wire.encode({"op": op, "a": list(args)})
+        request = wire.encode({"op": op, "a": sent})
         again = None
         started = time.monotonic()
         delay = 0.1
@@ -160,7 +179,7 @@ class RemoteStore(Store):
                 delay = min(delay * 2, BACKOFF_MAX_S)
                 if again is None:
                     # Sent again: its first try may have been carried out, unanswered.
-                    again = request = wire.encode({"op": op, "a": list(args), "r": True})
+                    again = request = wire.encode({"op": op, "a": sent, "r": True})
                 continue
             self.calls[op] += 1
             self.bytes_out[op] += len(request)
@@ -209,116 +228,25 @@ class RemoteStore(Store):
         for sock in idle:
             sock.close()
 
-    # --- runs and segments ------------------------------------------------------------------
-    def create_run(self, name: str, config: dict[str, Any], system: dict[str, Any],
-                   duration_s: float, now: float) -> int:
-        return int(self._call("create_run", name, config, system, duration_s, now))
-
-    def run(self, run_id: int) -> dict[str, Any]:
-        return dict(self._call("run", run_id))
-
-    def extend_run(self, run_id: int, duration_s: float, config: dict[str, Any],
-                   system: dict[str, Any]) -> None:
-        self._call("extend_run", run_id, duration_s, config, system)
-
-    def start_segment(self, run_id: int, now: float, deadline_at: float) -> int:
-        return int(self._call("start_segment", run_id, now, deadline_at))
-
-    def touch_segment(self, run_id: int, index: int, now: float) -> None:
-        self._call("touch_segment", run_id, index, now)
-
-    def end_segment(self, run_id: int, index: int, ended_at: float) -> None:
-        self._call("end_segment", run_id, index, ended_at)
-
-    def segments(self, run_id: int) -> list[SegmentRecord]:
-        return [wire.unpack(SegmentRecord, s) for s in self._call("segments", run_id)]
-
-    # --- replicas ---------------------------------------------------------------------------
-    def register_replica(self, run_id: int, index: int, segment: int, host: str, pid: int,
-                         devices: list[str], now: float) -> int:
-        return int(self._call("register_replica", run_id, index, segment, host, pid,
-                              list(devices), now))
+    # --- the calls ----------------------------------------------------------------------------
+    def _forward(self, name: str, /, *positional: Any, deadline_s: float | None = None,
+                 **named: Any) -> Any:
+        """Store's call ``name``, made on the service: its arguments bound by Store's
+        signature and sent by name, its value unpacked by its declared return type (a bulk
+        read of a finished run goes to ``direct`` where there is one)."""
+        if name in DIRECT and self.direct is not None:
+            return getattr(self.direct, name)(*positional, **named)
+        call = CALLS[name]
+        value = self._call(name, call.sent(*positional, **named), deadline_s=deadline_s)
+        return value if call.decode_value is None else call.decode_value(value)
 
     def heartbeat(self, replica_id: int, now: float, lease_s: float) -> SegmentRecord | None:
-        found = self._call("heartbeat", replica_id, now, lease_s,
-                           deadline_s=max(HEARTBEAT_MIN_S, lease_s / 4))
-        return None if found is None else wire.unpack(SegmentRecord, found)
-
-    def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
-        self._call("end_replica", replica_id, str(status), now, reason)
-
-    def replicas(self, run_id: int) -> list[ReplicaRecord]:
-        return [wire.unpack(ReplicaRecord, r) for r in self._call("replicas", run_id)]
-
-    def replica_changes(self, run_id: int, after: int,
-                        also: Sequence[int] = ()) -> Changes[tuple[int, ReplicaRecord]]:
-        rows, through = self._call("replica_changes", run_id, after, list(also))
-        return Changes([(n, wire.unpack(ReplicaRecord, r)) for n, r in rows], through)
-
-    def silent_replicas(self, run_id: int, before: float) -> list[int]:
-        return list(self._call("silent_replicas", run_id, before))
-
-    # --- trials -----------------------------------------------------------------------------
-    def claim_trial(self, claim: Claim) -> int | None:
-        found = self._call("claim_trial", wire.pack(claim))
-        return None if found is None else int(found)
-
-    def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
-                     best_accuracy: float | None = None,
-                     predicted_accuracy: float | None = None, weights_path: str | None = None,
-                     extra: dict[str, Any] | None = None) -> bool:
-        return bool(self._call("finish_trial", trial_id, str(status), now, reason,
-                               best_accuracy, predicted_accuracy, weights_path, extra))
-
-    def expire_leases(self, run_id: int, now: float) -> list[int]:
-        return list(self._call("expire_leases", run_id, now))
-
-    def trial(self, trial_id: int) -> TrialRecord:
-        return wire.unpack(TrialRecord, self._call("trial", trial_id))
-
-    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]:
-        if self.direct is not None:
-            return self.direct.trials(run_id, after_id)
-        return [wire.unpack(TrialRecord, t) for t in self._call("trials", run_id, after_id)]
-
-    def tally(self, run_id: int) -> list[TrialTally]:
-        return [wire.unpack(TrialTally, t) for t in self._call("tally", run_id)]
-
-    def summaries(self, run_id: int) -> list[TrialSummary]:
-        return [wire.unpack(TrialSummary, t) for t in self._call("summaries", run_id)]
-
-    def changes(self, run_id: int, after: int, also: Sequence[int] = ()) -> Changes[TrialChange]:
-        rows, through = self._call("changes", run_id, after, list(also))
-        return Changes([wire.unpack(TrialChange, c) for c in rows], through)
-
-    def graphs(self, trial_ids: Sequence[int]) -> dict[int, str]:
-        return {int(i): g for i, g in self._call("graphs", list(trial_ids))}
-
-    # --- epochs, samples, nodes -------------------------------------------------------------
-    def record_epoch(self, epoch: EpochRecord) -> None:
-        self._call("record_epoch", wire.pack(epoch))
-
-    def epochs(self, run_id: int) -> list[EpochRecord]:
-        if self.direct is not None:
-            return self.direct.epochs(run_id)
-        return [wire.unpack(EpochRecord, e) for e in self._call("epochs", run_id)]
-
-    def epochs_after(self, run_id: int, after: int,
-                     also: Sequence[int] = ()) -> list[tuple[int, int, EpochRecord]]:
-        return [(n, r, wire.unpack(EpochRecord, e))
-                for n, r, e in self._call("epochs_after", run_id, after, list(also))]
-
-    def last_epoch_number(self) -> int:
-        return int(self._call("last_epoch_number"))
+        return self._forward("heartbeat", replica_id, now, lease_s,
+                             deadline_s=max(HEARTBEAT_MIN_S, lease_s / 4))
 
     def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None:
         if samples:
-            self._call("add_samples", run_id, node, samples)
-
-    def samples(self, run_id: int) -> list[dict[str, Any]]:
-        if self.direct is not None:
-            return self.direct.samples(run_id)
-        return list(self._call("samples", run_id))
+            self._forward("add_samples", run_id, node, samples)
 
     def sample_figure_chunks(self, run_id: int,
                              nodes: Sequence[str] | None = None) -> Iterator[list[SampleFigures]]:
@@ -335,15 +263,6 @@ class RemoteStore(Store):
         if self.direct is not None:
             return self.direct.sample_texts(run_id)
         return super().sample_texts(run_id)
-
-    def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
-                    description: dict[str, Any], now: float) -> None:
-        self._call("record_node", run_id, replica_index, segment, host, description, now)
-
-    def nodes(self, run_id: int) -> list[dict[str, Any]]:
-        if self.direct is not None:
-            return self.direct.nodes(run_id)
-        return list(self._call("nodes", run_id))
 
 
 def service_file(run_dir: Path | str) -> Path:

@@ -61,9 +61,9 @@ class ServiceStore(SQLStore):
         return out
 
     @retrying
-    def read(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def read(self, fn: Callable[..., Any], **arguments: Any) -> Any:
         with self.reader.connect() as conn:
-            return fn(conn, *args)
+            return fn(conn, **arguments)
 
     @retrying
     def flush(self, beats: list[tuple[int, float, float]],
@@ -74,7 +74,7 @@ class ServiceStore(SQLStore):
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             self.writes.beats(conn, beats)
             for run_id, index, last_seen in touches:
-                self.writes.touch_segment(conn, run_id, index, last_seen)
+                self.writes.touch_segment(conn, run_id=run_id, index=index, now=last_seen)
 
 
 class Broken(Exception):

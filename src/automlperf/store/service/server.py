@@ -21,6 +21,7 @@ directory that the clients read."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -33,11 +34,12 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from automlperf.store import reads, schema
-from automlperf.store.base import (SCHEMA_VERSION, Claim, EpochRecord, SchemaMismatch,
-                                   SegmentRecord, StoreError)
+from automlperf.store.base import (SCHEMA_VERSION, Changes, Claim, EpochRecord, ReplicaRecord,
+                                   SchemaMismatch, SegmentRecord, StoreError, TrialChange,
+                                   TrialSummary, TrialTally)
 from automlperf.store.retry import one_line
 from automlperf.store.service import wire
-from automlperf.store.service.calls import check_call
+from automlperf.store.service.calls import CALLS
 from automlperf.store.service.db import READERS, Bulk, Job, ServiceStore, Writer
 from automlperf.store.service.latency import CallTimes
 from automlperf.store.service.state import RunState, load_run, replica_record, trial_of
@@ -81,7 +83,9 @@ class Service:
         # Where the calls' times are written (net.write_times); None: nowhere.
         self.times_file: Path | None = None
         self.started_at = time.time()
-        self.ops: dict[str, Callable[[list[Any], bool], Awaitable[Any]]] = {
+        # The calls the service answers itself (from memory, or writing in bulk); the others
+        # go to the database as they are (``by_database``).
+        self.ops: dict[str, Callable[..., Awaitable[Any]]] = {
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")}
 
     @property
@@ -90,10 +94,11 @@ class Service:
         return max(self.restored_at, self.db.restored_at)
 
     # --- plumbing --------------------------------------------------------------------------
-    async def read(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A database read in a reader thread, retried through outages."""
+    async def read(self, fn: Callable[..., Any], **arguments: Any) -> Any:
+        """A database read (``fn(conn, **arguments)``) in a reader thread, retried through
+        outages."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.readers, lambda: self.db.read(fn, *args))
+            self.readers, lambda: self.db.read(fn, **arguments))
 
     async def write(self, op: Callable[[sa.Connection, bool], Any], again: bool,
                     apply: Callable[[Any], Any] | None = None, bulk: Bulk | None = None) -> Any:
@@ -127,7 +132,7 @@ class Service:
         if loading is None:
             loading = self._loading[run_id] = asyncio.get_running_loop().create_future()
             try:
-                loaded = await self.read(load_run, run_id)
+                loaded = await self.read(load_run, run_id=run_id)
                 state = RunState(run_id, loaded)
                 self.runs[run_id] = state
                 for rid in state.replicas:
@@ -176,85 +181,73 @@ class Service:
                 self.readers, self.db.flush, beats, touches)
 
     # --- runs and segments ------------------------------------------------------------------
-    async def op_open(self, args: list[Any], again: bool) -> Any:
+    async def op_open(self, *, again: bool) -> int:
         """What a client's open checks: the schema, with the database's one query."""
         await self.read(lambda _conn: schema.open_check(self.db.engine, self.url, False))
         return SCHEMA_VERSION
 
-    async def op_create_run(self, args: list[Any], again: bool) -> Any:
-        name, config, system, duration_s, now = args
-        return await self.write(lambda conn, again_: self.db.writes.create_run(
-            conn, name, config, system, duration_s, now, retried=again_), again)
-
-    async def op_extend_run(self, args: list[Any], again: bool) -> Any:
-        run_id, duration_s, config, system = args
-        await self.write(lambda conn, again_: self.db.writes.extend_run(
-            conn, run_id, duration_s, config, system), again)
-
-    async def op_run(self, args: list[Any], again: bool) -> Any:
-        found = await self.read(reads.run, args[0])
-        if found is None:
-            raise StoreError(f"run {args[0]} is not in store {redact(self.url)}")
-        return found
-
-    async def op_start_segment(self, args: list[Any], again: bool) -> Any:
-        run_id, now, deadline = args
+    async def op_start_segment(self, *, run_id: int, now: float, deadline_at: float,
+                               again: bool) -> int:
         state = await self.run_state(run_id)
 
         def apply(index: int) -> int:
-            state.segments[index] = SegmentRecord(run_id, index, now, deadline, now, None)
+            state.segments[index] = SegmentRecord(run_id=run_id, index=index, started_at=now,
+                                                  deadline_at=deadline_at, last_seen=now,
+                                                  ended_at=None)
             return index
 
         return await self.write(lambda conn, again_: self.db.writes.start_segment(
-            conn, run_id, now, deadline, retried=again_), again, apply)
+            conn, run_id=run_id, now=now, deadline_at=deadline_at, retried=again_), again, apply)
 
-    async def op_touch_segment(self, args: list[Any], again: bool) -> Any:
-        run_id, index, now = args
+    async def op_touch_segment(self, *, run_id: int, index: int, now: float, again: bool) -> None:
         state = await self.run_state(run_id)
         seg = state.segments.get(index)
         if seg is not None and seg.ended_at is None:
             seg.last_seen = now
             state.dirty_segments.add(index)
 
-    async def op_end_segment(self, args: list[Any], again: bool) -> Any:
-        run_id, index, ended = args
+    async def op_end_segment(self, *, run_id: int, index: int, ended_at: float,
+                             again: bool) -> None:
         state = await self.run_state(run_id)
 
         def apply(_: Any) -> None:
             seg = state.segments.get(index)
             if seg is not None and seg.ended_at is None:
-                seg.ended_at = seg.last_seen = ended
+                seg.ended_at = seg.last_seen = ended_at
             state.dirty_segments.discard(index)
 
-        await self.write(lambda conn, _r: self.db.writes.end_segment(conn, *args), again, apply)
+        await self.write(lambda conn, _r: self.db.writes.end_segment(
+            conn, run_id=run_id, index=index, ended_at=ended_at), again, apply)
 
-    async def op_segments(self, args: list[Any], again: bool) -> Any:
-        state = await self.run_state(args[0])
-        return [wire.pack(s) for _, s in sorted(state.segments.items())]
+    async def op_segments(self, *, run_id: int, again: bool) -> list[SegmentRecord]:
+        state = await self.run_state(run_id)
+        return [s for _, s in sorted(state.segments.items())]
 
     # --- replicas ---------------------------------------------------------------------------
-    async def op_register_replica(self, args: list[Any], again: bool) -> Any:
-        run_id = args[0]
+    async def op_register_replica(self, *, run_id: int, index: int, segment: int, host: str,
+                                  pid: int, devices: list[str], now: float, again: bool) -> int:
         state = await self.run_state(run_id)
 
         def apply(found: tuple[int, int]) -> int:
             rid, changed = found
-            state.registered(replica_record(run_id, rid, *args[1:]), changed)
+            state.registered(replica_record(run_id=run_id, rid=rid, index=index, segment=segment,
+                                            host=host, pid=pid, devices=devices, now=now),
+                             changed)
             self.replica_run[rid] = run_id
             self.changed_through(changed)
             return rid
 
-        return await self.write(lambda conn, again_: self.writes.register_replica(
-            conn, *args, retried=again_), again, apply)
+        return await self.write(lambda conn, again_: self.db.writes.register_replica(
+            conn, run_id=run_id, index=index, segment=segment, host=host, pid=pid,
+            devices=devices, now=now, retried=again_), again, apply)
 
-    async def op_heartbeat(self, args: list[Any], again: bool) -> Any:
-        replica_id, now, lease_s = args
+    async def op_heartbeat(self, *, replica_id: int, now: float, lease_s: float,
+                           again: bool) -> SegmentRecord | None:
         state = await self.run_of(schema.T_REPLICAS, replica_id, self.replica_run)
-        seg = state.beat(replica_id, now, lease_s)
-        return None if seg is None else wire.pack(seg)
+        return state.beat(replica_id, now, lease_s)
 
-    async def op_end_replica(self, args: list[Any], again: bool) -> Any:
-        replica_id, status, now, reason = args
+    async def op_end_replica(self, *, replica_id: int, status: str, now: float, reason: str,
+                             again: bool) -> None:
         state = await self.run_of(schema.T_REPLICAS, replica_id, self.replica_run)
 
         def apply(changed: int | None) -> None:
@@ -262,24 +255,24 @@ class Service:
                 state.replica_ended(replica_id, changed, status, reason)
                 self.changed_through(changed)
 
-        await self.write(lambda conn, _r: self.db.writes.end_replica(conn, *args), again, apply)
+        await self.write(lambda conn, _r: self.db.writes.end_replica(
+            conn, replica_id=replica_id, status=status, now=now, reason=reason), again, apply)
 
-    async def op_replicas(self, args: list[Any], again: bool) -> Any:
-        state = await self.run_state(args[0])
-        return [wire.pack(r.record) for _, r in sorted(state.replicas.items())]
-
-    async def op_replica_changes(self, args: list[Any], again: bool) -> Any:
-        run_id, after, also = args
+    async def op_replicas(self, *, run_id: int, again: bool) -> list[ReplicaRecord]:
         state = await self.run_state(run_id)
-        return [[[n, wire.pack(r)] for n, r in state.replica_changes(after, also)], self.through]
+        return [r.record for _, r in sorted(state.replicas.items())]
 
-    async def op_silent_replicas(self, args: list[Any], again: bool) -> Any:
-        state = await self.run_state(args[0])
-        return state.silent(args[1])
+    async def op_replica_changes(self, *, run_id: int, after: int, also: list[int],
+                                 again: bool) -> Changes[tuple[int, ReplicaRecord]]:
+        state = await self.run_state(run_id)
+        return Changes(rows=state.replica_changes(after, also), through=self.through)
+
+    async def op_silent_replicas(self, *, run_id: int, before: float, again: bool) -> list[int]:
+        state = await self.run_state(run_id)
+        return state.silent(before)
 
     # --- trials -----------------------------------------------------------------------------
-    async def op_claim_trial(self, args: list[Any], again: bool) -> Any:
-        claim = wire.unpack(Claim, args[0])
+    async def op_claim_trial(self, *, claim: Claim, again: bool) -> int | None:
         state = await self.run_state(claim.run_id)
         taken = state.by_hash.get(claim.graph_hash)
         if taken is not None:
@@ -299,25 +292,28 @@ class Service:
             self.changed_through(changed)
             return tid
 
-        return await self.write(lambda conn, again_: self.writes.claim_trial(
-            conn, claim, retried=again_), again, apply)
+        return await self.write(lambda conn, again_: self.db.writes.claim_trial(
+            conn, claim=claim, retried=again_), again, apply)
 
-    async def op_finish_trial(self, args: list[Any], again: bool) -> Any:
-        trial_id, status, _now, _reason, best, predicted = args[:6]
+    async def op_finish_trial(self, *, trial_id: int, status: str, now: float, reason: str,
+                              best_accuracy: float | None, predicted_accuracy: float | None,
+                              weights_path: str | None, extra: dict[str, Any] | None,
+                              again: bool) -> bool:
         state = await self.run_of(schema.T_TRIALS, trial_id, self.trial_run)
 
         def apply(found: tuple[bool, int | None]) -> bool:
             ok, changed = found
             if changed is not None:
-                state.ended(trial_id, changed, status, best, predicted)
+                state.ended(trial_id, changed, status, best_accuracy, predicted_accuracy)
                 self.changed_through(changed)
             return ok
 
-        return await self.write(lambda conn, _r: self.db.writes.finish_trial(conn, *args),
-                                again, apply)
+        return await self.write(lambda conn, _r: self.db.writes.finish_trial(
+            conn, trial_id=trial_id, status=status, now=now, reason=reason,
+            best_accuracy=best_accuracy, predicted_accuracy=predicted_accuracy,
+            weights_path=weights_path, extra=extra), again, apply)
 
-    async def op_expire_leases(self, args: list[Any], again: bool) -> Any:
-        run_id, now = args
+    async def op_expire_leases(self, *, run_id: int, now: float, again: bool) -> list[int]:
         state = await self.run_state(run_id)
         stale = state.stale(now, self.came_back)
         if not stale:
@@ -330,31 +326,19 @@ class Service:
             return [tid for tid, _ in expired]
 
         return await self.write(lambda conn, _r: self.db.writes.expire_leases(
-            conn, run_id, now, stale), again, apply)
+            conn, run_id=run_id, now=now, stale=stale), again, apply)
 
-    async def op_trial(self, args: list[Any], again: bool) -> Any:
-        rows = await self.read(reads.trial_rows, schema.T_TRIALS.c.id == args[0])
-        if not rows:
-            raise StoreError(f"trial {args[0]} is not in store {redact(self.url)}")
-        return wire.pack(rows[0])
+    async def op_tally(self, *, run_id: int, again: bool) -> list[TrialTally]:
+        return (await self.run_state(run_id)).tallies()
 
-    async def op_trials(self, args: list[Any], again: bool) -> Any:
-        run_id, after_id = args
-        rows = await self.read(reads.trial_rows, (schema.T_TRIALS.c.run_id == run_id)
-                               & (schema.T_TRIALS.c.id > after_id))
-        return [wire.pack(r) for r in rows]
+    async def op_summaries(self, *, run_id: int, again: bool) -> list[TrialSummary]:
+        return (await self.run_state(run_id)).summaries()
 
-    async def op_tally(self, args: list[Any], again: bool) -> Any:
-        return [wire.pack(t) for t in (await self.run_state(args[0])).tallies()]
-
-    async def op_summaries(self, args: list[Any], again: bool) -> Any:
-        return [wire.pack(t) for t in (await self.run_state(args[0])).summaries()]
-
-    async def op_changes(self, args: list[Any], again: bool) -> Any:
-        run_id, after, also = args
+    async def op_changes(self, *, run_id: int, after: int, also: list[int],
+                         again: bool) -> Changes[TrialChange] | wire.Encoded | bytes:
         state = await self.run_state(run_id)
         if also:
-            return [[wire.pack(c) for c in state.changes(after, also)], self.through]
+            return Changes(rows=state.changes(after, also), through=self.through)
         # A reader far behind (its first read, or a node's read a trial later at 10,000
         # replicas) is sent the run's whole history as it stood a few seconds ago, encoded
         # once for all of them, when that is smaller than what changed since its last read.
@@ -371,50 +355,39 @@ class Service:
                 return snap[1]  # the answer's frame itself
         return wire.Encoded(f"[{state.changes_text(after)},{self.through}]")
 
-    async def op_graphs(self, args: list[Any], again: bool) -> Any:
-        ids = args[0]
-        out = {i: self.graph_cache[i] for i in ids if i in self.graph_cache}
-        missing = [i for i in ids if i not in out]
+    async def op_graphs(self, *, trial_ids: list[int], again: bool) -> dict[int, str]:
+        out = {i: self.graph_cache[i] for i in trial_ids if i in self.graph_cache}
+        missing = [i for i in trial_ids if i not in out]
         if missing:
-            fetched = await self.read(reads.graphs, missing)
+            fetched = await self.read(reads.graphs, ids=missing)
             for i, g in fetched.items():
                 self._keep_graph(i, g)
             out.update(fetched)
-        return [[i, g] for i, g in out.items()]
+        return out
 
-    # --- epochs, samples, nodes -------------------------------------------------------------
-    async def op_record_epoch(self, args: list[Any], again: bool) -> Any:
-        epoch = wire.unpack(EpochRecord, args[0])
-        await self.write(lambda conn, _r: self.db.writes.record_epoch(conn, epoch), again,
+    # --- epochs, samples --------------------------------------------------------------------
+    async def op_record_epoch(self, *, epoch: EpochRecord, again: bool) -> None:
+        await self.write(lambda conn, _r: self.db.writes.record_epoch(conn, epoch=epoch), again,
                          bulk=Bulk(self.db.writes.record_epochs, epoch))
 
-    async def op_epochs(self, args: list[Any], again: bool) -> Any:
-        return [wire.pack(e) for e in await self.read(reads.epochs, args[0])]
-
-    async def op_epochs_after(self, args: list[Any], again: bool) -> Any:
-        run_id, after, also = args
-        rows = await self.read(lambda conn: reads.epochs_after(conn, self.db.sqlite, run_id,
-                                                               after, also))
-        return [[n, r, wire.pack(e)] for n, r, e in rows]
-
-    async def op_last_epoch_number(self, args: list[Any], again: bool) -> Any:
-        return await self.read(lambda conn: reads.last_epoch_number(conn, self.db.sqlite))
-
-    async def op_add_samples(self, args: list[Any], again: bool) -> Any:
-        run_id, node, samples = args
+    async def op_add_samples(self, *, run_id: int, node: str, samples: list[dict[str, Any]],
+                             again: bool) -> None:
         await self.write(lambda conn, again_: self.db.writes.add_samples(
-            conn, run_id, node, samples, retried=again_), again,
+            conn, run_id=run_id, node=node, samples=samples, retried=again_), again,
             bulk=Bulk(self.db.writes.add_samples_of, (run_id, node, samples)))
 
-    async def op_samples(self, args: list[Any], again: bool) -> Any:
-        return await self.read(reads.samples, args[0])
-
-    async def op_record_node(self, args: list[Any], again: bool) -> Any:
-        await self.write(lambda conn, again_: self.writes.record_node(
-            conn, *args, retried=again_), again)
-
-    async def op_nodes(self, args: list[Any], again: bool) -> Any:
-        return await self.read(reads.nodes, args[0])
+    # --- the other calls: the database's own ---------------------------------------------------
+    async def by_database(self, name: str, arguments: dict[str, Any], again: bool) -> Any:
+        """A call the service has no handler for (it keeps nothing of it in memory): a write
+        of store/writes.py's committed with the others (its value the call's), or a read of
+        the database store's own (store/sql.py) in a reader thread."""
+        write = getattr(self.db.writes, name, None)
+        if write is not None:
+            return await self.write(lambda conn, again_: write(conn, **arguments, retried=again_),
+                                    again)
+        read = getattr(self.db, name)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.readers, functools.partial(read, **arguments))
 
     # --- a call ------------------------------------------------------------------------
     async def handle(self, message: dict[str, Any]) -> bytes:
@@ -423,24 +396,28 @@ class Service:
         started = time.perf_counter()
         answer = await self._answer(message)
         kind = message.get("op") if isinstance(message, dict) else None
-        self.times.add(kind if isinstance(kind, str) and kind in self.ops else "other",
+        self.times.add(kind if isinstance(kind, str) and kind in CALLS else "other",
                        time.perf_counter() - started)
         return answer
 
     async def _answer(self, message: dict[str, Any]) -> bytes:
         self.calls += 1
-        if not isinstance(message, dict) or not isinstance(message.get("a", []), list):
+        if not isinstance(message, dict) or not isinstance(message.get("a", {}), dict):
             return wire.encode({"e": "protocol", "m": "a call is {\"op\": name, \"a\": "
-                                "[arguments]}: use the automlperf that started the run"})
-        op = self.ops.get(str(message.get("op", "")))
-        if op is None:
+                                "{parameter: argument}}: use the automlperf that started the run"})
+        name = message.get("op")
+        call = CALLS.get(name) if isinstance(name, str) else None
+        if call is None:
             return wire.encode({"e": "protocol",
-                                "m": f"no call {str(message.get('op'))[:100]!r} in this store "
-                                "service"})
+                                "m": f"no call {str(name)[:100]!r} in this store service"})
+        again = bool(message.get("r"))
         try:
-            args = message.get("a", [])
-            check_call(str(message.get("op")), args)
-            value = await op(args, bool(message.get("r")))
+            arguments = call.arguments(message.get("a", {}))
+            handler = self.ops.get(call.name)
+            if handler is not None:
+                value = await handler(**arguments, again=again)
+            else:
+                value = await self.by_database(call.name, arguments, again)
         except SchemaMismatch as exc:
             return wire.encode({"e": "schema", "m": str(exc)})
         except StoreError as exc:
@@ -451,10 +428,11 @@ class Service:
             return wire.encode({"e": "store",
                                 "m": f"store {redact(self.url)}: {one_line(exc.orig)}"})
         except Exception as exc:  # noqa: BLE001 - a bug answers its caller, the rest go on
-            log.exception("call %s failed", message.get("op"))
+            log.exception("call %s failed", call.name)
             return wire.encode({"e": "store", "m": f"the store service failed: "
                                 f"{type(exc).__name__}: {exc}"})
         if isinstance(value, bytes):
             return value  # an answer encoded before, for several callers
+        if call.encode_value is not None and not isinstance(value, wire.Encoded):
+            value = call.encode_value(value)
         return wire.answer(value, self.came_back)
-

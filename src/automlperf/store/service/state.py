@@ -53,14 +53,14 @@ class Trial:
         return full, json.dumps(wire.pack(self.change(True)), separators=(",", ":"))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Replica:
     record: ReplicaRecord
     lease_until: float
     changed: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Loaded:
     """A run's rows as read from the database (in a reader thread)."""
 
@@ -86,7 +86,7 @@ def load_run(conn: sa.Connection, run_id: int) -> Loaded:
                             t.c.status, t.c.best_accuracy, t.c.predicted_accuracy,
                             t.c.lease_until, t.c.created_at, t.c.changed)
                   .where(t.c.run_id == run_id).order_by(t.c.changed))]
-    return Loaded(read_segments(conn, run_id), reps, trials)
+    return Loaded(segments=read_segments(conn, run_id), replicas=reps, trials=trials)
 
 
 class RunState:
@@ -96,7 +96,7 @@ class RunState:
         self.replicas: dict[int, Replica] = {}
         self.replica_log: list[tuple[int, int]] = []  # (change number, replica id)
         for rec, lease, changed in sorted(loaded.replicas, key=lambda x: x[2]):
-            self.replicas[rec.id] = Replica(rec, lease, changed)
+            self.replicas[rec.id] = Replica(record=rec, lease_until=lease, changed=changed)
             self.replica_log.append((changed, rec.id))
         self.trials: dict[int, Trial] = {}
         self.rows: dict[int, tuple[str, str]] = {}  # trial -> Trial.encoded()
@@ -187,13 +187,15 @@ class RunState:
             if count:
                 if status == RUNNING:
                     last = max(self.running_at.get(replica_index, ()), default=last)
-                out.append(TrialTally(replica_index, status, count, last))
+                out.append(TrialTally(replica_index=replica_index, status=status, count=count,
+                                      last_id=last))
         return out
 
     # --- replicas and leases ------------------------------------------------------------------
     def registered(self, record: ReplicaRecord, changed: int) -> None:
         if record.id not in self.replicas:
-            self.replicas[record.id] = Replica(record, record.last_heartbeat, changed)
+            self.replicas[record.id] = Replica(record=record, lease_until=record.last_heartbeat,
+                                               changed=changed)
             self.replica_log.append((changed, record.id))
 
     def replica_ended(self, replica_id: int, changed: int, status: str, reason: str) -> None:
@@ -261,8 +263,9 @@ class RunState:
         return out
 
 
-def replica_record(run_id: int, rid: int, index: int, segment: int, host: str, pid: int,
+def replica_record(*, run_id: int, rid: int, index: int, segment: int, host: str, pid: int,
                    devices: list[str], now: float) -> ReplicaRecord:
+    """The replica a registration made, numbered ``rid``."""
     return ReplicaRecord(id=rid, run_id=run_id, index=index, segment=segment, host=host, pid=pid,
                          devices=list(devices), started_at=now, last_heartbeat=now,
                          status=RUNNING, reason="")

@@ -11,18 +11,22 @@ another protocol or schema in one line naming both, or answers ``{"nonce": s, "p
 proof(token, "service", c, s)}``, which the client checks before it sends anything else;
 the client answers ``{"proof": proof(token, "client", s, c)}`` and the service ``{"v": {...}}``
 or an error, and closes. Then each request is
-``{"op": name, "a": [arguments], "r": true when sent again after a lost answer}`` and each
-answer ``{"v": value, "s": when the service last came back from an outage (0: never)}`` or
+``{"op": name, "a": {parameter: argument}, "r": true when sent again after a lost answer}``
+(the call's parameters as :class:`~automlperf.store.base.Store` names them) and each answer
+``{"v": value, "s": when the service last came back from an outage (0: never)}`` or
 ``{"e": kind, "m": message}`` (kind: ``store``, ``schema``, ``value``, ``protocol``).
 
-Records travel as lists in their fields' order (``pack``/``unpack``), and so does a claim:
-``claim_trial``'s one argument is a packed :class:`~automlperf.store.base.Claim`. A change to
-what travels changes ``PROTOCOL``.
+Records travel as lists in their fields' order (``pack``/``unpack``): ``claim_trial``'s one
+argument is a packed :class:`~automlperf.store.base.Claim`, ``heartbeat``'s value a packed
+:class:`~automlperf.store.base.SegmentRecord`. What else turns into JSON and back follows the
+declared types (``encoder``, ``decoder``). A change to what travels changes ``PROTOCOL``.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -30,16 +34,20 @@ import re
 import secrets
 import socket
 import struct
+import types
+import typing
 import zlib
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar, Union
 
-from automlperf.store.base import (Claim, EpochRecord, ReplicaRecord, SegmentRecord,
-                                   TrialChange, TrialRecord, TrialSummary, TrialTally)
+from automlperf.store.hints import field_hints
 
 # 2: a claim travels as a Claim record (one argument), no longer as 11 arguments: a client of
 # protocol 1 is refused at its greeting rather than misread.
 # 3: the greeting proves the token both ways instead of sending it.
-PROTOCOL = 3
+# 4: a call's arguments travel by name (an object), no longer in order (a list); a trial's
+# change in its record's own field order; a dict with whole-number keys as an object.
+PROTOCOL = 4
 HEADER = struct.Struct("!IB")
 COMPRESSED = 1
 COMPRESS_OVER = 64 * 1024
@@ -170,23 +178,135 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-# --- records as lists ----------------------------------------------------------------------
-# Each record's fields in the order they travel (a trial's change leads with its number).
-FIELDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls))
-    for cls in (SegmentRecord, ReplicaRecord, TrialRecord, TrialSummary, TrialTally, EpochRecord,
-                Claim)}
-FIELDS[TrialChange] = ("changed", *FIELDS[TrialSummary])
+# --- values as they travel ------------------------------------------------------------------
+# A record (any dataclass) travels as the list of its fields' values, in their order; a
+# call's arguments and its value are turned into JSON and back by their declared types
+# (``encoder``, ``decoder``: store/service/calls.py reads them off Store's signatures).
+Convert = Callable[[Any], Any]
+
+
+def is_record(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def fields_of(cls: type) -> tuple[str, ...]:
+    """A record's fields, in the order they travel: its own."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        found = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return found
 
 
 def pack(record: Any) -> list[Any]:
-    """A record as the list that travels: its fields' values in ``FIELDS`` order."""
-    return [getattr(record, name) for name in FIELDS[type(record)]]
+    """A record as the list that travels: its fields' values in their order."""
+    return [getattr(record, name) for name in fields_of(type(record))]
 
 
-def unpack(cls: type[T], values: list[Any]) -> T:
+def unpack(cls: type[T], values: Any) -> T:
     """The record ``pack`` made ``values`` of, built by its fields' names."""
-    names = FIELDS[cls]
-    if len(values) != len(names):
-        raise ValueError(f"a {cls.__name__} travels as {len(names)} values, not {len(values)}")
+    names = fields_of(cls)
+    if not isinstance(values, list) or len(values) != len(names):
+        raise ValueError(f"a {cls.__name__} travels as a list of {len(names)} values")
     return cls(**dict(zip(names, values)))
+
+
+@functools.cache
+def encoder(kind: Any) -> Convert | None:
+    """How a value of type ``kind`` becomes what travels (None: as it is): a record packed,
+    records inside lists, tuples, dicts or a generic record (``Changes[TrialChange]``) too,
+    any sequence a list."""
+    kind = _plain(kind)
+    origin, params = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (Union, types.UnionType):
+        return _optional(kind, [encoder(a) for a in params if a is not type(None)])
+    if is_record(origin or kind):
+        converts = [(name, encoder(hint)) for name, hint in _field_kinds(kind).items()]
+        if all(c is None for _, c in converts):
+            return pack
+        return lambda v: [getattr(v, n) if c is None else c(getattr(v, n)) for n, c in converts]
+    if origin in (list, collections.abc.Sequence):
+        item = encoder(params[0]) if params else None
+        if item is not None:
+            return lambda v: [item(x) for x in v]
+        return _listed if origin is collections.abc.Sequence else None
+    if origin is tuple:
+        items = [encoder(a) for a in params]
+        return lambda v: [x if c is None else c(x) for x, c in zip(v, items)]
+    if origin is dict and params and encoder(params[1]) is not None:
+        value = encoder(params[1])
+        return lambda v: {k: value(x) for k, x in v.items()}  # type: ignore[misc]
+    return None
+
+
+@functools.cache
+def decoder(kind: Any) -> Convert | None:
+    """How what travels becomes a value of type ``kind`` (None: as it is): ``encoder``
+    undone, and a dict's whole-number keys, which JSON makes strings, whole numbers again."""
+    kind = _plain(kind)
+    origin, params = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (Union, types.UnionType):
+        return _optional(kind, [decoder(a) for a in params if a is not type(None)])
+    if is_record(origin or kind):
+        cls = origin or kind
+        converts = [(name, decoder(hint)) for name, hint in _field_kinds(kind).items()]
+        if all(c is None for _, c in converts):
+            return functools.partial(unpack, cls)
+        return lambda v: cls(**{n: x if c is None else c(x)
+                                for (n, c), x in zip(converts, _values(cls, v))})
+    if origin in (list, collections.abc.Sequence):
+        item = decoder(params[0]) if params else None
+        return None if item is None else lambda v: [item(x) for x in v]
+    if origin is tuple:
+        items = [decoder(a) for a in params]
+        return lambda v: tuple(x if c is None else c(x) for x, c in zip(v, items))
+    if origin is dict and params:
+        key, value = (int if params[0] is int else None), decoder(params[1])
+        if key is not None or value is not None:
+            return lambda v: {k if key is None else key(k): x if value is None else value(x)
+                              for k, x in v.items()}
+    return None
+
+
+def _plain(kind: Any) -> Any:
+    """``kind`` without the rules of an ``Annotated`` hint (store/hints.py)."""
+    return typing.get_args(kind)[0] if typing.get_origin(kind) is Annotated else kind
+
+
+def _optional(kind: Any, converts: list[Convert | None]) -> Convert | None:
+    if all(c is None for c in converts):
+        return None
+    if len(converts) != 1:
+        raise TypeError(f"{kind} cannot travel: which of its types a value is would be a guess")
+    convert = converts[0]
+    return lambda v: None if v is None else convert(v)  # type: ignore[misc]
+
+
+def _listed(values: Any) -> list[Any]:
+    return values if type(values) is list else list(values)
+
+
+def _values(cls: type, values: Any) -> list[Any]:
+    if not isinstance(values, list) or len(values) != len(fields_of(cls)):
+        raise ValueError(f"a {cls.__name__} travels as a list of {len(fields_of(cls))} values")
+    return values
+
+
+def _field_kinds(kind: Any) -> dict[str, Any]:
+    """A record's fields' hints; a generic record's (``Changes[TrialChange]``) with its type
+    parameters filled in."""
+    cls, params = typing.get_origin(kind) or kind, typing.get_args(kind)
+    hints = field_hints(cls)
+    if not params:
+        return hints
+    given = dict(zip(getattr(cls, "__parameters__", ()), params))
+
+    def filled(hint: Any) -> Any:
+        if isinstance(hint, TypeVar):
+            return given[hint]
+        free = getattr(hint, "__parameters__", ())
+        return hint[tuple(given[p] for p in free)] if free else hint
+
+    return {name: filled(hint) for name, hint in hints.items()}
