@@ -84,7 +84,8 @@ def size_step(args: argparse.Namespace) -> None:
     from automlperf.submission.check import check_run
     from automlperf.measure.result import build_result, write_result
     from automlperf.report.html import write_report
-    from automlperf.store.rundir import RunDir, run_store
+    from automlperf.store.opening import run_store
+    from automlperf.store.rundir import RunDir
 
     run_dir, url = Path(args.run_dir), os.environ.get("BENCH_STORE_URL")
     rd = RunDir(run_dir)
@@ -147,7 +148,8 @@ def search_progress(run_dir: Path, url: str | None) -> dict[str, Any]:
     from automlperf.measure.score import counted_epochs
     from automlperf.report import charts, progress
     from automlperf.report.html import _ancestry, _morph_text
-    from automlperf.store.rundir import RunDir, run_store
+    from automlperf.store.opening import run_store
+    from automlperf.store.rundir import RunDir
 
     rd = RunDir(run_dir)
     run_id = int(rd.meta()["run_id"])
@@ -212,7 +214,8 @@ def _device_time(run_dir: Path, url: str | None = None) -> dict[str, Any]:
     (gaps between trials and the epochs cut by the deadline included), start-up before the first epoch, idle gaps
     between epochs, and when the replicas registered (process started, store opened);
     records lost (in a trial's log.jsonl, not in the store) and duplicated."""
-    from automlperf.store.rundir import RunDir, run_store
+    from automlperf.store.opening import run_store
+    from automlperf.store.rundir import RunDir
 
     with run_store(run_dir, url) as store:
         trials = {t.id: t for t in store.trials(1)}

@@ -145,7 +145,7 @@ def node_fault(scratch: Path, nodes: int, duration: str,
                ) -> dict[str, Any]:
     """Submit a simulated run, wait until replica 0 holds a trial with an epoch done, call
     ``inject(job, env, store, trial)``, wait for the job, and measure."""
-    from automlperf.store.rundir import run_store
+    from automlperf.store.opening import run_store
 
     with slurm_cluster(scratch / "slurm", nodes) as env:
         job, run_dir = submit(scratch, env, nodes, duration)

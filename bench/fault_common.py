@@ -70,7 +70,7 @@ def account(run_dir: Path, store: Any = None, before: set[tuple[Any, ...]] | Non
     the store held at the fault (``before``) and no longer holds; ``duplicated`` is what
     either side holds twice. ``store`` is the run's, open; else it is opened (``url``, or the
     run directory's own), and a run without one holds nothing on either side."""
-    from automlperf.store.rundir import run_store
+    from automlperf.store.opening import run_store
 
     if store is None:
         if not (run_dir / "run.json").exists():

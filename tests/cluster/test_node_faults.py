@@ -156,7 +156,7 @@ def test_a_killed_replica_a_frozen_replica_and_a_brief_silence(slurm_cluster_3, 
     assert "automlperf primary finished with status 0" in out, out[-3000:]
     wait_for(lambda: not alive(frozen_pid), 120, "the frozen replica to end with its job")
 
-    from automlperf.store.rundir import run_store
+    from automlperf.store.opening import run_store
 
     with run_store(run_dir) as store:
         assert before <= records(store)  # nothing recorded was lost
@@ -186,7 +186,7 @@ def test_cancelling_the_only_replica_ends_the_run_in_one_line(slurm_cluster_3, t
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "replica 0" in errors[0], out[-3000:]
     assert "automlperf primary finished with status 1" in out
-    from automlperf.store.rundir import run_store
+    from automlperf.store.opening import run_store
 
     with run_store(run_dir) as store:
         assert store.trial(cancelled.id).status == "failed"

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from automlperf.testing.slurm import fail_node, node_state
-from automlperf.store.rundir import run_store
+from automlperf.store.opening import run_store
 from helpers import cli, sim_config, wait_for
 from trees import WNIDS, make_tree
 from test_node_faults import opened

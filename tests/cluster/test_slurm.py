@@ -51,7 +51,7 @@ def submit(tmp_path, env, run_dir, *extra, rounds=2):
 
 def stored(run_dir):
     """Trials and epochs of a finished job's run (its private server is started to read)."""
-    from automlperf.store.rundir import run_store
+    from automlperf.store.opening import run_store
 
     with run_store(run_dir) as store:
         return store.trials(1), store.epochs(1)

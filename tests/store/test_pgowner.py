@@ -21,7 +21,8 @@ from pghost import pgserver_on, rows, with_password, write_rows
 from automlperf.store import pgowner
 from automlperf.store import open_store
 from automlperf.store.pgserver import PostgresServer
-from automlperf.store.rundir import RunDir, run_store
+from automlperf.store.opening import run_store
+from automlperf.store.rundir import RunDir
 
 pytestmark = pytest.mark.postgres
 

@@ -21,7 +21,8 @@ from automlperf.measure.score import (EpochLike, Span, counted_epochs, replica_t
                                       timeline)
 from automlperf.ops import count, layer_table
 from automlperf.report import charts, progress
-from automlperf.store.rundir import RunDir, run_store, write_atomic
+from automlperf.store.opening import run_store
+from automlperf.store.rundir import RunDir, write_atomic
 from automlperf.store import EpochRecord, TrialRecord, redact
 from automlperf.store.base import RunRecords
 

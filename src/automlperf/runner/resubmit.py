@@ -17,7 +17,8 @@ from automlperf.runner.extension import extend, run_time_done
 from automlperf.runner.joblimits import CHAIN_ENV, STARTUP_S, margins
 from automlperf.runner.sbatch import MIN_STARTUP_S
 from automlperf.runner.slurm import SlurmError, format_time
-from automlperf.store.rundir import RunDir, run_store
+from automlperf.store.opening import run_store
+from automlperf.store.rundir import RunDir
 
 
 @dataclass(frozen=True)

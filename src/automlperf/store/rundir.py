@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,46 +115,3 @@ class RunDir:
             return url
         recorded = self.meta().get("store")
         return resolve_store_url(recorded) if recorded else None
-
-
-@contextlib.contextmanager
-def run_store(run_dir: Path, explicit: str | None = None) -> Iterator[Any]:
-    """The run's store, opened for reading it afterwards. A run that used a private
-    PostgreSQL server in its directory (a SLURM job without --store) gets that server started
-    for as long as it is needed, then stopped again."""
-    rd = RunDir(Path(run_dir))
-    private = rd.path / "postgres"
-    url = rd.store_url(explicit)
-    server = None
-    if explicit is None and url and (private / "pgdata").exists():
-        from automlperf.store import pgowner
-
-        verdict = pgowner.assess(private)
-        if verdict.live and verdict.here:
-            # Its server is up (the job still runs, or is stopping it): the password is in
-            # the file only the run's owner can read.
-            url = resolve_store_url(url, password_file=private / "pg.password")
-        elif verdict.live and verdict.owner is not None:
-            # It listens on its own host's loopback only: no other host reaches it.
-            raise pgowner.StoreInUse(
-                f"the run's store is served from {verdict.owner.where()} ({verdict.why}): run "
-                "this there, or once the job has ended")
-        else:
-            # Stopped, or left by a server killed with its job (a stale postmaster.pid):
-            # start it here, for as long as it is needed.
-            from automlperf.store.pgserver import PostgresServer
-
-            server = PostgresServer(private)
-            url = server.start()
-    # Here, not at the top: the resource sampler reads this module and needs no SQLAlchemy.
-    from automlperf.store.opening import open_store
-
-    try:
-        store = open_store(url, run_dir=rd.path)
-        try:
-            yield store
-        finally:
-            store.close()
-    finally:
-        if server is not None:
-            server.stop()

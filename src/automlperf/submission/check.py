@@ -50,7 +50,8 @@ from automlperf.submission.result_check import check_result, same
 from automlperf.store.base import RunRecords
 from automlperf.store.ledger import compare as ledger, read_logs
 from automlperf.store.records import ExportedRecords
-from automlperf.store.rundir import RunDir, run_store
+from automlperf.store.opening import run_store
+from automlperf.store.rundir import RunDir
 from automlperf.store.values import bulk
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.urls import strip_password

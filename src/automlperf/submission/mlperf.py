@@ -188,7 +188,8 @@ def write_mlperf(run_dir: Path, store_url: str | None = None,
     """Write system_desc.json and (with mlperf-logging installed) mllog.txt into the run
     directory; what was written, or why mllog.txt was not."""
     from automlperf.measure.result import read_result
-    from automlperf.store.rundir import RunDir, run_store, write_atomic
+    from automlperf.store.opening import run_store
+    from automlperf.store.rundir import RunDir, write_atomic
 
     rd = RunDir(Path(run_dir))
     result = read_result(rd.result)

@@ -31,7 +31,8 @@ from automlperf.submission.check import check_run
 from automlperf.measure.result import read_result
 from automlperf.measure.samples import energy_preserving
 from automlperf.store.records import export_records
-from automlperf.store.rundir import RunDir, run_store
+from automlperf.store.opening import run_store
+from automlperf.store.rundir import RunDir
 from automlperf.store.urls import redact, strip_password
 
 SAMPLE_LIMIT = 20_000
