@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from automlperf.store.base import Store
-from automlperf.store.hints import conforms, field_hints, named, shown
+from automlperf.store.hints import Check, checker, field_hints, named, shown
 from automlperf.store.service import wire
 
 # Store's methods that are no calls: each process closes its own store.
@@ -41,6 +41,7 @@ class Call:
 
     name: str
     signature: inspect.Signature  # without ``self``
+    names: tuple[str, ...]
     kinds: dict[str, Any]
     defaults: dict[str, Any]
     returns: Any
@@ -48,6 +49,7 @@ class Call:
     decode: dict[str, wire.Convert]
     encode_value: wire.Convert | None
     decode_value: wire.Convert | None
+    checks: dict[str, Check]  # each parameter's check (hints.checker), worked out once
 
     @classmethod
     def of(cls, name: str, method: Callable[..., Any]) -> Call:
@@ -56,20 +58,37 @@ class Call:
         hints = typing.get_type_hints(method, include_extras=True)
         kinds = {p.name: hints[p.name] for p in params}
         returns = hints["return"]
-        return cls(name=name, signature=signature.replace(parameters=params), kinds=kinds,
+        if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in params):
+            raise TypeError(f"the store's call {name} takes a parameter that is not "
+                            "positional-or-keyword")
+        return cls(name=name, signature=signature.replace(parameters=params),
+                   names=tuple(kinds), kinds=kinds,
                    defaults={p.name: p.default for p in params if p.default is not p.empty},
                    returns=returns,
                    encode={p: c for p, k in kinds.items() if (c := wire.encoder(k)) is not None},
                    decode={p: c for p, k in kinds.items() if (c := wire.decoder(k)) is not None},
-                   encode_value=wire.encoder(returns), decode_value=wire.decoder(returns))
+                   encode_value=wire.encoder(returns), decode_value=wire.decoder(returns),
+                   checks={p: _record_check(name, k) if wire.is_record(k) else checker(k)
+                           for p, k in kinds.items()})
 
     def sent(self, *positional: Any, **named: Any) -> dict[str, Any]:
-        """A Python call's arguments as they travel: bound by the call's signature, and sent
-        by name, every one (defaults too)."""
-        bound = self.signature.bind(*positional, **named)
-        bound.apply_defaults()
-        return {name: value if (c := self.encode.get(name)) is None else c(value)
-                for name, value in bound.arguments.items()}
+        """A Python call's arguments as they travel: bound by the call's signature (its
+        parameters are all positional-or-keyword, as Store's are), and sent by name, every one
+        (defaults too)."""
+        names = self.names
+        bound = dict(zip(names, positional))
+        if len(positional) > len(names) or any(n in bound or n not in self.kinds for n in named):
+            self.signature.bind(*positional, **named)  # Python's own TypeError
+        bound.update(named)
+        if len(bound) < len(names):
+            for name in names:
+                if name not in bound:
+                    if name not in self.defaults:
+                        self.signature.bind(*positional, **named)
+                    bound[name] = self.defaults[name]
+        for name, convert in self.encode.items():
+            bound[name] = convert(bound[name])
+        return bound
 
     def arguments(self, sent: Any) -> dict[str, Any]:
         """What a client sent, checked, as the call's handler takes it (a missing argument
@@ -89,24 +108,31 @@ class Call:
                 raise CallError(f"{self.name} needs its argument {missing[0]!r}: use the "
                                 "automlperf that started the run")
             sent = {**self.defaults, **sent}
+        checks = self.checks
         for name, value in sent.items():
-            kind = self.kinds[name]
-            if wire.is_record(kind):
-                _check_record(self.name, kind, value)
-            elif not conforms(value, kind):
+            if not checks[name](value):
+                kind = self.kinds[name]
                 raise CallError(f"{self.name}: {name} is {shown(value)}, not {named(kind)}")
-        return {name: value if (c := self.decode.get(name)) is None else c(value)
-                for name, value in sent.items()}
+        for name, convert in self.decode.items():
+            sent[name] = convert(sent[name])
+        return sent
 
 
-def _check_record(op: str, cls: type, value: Any) -> None:
-    hints = field_hints(cls)
-    if not isinstance(value, list) or len(value) != len(hints):
-        raise CallError(f"{op}: the {cls.__name__} travels as a list of {len(hints)} values")
-    for (name, kind), field_value in zip(hints.items(), value):
-        if not conforms(field_value, kind, record=True):
-            raise CallError(f"{op}: {cls.__name__}.{name} is {shown(field_value)}, not "
-                            f"{named(kind)}")
+def _record_check(op: str, cls: type) -> Check:
+    """A packed record's check: its length, each value against its field's hint; a refusal
+    names the field."""
+    fields = [(name, kind, checker(kind, record=True)) for name, kind in field_hints(cls).items()]
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, list) or len(value) != len(fields):
+            raise CallError(f"{op}: the {cls.__name__} travels as a list of {len(fields)} values")
+        for (name, kind, passes), field_value in zip(fields, value):
+            if not passes(field_value):
+                raise CallError(f"{op}: {cls.__name__}.{name} is {shown(field_value)}, not "
+                                f"{named(kind)}")
+        return True
+
+    return check
 
 
 def _open(self: Any) -> int:
