@@ -30,6 +30,7 @@ import functools
 import hashlib
 import hmac
 import json
+import operator
 import re
 import secrets
 import socket
@@ -229,6 +230,10 @@ def encoder(kind: Any) -> Convert | None:
         return lambda v: [getattr(v, n) if c is None else c(getattr(v, n)) for n, c in converts]
     if origin in (list, collections.abc.Sequence):
         item = encoder(params[0]) if params else None
+        if item is pack and len(fields_of(params[0])) > 1:
+            # A list of records (a history's summaries): each packed in one step.
+            get = operator.attrgetter(*fields_of(params[0]))
+            return lambda v: [list(get(x)) for x in v]
         if item is not None:
             return lambda v: [item(x) for x in v]
         return _listed if origin is collections.abc.Sequence else None
@@ -258,6 +263,8 @@ def decoder(kind: Any) -> Convert | None:
                                 for (n, c), x in zip(converts, _values(cls, v))})
     if origin in (list, collections.abc.Sequence):
         item = decoder(params[0]) if params else None
+        if isinstance(item, functools.partial) and item.func is unpack:
+            return functools.partial(_records, item.args[0])
         return None if item is None else lambda v: [item(x) for x in v]
     if origin is tuple:
         items = [decoder(a) for a in params]
@@ -268,6 +275,14 @@ def decoder(kind: Any) -> Convert | None:
             return lambda v: {k if key is None else key(k): x if value is None else value(x)
                               for k, x in v.items()}
     return None
+
+
+def _records(cls: type, rows: Any) -> list[Any]:
+    """``unpack`` of each of ``rows``, in one step."""
+    names = fields_of(cls)
+    if not all(isinstance(row, list) and len(row) == len(names) for row in rows):
+        raise ValueError(f"a {cls.__name__} travels as a list of {len(names)} values")
+    return [cls(**dict(zip(names, row))) for row in rows]
 
 
 def _plain(kind: Any) -> Any:
