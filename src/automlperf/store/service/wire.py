@@ -264,7 +264,7 @@ def decoder(kind: Any) -> Convert | None:
     if origin in (list, collections.abc.Sequence):
         item = decoder(params[0]) if params else None
         if isinstance(item, functools.partial) and item.func is unpack:
-            return functools.partial(_records, item.args[0])
+            return functools.partial(_records, _record_class(params[0]))
         return None if item is None else lambda v: [item(x) for x in v]
     if origin is tuple:
         items = [decoder(a) for a in params]
@@ -283,6 +283,12 @@ def _records(cls: type, rows: Any) -> list[Any]:
     if not all(isinstance(row, list) and len(row) == len(names) for row in rows):
         raise ValueError(f"a {cls.__name__} travels as a list of {len(names)} values")
     return [cls(**dict(zip(names, row))) for row in rows]
+
+
+def _record_class(kind: Any) -> type:
+    """The class of the record type ``kind`` (``Changes`` of ``Changes[TrialChange]``)."""
+    kind = _plain(kind)
+    return typing.get_origin(kind) or kind
 
 
 def _plain(kind: Any) -> Any:
