@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 from automlperf import rules
-from automlperf.dataset_identity import build_shared_index
+from automlperf.dataset.shared import build_shared_index
 from automlperf.runner import staging
 
 

@@ -97,7 +97,7 @@ def main() -> None:
     if args.sizes:
         print(json.dumps(sizes(), indent=1))
         return
-    from automlperf.dataset_identity import build_shared_index, check_data_here, load_shared_index
+    from automlperf.dataset.shared import build_shared_index, check_data_here, load_shared_index
     from automlperf.store.pgserver import PostgresServer
     from trees import make_tree
 
@@ -119,7 +119,7 @@ def main() -> None:
         root = make_tree(base / "imagenet", counts=(args.files, val))
         started = time.perf_counter()
         shared = build_shared_index(root, base / "run")
-        figures["files"] = shared.found.files
+        figures["files"] = shared.identity["files"]
         figures["walk_and_save_s"] = time.perf_counter() - started
         figures["walk_s"] = shared.scan_s
         started = time.perf_counter()

@@ -19,7 +19,7 @@ SHARED_MODULE_FIXTURE = ("test_results", "test_trainer")
 # Modules that share a session fixture: one worker for all of them, which runs it once.
 SHARED_SESSION_FIXTURE = {"test_official_shape": "official_shape", "test_bundle": "official_shape",
                           "test_listing": "official_shape", "test_record_edits": "official_shape",
-                          "test_identity": "imagenet_1k", "test_readme_cluster": "imagenet_1k"}
+                          "test_identity": "imagenet_1k"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -199,24 +199,49 @@ def slurm_cluster_8(tmp_path_factory):
 @pytest.fixture(scope="session")
 def imagenet_1k_tree(tmp_path_factory):
     """ImageNet-1k's file list, once per session: the 1,000 ILSVRC-2012 class folders and
-    1,281,167 + 50,000 hard links to one small JPEG (trees.make_tree), with the manifest
-    `automlperf verify-data` would have written (trees.write_proof). Read it, never write."""
+    1,281,167 + 50,000 hard links to one small JPEG (trees.make_tree). Read it, never write."""
     from automlperf import rules
-    from trees import make_tree, write_proof
+    from trees import make_tree
 
-    return write_proof(make_tree(tmp_path_factory.mktemp("imagenet_1k") / "imagenet", counts=(
-        rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images)))
+    return make_tree(tmp_path_factory.mktemp("imagenet_1k") / "imagenet", counts=(
+        rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images))
+
+
+# Installed through PYTHONPATH in every process of the official-shape run (primary, replica,
+# ranks, and by inheritance their forked workers): each file any of them opens, or tries to,
+# by its path, appended to a log of its own process, so that a test can tell which files the
+# run opened and how often (an audit hook sees an open before it happens, failed ones too).
+OPEN_AUDIT = """
+import os
+import sys
+
+_where = os.environ.get("AUTOMLPERF_TEST_OPENS")
+if _where:
+    _fd = os.open(os.path.join(_where, "opens.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+    def _opened(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes)):
+            os.write(_fd, f"{os.getpid()}\\t{os.fsdecode(args[0])}\\n".encode())
+
+    sys.addaudithook(_opened)
+"""
 
 
 @pytest.fixture(scope="session")
 def official_shape_run(tmp_path_factory):
-    """The official shape end to end, once per session: the ResNet-50 seed at 224x224 on an
-    ImageNet-layout tree of the 1,000 ILSVRC-2012 class folders, through `automlperf run`.
-    The tree is tiny (one small JPEG in every twentieth class folder), so the run takes a
-    minute or two on a CPU; it keeps every fixed setting official but the maximum epochs (4:
-    a first round of one epoch), and is not official for that and its data's image counts
-    (and not valid for its duration and accuracy). Read it, never write."""
+    """The official shape end to end, once per session: the ResNet-50 seed at 224x224 on
+    ImageNet's official archives as generated here (the 1,000 ILSVRC-2012 classes, the
+    training archive a tar of their tars, the devkit labelling validation), through
+    `automlperf run`, proven against a test-only table of their MD5s. The data is tiny (one
+    small JPEG in every twentieth class), so the run takes a minute or two on a CPU; it keeps
+    every fixed setting official but the maximum epochs (4: a first round of one epoch), and
+    is not official for that and for its test table (and not valid for its duration and
+    accuracy). The folder the archives were written from is gone before the run starts;
+    every file its processes opened is in ``opens/opens.log`` beside the run directory.
+    Read it, never write."""
     from automlperf import rules
+    from automlperf.dataset.proof import TEST_TABLE_ENV
+    from automlperf.testing.archives import write_archives, write_table
     from helpers import cli, marked_env, wait_no_strays
     from imagefolder import photo
 
@@ -224,15 +249,17 @@ def official_shape_run(tmp_path_factory):
     src = photo().resize((64, 64))
     wnids = rules.IMAGENET_1K.classes
     # Training on every class would multiply the minutes by ten for nothing it checks: the
-    # empty class folders still define the 1,000 outputs.
+    # empty class tars still define the 1,000 outputs.
     for split, per_class in (("train", {c: 1 for c in range(0, 1000, 20)}),
                              ("val", {c: 1 for c in range(0, 1000, 40)})):
         for c in range(1000):
-            folder = tmp_path / "data" / split / wnids[c]
+            folder = tmp_path / "folder" / split / wnids[c]
             folder.mkdir(parents=True)
             for i in range(per_class.get(c, 0)):
                 # Each class its own rotation of the photo: distinct files, same cost to decode.
                 src.rotate(c * 0.36).save(folder / f"{split}_{c}_{i}.JPEG", quality=85)
+    table = write_archives(tmp_path / "folder", tmp_path / "archives")
+    shutil.rmtree(tmp_path / "folder")
     config = tmp_path / "official.toml"
     # Official settings; only what a CPU needs to finish one round of one epoch changes:
     # customisable settings, the maximum epochs (fixed since aiperf-2021.3), and a round
@@ -243,16 +270,23 @@ duration_s = 3600
 max_rounds = 1
 [data]
 dataset = "imagenet"
-data_dir = "{tmp_path / 'data'}"
+data_dir = "{tmp_path / 'archives'}"
 workers = 1
 [train]
 max_epochs = 4
 batch_size = 50
 """)
     run_dir = tmp_path / "run"
-    env, mark = marked_env()
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "sitecustomize.py").write_text(OPEN_AUDIT)
+    (tmp_path / "opens").mkdir()
+    env, mark = marked_env(**{TEST_TABLE_ENV: str(write_table(tmp_path / "md5s.json", table)),
+                              "AUTOMLPERF_TEST_OPENS": str(tmp_path / "opens"),
+                              "PYTHONPATH": os.pathsep.join(
+                                  [str(audit), *filter(None, [os.environ.get("PYTHONPATH")])])})
     # Minutes on an idle 2-core machine; the limit guards against a hang only.
-    # Declared unofficial: official settings alone would refuse these image counts.
+    # Declared unofficial: official settings alone would refuse the maximum epochs.
     done = cli("run", "--config", config, "--run-dir", run_dir, "--unofficial", env=env,
                timeout=3000)
     assert done.returncode == 0, done.stdout + done.stderr

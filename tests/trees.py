@@ -8,7 +8,7 @@ import os
 from PIL import Image
 
 from automlperf import rules
-from automlperf.dataset_identity import KAGGLE_LABELS
+from automlperf.dataset.folder import KAGGLE_LABELS
 
 WNIDS = rules.IMAGENET_1K.classes
 # The official logic with small image counts: 2 training and 1 validation image per class.
@@ -78,53 +78,18 @@ def near_miss(root, kind):
         os.link(next((root / "val" / WNIDS[0]).iterdir()), root / "val" / WNIDS[0] / "x.JPEG")
 
 
-def official_archives(root, out):
-    """The two ILSVRC-2012 archives a tree would have come from, laid out as the official ones
-    are (the training archive one tar per class, the validation archive flat), and a
-    checksum table naming them: what `verify-data` holds a folder against."""
-    import hashlib
-    import tarfile
+def official_archives(root, out, env=None):
+    """The three ILSVRC-2012 archives a tree would have come from, laid out as the official
+    ones are (automlperf.testing.archives), and the test table of their MD5s that stands for
+    the published one: its path set in ``env`` (a monkeypatch or a dict) when given."""
+    from automlperf.dataset.proof import TEST_TABLE_ENV
+    from automlperf.testing.archives import write_archives, write_table
 
-    def put(t, path, name):
-        # Each member a file of its own, as in the official archives: the tree's files are
-        # hard links to one, which tarfile would otherwise store as links.
-        data = path.read_bytes()
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        t.addfile(info, io.BytesIO(data))
-
-    out.mkdir(parents=True, exist_ok=True)
-    train = out / "ILSVRC2012_img_train.tar"
-    with tarfile.open(train, "w") as outer:
-        for folder in sorted((root / "train").iterdir()):
-            inner = io.BytesIO()
-            with tarfile.open(fileobj=inner, mode="w") as t:
-                for f in sorted(folder.iterdir()):
-                    put(t, f, f.name)
-            info = tarfile.TarInfo(f"{folder.name}.tar")
-            info.size = inner.tell()
-            inner.seek(0)
-            outer.addfile(info, inner)
-    val = out / "ILSVRC2012_img_val.tar"
-    with tarfile.open(val, "w") as t:
-        for f in sorted((root / "val").rglob("*.JPEG")):
-            put(t, f, f.name)
-    return {split: (path.name, hashlib.md5(path.read_bytes()).hexdigest())
-            for split, path in (("train", train), ("val", val))}
-
-
-def write_proof(root):
-    """The manifest `automlperf verify-data` writes for a tree of :func:`make_tree`, whose
-    files are all links to copies of one JPEG: what a site that proved its folder has, where
-    the official archives are not at hand."""
-    import hashlib
-
-    from automlperf.data_manifest import OFFICIAL_ARCHIVES, write_manifest
-    from automlperf.dataset_identity import is_image, scan, walk_splits
-
-    listing = walk_splits(root)
-    images = [(rel, size) for rel, size in listing if is_image(rel)]
-    sha = hashlib.sha256((root / images[0][0]).read_bytes()).hexdigest()
-    write_manifest(root, scan(root, listing).fingerprint,
-                   {rel: (size, sha) for rel, size in images}, OFFICIAL_ARCHIVES)
-    return root
+    table = write_archives(root, out)
+    path = write_table(out.parent / f"{out.name}-md5s.json", table)
+    if env is not None:
+        if isinstance(env, dict):
+            env[TEST_TABLE_ENV] = str(path)
+        else:
+            env.setenv(TEST_TABLE_ENV, str(path))
+    return table

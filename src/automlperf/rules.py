@@ -22,13 +22,16 @@ class UnknownRuleset(UserError, ValueError):
 
 @dataclass(frozen=True)
 class DatasetRules:
-    """What an official dataset is: its classes (by WordNet id), image counts and size."""
+    """What an official dataset is: its classes (by WordNet id), image counts and size, and
+    the official archives it is read from with their published MD5s, by part (``train``,
+    ``val``, ``devkit``: file name, MD5)."""
 
     name: str
     classes_file: str  # a file of the package's data folder, one class id per line
     train_images: int
     val_images: int
     image_size: int
+    archives: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -67,7 +70,7 @@ class Ruleset:
     # reads low, and the built-in task already runs at three quarters of it.
     max_fraction_of_ceiling: float | None = None
     # Whether the data must be proven by content: a manifest of the folder, verified against
-    # the official archives, sampled before the clock (automlperf.data_manifest).
+    # the official archives, sampled before the clock (aiperf-2021.3 only).
     proven_data: bool = False
     # The bound above for a node that trains on accelerators (None: the same as a CPU's). A
     # GPU's ceiling is its vendor's GEMM, which a whole training step never approaches:
@@ -85,6 +88,10 @@ class Ruleset:
     # only runs of that duration.
     duration_step_s: float | None = None
     max_short_s: float | None = None
+    # Whether the data must be read from the official archives, their MD5s computed by every
+    # session before its clock and equal to the dataset's published ones
+    # (automlperf.dataset.proof); a folder is never official.
+    archive_proof: bool = False
 
     def grace_s(self, duration_s: float, configured: float | None = None) -> float:
         """Seconds an epoch in flight at the deadline may take to finish and count."""
@@ -148,8 +155,15 @@ def _class_list(name: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
-IMAGENET_1K = DatasetRules(name="imagenet", classes_file="imagenet_wnids.txt",
-                           train_images=1_281_167, val_images=50_000, image_size=224)
+IMAGENET_1K = DatasetRules(
+    name="imagenet", classes_file="imagenet_wnids.txt", train_images=1_281_167,
+    val_images=50_000, image_size=224,
+    # As torchvision's ImageNet metadata records them (torchvision/datasets/imagenet.py).
+    archives=MappingProxyType({
+        "train": ("ILSVRC2012_img_train.tar", "1d675b47d978889d74fa0da5fadfb00e"),
+        "val": ("ILSVRC2012_img_val.tar", "29b22e2961454d5413ddabcf34fc5622"),
+        "devkit": ("ILSVRC2012_devkit_t12.tar.gz", "fa75699e90414af021442c21a62c3abf"),
+    }))
 
 AIPERF_2021_1 = Ruleset(
     id="aiperf-2021.1",
@@ -232,14 +246,22 @@ AIPERF_2021_3 = replace(
 # (docs/official.md, "The rules that move the score"): a seed the submitter chose (the best of
 # several could be kept), a duration between whole hours ranked with the hour below it, a run
 # that ended early, a node without a ceiling that switched the bound off, a ceiling above its
-# accelerators' data sheet, and a bound too loose for GPUs.
+# accelerators' data sheet, and a bound too loose for GPUs; and a proof of the data that could
+# be written by hand: from here the data is read from the official archives, whose MD5s every
+# session computes before its clock (docs/official.md, "An official run").
 AIPERF_2021_4 = replace(
     AIPERF_2021_3, id="aiperf-2021.4", ceiling_required=True,
     max_fraction_of_accelerator_ceiling=0.5, max_ceiling_of_peak=1.1,
-    duration_step_s=3600.0, max_short_s=60.0,
+    duration_step_s=3600.0, max_short_s=60.0, proven_data=False, archive_proof=True,
     # None: the run draws its own seed when it starts, and records it.
     fixed=MappingProxyType({**AIPERF_2021_3.fixed, "run.seed": None}),
-    notes=AIPERF_2021_3.notes + (
+    notes=AIPERF_2021_3.notes[:-1] + (
+        AIPERF_2021_3.notes[-1].split(" The data is proven by content")[0] + " The data is "
+        "ImageNet-1k read from its official archives (ILSVRC2012_img_train.tar, "
+        "ILSVRC2012_img_val.tar, ILSVRC2012_devkit_t12.tar.gz), never extracted: every "
+        "session computes their MD5s before its clock and compares them with the published "
+        "ones, and every process that opens an archive holds it to the identity the session "
+        "proved. A folder, proven or not, is never official.",
         "An official run draws its own seed at its start (run.seed stays unset) and records "
         "it. The duration is a whole number of hours, and a run ends no more than 60 s "
         "before it. Every node measures its ceiling, or the result is not valid; a score "

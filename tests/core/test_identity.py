@@ -10,9 +10,8 @@ import pytest
 from trees import SMALL, WNIDS, make_tree, near_miss
 
 from automlperf import rules
-from automlperf.dataset_identity import (KAGGLE_LABELS, DatasetIdentityError, identify,
-                                         problems, scan)
-
+from automlperf.dataset.folder import (KAGGLE_LABELS, DatasetIdentityError, identify,
+                                       problems, scan)
 
 
 @pytest.fixture
@@ -93,8 +92,7 @@ def test_the_official_counts(imagenet_1k_tree):
 def test_training_and_the_identity_see_the_same_images(tmp_path):
     """One walker and one suffix list: every image the index trains on is counted by the
     identity check, and a file that is not an image by either."""
-    from automlperf.dataset_identity import IMAGE_SUFFIXES
-    from automlperf.train.data import FileIndex
+    from automlperf.dataset.folder import IMAGE_SUFFIXES, index_folder
 
     suffixes = [*IMAGE_SUFFIXES, *(s.upper() for s in IMAGE_SUFFIXES)]
     for split in ("train", "val"):
@@ -104,7 +102,7 @@ def test_training_and_the_identity_see_the_same_images(tmp_path):
             for i, suffix in enumerate(suffixes):
                 (folder / f"{split}_{i}{suffix}").write_bytes(b"x" * (i + 1))
             (folder / "notes.txt").write_text("not an image")
-    index = FileIndex.scan(tmp_path)
+    index = index_folder(tmp_path)
     found = scan(tmp_path)
     trained = {split: sorted(str(Path(p).relative_to(tmp_path)) for p, _ in index.items(split))
                for split in ("train", "val")}

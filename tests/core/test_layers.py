@@ -15,9 +15,8 @@ PACKAGE = Path(automlperf.__file__).parent
 # Bottom to top. The foundation is plain modules every layer may use; ``hardware`` asks
 # torch about devices only inside its functions.
 LAYERS = [
-    {"__init__", "errors", "events", "rules", "config", "procutil", "hardware", "dataset_identity",
-     "folderwalk",
-     "data_manifest", "seeding", "sections", "settings"},
+    {"__init__", "errors", "events", "rules", "config", "procutil", "hardware", "dataset",
+     "seeding", "sections", "settings"},
     {"graph"},
     {"ops"},
     {"search"},
@@ -34,8 +33,10 @@ LAYERS = [
 # Importable, and usable, without torch.
 PURE = ["automlperf.errors", "automlperf.events", "automlperf.config", "automlperf.rules",
         "automlperf.hardware", "automlperf.graph", "automlperf.ops", "automlperf.search",
-        "automlperf.dataset_identity", "automlperf.folderwalk",
-        "automlperf.data_manifest", "automlperf.seeding", "automlperf.measure.score", "automlperf.train.spec",
+        "automlperf.dataset.archive", "automlperf.dataset.folder", "automlperf.dataset.index",
+        "automlperf.dataset.proof", "automlperf.dataset.reader", "automlperf.dataset.shared",
+        "automlperf.dataset.tarstream", "automlperf.dataset.verify", "automlperf.dataset.walk",
+        "automlperf.seeding", "automlperf.measure.score", "automlperf.train.spec",
         "automlperf.train.simulated",
         "automlperf.store"]
 

@@ -98,7 +98,7 @@ def test_another_format_or_depth_than_the_name_says_is_read(tmp_path, kind):
     assert ds.skipped == 0 and len(y) == 1
     odd = ds.index.rows("train")[0]
     pixels = np.zeros((16, 16, 3), dtype=np.uint8)
-    assert folders._FolderChunks(ds.index, 16, 0)._decode(odd, False, 0, pixels) is None
+    assert folders._FolderChunks(ds.reader, 16, 0)._decode(odd, False, 0, pixels) is None
     # The photo's mid-tones, not clipped to white (Pillow's own 16-bit conversion) nor black.
     assert 40 < pixels.mean() < 215
 

@@ -12,9 +12,10 @@ import pytest
 
 from automlperf import rules
 from automlperf.config import Config
-from automlperf.dataset_identity import (SHARED_INDEX, DatasetIdentityError, FileIndex,
-                                         build_shared_index, check_data_here, identify,
-                                         load_shared_index)
+from automlperf.dataset.folder import identify, index_folder
+from automlperf.dataset.index import DatasetIdentityError, FileIndex
+from automlperf.dataset.shared import (SHARED_INDEX, build_shared_index, check_data_here,
+                                       load_shared_index)
 from automlperf.runner.session import record_origin
 from trees import SMALL, WNIDS, make_tree
 
@@ -28,7 +29,7 @@ def test_the_shared_index_is_what_a_replica_would_scan(tmp_path, flat_val):
     (root / "train" / "n99999999").mkdir()  # an empty class folder still defines a class
     built = build_shared_index(root, tmp_path / "run")
     loaded = load_shared_index(tmp_path / "run", root)
-    own = FileIndex.scan(root)  # what a replica scanning by itself reads
+    own = index_folder(root)  # what a replica scanning by itself reads
     assert built.built and loaded is not None and not loaded.built
     for index in (built.index, loaded.index):
         assert index.classes == own.classes and index.train_size == own.train_size
@@ -38,13 +39,12 @@ def test_the_shared_index_is_what_a_replica_would_scan(tmp_path, flat_val):
         assert index.items("train") == own.items("train") and index.items("val") == own.items("val")
     # The identity recorded with it is the identity's own scan, fingerprint and all.
     found = identify(root, rules.IMAGENET_1K)
-    assert loaded.found.fingerprint == found["fingerprint"] == built.found.fingerprint
-    assert loaded.found.summary() == {k: found[k] for k in loaded.found.summary()}
+    assert loaded.identity == built.identity == found
     assert isinstance(loaded.index.labels, np.memmap)
     # Compact: the paths are relative, so another mount point of the data reads the same rows.
     assert not bytes(built.index.blob).startswith(str(root).encode())
-    moved = load_shared_index(tmp_path / "run", "/elsewhere/imagenet", current=False)
-    assert moved.index.path(0) == "/elsewhere/imagenet/" + own.relative(0)
+    moved = FileIndex.load(built.folder, "/elsewhere/imagenet")
+    assert moved.path(0) == "/elsewhere/imagenet/" + own.relative(0)
 
 
 def test_a_change_in_the_data_makes_the_index_stale(tmp_path):
@@ -55,8 +55,6 @@ def test_a_change_in_the_data_makes_the_index_stale(tmp_path):
     extra = root / "train" / CLASSES[3] / "late.JPEG"
     extra.write_bytes((root / "train" / CLASSES[3]).iterdir().__next__().read_bytes())
     assert load_shared_index(tmp_path / "run", root) is None
-    # A replica does not judge freshness (a node-local copy has its own times).
-    assert load_shared_index(tmp_path / "run", root, current=False) is not None
 
 
 def test_the_primary_scans_once_and_a_later_step_loads_it(tmp_path):
@@ -68,11 +66,13 @@ def test_the_primary_scans_once_and_a_later_step_loads_it(tmp_path):
     again = record_origin(config, rules.CURRENT, run_dir=tmp_path / "run")
     assert again["startup"]["dataset_index"] == "loaded"
     assert again["dataset_identity"] == first["dataset_identity"]
-    # Judged by rules of this tree's image counts, the loaded scan is ImageNet-1k.
-    small = record_origin(config, dataclasses.replace(rules.CURRENT, dataset=SMALL,
-                                                      proven_data=False),
+    # Judged by rules of this tree's image counts, the loaded scan is ImageNet-1k (under a
+    # ruleset before aiperf-2021.4: from it on, a folder is never the official dataset).
+    small = record_origin(config, dataclasses.replace(rules.AIPERF_2021_2, dataset=SMALL),
                           run_dir=tmp_path / "run")
     assert small["dataset_identity"]["problems"] == []
+    assert "reads ImageNet-1k only from its official archives" in \
+        record_origin(config, rules.CURRENT, run_dir=tmp_path / "run")["dataset_identity"]["problems"][0]
 
 
 def test_a_node_without_the_data_is_named(tmp_path):

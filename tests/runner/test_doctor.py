@@ -219,6 +219,25 @@ def test_the_loader_is_judged_against_compiled_training_when_a_first_round_trial
     assert compiled.summary.startswith("cpu path, chosen (cpu-pillow, 15 worker(s)")
 
 
+@pytest.mark.slow
+def test_the_input_item_measures_the_ranks_loader_on_the_official_archives(tmp_path):
+    """`automlperf doctor --data-dir` given the official archives: the pipeline item indexes
+    them (one pass) and measures the rank's own loader reading them, alone and beside
+    training, as it does a folder."""
+    from automlperf.testing.archives import write_archives
+    from automlperf.train.data.generate import write_photo_folder
+
+    write_photo_folder(tmp_path / "folder", 2, 8, 2, size=(64, 48))
+    write_archives(tmp_path / "folder", tmp_path / "archives")
+    node = doctor.Node(DoctorRequest(tmp_path / "out", quick=True, data_dir=tmp_path / "archives"))
+    node.train_images_per_s = 40.0
+    check = pipeline.pipeline(node, doctor.Shape("resnet_small", 32, 2, False))
+    assert check.status in ("pass", "warn"), check.summary + check.advice
+    assert check.figures["alone"]["images_per_s"] > 0 and check.figures["training"]["steps"] >= 3
+    assert check.figures["decode_path"].startswith("cpu-pillow ")
+    assert (tmp_path / "out" / "index" / "at.npy").exists()
+
+
 def _result(images, **parts):
     total = {"session_s": 100.0, "start_to_first_epoch_s": 0.0, "training_s": 0.0,
              "data_wait_s": 0.0, "validation_s": 0.0, "between_trials_s": 0.0,

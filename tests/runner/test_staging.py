@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from automlperf.dataset_identity import build_shared_index
+from automlperf.dataset.shared import build_shared_index
 from automlperf.runner import staging
 from helpers import cli
 
@@ -58,6 +58,11 @@ def test_a_node_stages_checks_and_keeps_the_runs_data(run_with_data, tmp_path):
     victim.write_bytes(bytes(len(victim.read_bytes())))
     with pytest.raises(staging.StagingError, match=f"{victim} differs in content"):
         staging.stage(run_dir, local)
+    # A failed staging leaves no record (the earlier job's went first): the replica reads the
+    # shared copy.
+    assert staging.local_root(run_dir) is None
+    victim.unlink()
+    staging.stage(run_dir, local)
     # The job's end removes the copy and its record.
     assert cli("stage", "--run-dir", run_dir, "--to", local, "--clean").returncode == 0
     assert not root.exists() and staging.local_root(run_dir) is None

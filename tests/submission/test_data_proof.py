@@ -1,26 +1,34 @@
-"""The official data proven by content: a folder held against the official archives (here
-small generated ones, with a test-only checksum table), its manifest, the sample an official
-run checks before its clock, and `check`'s own sample."""
+"""The official data proven by the run's own computation: the archives' MD5s against the
+ruleset's table (here a test table of small generated archives) before every session's clock,
+their identity held by every process that opens them, and `check` holding the recorded MD5s
+to the published ones and a list keeper's own archives to the recorded ones. Each way to get
+an official label on other data is refused, naming what is wrong. `verify-data` stays a
+site's tool for an extracted folder."""
 
-import dataclasses
 import gzip
 import io
 import json
+import os
+import shutil
 
 import pytest
 from PIL import Image
 
 from automlperf import rules
 from automlperf.config import Config, ConfigError
-from automlperf.data_manifest import (MANIFEST, DataProofError, read_manifest, sample_check,
-                                      verify_folder)
-from automlperf.dataset_identity import scan
+from automlperf.dataset.archive import NAMES, scan_archives
+from automlperf.dataset.proof import CHANGED, DataChanged
+from automlperf.dataset.verify import verify_folder
+from automlperf.measure.result import data_changes
+from automlperf.runner import nodedata, session
 from automlperf.runner.session import record_origin
-from automlperf.submission.result_check import _check_data
+from automlperf.store import open_store
+from automlperf.submission.result_check import _check_archives
+from automlperf.testing.archives import write_devkit
 from helpers import cli
-from trees import SMALL, make_tree, official_archives
+from trees import make_tree, official_archives
 
-SMALL_RULES = dataclasses.replace(rules.CURRENT, dataset=SMALL)
+CLASSES = rules.IMAGENET_1K.classes[:5]
 
 
 def official(data_dir, strict=True):
@@ -33,56 +41,149 @@ def other_jpeg(size=(4, 4), colour=(10, 200, 30)):
     return buf.getvalue()
 
 
-def prove(tmp_path, classes=rules.IMAGENET_1K.classes):
-    """A small ImageNet tree (every class, unless fewer will do), its archives and the
-    manifest verify-data wrote."""
-    root = make_tree(tmp_path / "imagenet", classes=classes)
-    table = official_archives(root, tmp_path / "archives")
-    found = verify_folder(tmp_path / "archives", root, table)
-    assert found.ok, found.differences[:3]
-    return root, table, found
-
-
 @pytest.fixture
-def proven(tmp_path):
-    return prove(tmp_path)
+def archives(tmp_path, monkeypatch):
+    """A small tree's archives, proven against the test table the test's environment names."""
+    root = make_tree(tmp_path / "imagenet", classes=CLASSES)
+    official_archives(root, tmp_path / "archives", monkeypatch)
+    return tmp_path / "archives"
 
 
-@pytest.fixture
-def proven_few(tmp_path):
-    return prove(tmp_path, rules.IMAGENET_1K.classes[:5])
-
-
-def test_a_folder_equal_to_its_archives_gets_a_manifest_an_official_run_samples(proven):
-    root, _, found = proven
-    assert found.compared == 3000 and (root / MANIFEST).exists()
-    manifest = read_manifest(root)
-    assert manifest.root == found.root and len(manifest.lines) == 3000
-    assert manifest.header["fingerprint"] == scan(root).fingerprint
-    origin = record_origin(official(root), SMALL_RULES)
+def test_an_official_run_proves_the_archives_and_records_its_proof(archives, tmp_path):
+    origin = record_origin(official(archives), run_dir=tmp_path / "run")
     identity = origin["dataset_identity"]
-    assert identity["problems"] == []
-    assert identity["proof"]["root"] == found.root and identity["proof"]["sampled"] == 500
-    # The manifest sits in the data folder, but is not part of the data.
-    assert identity["files"] == 3000
+    assert identity["problems"] == [] and identity["source"] == "archives"
+    assert (identity["train_images"], identity["val_images"], identity["classes"]) == (10, 5, 5)
+    proof = identity["proof"]
+    assert proof["table"] == "test" and set(proof["archives"]) == {"train", "val", "devkit"}
+    assert all(proof["archives"][p]["inode"] == (archives / NAMES[p]).stat().st_ino
+               for p in NAMES)
+    assert origin["startup"]["dataset_index"] == "proven" and origin["startup"]["data_proof_s"] > 0
+    assert (tmp_path / "run" / "dataset-index" / "at.npy").exists()
+    # Never official: the table is a test's (measure/result.py's judgement, check's too).
+    from automlperf.measure.result import dataset_is_official
+
+    official_data, why = dataset_is_official(official(archives), [], identity, rules.CURRENT)
+    assert not official_data and "test table of MD5s" in why
 
 
-def test_a_flat_validation_folder_is_proven_too(tmp_path):
-    root = make_tree(tmp_path / "imagenet", flat_val=True)
-    table = official_archives(root, tmp_path / "archives")
-    found = verify_folder(tmp_path / "archives", root, table)
-    assert found.ok and found.compared == 3000
+def test_a_folder_with_a_hand_written_manifest_is_refused_as_official(tmp_path):
+    """The proof of earlier rulesets was a manifest beside the folder; anyone could write one.
+    From aiperf-2021.4 a folder, however proven, is never official: the refusal names the
+    archives an official run reads."""
+    root = make_tree(tmp_path / "imagenet", classes=CLASSES)
+    text = json.dumps({"format": "automlperf-data-manifest", "version": 1, "files": 0}) + "\n"
+    (root / "automlperf-manifest.tsv.gz").write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(ConfigError) as info:
+        record_origin(official(root))
+    message = str(info.value)
+    assert message.startswith("official run refused: ") and "\n" not in message
+    assert f"{root} is a folder of images" in message and "aiperf-2021.4" in message
+    assert all(name in message for name in NAMES.values()) and "--unofficial" in message
+    # Declared unofficial, it goes on, the reason recorded.
+    origin = record_origin(official(root, strict=False))
+    assert "reads ImageNet-1k only from its official archives" in origin["dataset_identity"]["problems"][0]
+
+
+def test_an_archive_with_one_members_bytes_changed_is_refused(archives):
+    index = scan_archives(archives).index
+    train = archives / NAMES["train"]
+    data = bytearray(train.read_bytes())
+    data[int(index.at[3]) + int(index.sizes[3]) - 3] ^= 0xFF
+    train.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=f"official run refused: .*{train}: MD5 [0-9a-f]{{32}}, but "
+                       "the test table's ILSVRC2012_img_train.tar has [0-9a-f]{32}: not the "
+                       "official archive"):
+        record_origin(official(archives))
+
+
+def test_a_devkit_with_two_labels_swapped_is_refused(archives):
+    index = scan_archives(archives).index
+    truth = [index.relative(r).split("/")[1] for r in sorted(
+        index.rows("val"), key=lambda r: index.relative(r).split("/")[-1])]
+    truth[0], truth[1] = truth[1], truth[0]
+    write_devkit(archives / NAMES["devkit"], sorted(CLASSES), truth)
+    with pytest.raises(ConfigError, match=f"official run refused: .*{archives / NAMES['devkit']}: "
+                       "MD5 .*the test table's ILSVRC2012_devkit_t12.tar.gz has"):
+        record_origin(official(archives))
+
+
+def test_an_archive_replaced_between_the_proof_and_a_replicas_open_is_named(archives, tmp_path):
+    origin = record_origin(official(archives), run_dir=tmp_path / "run")
+    system = {"dataset_identity": origin["dataset_identity"]}
+    here = nodedata.for_replica(tmp_path / "run", archives, system)
+    assert here.record["source"] == "shared" and here.data_dir == archives
+    val = archives / NAMES["val"]
+    shutil.copyfile(val, tmp_path / "other.tar")  # the same bytes, another file
+    os.replace(tmp_path / "other.tar", val)
+    with pytest.raises(DataChanged, match=f"{val} {CHANGED}: .*inode") as info:
+        nodedata.for_replica(tmp_path / "run", archives, system)
+    # The replica gives up with that reason; the result is not valid, naming the file.
+    changed = data_changes(system, [{"replica": 1, "host": "n2", "reason": str(info.value)}], [])
+    assert changed == [f"replica 1 (n2): {info.value}"]
+
+
+def test_a_resume_over_a_changed_archive_is_refused(archives, tmp_path):
+    run_dir = tmp_path / "run"
+    first = session.prepare(official(archives), run_dir, None, False, {"host": "here"})
+    first.store.end_segment(first.run_id, first.segment, first.started_at)
+    first.store.close()
+    # Unchanged: the resumed session proves the archives again and records its proof.
+    again = session.prepare(None, run_dir, None, True, {"host": "here"})
+    again.store.close()
+    system = open_store(run_dir=run_dir).run(1)["system"]
+    assert len(system["data_sessions"]) == 1 and system["data_sessions"][0]["proof"]["table"] == "test"
+    assert json.loads((run_dir / "system.json").read_text()) == system
+    val = archives / NAMES["val"]
+    data = bytearray(val.read_bytes())
+    data[-2000] ^= 0xFF
+    val.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=f"official run refused: this session's archives are "
+                       f"not the ones the run proved: {val}: MD5 .*; {val} {CHANGED} in the "
+                       "run's first session"):
+        session.prepare(None, run_dir, None, True, {"host": "here"})
+
+
+def test_check_holds_the_recorded_md5s_to_the_published_and_the_keepers_archives(archives, tmp_path):
+    identity = record_origin(official(archives))["dataset_identity"]
+    fresh = {"ruleset": rules.CURRENT.id, "official": True, "dataset_identity": identity}
+    bad: list[str] = []
+    _check_archives(fresh, bad, None, {"dataset_identity": identity})
+    assert len(bad) == 3 and all("publishes" in line and "not official" in line for line in bad)
+    # The list keeper's own archives: the same files agree, others are named.
+    bad = []
+    _check_archives({**fresh, "official": False}, bad, archives, {"dataset_identity": identity})
+    assert bad == []
+    other = make_tree(tmp_path / "other", classes=CLASSES, per_class=(3, 2))
+    official_archives(other, tmp_path / "keeper")
+    _check_archives({**fresh, "official": False}, bad, tmp_path / "keeper",
+                    {"dataset_identity": identity})
+    assert len(bad) == 3 and all("not the same archive" in line for line in bad)
+
+
+def test_verify_data_checks_an_extracted_folder_and_prints_its_content_root(tmp_path, monkeypatch):
+    root = make_tree(tmp_path / "imagenet", classes=CLASSES)
+    official_archives(root, tmp_path / "archives", monkeypatch)
+    found = verify_folder(tmp_path / "archives", root)
+    assert found.ok and found.compared == 15 and found.root.startswith("sha256:")
+    # Layout-free: the same images with a flat validation folder have the same root.
+    flat = make_tree(tmp_path / "flat", classes=CLASSES, flat_val=True)
+    assert verify_folder(tmp_path / "archives", flat).root == found.root
+    done = cli("verify-data", "--archives", tmp_path / "archives", "--data-dir", root,
+               env={**os.environ})
+    assert done.returncode == 0 and found.root in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("forgery,named", [
     ("re-encoded", "differs from its original in ILSVRC2012_img_train.tar"),
     ("missing", "in ILSVRC2012_img_train.tar, not in the folder"),
     ("added", "in the folder, in no official archive"),
+    ("relabelled", "in the folder, n01440764 in the devkit"),
     ("another archive", "not the published archive"),
 ])
-def test_verify_data_names_each_file_that_differs(tmp_path, forgery, named):
-    root = make_tree(tmp_path / "imagenet", classes=rules.IMAGENET_1K.classes[:5])
-    table = official_archives(root, tmp_path / "archives")
+def test_verify_data_names_each_file_that_differs(tmp_path, monkeypatch, forgery, named):
+    root = make_tree(tmp_path / "imagenet", classes=CLASSES)
+    official_archives(root, tmp_path / "archives", monkeypatch)
     first = sorted((root / "train").iterdir())[0]
     victim = sorted(first.iterdir())[0]
     if forgery == "re-encoded":
@@ -92,92 +193,23 @@ def test_verify_data_names_each_file_that_differs(tmp_path, forgery, named):
         victim.unlink()
     elif forgery == "added":
         (first / "extra.JPEG").write_bytes(other_jpeg())
+    elif forgery == "relabelled":
+        image = next((root / "val" / CLASSES[0]).iterdir())
+        image.rename(root / "val" / CLASSES[1] / image.name)
     else:
-        table = {**table, "val": (table["val"][0], "0" * 32)}
-    found = verify_folder(tmp_path / "archives", root, table)
-    assert not found.ok and not (root / MANIFEST).exists()
+        (tmp_path / "archives" / NAMES["val"]).write_bytes(
+            (tmp_path / "archives" / NAMES["val"]).read_bytes() + bytes(512))
+    found = verify_folder(tmp_path / "archives", root)
+    assert not found.ok and found.root is None
     assert any(named in line for line in found.differences), found.differences[:5]
 
 
-def test_an_official_run_refuses_data_that_differs_from_its_manifest(proven):
-    root, _, _ = proven
-    # Resized after the proof: the file list's sizes are no longer the manifest's.
-    victim = sorted(sorted((root / "train").iterdir())[3].iterdir())[0]
-    victim.unlink()
-    victim.write_bytes(other_jpeg((64, 48)))
-    with pytest.raises(ConfigError, match="official run refused: .*not the ones "
-                       "automlperf-manifest.tsv.gz was written for") as info:
-        record_origin(official(root), SMALL_RULES)
-    assert "\n" not in str(info.value)
-
-
-def test_a_file_re_encoded_to_the_same_size_is_found_by_content(proven_few):
-    root, _, _ = proven_few
-    victim = sorted(sorted((root / "train").iterdir())[3].iterdir())[1]
-    data = bytearray(victim.read_bytes())
-    data[-3] ^= 0xFF  # inside the entropy-coded data: the same size, other pixels
-    victim.unlink()
-    victim.write_bytes(bytes(data))
-    fingerprint = scan(root).fingerprint
-    with pytest.raises(DataProofError, match=f"{victim.name} differs from the official file"):
-        sample_check(root, fingerprint, sample=10_000)
-
-
-def test_without_a_manifest_an_official_run_is_refused_and_an_unofficial_one_goes_on(tmp_path):
-    root = make_tree(tmp_path / "imagenet")
-    with pytest.raises(ConfigError, match="official run refused: .*automlperf verify-data "
-                       "--archives DIR .*--unofficial"):
-        record_origin(official(root), SMALL_RULES)
-    origin = record_origin(official(root, strict=False), SMALL_RULES)
-    assert "verify-data" in origin["dataset_identity"]["problems"][0]
-    # A run of an earlier ruleset needed no proof.
-    old = dataclasses.replace(rules.AIPERF_2021_2, dataset=SMALL)
-    assert record_origin(official(root), old)["dataset_identity"]["problems"] == []
-
-
-def test_check_samples_the_data_again(proven):
-    root, _, _ = proven
-    identity = record_origin(official(root), SMALL_RULES)["dataset_identity"]
-    config = official(root)
-    bad: list[str] = []
-    _check_data(config, {"dataset_identity": identity}, bad)
-    assert bad == []
-    # Every image is a hard link to one file: rewriting it in place forges them all, sizes
-    # kept, which any sample finds.
-    source = next(root.parent.glob("imagenet-src*.JPEG"))
-    data = bytearray(source.read_bytes())
-    data[-3] ^= 0xFF
-    source.write_bytes(bytes(data))
-    _check_data(config, {"dataset_identity": identity}, bad)
-    assert len(bad) == 1 and "the data's proof: " in bad[0] and "differs from the official" in bad[0]
-
-
-def test_a_damaged_manifest_is_named(proven_few):
-    root, _, _ = proven_few
-    good = gzip.decompress((root / MANIFEST).read_bytes()).decode()
-    (root / MANIFEST).write_bytes(gzip.compress(b"not a manifest\n"))
-    with pytest.raises(DataProofError, match="cannot be read .*verify-data"):
-        read_manifest(root)
-    # A line lost, or a field: the header's count of files, of three fields each, says so.
-    header, *lines = good.splitlines()
-    for damaged in (lines[:-1], [lines[0].rsplit("\t", 1)[0]] + lines[1:]):
-        (root / MANIFEST).write_bytes(gzip.compress("\n".join([header, *damaged, ""]).encode()))
-        with pytest.raises(DataProofError, match="cannot be read .*not the .* files of three "
-                                                 "fields its header counts"):
-            read_manifest(root)
-    # A size that is no number is found where it is sampled.
-    rel, _, sha = lines[0].split("\t")
-    (root / MANIFEST).write_bytes(gzip.compress("\n".join(
-        [header, f"{rel}\tbig\t{sha}", *lines[1:], ""]).encode()))
-    with pytest.raises(DataProofError, match="a damaged line .*verify-data"):
-        sample_check(root, json.loads(header)["fingerprint"], sample=len(lines))
-
-
-def test_the_command_names_what_it_cannot_prove(tmp_path):
-    root = make_tree(tmp_path / "imagenet", classes=rules.IMAGENET_1K.classes[:3])
+def test_verify_data_names_what_it_cannot_prove(tmp_path):
+    root = make_tree(tmp_path / "imagenet", classes=CLASSES[:3])
     official_archives(root, tmp_path / "archives")
     # Generated archives are not the published ones: their MD5s say so, one line each.
-    done = cli("verify-data", "--archives", tmp_path / "archives", "--data-dir", root)
+    done = cli("verify-data", "--archives", tmp_path / "archives", "--data-dir", root,
+               env={k: v for k, v in os.environ.items() if k != "AUTOMLPERF_TEST_ARCHIVE_MD5S"})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ILSVRC2012_img_train.tar: MD5" in done.stderr and "not the official data" in done.stderr
     missing = cli("verify-data", "--archives", tmp_path / "nowhere", "--data-dir", root)

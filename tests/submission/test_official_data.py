@@ -1,5 +1,5 @@
 """Official runs and the data they name: near-misses refused before the run starts, the
-fingerprint recorded, and `check` rescanning the data when it is reachable."""
+identity recorded, and `check` rescanning a folder's data when it is reachable."""
 
 import dataclasses
 import json
@@ -8,7 +8,6 @@ import pytest
 
 from automlperf import rules
 from automlperf.config import Config, ConfigError
-from automlperf.data_manifest import verify_folder
 from automlperf.runner.session import record_origin
 from helpers import cli
 from trees import SMALL, WNIDS, make_tree, near_miss, official_archives
@@ -20,15 +19,15 @@ def official(data_dir):
     return Config.parse({"run": {"official": True}, "data": {"data_dir": str(data_dir)}})
 
 
-def test_the_right_data_is_recorded_for_an_official_run(tmp_path):
-    root = make_tree(tmp_path / "imagenet")
-    assert verify_folder(tmp_path / "archives", root,
-                         official_archives(root, tmp_path / "archives")).ok
-    origin = record_origin(official(root), SMALL_RULES)
+def test_the_right_data_is_recorded_for_an_official_run(tmp_path, monkeypatch):
+    root = make_tree(tmp_path / "imagenet", per_class=(1, 1))
+    official_archives(root, tmp_path / "archives", monkeypatch)
+    origin = record_origin(official(tmp_path / "archives"), SMALL_RULES)
     assert origin["ruleset"] == rules.CURRENT.id == "aiperf-2021.4"
     assert 0 <= origin["seed"] < 2**31  # drawn by the run, recorded beside its ruleset
     assert origin["dataset_identity"]["problems"] == []
     assert origin["dataset_identity"]["fingerprint"].startswith("sha256:")
+    assert origin["dataset_identity"]["classes"] == 1000
     assert origin["provenance"]["source_hash"].startswith("sha256:")
 
 
@@ -43,6 +42,8 @@ def test_an_official_run_on_a_near_miss_is_refused(tmp_path, kind, named):
     near_miss(root, kind)
     with pytest.raises(ConfigError, match="official run refused") as info:
         record_origin(official(root), SMALL_RULES)
+    # A folder is never official; what else differs is named after that.
+    assert "is a folder of images" in str(info.value)
     assert named in str(info.value) and "\n" not in str(info.value)
 
 

@@ -95,7 +95,7 @@ def _staged(root, train, size=24, epoch=3, seed=7, chunk=4):
     ring = GpuRing(1, len(rows), size, shared=False)
     ring.rows[0] = rows
     for start in range(0, len(rows), chunk):
-        stage_chunk(ring, ds.index, seed, (0, 0, start, min(len(rows), start + chunk), train,
+        stage_chunk(ring, ds.reader, seed, (0, 0, start, min(len(rows), start + chunk), train,
                                            epoch), 0)
     return ds, ring, rows
 

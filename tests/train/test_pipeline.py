@@ -9,8 +9,9 @@ import torch
 from PIL import JpegImagePlugin
 
 from automlperf.train import data as datasets
-from automlperf.train.data import (FileIndex, ImageFolderDataset, plan_loader, plan_steps,
-                                   prepare_index, step_plan)
+from automlperf.dataset.folder import index_folder
+from automlperf.train.data import (ImageFolderDataset, plan_loader, plan_steps, prepare_index,
+                                   step_plan)
 from helpers import data_section
 from imagefolder import make_image_folder, photo
 
@@ -139,6 +140,6 @@ def test_the_index_is_arrays_scanned_once_and_mapped_by_every_rank(tmp_path):
                        index_dir=str(tmp_path / "index"))
     assert (ds.train_size, ds.val_size) == (counts["train"], counts["val"])
     assert isinstance(ds.index.blob, np.memmap) and not hasattr(ds, "_items")
-    assert ds.index.items("val") == FileIndex.scan(tmp_path / "d").items("val")
+    assert ds.index.items("val") == index_folder(tmp_path / "d").items("val")
     with pytest.raises(datasets.DataError, match="image index cannot be read"):
         datasets.load(data_section("imagenet", data_dir=tmp_path / "d"), index_dir=str(tmp_path / "missing"))

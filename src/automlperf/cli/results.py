@@ -55,9 +55,11 @@ def check(
                                            "(exit 3 otherwise).")] = False,
     revalidate: Annotated[bool, typer.Option(help="Also re-measure the best trial's "
                                              "validation accuracy from its weights.")] = False,
-    data_dir: Annotated[Optional[Path], typer.Option(help="The dataset folder here (for "
-                                                     "--revalidate, and to rescan the data's "
-                                                     "fingerprint); default: the run's.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="The dataset here: the official "
+                                                     "archives (their MD5s computed and held to "
+                                                     "the run's), or a folder (its fingerprint "
+                                                     "rescanned); also what --revalidate reads. "
+                                                     "Default: the run's.")] = None,
     device: Annotated[Optional[str], typer.Option(help="Where --revalidate runs, e.g. cuda:0 "
                                                   "or cpu (default: the first GPU, else "
                                                   "the CPU).")] = None,

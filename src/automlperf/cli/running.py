@@ -30,7 +30,9 @@ def run(
                                                     "(default: the dataset's preset).")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="builtin (default), digits, imagenet, cifar10, "
                                                    "synthetic.")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder: for imagenet the "
+                                                     "official ILSVRC-2012 archives (an official "
+                                                     "run), or an image folder.")] = None,
     replicas: Annotated[Optional[int], typer.Option(min=1, help="Local replica processes.")] = None,
     devices_per_replica: Annotated[Optional[int], typer.Option(min=1)] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="Where the run is written "
@@ -112,18 +114,20 @@ def worker(
 @app.command()
 @user_errors
 def stage(
-    run_dir: Annotated[Path, typer.Option(help="The run directory (shared filesystem), whose "
-                                          "dataset index `automlperf slurm` saved.")],
+    run_dir: Annotated[Path, typer.Option(help="The run directory (shared filesystem) that "
+                                          "`automlperf slurm` wrote.")],
     to: Annotated[Path, typer.Option(help="This node's own storage (e.g. /local/scratch): "
                                      "the copy goes in a folder of the run's name there.")],
-    threads: Annotated[int, typer.Option(min=1, help="Files copied at once.")] = 16,
+    threads: Annotated[int, typer.Option(min=1, help="Files of a folder copied at once (the "
+                                         "archives are copied one after the other).")] = 16,
     clean: Annotated[bool, typer.Option(help="Remove this node's copy instead (the job's "
                                         "end).")] = False,
 ) -> None:
-    """Copy the run's dataset to this node's storage before the clock, check it (every
-    file and its size, a sample of contents), and record it: the node's replica then reads
-    the copy, not the shared file system. `automlperf slurm --stage-to DIR` runs it on every
-    node of the job."""
+    """Copy the run's dataset to this node's storage before the clock, check it, and record
+    it: the node's replica then reads the copy, not the shared file system. The official
+    archives are copied one after the other, their MD5s computed on the way and the copy
+    read back from the disk; a folder file by file. `automlperf slurm --stage-to DIR` runs
+    it on every node of the job."""
     from automlperf.runner.staging import clean as remove, stage as copy
 
     if clean:
@@ -132,6 +136,14 @@ def stage(
                   else "no copy of the dataset on this node", highlight=False)
         return
     done = copy(run_dir, to, threads)
+    if done.get("kind") == "archives":
+        out.print(f"{done['node']}: the archives ({done['bytes'] / 1e9:.2f} GB, "
+                  f"{done['copied_bytes'] / 1e9:.2f} GB copied in {done['copy_s']:.1f} s, read "
+                  f"back in {done['verify_s']:.1f} s) staged in {done['root']} in "
+                  f"{done['staging_s']:.1f} s; MD5s "
+                  + ", ".join(f"{a['name']} {a['md5']}" for a in done["archives"].values()),
+                  highlight=False, soft_wrap=True)
+        return
     out.print(f"{done['node']}: {done['files']:,} files ({done['bytes'] / 1e9:.2f} GB, "
               f"{done['copied_bytes'] / 1e9:.2f} GB copied) staged in {done['root']} in "
               f"{done['staging_s']:.1f} s; {done['sample']} compared with the originals",
@@ -149,7 +161,10 @@ def slurm(
     dataset: Annotated[Optional[str], typer.Option(help="imagenet, cifar10, builtin (default), "
                                                    "digits, synthetic.")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="Dataset folder, at the path the "
-                                                     "compute nodes see it; scanned once, now.")] = None,
+                                                     "compute nodes see it: the official "
+                                                     "ILSVRC-2012 archives (proven by every "
+                                                     "session of the job), or an image folder "
+                                                     "(scanned once, now).")] = None,
     unofficial: Annotated[bool, UNOFFICIAL] = False,
     small_task: Annotated[bool, SMALL_TASK] = False,
     gpus_per_node: Annotated[Optional[int], typer.Option(
@@ -242,7 +257,13 @@ def slurm(
         container_runtime=container_runtime, container_mounts=container_mount or [],
         container_options=container_option or [], stage_to=stage_to, stage_time=stage_time,
         startup_time=startup_time, chain=chain))
-    if written.dataset:
+    if written.dataset and written.dataset.get("archives"):
+        d = written.dataset
+        out.print(f"dataset: the official archives in {d['archives']} "
+                  f"({d['archive_bytes'] / 1e9:.1f} GB): every session of the job proves them "
+                  f"before its clock (its start-up holds {written.proof_s:.0f} s for it)",
+                  highlight=False, soft_wrap=True)
+    elif written.dataset:
         d = written.dataset
         out.print(f"dataset: {d['files']:,} files scanned in {d['scan_s']:.1f} s; index saved in "
                   f"{d['index']} for the job"

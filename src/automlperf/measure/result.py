@@ -11,6 +11,7 @@ from typing import Any
 
 from automlperf import __version__, rules
 from automlperf.config import Config
+from automlperf.dataset.proof import CHANGED, judge, sessions
 from automlperf.measure.breakdown import breakdown
 from automlperf.measure.sample_reader import PendingDigest
 from automlperf.measure import interference
@@ -33,18 +34,25 @@ def _input_and_classes(graph_json: str) -> tuple[list[int], int]:
 
 def dataset_is_official(config: Config, graph_jsons: list[str],
                         identity: dict[str, Any] | None = None,
-                        ruleset: rules.Ruleset = rules.CURRENT) -> tuple[bool, str | None]:
-    """(official, why not): the data folder was identified as the ruleset's dataset when the
-    run started, and the trained graphs show it was fed at the official size."""
+                        ruleset: rules.Ruleset = rules.CURRENT,
+                        system: dict[str, Any] | None = None) -> tuple[bool, str | None]:
+    """(official, why not): the data was identified as the ruleset's dataset when the run
+    started (from aiperf-2021.4, every session read the official archives and proved them:
+    ``system`` holds the sessions' records, dataset/proof.py ``judge``), and the trained
+    graphs show it was fed at the official size."""
     ds = ruleset.dataset
     if config.data.dataset != ds.name:
         return False, None
     if identity is None:
-        return False, "the data folder was not identified"
+        return False, "the data was not identified"
     if identity.get("problems"):
         return False, "; ".join(identity["problems"])
     if ruleset.proven_data and not identity.get("proof"):
         return False, "the data's content was not proven against the official archives"
+    if ruleset.archive_proof:
+        why = judge(system if system is not None else {"dataset_identity": identity}, ruleset)
+        if why is not None:
+            return False, why
     if not graph_jsons:
         return False, "no trial completed an epoch"
     size = [ds.image_size, ds.image_size]
@@ -124,7 +132,7 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
     recorded = run["system"]  # what the run recorded in its store when it was created
     ruleset = rules.get(recorded.get("ruleset"))
     identity = recorded.get("dataset_identity")
-    official_data, why = dataset_is_official(config, trained, identity, ruleset)
+    official_data, why = dataset_is_official(config, trained, identity, ruleset, recorded)
     replica_of = {t.id: t.replica_index for t in trials}
     grace = config.deadline_grace(ruleset)
     scored = score_run(epochs, segments, dataset=config.data.dataset,
@@ -156,12 +164,18 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
                                      "detail": f"replica {f['replica']}: {f['reason']}"})
     if failures:
         scored["valid"] = False
+    described = latest_nodes(store.nodes(run_id))
+    changed = data_changes(recorded, retired + failures, store.nodes(run_id))
+    if changed:
+        # The data a replica read was not what its session proved: whatever it trained on
+        # is not the run's dataset.
+        scored["violations"].append({"rule": "data_changed", "detail": "; ".join(changed)})
+        scored["valid"] = scored["official"] = False
     devices = {}
     for rep in replicas:
         devices[(rep.host, rep.index)] = rep.devices
     device_count = sum(len(d) for d in devices.values())
     nodes = len({host for host, _ in devices}) or 1
-    described = latest_nodes(store.nodes(run_id))
     if described:
         peaks = [owned_peak(n) for n in described]
         total_peak = sum(p for p in peaks if p) if all(peaks) else None
@@ -233,6 +247,7 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         # ceiling measured again at the end (measure/interference.py).
         "interference": interference.judge(sampled.interference(), ceiling, ceiling_end),
         "dataset_identity": identity,
+        "data_sources": data_sources(described),
         "provenance": recorded.get("provenance"),
         "node_descriptions": described,
         # Measured energy (GPU counters and CPU packages where readable) and the score per
@@ -251,6 +266,45 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "system": {"host": system.get("host"), "cpu": system.get("cpu", {}).get("model"),
                    "accelerators": sorted(accelerators)},
     }
+
+
+def data_changes(system: dict[str, Any], gave_up: list[dict[str, Any]],
+                 nodes: list[dict[str, Any]]) -> list[str]:
+    """Where the data a replica read was not the data its session proved: an archive changed
+    during a session (the primary looked again at its end), a replica or rank that found one
+    changed when it opened it, or a replica whose recorded archives no session proved."""
+    out = [line for s in sessions(system) for line in (s.get("proof") or {}).get("changed", [])]
+    out += [f"replica {g['replica']} ({g['host']}): {g['reason']}" for g in gave_up
+            if CHANGED in g["reason"]]
+    proven: dict[str, set[str]] = {}
+    files: dict[str, set[tuple[Any, ...]]] = {}
+    for s in sessions(system):
+        for part, archive in ((s.get("proof") or {}).get("archives") or {}).items():
+            proven.setdefault(part, set()).add(archive.get("md5"))
+            files.setdefault(part, set()).add(_file(archive))
+    for node in nodes:
+        data = node.get("data") or {}
+        for part, seen in (data.get("archives") or {}).items():
+            who = f"replica {node.get('replica_index')} ({node.get('host')})"
+            if seen.get("md5") not in proven.get(part, set()):
+                out.append(f"{who} read {seen.get('name')} with MD5 {seen.get('md5')}, which no "
+                           "session of the run proved")
+            elif data.get("source") == "shared" and _file(seen) not in files.get(part, set()):
+                out.append(f"{who} read a shared {seen.get('name')} that is not the file any "
+                           "session of the run proved (its size, inode or times differ)")
+    return out
+
+
+def _file(archive: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(archive.get(k) for k in ("size", "inode", "mtime_ns", "ctime_ns"))
+
+
+def data_sources(nodes: list[dict[str, Any]]) -> dict[str, int]:
+    """How many replicas read a copy staged on their node and how many the shared one (each
+    replica's latest description; replicas of folders and built-in data count as neither)."""
+    count = Counter(str((n.get("data") or {}).get("source")) for n in nodes
+                    if (n.get("data") or {}).get("source"))
+    return {"staged": count.get("staged", 0), "shared": count.get("shared", 0)}
 
 
 def decoding(epochs: list[EpochRecord], trials: Sequence[TrialRecord] = ()) -> dict[str, Any]:

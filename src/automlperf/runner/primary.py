@@ -20,6 +20,7 @@ from automlperf.config import Config, ConfigError, parse_duration
 from automlperf.errors import RunFailure, UserError
 from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
+from automlperf.runner import dataproof
 from automlperf.runner import session as steps
 from automlperf.runner.joblimits import batch_job_limit
 from automlperf.runner.launch import process_started_at
@@ -115,7 +116,10 @@ def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> t
 def _startup_line(startup: dict[str, Any]) -> str:
     parts = [f"imports {startup['imports_s']:.1f} s", f"system description "
              f"{startup['describe_s']:.1f} s"]
-    if "dataset_index" in startup:
+    if "data_proof_s" in startup:
+        parts.append(f"the archives' MD5s and index {startup['data_proof_s']:.1f} s "
+                     f"({startup['data_proof_mb_s']:.0f} MB/s)")
+    elif "dataset_index" in startup:
         parts.append(f"dataset index {startup['dataset_index']} ({startup['dataset_scan_s']:.1f} s "
                      f"walk{' at its scan' if startup['dataset_index'] == 'loaded' else ''})")
     return (f"start-up before the clock: {startup.get('before_clock_s', 0):.1f} s ("
@@ -152,6 +156,8 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     # is written.
     planned = Config.load(RunDir(run_dir).config) if cfg is None else cfg
     starter, count = _launcher(req, run_dir, replica_url, planned)
+    # The archives' proof, the longest part of the start-up, runs beside the rest of it.
+    proving = dataproof.begin(planned)
     if cfg is not None and req.launcher != "local":
         check_cluster_task(cfg, count, req.small_task)
     # A store that would refuse the replicas connections says so now, not mid-run.
@@ -177,7 +183,7 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
         system["replica_image"] = box.record()  # the primary's provenance is the host's
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
                             process_start=started, listen_all=req.launcher != "local",
-                            extend_to=extend_to)
+                            extend_to=extend_to, proving=proving)
     if limit is not None and limit.chain_link and session.deadline_at > limit.must_end_by:
         console.print(f"this job of a chain holds {limit.must_end_by - session.started_at:.0f} s "
                       f"of the {session.deadline_at - session.started_at:.0f} s left: the "

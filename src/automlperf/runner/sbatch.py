@@ -11,6 +11,7 @@ of the job's environment are in runner/slurm.py. The template is runner/sbatch.s
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 import shlex
@@ -23,7 +24,8 @@ from typing import Any
 import jinja2
 
 from automlperf.config import Config, parse_duration
-from automlperf.dataset_identity import SHARED_INDEX
+from automlperf.dataset.index import ARCHIVES
+from automlperf.dataset.shared import SHARED_INDEX
 from automlperf.runner.chain import ChainPlan, chain_limit, plan_chain
 from automlperf.runner.joblimits import CHAIN_ENV, CHAIN_FILE, OVER_FILE, STARTUP_S, margins
 from automlperf.runner.session import record_origin
@@ -39,9 +41,19 @@ from automlperf.store.urls import redact, resolve_store_url, split_password
 
 # The least start-up a time limit the user gives must leave room for: twice the measured.
 MIN_STARTUP_S = 60.0
-# What the job gives staging the data on every node (--stage-to) by default, before the
+# What the job gives staging a folder on every node (--stage-to) by default, before the
 # start-up: ImageNet-1k's 140 GB at about 150 MB/s per node from the shared file system.
 STAGE_S = 1200.0
+# The official archives are read at the MD5's pace (one stream, one core: about 600 MB/s on
+# a server core, bench/RESULTS.md, "ImageNet read from its archives"); the job assumes
+# PROOF_RATE for every session's proof before its clock, and for staging PROOF_RATE while
+# copying and VERIFY_RATE reading the copy back, with STAGE_MARGIN.
+PROOF_RATE, VERIFY_RATE, STAGE_MARGIN, MIN_STAGE_S = 400e6, 1e9, 1.25, 300.0
+
+
+def stage_allowance(archive_bytes: int) -> float:
+    """What the job gives staging the archives on every node (runner/staging.py)."""
+    return max(MIN_STAGE_S, STAGE_MARGIN * (archive_bytes / PROOF_RATE + archive_bytes / VERIFY_RATE))
 
 
 @dataclass
@@ -66,14 +78,18 @@ class ScriptOptions:
     # Node-local storage each node copies the dataset to before the clock (runner/staging.py),
     # and the time the job gives that.
     stage_to: Path | None = None
-    stage_s: float = STAGE_S
+    stage_s: float | None = None  # None: sized by the data (stage_allowance, or STAGE_S)
     startup_allowance_s: float = STARTUP_S  # the start-up before the clock, staging aside
+    # Added to the start-up: every session proves the official archives before its clock.
+    proof_s: float = 0.0
     # A run longer than time_limit_s split into a chain of jobs of that limit (chain.py).
     chain: bool = False
 
     def startup_s(self) -> float:
-        """What the job gives before the clock: the start-up, and the staging."""
-        return self.startup_allowance_s + (self.stage_s if self.stage_to is not None else 0.0)
+        """What the job gives before the clock: the start-up (the archives' proof with it),
+        and the staging."""
+        stage = STAGE_S if self.stage_s is None else self.stage_s
+        return self.startup_allowance_s + self.proof_s + (stage if self.stage_to is not None else 0.0)
 
     def all_memory(self) -> bool:
         """Ask for all of each node's memory (``--mem=0``): on whole nodes, unless the user
@@ -119,6 +135,7 @@ class Written:
     startup_s: float
     dataset: dict[str, Any] | None = None  # the dataset index saved at submission
     chain: ChainPlan | None = None  # the jobs a chain submits, each of time_limit_s
+    proof_s: float = 0.0  # of the start-up: the archives' proof before each session's clock
 
 
 def write_script(opts: ScriptOptions) -> Path:
@@ -169,8 +186,14 @@ def write_job(opts: ScriptOptions) -> Written:
     # The job outlives the deadline by the grace the epochs in flight have to finish.
     grace = opts.grace_s()
     if opts.stage_to is not None and dataset is None:
-        raise SlurmError("--stage-to copies an image-folder dataset to the nodes: give "
-                         "--dataset imagenet --data-dir DIR (or --config official --data-dir DIR)")
+        raise SlurmError("--stage-to copies the dataset to the nodes: give --dataset imagenet "
+                         "--data-dir DIR (or --config official --data-dir DIR)")
+    if dataset is not None and dataset.get("archive_bytes"):
+        opts.proof_s = math.ceil(dataset["archive_bytes"] / PROOF_RATE)
+        if opts.stage_s is None:
+            opts.stage_s = math.ceil(stage_allowance(dataset["archive_bytes"]))
+    if opts.stage_s is None:
+        opts.stage_s = STAGE_S
     limit, lead = margins(opts.duration_s + grace, opts.startup_s())
     chain = None
     if opts.chain:
@@ -216,10 +239,11 @@ def write_job(opts: ScriptOptions) -> Written:
         store_shown=redact(store_url) if store_url else None, password_file=password_file,
         run_args=" ".join(run_args), container=opts.container, pyxis_name=PYXIS_NAME, exclusive=opts.exclusive,
         all_memory=opts.all_memory(), dataset=dataset, stage_to=opts.stage_to,
-        stage_s=opts.stage_s, startup_s=opts.startup_allowance_s)
+        stage_s=opts.stage_s, startup_s=opts.startup_allowance_s + opts.proof_s,
+        proof_s=opts.proof_s)
     write_atomic(script, text)
     script.chmod(0o750)
-    return Written(script, limit, lead, opts.startup_s(), dataset, chain)
+    return Written(script, limit, lead, opts.startup_s(), dataset, chain, opts.proof_s)
 
 
 def _scan_dataset(settings: Config, run_dir: Path) -> dict[str, Any] | None:
@@ -233,8 +257,14 @@ def _scan_dataset(settings: Config, run_dir: Path) -> dict[str, Any] | None:
                          "once, before the job, so that the job's clock and time limit do not "
                          "pay for a million file look-ups; run it on a node that sees the data "
                          "at the path the compute nodes use (srun -N1 --pty automlperf slurm ...)")
-    origin = record_origin(settings, run_dir=run_dir)
+    # The official archives are only seen to be there: every session of the job proves
+    # them before its clock (144 GB at the MD5's pace is minutes, not a login node's work).
+    origin = record_origin(settings, run_dir=run_dir, proof=False)
     identity = origin["dataset_identity"] or {}
+    if identity.get("source") == ARCHIVES:
+        return {"files": identity.get("files"), "classes": None, "fingerprint": None,
+                "problems": [], "scan_s": 0.0, "index": None, "archives": str(data_dir),
+                "archive_bytes": identity.get("bytes")}
     startup = origin.get("startup", {})
     unusable = startup.get("dataset_unusable") or (
         identity["problems"][0] if identity.get("layout") is None and identity.get("problems")
@@ -318,7 +348,7 @@ def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
         partition=req.partition, account=req.account, time_limit_s=limit, settings=settings,
         sbatch_extra=req.sbatch_extra, container=box, exclusive=req.exclusive,
         small_task=req.small_task,
-        stage_to=stage_to, stage_s=parse_duration(req.stage_time) if req.stage_time else STAGE_S,
+        stage_to=stage_to, stage_s=parse_duration(req.stage_time) if req.stage_time else None,
         startup_allowance_s=parse_duration(req.startup_time) if req.startup_time else STARTUP_S,
         chain=req.chain))
     return written, settings

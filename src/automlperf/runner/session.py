@@ -16,15 +16,15 @@ from rich.console import Console
 from rich.live import Live
 
 from automlperf import rules
-from automlperf.config import Config, ConfigError
+from automlperf.config import Config
 from automlperf.errors import RunFailure
 from automlperf.events import FailureKind
-from automlperf.dataset_identity import (SHARED_INDEX, DatasetIdentityError, build_shared_index,
-                                         load_shared_index, problems, scan)
-from automlperf.data_manifest import DataProofError, sample_check
+from automlperf.dataset.shared import SHARED_INDEX
 from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
+from automlperf.runner import dataproof
+from automlperf.runner.dataproof import UNOFFICIAL_HINT
 from automlperf.runner.extension import extend, run_time_done
 from automlperf.runner.joblimits import CHAIN_FILE, MIN_LINK_RUN_S, OVER_FILE
 from automlperf.runner.launch import Launcher, wait_all
@@ -75,9 +75,13 @@ class Session:
 def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume: bool,
             system: dict[str, Any], limit: JobLimit | None = None,
             process_start: float | None = None, listen_all: bool = False,
-            extend_to: float | None = None) -> Session:
+            extend_to: float | None = None,
+            proving: dataproof.Proving | None = None) -> Session:
     """Create the run (or reopen it to resume) and open a new session with its deadline;
     ``extend_to`` first makes a resumed run one of that longer duration (runner/extension.py).
+    The data is read before the clock: a new run identifies it, and every session of a run
+    that reads the official archives proves them again (runner/dataproof.py; ``proving``, the
+    pass begun beside the start-up).
     ``limit`` is the batch job's time limit: a session that could not run its full time
     within it (less what the primary needs after the deadline) is refused before its clock
     starts. A run on a PostgreSQL server gets its store service, which replicas on other
@@ -88,7 +92,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                           "that run, or choose another --run-dir")
     # Scanning the data comes before the clock starts: it is not the benchmark's work.
     scanned = time.time()
-    origin = _origin_or_nothing(config, run_dir) if config is not None and not resume else {}
+    origin = _origin_or_nothing(config, run_dir, proving) if config is not None and not resume else {}
     startup = {**system.get("startup", {}), **origin.pop("startup", {})}
     if config is not None and config.data.data_dir is not None and not resume:
         startup["dataset_s"] = round(time.time() - scanned, 3)
@@ -103,6 +107,16 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         run_id = int(meta["run_id"])
         store = open_store(rd.store_url(store_url), run_dir=run_dir)
         config = Config.load(rd.config)
+        try:
+            startup.update(dataproof.reprove(config, rd, store, run_id, proving))
+        except BaseException:
+            store.close()
+            raise
+        if "data_proof_s" in startup:
+            # The proof came before the clock: its time is the start-up's.
+            now = time.time()
+            if process_start is not None:
+                startup["before_clock_s"] = round(now - process_start, 3)
         # What the logs kept and the store lost goes back first: the epochs, and the
         # outcome of a trial that ended while the store could not hear of it.
         recovered = recover(store, rd, run_id, config)
@@ -159,14 +173,15 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                    recovered, service)
 
 
-def _origin_or_nothing(config: Config, run_dir: Path) -> dict[str, Any]:
+def _origin_or_nothing(config: Config, run_dir: Path,
+                       proving: dataproof.Proving | None = None) -> dict[str, Any]:
     """:func:`record_origin` for a new run; a run refused there (or stopped during the scan)
     leaves the run directory as it found it, so the same command with ``--unofficial`` or
     other data starts in it: the index it saved, and the directory if it made it, go."""
     existed, index = run_dir.exists(), run_dir / SHARED_INDEX
     had_index = index.exists()
     try:
-        return record_origin(config, run_dir=run_dir)
+        return record_origin(config, run_dir=run_dir, proving=proving)
     except BaseException:
         if not had_index:
             shutil.rmtree(index, ignore_errors=True)
@@ -190,35 +205,16 @@ def _check_fits(remaining: float, now: float, limit: JobLimit, startup: dict[str
 
 
 def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT,
-                  run_dir: Path | None = None) -> dict[str, Any]:
+                  run_dir: Path | None = None, proving: dataproof.Proving | None = None,
+                  proof: bool = True) -> dict[str, Any]:
     """What a new run records beside the system description: the ruleset it is judged by,
-    its provenance, and the identity of its data (scanned once, here: with ``run_dir``, the
-    scan's file index is saved there for the replicas, or loaded from there when an earlier
-    step saved it and the data has not changed since). A run that aims to be official
-    (:meth:`Config.strict`) on data that is not the ruleset's dataset is refused before
-    anything is written."""
+    its provenance, and the identity of its data (runner/dataproof.py: the archives proven,
+    or a folder walked once; with ``run_dir``, the index is saved there for the replicas).
+    A run that aims to be official (:meth:`Config.strict`) on data that is not the
+    ruleset's dataset is refused before anything is written; with ``proof`` off, archives
+    are only seen to be there (a job's submission: its sessions prove them)."""
     config.check_official()
-    identity = None
-    index_note: dict[str, Any] = {}
-    if config.data.dataset == ruleset.dataset.name and config.data.data_dir is not None:
-        try:
-            found, index_note = _dataset_scan(config.data.data_dir, run_dir)
-            identity = {**found.summary(), "problems": problems(found, ruleset.dataset)}
-        except DatasetIdentityError as exc:
-            if config.strict():
-                raise ConfigError(f"official run refused: {exc}; {UNOFFICIAL_HINT}") from None
-            # An unofficial run goes on; its replicas say why they cannot read the data.
-            identity = {"layout": None, "classes": 0, "train_images": 0, "val_images": 0,
-                        "files": 0, "fingerprint": None, "problems": [str(exc)]}
-        if ruleset.proven_data and not identity["problems"]:
-            try:
-                identity["proof"] = sample_check(config.data.data_dir, identity["fingerprint"])
-            except DataProofError as exc:
-                identity["problems"].append(str(exc))
-        if config.strict() and identity["problems"]:
-            raise ConfigError(f"official run refused: {config.data.data_dir} is not "
-                              f"{ruleset.dataset.name} as ruleset {ruleset.id} defines it: "
-                              + "; ".join(identity["problems"]) + f"; {UNOFFICIAL_HINT}")
+    identity, index_note = dataproof.identify(config, ruleset, run_dir, proving, proof)
     origin = {"ruleset": ruleset.id, "provenance": provenance.collect(),
               "dataset_identity": identity, "seed": config.new_seed()}
     if index_note:
@@ -226,25 +222,7 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT,
     return origin
 
 
-UNOFFICIAL_HINT = "to run on it anyway as an unofficial run, pass --unofficial"
-
-
-def _dataset_scan(data_dir: Path, run_dir: Path | None) -> tuple[Any, dict[str, Any]]:
-    """The data folder's scan, and how it was had (``index``: built or loaded, and the
-    seconds the walk took), through the run's shared index when there is a run directory."""
-    if run_dir is None:
-        return scan(data_dir), {}
-    shared = load_shared_index(run_dir, data_dir)
-    if shared is None:
-        try:
-            shared = build_shared_index(data_dir, run_dir)
-        except DatasetIdentityError as exc:
-            # A layout the identity reads but training cannot (a val class not in train/,
-            # class folders without images): the identity says what it can; a local run's
-            # replicas name the rest, a batch job is refused before it queues.
-            return scan(data_dir), {"dataset_unusable": str(exc)}
-    return shared.found, {"dataset_index": "built" if shared.built else "loaded",
-                          "dataset_scan_s": round(shared.scan_s, 3)}
+__all__ = ["UNOFFICIAL_HINT", "record_origin"]
 
 
 def replica_states(launcher: Launcher) -> list[str]:
@@ -416,6 +394,8 @@ def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
         wait_all(launcher.procs, s.config.run.stop_grace_s)
     launcher.stop(s.config.run.stop_grace_s)
     end = min(time.time(), s.deadline_at)
+    for line in dataproof.recheck(s.store, s.dir, s.run_id, s.config):
+        console.print(line, highlight=False, soft_wrap=True)
     s.store.end_segment(s.run_id, s.segment, end)
     # A replica killed between its log and the store, or cut off by the store, left its log
     # ahead: the store takes what the logs kept before anything is counted.

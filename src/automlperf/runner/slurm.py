@@ -9,6 +9,7 @@ count and node list of the job, its node's name, the GPUs bound to its step.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -21,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from automlperf.data_manifest import file_sha256
 from automlperf.errors import UserError
 from automlperf.runner.launch import LAUNCHED_ENV, terminate, worker_command
 from automlperf.store.rundir import write_atomic
@@ -114,7 +114,8 @@ class Container:
         if "@sha256:" in self.image:
             self.digest = "sha256:" + self.image.rsplit("@sha256:", 1)[1]
         elif os.path.isfile(self.image):
-            self.digest = "sha256:" + file_sha256(self.image)
+            with open(self.image, "rb") as f:
+                self.digest = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
         return self.digest
 
     def record(self) -> dict[str, str | None]:

@@ -1,13 +1,23 @@
-"""The dataset staged on each node before the clock: ``automlperf stage``, run once per node
-by the batch job (``automlperf slurm --stage-to DIR``).
+"""The run's data staged on each node before the clock: ``automlperf stage``, run once per
+node by the batch job (``automlperf slurm --stage-to DIR``).
 
-Without it every node reads all of ImageNet every epoch, file by file, from the shared file
-system: 30 to 40 thousand opens a second per 8-GPU node, millions at hundreds of nodes. A
-staged node copies the files of the run's index (saved at submission) once, to its own
-storage, checks the copy (every file there with its size, and a sample of their contents
-against the originals), and records where it is in ``RUN_DIR/staging/<node>.json``; its
-replica then reads the copy (runner/worker.py). The copy is kept for a resubmission of the
-run on the same node, and removed with ``--clean`` at the job's end; the record stays.
+Without it every node reads the data from the shared file system every epoch. A staged node
+copies it once, to its own storage, records where in ``RUN_DIR/staging/<node>.json``, and its
+replica reads the copy (runner/nodedata.py). A node whose staging fails says why in its log,
+and its replica reads the shared copy; each replica's node description says which it read,
+and result.json counts them (``data_sources``).
+
+* The official archives (this module): three large files copied one after the other, each
+  read once, sequentially, its MD5 computed on the way (the replica holds it to the MD5s its
+  session proved), the free space checked first, the copy written to disk (``fsync``) and
+  verified by reading it back from the disk (a CRC-32 of what was read against one of what was
+  written), the seconds of each part recorded. A copy already there (a resubmitted job, a
+  chain's next job on the node) is read again, not copied: its MD5 is this job's own.
+* A folder (runner/stagefolder.py): the files of the run's index copied one by one, for
+  unofficial runs; at scale its metadata operations are the shared file system's problem
+  (``bench/RESULTS.md``, "Staging that fits 512 nodes").
+
+The copy is removed with ``--clean`` at the job's end; the record stays, renamed.
 """
 
 from __future__ import annotations
@@ -15,29 +25,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
+import queue
 import shutil
 import socket
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import zlib
 from pathlib import Path
 from typing import Any
 
-from automlperf.dataset_identity import SHARED_INDEX, FileIndex, read_index_meta
-from automlperf.errors import UserError
-from automlperf.store.rundir import write_atomic
+from automlperf.config import Config
+from automlperf.dataset.archive import NAMES, identity_of, is_archive_folder
+from automlperf.dataset.shared import node_name
+from automlperf.runner.stagefolder import StagingError, stage_folder
+from automlperf.store.rundir import RunDir, write_atomic
+
+__all__ = ["StagingError", "clean", "local_record", "local_root", "stage", "staged_root"]
 
 STAGING = "staging"
-SAMPLE = 500  # files whose content is compared, as the official data proof samples
 HEADROOM = 1.02  # the file system's own blocks beside the files' bytes
-
-
-class StagingError(UserError, RuntimeError):
-    """The data could not be staged on this node; the message says what to do."""
-
-
-def node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+CHUNK = 8 << 20
 
 
 def record_path(run_dir: Path, node: str | None = None) -> Path:
@@ -50,107 +57,136 @@ def staged_root(run_dir: Path, local: Path) -> Path:
     return Path(local) / f"automlperf-{Path(run_dir).resolve().name}-{node_name()}"
 
 
-def _index(run_dir: Path) -> tuple[FileIndex, dict[str, Any]]:
-    folder = Path(run_dir) / SHARED_INDEX
-    if not (folder / FileIndex.META).exists():
-        raise StagingError(f"{run_dir} has no dataset index to stage from: write the job with "
-                           "`automlperf slurm --data-dir DIR`, which saves it")
-    return FileIndex.load(folder), read_index_meta(folder)
+def run_data_dir(run_dir: Path) -> Path | None:
+    """The data folder of the run's configuration (the submitted one before the run began)."""
+    rd = RunDir(Path(run_dir))
+    path = rd.config if rd.config.exists() else Path(run_dir) / "submitted-config.toml"
+    if not path.exists():
+        return None
+    data_dir = Config.load(path).data.data_dir
+    return None if data_dir is None else Path(data_dir)
 
 
 def stage(run_dir: Path, local: Path, threads: int = 16, seed: int | None = None) -> dict[str, Any]:
-    """Copy the run's dataset to ``local`` on this node, check it, and record it; what was
-    recorded. A copy already there (a resubmitted job) is checked and kept, not copied again."""
+    """Stage the run's data on this node, check it, and record it; what was recorded. This
+    node's record of an earlier job goes first: a failed staging leaves none."""
+    record = record_path(run_dir)
+    record.unlink(missing_ok=True)
+    source = run_data_dir(run_dir)
+    if source is not None and is_archive_folder(source):
+        done = stage_archives(run_dir, source, local)
+    else:
+        done = stage_folder(run_dir, staged_root(run_dir, local), local, threads, seed)
+    record.parent.mkdir(exist_ok=True)
+    write_atomic(record, json.dumps(done, indent=1) + "\n")
+    return done
+
+
+def _copy(src: Path, dst: Path) -> tuple[str, int, float]:
+    """Copy ``src`` to ``dst`` in large sequential reads, hashing what is read (MD5, and a
+    CRC-32 to verify the copy by) in a thread beside the reads and writes; (MD5, CRC-32,
+    seconds)."""
     started = time.perf_counter()
-    index, meta = _index(run_dir)
-    source = Path(index.root)
-    if not source.is_dir():
-        raise StagingError(f"{source} is not readable on {node_name()}: staging reads the "
-                           "dataset from the shared file system once")
+    md5, crc = hashlib.md5(), [0]
+    chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+
+    def digest() -> None:
+        while (chunk := chunks.get()) is not None:
+            md5.update(chunk)
+            crc[0] = zlib.crc32(chunk, crc[0])
+
+    hasher = threading.Thread(target=digest, name="automlperf-stage-md5", daemon=True)
+    hasher.start()
+    part = dst.with_name(dst.name + ".part")
+    try:
+        with open(src, "rb", buffering=0) as fin, open(part, "wb", buffering=0) as fout:
+            try:
+                os.posix_fadvise(fin.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except (OSError, AttributeError):
+                pass
+            while chunk := fin.read(CHUNK):
+                chunks.put(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[fout.write(view):]
+            os.fsync(fout.fileno())
+    finally:
+        chunks.put(None)
+        hasher.join()
+    os.replace(part, dst)
+    return md5.hexdigest(), crc[0], time.perf_counter() - started
+
+
+def _read_back(path: Path, md5: bool) -> tuple[str | None, int, float]:
+    """(MD5 if asked, CRC-32, seconds) of a file read from the disk (its pages dropped from
+    the cache first, so that the disk's copy is what is read)."""
+    started = time.perf_counter()
+    digest, crc = hashlib.md5() if md5 else None, 0
+    with open(path, "rb", buffering=0) as f:
+        try:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):
+            pass
+        while chunk := f.read(CHUNK):
+            if digest is not None:
+                digest.update(chunk)
+            crc = zlib.crc32(chunk, crc)
+    return None if digest is None else digest.hexdigest(), crc, time.perf_counter() - started
+
+
+def stage_archives(run_dir: Path, source: Path, local: Path) -> dict[str, Any]:
+    """Copy the three archives to this node, one after the other (see the module's
+    description); what the node's record holds."""
+    started = time.perf_counter()
     target = staged_root(run_dir, local)
-    rels = [index.relative(r) for r in range(len(index))]
-    need = meta.get("bytes")
-    if need is None:  # an index saved before sizes were kept
-        with ThreadPoolExecutor(threads) as pool:
-            need = sum(pool.map(lambda rel: os.stat(source / rel).st_size, rels))
-    Path(local).mkdir(parents=True, exist_ok=True)
-    have = _bytes_there(target, rels)
+    if not Path(local).is_dir():
+        raise StagingError(f"{local} does not exist on {node_name()}: give --stage-to a "
+                           "node-local folder that exists on every node (its own mount)")
+    sizes = {}
+    for part, name in NAMES.items():
+        try:
+            sizes[part] = (source / name).stat().st_size
+        except OSError as exc:
+            raise StagingError(f"{source / name} is not readable on {node_name()} "
+                               f"({exc.strerror or exc}): staging reads the shared copy once") from None
+    have = {part: (target / name).stat().st_size if (target / name).is_file() else -1
+            for part, name in NAMES.items()}
+    need = sum(size for part, size in sizes.items() if have[part] != size)
     free = shutil.disk_usage(local).free
-    if (need - have) * HEADROOM > free:
+    if need * HEADROOM > free:
         raise StagingError(f"{local} on {node_name()} has {free / 1e9:.2f} GB free and the "
-                           f"dataset needs {(need - have) / 1e9:.2f} GB more: give "
-                           "--stage-to a larger node-local folder, or run without staging")
-    for folder in sorted({rel.rsplit("/", 1)[0] for rel in rels}):
-        (target / folder).mkdir(parents=True, exist_ok=True)
-
-    def copy(rel: str) -> tuple[int, int]:
-        """(the original's size, the bytes copied)."""
-        src, dst = source / rel, target / rel
-        size = os.stat(src).st_size
-        try:
-            if os.stat(dst).st_size == size:
-                return size, 0  # kept from an earlier staging of this run
-        except FileNotFoundError:
-            pass
-        partial = dst.with_name(dst.name + ".part")
-        shutil.copyfile(src, partial)
-        os.replace(partial, dst)
-        return size, size
-
-    done: list[tuple[int, int]] = []
-    with ThreadPoolExecutor(threads) as pool:
-        # In slices: a million futures at once would hold gigabytes.
-        for start in range(0, len(rels), 10_000):
-            done.extend(pool.map(copy, rels[start:start + 10_000]))
-    copied = sum(c for _, c in done)
-    copy_s = time.perf_counter() - started
-    sample = _check(source, target, rels, [size for size, _ in done], seed)
-    record = {"node": node_name(), "host": socket.gethostname(), "root": str(target),
-              "source": str(source), "files": len(rels), "bytes": need, "copied_bytes": copied,
-              "sample": sample, "copy_s": round(copy_s, 3),
-              "staging_s": round(time.perf_counter() - started, 3), "at": time.time()}
-    path = record_path(run_dir)
-    path.parent.mkdir(exist_ok=True)
-    write_atomic(path, json.dumps(record, indent=1) + "\n")
-    return record
-
-
-def _bytes_there(target: Path, rels: list[str]) -> int:
-    if not target.exists():
-        return 0
-    total = 0
-    for rel in rels:
-        try:
-            total += os.stat(target / rel).st_size
-        except FileNotFoundError:
-            pass
-    return total
-
-
-def _check(source: Path, target: Path, rels: list[str], sizes: list[int],
-           seed: int | None) -> int:
-    """Every file of the index is in the copy with the original's size (one ``stat`` each,
-    on local storage), and a sample of them has the original's content; the sample's size."""
-    for rel, size in zip(rels, sizes):
-        try:
-            if os.stat(target / rel).st_size != size:
-                raise StagingError(f"{target / rel} differs in size from {source / rel}: the "
-                                   "copy is damaged (the local disk?); remove "
-                                   f"{target} and stage again")
-        except FileNotFoundError:
-            raise StagingError(f"{target / rel} is missing after staging: remove {target} "
-                               "and stage again") from None
-    chosen = random.Random(seed).sample(rels, min(SAMPLE, len(rels)))
-    for rel in chosen:
-        if _digest(source / rel) != _digest(target / rel):
-            raise StagingError(f"{target / rel} differs in content from {source / rel}: "
-                               f"remove {target} and stage again")
-    return len(chosen)
-
-
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+                           f"archives need {need / 1e9:.2f} GB more: give --stage-to a larger "
+                           "node-local folder, or run without staging")
+    target.mkdir(exist_ok=True)
+    archives: dict[str, Any] = {}
+    copied = 0
+    times = {"copy_s": 0.0, "verify_s": 0.0, "hash_kept_s": 0.0}
+    for part, name in NAMES.items():
+        dst = target / name
+        if have[part] == sizes[part]:
+            # Kept from an earlier job on this node: read again, its MD5 this job's own.
+            kept, _, seconds = _read_back(dst, md5=True)
+            assert kept is not None
+            md5 = kept
+            times["hash_kept_s"] += seconds
+        else:
+            md5, crc, seconds = _copy(source / name, dst)
+            times["copy_s"] += seconds
+            copied += sizes[part]
+            _, crc_back, verify_s = _read_back(dst, md5=False)
+            times["verify_s"] += verify_s
+            if crc_back != crc:
+                dst.unlink(missing_ok=True)
+                raise StagingError(f"{dst} differs from what was copied into it (read back "
+                                   "from the disk): the local disk is damaged; stage again, "
+                                   "or run without staging")
+        archives[part] = {"name": name, "md5": md5, **identity_of(os.stat(dst))}
+    total = sum(sizes.values())
+    return {"kind": "archives", "node": node_name(), "host": socket.gethostname(),
+            "root": str(target), "source": str(source), "files": len(NAMES), "bytes": total,
+            "copied_bytes": copied, "archives": archives,
+            **{k: round(v, 3) for k, v in times.items()},
+            "staging_s": round(time.perf_counter() - started, 3), "at": time.time()}
 
 
 def clean(run_dir: Path, local: Path) -> bool:
@@ -171,10 +207,16 @@ def clean(run_dir: Path, local: Path) -> bool:
     return True
 
 
+def local_record(run_dir: Path) -> dict[str, Any] | None:
+    """This node's staging record, if its copy is there to read."""
+    try:
+        record = json.loads(record_path(run_dir).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "root" in record else None
+
+
 def local_root(run_dir: Path) -> str | None:
     """This node's staged copy of the run's data, if its record says there is one."""
-    path = record_path(run_dir)
-    try:
-        return str(json.loads(path.read_text())["root"])
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
+    record = local_record(run_dir)
+    return None if record is None else str(record["root"])

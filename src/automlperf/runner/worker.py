@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from automlperf.config import Config
-from automlperf.dataset_identity import SHARED_INDEX, DatasetIdentityError, FileIndex, check_data_here
+from automlperf.dataset.index import DatasetIdentityError
 from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
 from automlperf.errors import UserError
 from automlperf.measure.ceiling import run_measurement
 from automlperf.measure.monitor import SampleCopier
 from automlperf.measure.provenance import software
 from automlperf.runner.launch import LAUNCHED_ENV, process_started_at
-from automlperf.runner.staging import local_root
+from automlperf.runner import nodedata
 from automlperf.runner.replica import Placement, Replica
 from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch, batch_range, journal_path
@@ -89,32 +89,25 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         log.info("reading the dataset at %s (the run's %s)", data_root, config.data.data_dir)
         config = config.model_copy(update={"data": config.data.model_copy(
             update={"data_dir": data_root})})
-    shared, data_dir = rd.path / SHARED_INDEX, config.data.data_dir
-    index_dir = None
-    if config.data.dataset == "imagenet" and data_dir is not None and \
-            (shared / FileIndex.META).exists():
-        # The primary's scan serves every replica (none walks the folder): the data need
-        # only be on this node, which is checked here, once. A node that staged the data
-        # (runner/staging.py) reads its own copy.
-        local = local_root(rd.path)
-        if local is not None:
-            try:
-                check_data_here(shared, local)
-                data_dir = Path(local)
-                config = config.model_copy(update={"data": config.data.model_copy(
-                    update={"data_dir": data_dir})})
-                log.info("reading the dataset staged on this node, %s", local)
-            except DatasetIdentityError as exc:
-                log.warning("the dataset staged on this node is not usable (%s); reading "
-                            "%s instead", exc, data_dir)
-        check_data_here(shared, data_dir)
-        index_dir = str(shared)
     store = open_run_store(rd.path, url)
     recorded = store.run(run_id)["system"]
     refuse_other_code(recorded.get("provenance") or {})
     # The seed the run drew at its start, when its configuration names none.
     config = config.model_copy(update={"run": config.run.model_copy(
         update={"seed": config.seed_used(recorded)})})
+    index_dir, data_record = None, None
+    if config.data.dataset == "imagenet" and config.data.data_dir is not None:
+        # The data need only be on this node, checked here, once: the copy staged on it, or
+        # the shared one (runner/nodedata.py).
+        try:
+            here = nodedata.for_replica(rd.path, Path(config.data.data_dir), recorded)
+        except BaseException:
+            store.close()
+            raise
+        if here is not None:
+            index_dir, data_record = str(here.index_dir), here.record
+            config = config.model_copy(update={"data": config.data.model_copy(
+                update={"data_dir": here.data_dir})})
     wanted = devices or config.run.devices_per_replica
     trainer: Trainer
     measure = None
@@ -149,7 +142,10 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         """The node's description and the software this replica trains with (``check``
         holds it to the run's)."""
         found = describe_node(started)
-        return None if found is None else {**found, "software": software()}
+        if found is None:
+            return None
+        # Which copy of the data it reads, and what it was: result.json counts them.
+        return {**found, "software": software(), **({"data": data_record} if data_record else {})}
 
     def describe_node(started: dict[str, Any] | None) -> dict[str, Any] | None:
         """The node's description: before the training processes start (None: after, from

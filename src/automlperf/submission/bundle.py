@@ -18,6 +18,7 @@ safetensors.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from automlperf.data_manifest import file_sha256
 from automlperf.errors import UserError
 from automlperf.store.records import RECORDS, read_versioned
 
@@ -44,7 +44,8 @@ class BundleError(UserError, ValueError):
 
 
 def sha256(path: Path) -> str:
-    return file_sha256(path)
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def files(folder: Path) -> list[str]:

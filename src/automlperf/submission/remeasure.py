@@ -107,6 +107,31 @@ def revalidate(root: Path, records: RunRecords, run_id: int, config: Config,
     return _remeasure(trial, epoch, weights, config, folder, device)
 
 
+def _validation_index(folder: Path | None) -> str | None:
+    """For the official archives, an index of the validation archive alone (the training
+    archive, 138 GB, is neither read nor needed to re-measure an accuracy): its folder, made
+    here once per archive folder and process. None for a folder, which is walked."""
+    from automlperf.dataset.archive import is_archive_folder
+    from automlperf.train.data.index import scan_image_folder
+
+    if folder is None or not is_archive_folder(folder):
+        return None
+    key = str(Path(folder).resolve())
+    if key not in _val_indexes:
+        import atexit
+        import shutil
+        import tempfile
+
+        where = tempfile.mkdtemp(prefix="automlperf-val-index-")
+        atexit.register(shutil.rmtree, where, True)
+        scan_image_folder(folder, splits=("val",)).save(where)
+        _val_indexes[key] = where
+    return _val_indexes[key]
+
+
+_val_indexes: dict[str, str] = {}
+
+
 def _remeasure(trial: TrialRecord, epoch: EpochRecord, weights: Path, config: Config,
                folder: Path | None, device_name: str | None) -> Revalidation:
     import torch
@@ -128,7 +153,7 @@ def _remeasure(trial: TrialRecord, epoch: EpochRecord, weights: Path, config: Co
     problem = None
     correct = seen = 0
     try:
-        data = load(section, device_type=device.type)
+        data = load(section, _validation_index(folder), device_type=device.type)
         if (graph.input_shape, graph.num_classes) != (data.input_shape, data.num_classes):
             problem = (f"trial {trial.id}'s architecture takes {graph.input_shape} images in "
                        f"{graph.num_classes} classes, but the data given are "

@@ -10,10 +10,12 @@ What ``automlperf check`` compares here, once the store and the logs agree:
   deleting or changing the key switches nothing off;
 * system.json with the system description the run recorded in its store when it was
   created (host, CPU, accelerators, provenance, dataset identity);
-* the dataset identity, provenance, node descriptions and time breakdown with the store's,
-  and the data folder, when reachable, with the fingerprint recorded at the start and,
-  where the run proved its data by content, another random sample of its files with the
-  manifest (:mod:`automlperf.data_manifest`).
+* the dataset identity, provenance, node descriptions and time breakdown with the store's;
+* the data: a run on the official archives has every session's recorded MD5s equal to the
+  ruleset's published ones where it claims to be official, and, given the list keeper's own
+  archives (``data_dir``), their MD5s computed here equal to the recorded ones; a folder,
+  when reachable, has the fingerprint recorded at the start (it is rescanned). Nothing is
+  sampled: the proof is each session's own computation (automlperf.dataset.proof).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from typing import Any
 
 from automlperf import rules
 from automlperf.config import Config
-from automlperf.data_manifest import DataProofError, sample_check
-from automlperf.dataset_identity import DatasetIdentityError, scan
+from automlperf.dataset.archive import NAMES, is_archive_folder, md5_of
+from automlperf.dataset.folder import scan
+from automlperf.dataset.index import ARCHIVES, DatasetIdentityError
+from automlperf.dataset.proof import sessions
 from automlperf.measure.breakdown import ADDED_PARTS, PARTS
 from automlperf.measure.provenance import digest
 from automlperf.store.rundir import RunDir
@@ -81,7 +85,7 @@ def check_result(rd: RunDir, config: Config, fresh: dict[str, Any], stored: dict
         _check_ruleset(recorded, fresh, bad)  # a list shows result.json's
     if "ruleset" in stored or era:
         _check_records(recorded, fresh, bad)
-        _check_data(config, fresh, bad, data_dir)
+        _check_data(config, fresh, bad, data_dir, stored)
     _check_system_file(rd, stored, bad)
     legacy = fresh["ruleset"] in LEGACY_RULESETS
     for name in COMPARED + LISTED + LISTED_LATER:
@@ -195,12 +199,18 @@ def _check_records(recorded: dict[str, Any], fresh: dict[str, Any], bad: list[st
 
 
 def _check_data(config: Config, fresh: dict[str, Any], bad: list[str],
-                data_dir: Path | None = None) -> None:
-    """Rescan the data folder (``data_dir``, else the run's) when it is reachable: it must be
-    the data the run used."""
+                data_dir: Path | None = None, system: dict[str, Any] | None = None) -> None:
+    """The run's data: the official archives' recorded MD5s (and the keeper's own archives
+    when ``data_dir`` holds them), or a folder rescanned when it is reachable (``data_dir``,
+    else the run's): it must be the data the run used."""
     identity = fresh.get("dataset_identity")
+    if not identity:
+        return
+    if identity.get("source") == ARCHIVES:
+        _check_archives(fresh, bad, data_dir, system or {"dataset_identity": identity})
+        return
     folder = data_dir if data_dir is not None else config.data.data_dir
-    if not identity or folder is None or not Path(folder).is_dir():
+    if folder is None or not Path(folder).is_dir() or is_archive_folder(folder):
         return
     try:
         now = scan(folder).fingerprint
@@ -213,15 +223,50 @@ def _check_data(config: Config, fresh: dict[str, Any], bad: list[str],
         bad.append(f"{folder}: the data's fingerprint is now {now}, but the run recorded "
                    f"{identity.get('fingerprint')} (files were added, removed, renamed or "
                    "changed)")
+
+
+# The MD5s of archives read by this process, by path and identity: a list keeper's archives
+# are read once for all the entries of a list.
+_md5s: dict[tuple[str, tuple[int, ...]], str] = {}
+
+
+def _keeper_md5(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+    if key not in _md5s:
+        _md5s[key] = md5_of(path)[0]
+    return _md5s[key]
+
+
+def _check_archives(fresh: dict[str, Any], bad: list[str], data_dir: Path | None,
+                    system: dict[str, Any]) -> None:
+    """Every session's recorded MD5s are the ruleset's published ones where the result is
+    official, and the archives in ``data_dir`` (the keeper's), read here, are the ones every
+    session recorded."""
+    ruleset = rules.get(fresh.get("ruleset"))
+    published = {part: md5 for part, (_, md5) in ruleset.dataset.archives.items()}
+    recorded = [s for s in sessions(system) if s.get("source") == ARCHIVES]
+    if fresh.get("official") and ruleset.archive_proof:
+        for number, s in enumerate(recorded, start=1):
+            proof = s.get("proof") or {}
+            for part, md5 in published.items():
+                got = (proof.get("archives", {}).get(part) or {}).get("md5")
+                if got != md5:
+                    bad.append(f"session {number} recorded {NAMES[part]} with MD5 {got}, and "
+                               f"ruleset {ruleset.id} publishes {md5}: not official")
+    if data_dir is None or not is_archive_folder(data_dir):
         return
-    proof = identity.get("proof")
-    if proof:
-        # Another sample than the run's: files forged after the run's check are found too.
+    for part, name in NAMES.items():
+        path = Path(data_dir) / name
+        if not path.is_file():
+            continue  # a keeper may hold the validation archive and the devkit only
         try:
-            again = sample_check(folder, now)
-        except DataProofError as exc:
-            bad.append(f"the data's proof: {exc}")
-            return
-        if again["root"] != proof.get("root"):
-            bad.append(f"{folder}: its manifest's root digest is now {again['root']}, but the "
-                       f"run recorded {proof.get('root')}")
+            mine = _keeper_md5(path)
+        except (OSError, DatasetIdentityError) as exc:
+            bad.append(f"{path}: cannot be read ({exc})")
+            continue
+        for number, s in enumerate(recorded, start=1):
+            got = ((s.get("proof") or {}).get("archives", {}).get(part) or {}).get("md5")
+            if got != mine:
+                bad.append(f"{path} has MD5 {mine}, but session {number} of the run recorded "
+                           f"{got} for its {name}: not the same archive")

@@ -1,5 +1,6 @@
-"""The same folders decoded by NVIDIA DALI (the ``dali`` extra): on the GPU (nvJPEG) when
-the rank has one, else with DALI's CPU decoders.
+"""The same images decoded by NVIDIA DALI (the ``dali`` extra): on the GPU (nvJPEG) when
+the rank has one, else with DALI's CPU decoders. DALI's external source is fed each step's
+bytes as the dataset's reader reads them (an archive's images by ``pread``, a folder's files).
 
 Not the reference's function (train/data/transform.py): DALI draws its own random crops and
 flips and resizes with its own filter, so it is chosen only when asked (``data.dali``) and
@@ -108,7 +109,7 @@ class _DaliLoader:
         kept: list[int] = []
         for row in rows:
             try:
-                data = np.fromfile(self.ds.index.path(row), dtype=np.uint8)
+                data = np.frombuffer(self.ds.reader.read(row), dtype=np.uint8)
             except OSError:
                 continue
             if data.size:
@@ -143,7 +144,7 @@ class _DaliLoader:
             images, kept = self._decode(train, wanted)
             labels = torch.from_numpy(self.ds.index.labels[kept].astype(np.int64))
             lost = sorted(set(wanted) - set(kept))
-            example = f"{self.ds.index.path(lost[0])}: DALI cannot read or decode it" if lost else ""
+            example = f"{self.ds.reader.name(lost[0])}: DALI cannot read or decode it" if lost else ""
             yield (images.to(self.device, non_blocking=True),
                    labels.to(self.device, non_blocking=True), len(wanted) - len(kept), example)
 

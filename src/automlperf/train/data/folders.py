@@ -1,4 +1,5 @@
-"""ImageNet-style folders decoded by worker processes: random-resized-crop and flip for
+"""ImageNet decoded by worker processes, its images read from the official archives or from a
+folder through the dataset layer's reader (dataset/reader.py): random-resized-crop and flip for
 training, resize and centre crop for validation (train/data/transform.py, the one reference
 every decoder obeys). One loader per trial (train/data/loader.py) keeps its workers for every
 pass; they take chunks of a batch from one queue and write the images in place into a ring of
@@ -20,7 +21,9 @@ import numpy as np
 import torch
 
 from automlperf.train.data.base import IMAGENET_MEAN, IMAGENET_STD, DataError, Dataset
-from automlperf.train.data.index import FileIndex, load_index, scan_image_folder
+from automlperf.dataset.index import DatasetIdentityError
+from automlperf.dataset.reader import Reader, reader_for
+from automlperf.train.data.index import load_index, scan_image_folder
 from automlperf.train.data.loader import FolderLoader, close_open_loaders
 from automlperf.train.data.transform import decode_file
 from automlperf.train.data.valcache import ValidationCache, shard_images
@@ -113,15 +116,19 @@ def _size(n: int) -> str:
 
 
 class _FolderChunks:
-    """Decodes images of a folder as the workers do (kept for callers that decode one image
+    """Decodes images of a dataset as the workers do (kept for callers that decode one image
     at a time)."""
 
-    def __init__(self, index: FileIndex, size: int, seed: int) -> None:
-        self.index, self.size, self.seed = index, size, seed
+    def __init__(self, reader: Reader, size: int, seed: int) -> None:
+        self.reader, self.index, self.size, self.seed = reader, reader.index, size, seed
 
     def _decode(self, row: int, train: bool, epoch: int, out: np.ndarray) -> str | None:
         """Decode one image into ``out``; None, or why it cannot be read."""
-        return decode_file(self.index.path(row), self.size, train, self.seed, epoch, row, out)
+        try:
+            source = self.reader.image(row)
+        except OSError as exc:
+            return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        return decode_file(source, self.size, train, self.seed, epoch, row, out)
 
 
 # A process that exits without releasing its loaders (a script, a test) ends their workers
@@ -131,17 +138,26 @@ _FolderLoader = FolderLoader  # the name the rank-state test counts
 
 
 class ImageFolderDataset(Dataset):
-    """ImageNet-style folders decoded by worker processes, one loader per trial."""
+    """ImageNet from its archives or a folder, decoded by worker processes, one loader per
+    trial. Its ``reader`` (made here, in the rank: an archive is opened once, held to the
+    identity the run proved, and shared with the workers it forks) reads every image."""
 
     def __init__(self, root: Path | str | None, image_size: int = 224, workers: int = 4,
                  name: str = "imagenet", index_dir: Path | str | None = None,
                  shared_budget: int = SHARED_BUDGET, chunk_images: int = CHUNK_IMAGES) -> None:
         super().__init__()
         if root is None:
-            raise DataError("imagenet needs --data-dir: a folder with train/<class>/*.JPEG and "
+            raise DataError("imagenet needs --data-dir: the folder holding the ILSVRC-2012 "
+                            "archives, or a folder with train/<class>/*.JPEG and "
                             "val/<class>/*.JPEG")
         self.root = Path(root)
         self.index = load_index(index_dir, self.root) if index_dir else scan_image_folder(self.root)
+        try:
+            self.reader: Reader = reader_for(self.index)
+        except DatasetIdentityError as exc:
+            raise DataError(str(exc)) from None
+        except OSError as exc:
+            raise DataError(f"{self.root}: the data cannot be opened ({exc})") from None
         self.classes = self.index.classes
         self.name, self.num_classes, self.channels = name, len(self.classes), 3
         self.image_size, self.workers = image_size, workers

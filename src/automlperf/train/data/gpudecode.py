@@ -323,7 +323,7 @@ class GpuStage(EventHandoff):
 
     def deliver(self, slot: int, n: int, keep: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         self.step = decode_slot(self.ring, slot, n, self.loader.decoder,  # type: ignore[arg-type]
-                                self.device, self.streams, self.loader.ds.index.path)
+                                self.device, self.streams, self.loader.ds.reader.name)
         if self.step.event is not None:
             self._last[slot] = self.step.event
         return self.step.images, self.step.labels

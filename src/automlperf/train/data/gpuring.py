@@ -24,14 +24,13 @@ Nothing here imports torch: the rank page-locks the ring after the fork (gpudeco
 from __future__ import annotations
 
 import io
-import os
 import time
 from typing import Any
 
 import numpy as np
 
 from automlperf.train.data import jpeghead
-from automlperf.train.data.index import FileIndex
+from automlperf.dataset.reader import FolderReader, Opened, Reader
 from automlperf.train.data.ring import UNREADABLE, Done, Task, shared_bytes
 from automlperf.train.data.transform import (DECODE_ERRORS, Box, decode_box, train_params,
                                              val_params)
@@ -98,68 +97,52 @@ class GpuRing:
             self.buffer.close()
 
 
-def _open(path: str) -> int | str:
-    """A descriptor of ``path``, its contents asked for ahead (the chunk's reads then overlap
-    storage latency), or why it cannot be opened."""
+def _opened(reader: Reader, row: int) -> Opened | str:
+    """The image of ``row`` ready to be read (its reading asked for ahead: the chunk's reads
+    then overlap the storage's latency), or why it cannot be opened."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return reader.open(row)
     except OSError as exc:
         return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except (OSError, AttributeError):
-        pass  # advice only
-    return fd
 
 
-def _read(fd: int, into: memoryview) -> int:
-    """Read the file into ``into``; the bytes read (fewer if it shrank)."""
-    got = 0
-    while got < len(into):
-        n = os.readv(fd, [into[got:]])
-        if n == 0:
-            break
-        got += n
-    return got
-
-
-def stage_chunk(ring: GpuRing, index: FileIndex, seed: int, task: Task, worker: int) -> Done:
-    """The host stage of the task's places (in a worker, or in the rank without workers)."""
+def stage_chunk(ring: GpuRing, reader: Reader, seed: int, task: Task, worker: int) -> Done:
+    """The host stage of the task's places (in a worker, or in the rank without workers),
+    each image's bytes read through ``reader`` straight into the slot's byte area."""
     ticket, slot, start, stop, train, epoch = task
     began, cpu = time.perf_counter(), time.process_time()
     size, image_bytes = ring.size, ring.image_bytes
     area = memoryview(ring.files[slot])
     at, end = start * ring.place_bytes, stop * ring.place_bytes
     bad, example = 0, ""
-    paths = [index.path(int(row)) for row in ring.rows[slot, start:stop]]
-    fds = [_open(p) for p in paths]  # all first: the reads below find them under way
-    for pos, path, fd in zip(range(start, stop), paths, fds):
-        row = int(ring.rows[slot, pos])
+    rows = [int(row) for row in ring.rows[slot, start:stop]]
+    opened = [_opened(reader, row) for row in rows]  # all first: the reads find them under way
+    for pos, row, image in zip(range(start, stop), rows, opened):
         room = end - at - (stop - pos - 1) * image_bytes  # the later places' pixels kept free
         error, data, in_area = "", None, False
-        if isinstance(fd, str):
-            error = fd
+        if isinstance(image, str):
+            error = image
         else:
             try:
-                n = os.fstat(fd).st_size
+                n = image.size
                 in_area = n <= room
                 if in_area:
-                    data = area[at:at + _read(fd, area[at:at + n])]
+                    data = area[at:at + image.readinto(area[at:at + n])]
                 else:
-                    data = memoryview(os.read(fd, n) if n else b"")
+                    data = memoryview(image.read() if n else b"")
             except OSError as exc:
                 error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
             finally:
-                os.close(fd)
+                image.close()
         if data is not None:
             error = _place(ring, slot, pos, row, data, at, in_area, train, seed, epoch, size)
         if error:
             ring.route[slot, pos] = NONE
             ring.labels[slot, pos] = UNREADABLE
             bad += 1
-            example = f"{path}: {error}"
+            example = f"{reader.name(row)}: {error}"
             continue
-        ring.labels[slot, pos] = int(index.labels[row])
+        ring.labels[slot, pos] = int(reader.index.labels[row])
         ring.offset[slot, pos] = at
         at += int(ring.length[slot, pos])
     return Done(ticket, start, worker, time.perf_counter() - began, time.process_time() - cpu,
@@ -226,5 +209,5 @@ def stage_files(paths: list[str], size: int, train: bool, seed: int = 0, epoch: 
     ring = GpuRing(1, len(paths), size, shared=False)
     ring.rows[0] = first_row + np.arange(len(paths))
     task = (0, 0, 0, len(paths), train, epoch)
-    stage_chunk(ring, _Files(paths, first_row), seed, task, 0)  # type: ignore[arg-type]
+    stage_chunk(ring, FolderReader(_Files(paths, first_row)), seed, task, 0)  # type: ignore[arg-type]
     return ring

@@ -107,7 +107,7 @@ class FolderLoader:
         self.seed, self.device, self.plan = seed, device, plan
         workers = ds.workers
         self.ring = self._make_ring(per_rank + 2, shared=workers > 0)
-        self.pool = DecodePool(self.ring, ds.index, seed, workers, self.job) if workers else None
+        self.pool = DecodePool(self.ring, ds.reader, seed, workers, self.job) if workers else None
         self.handoff = self._make_handoff()  # page-locks after the fork
         self.stats = LoaderStats([WorkerStats() for _ in range(max(1, workers))])
         self._queue: deque[_Batch] = deque()  # in the order they will be asked for
@@ -231,7 +231,7 @@ class FolderLoader:
         for start in sorted(batch.pending):
             task = (batch.ticket, batch.slot, start, min(n, start + chunk),
                     batch.key[0] == "train", batch.key[1])
-            self._record(self.job(self.ring, self.ds.index, self.seed, task, 0))
+            self._record(self.job(self.ring, self.ds.reader, self.seed, task, 0))
 
     def _wait(self, batch: _Batch) -> None:
         """Until ``batch`` is decoded; waits for a slot's copy are waits for the device."""

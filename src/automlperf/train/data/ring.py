@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from automlperf.train.data.base import DataError
-from automlperf.train.data.index import FileIndex
+from automlperf.dataset.reader import Reader
 from automlperf.train.data.transform import decode_file
 
 SHM_DIR = "/dev/shm"
@@ -103,31 +103,37 @@ class Ring:
             self.buffer.close()
 
 
-def decode_chunk(ring: Ring, index: FileIndex, seed: int, task: Task, worker: int) -> Done:
-    """Decode the task's places of its slot (in a worker, or in the rank without workers)."""
+def decode_chunk(ring: Ring, reader: Reader, seed: int, task: Task, worker: int) -> Done:
+    """Decode the task's places of its slot (in a worker, or in the rank without workers),
+    each image's bytes read through ``reader`` (its file, or its place in an archive)."""
     ticket, slot, start, stop, train, epoch = task
     began, cpu = time.perf_counter(), time.process_time()
     bad, example = 0, ""
-    labels = index.labels
+    labels = reader.index.labels
     for pos in range(start, stop):
         row = int(ring.rows[slot, pos])
-        path = index.path(row)
-        error = decode_file(path, ring.size, train, seed, epoch, row, ring.images[slot, pos])
+        try:
+            source = reader.image(row)
+        except OSError as exc:
+            error: str | None = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        else:
+            error = decode_file(source, ring.size, train, seed, epoch, row, ring.images[slot, pos])
         if error is None:
             ring.labels[slot, pos] = int(labels[row])
         else:
             ring.labels[slot, pos] = UNREADABLE
             bad += 1
-            example = f"{path}: {error.replace(' ' + repr(path), '')}"
+            name = reader.name(row)
+            example = f"{name}: {error.replace(' ' + repr(name), '')}"
     return Done(ticket, start, worker, time.perf_counter() - began, time.process_time() - cpu,
                 stop - start, bad, example)
 
 
 # What a worker does with one task: decode_chunk here, the GPU path's host stage in gpuring.py.
-Job = Callable[[Any, FileIndex, int, Task, int], Done]
+Job = Callable[[Any, Reader, int, Task, int], Done]
 
 
-def _work(ring: Any, index: FileIndex, seed: int, tasks: Any, results: Any, cancel: Any,
+def _work(ring: Any, reader: Reader, seed: int, tasks: Any, results: Any, cancel: Any,
           worker: int, rank_pid: int, job: Job = decode_chunk) -> None:
     """A worker's life: take tasks until told to stop. It dies with its rank, even when the
     rank is killed outright, and ignores SIGTERM, as its rank does: a batch system signals
@@ -147,7 +153,7 @@ def _work(ring: Any, index: FileIndex, seed: int, tasks: Any, results: Any, canc
             results.put(Done(ticket, start, worker, 0.0, 0.0, 0, 0, "", skipped=True))
             continue
         try:
-            done = job(ring, index, seed, task, worker)
+            done = job(ring, reader, seed, task, worker)
         except Exception as exc:  # noqa: BLE001 - reported to the rank, which fails the trial
             where = traceback.extract_tb(exc.__traceback__)[-1]
             done = Done(ticket, start, worker, 0.0, 0.0, 0, 0, "",
@@ -180,18 +186,18 @@ class WorkerDied(RuntimeError):
 
 
 class DecodePool:
-    """``workers`` processes forked now, sharing ``ring`` and ``index``, taking tasks from
-    one queue and doing ``job`` with each (decoding a chunk, by default); they die with the
-    process that made them."""
+    """``workers`` processes forked now, sharing ``ring`` and ``reader`` (an archive's
+    descriptor with it), taking tasks from one queue and doing ``job`` with each (decoding a
+    chunk, by default); they die with the process that made them."""
 
-    def __init__(self, ring: Any, index: FileIndex, seed: int, workers: int,
+    def __init__(self, ring: Any, reader: Reader, seed: int, workers: int,
                  job: Job = decode_chunk) -> None:
         ctx = mp.get_context("fork")
         self.tasks: Any = ctx.SimpleQueue()
         self.results: Any = ctx.SimpleQueue()
         self._cancel: Any = ctx.Value("q", 0, lock=False)
         self.procs = [ctx.Process(target=_work, name=f"automlperf-decode{i}", daemon=True,
-                                  args=(ring, index, seed, self.tasks, self.results,
+                                  args=(ring, reader, seed, self.tasks, self.results,
                                         self._cancel, i, os.getpid(), job))
                       for i in range(workers)]
         for proc in self.procs:

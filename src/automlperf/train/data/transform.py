@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -145,15 +145,15 @@ def decode_box(file: Any, box: Box, flip: bool, size: int, out: np.ndarray | Non
     return out
 
 
-def decode_file(path: str, size: int, train: bool, seed: int, epoch: int, row: int,
+def decode_file(source: str | BinaryIO, size: int, train: bool, seed: int, epoch: int, row: int,
                 out: np.ndarray, reduced: bool = True) -> str | None:
-    """Decode image ``row`` (the file at ``path``) into ``out`` as the reference says (at
-    reduced scale where it can, unless ``reduced`` is False): None, or why the file cannot
-    be read (one line)."""
+    """Decode image ``row`` (the file at the path ``source``, or its bytes) into ``out`` as
+    the reference says (at reduced scale where it can, unless ``reduced`` is False): None, or
+    why the file cannot be read (one line)."""
     from PIL import Image
 
     try:
-        with Image.open(path) as file:
+        with Image.open(source) as file:
             width, height = file.size
             box: Box
             if train:

@@ -1,7 +1,7 @@
 """Walking an image folder fast: every file's path and size, one ``stat`` per file relative
 to its folder's descriptor, and the cycle collector off while a million such entries are
-made and read. The walker of :mod:`automlperf.dataset_identity` and training's file index.
-No torch here."""
+made and read: the walker of the folder source (:mod:`automlperf.dataset.folder`). No torch
+here."""
 
 from __future__ import annotations
 
