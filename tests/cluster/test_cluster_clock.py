@@ -110,35 +110,48 @@ def test_a_run_stopped_with_scancel_resumes_extended_with_the_time_it_still_need
     assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
 
 
-def test_each_node_stages_the_data_reads_its_copy_and_cleans_up(slurm_cluster, tmp_path):
-    """`automlperf slurm --stage-to DIR`: before the clock every node copies the run's data
-    to its own storage and checks it; its replica reads the copy, and the job's end removes
-    it. The nodes here share one disk, so each has a folder of its own under DIR."""
-    from trees import make_tree
+def test_each_node_stages_the_archives_reads_its_copy_and_cleans_up(slurm_cluster, tmp_path):
+    """`automlperf slurm --stage-to DIR` on the official archives: before the clock every
+    node copies them to its own storage (their MD5s computed on the way, the copy read back)
+    and its replica reads the copy once its MD5s are the session's; a node whose staging
+    fails reads the shared copy; the job's end removes the copies. The nodes here share one
+    disk, so each has a folder of its own under DIR; n2's is made to fail."""
+    from trees import make_tree, official_archives
 
-    data = make_tree(tmp_path / "shared" / "imagenet", per_class=(3, 1))
+    tree = make_tree(tmp_path / "folder", per_class=(3, 1))
+    env = dict(slurm_cluster)
+    table = official_archives(tree, tmp_path / "shared" / "ilsvrc2012", env)
+    data = tmp_path / "shared" / "ilsvrc2012"
     (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0,
                                                   deadline_grace_s=GRACE_S))
     run_dir, local = tmp_path / "run", tmp_path / "local"
+    local.mkdir()
+    (local / "automlperf-run-n2").write_text("not a folder")  # n2's staging fails
     done = cli("slurm", "--nodes", 2, "--duration", f"{DURATION_S}s", "--dataset", "imagenet",
                "--data-dir", data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir,
-               "--stage-to", local, "--submit", env=slurm_cluster, timeout=900)
+               "--stage-to", local, "--submit", env=env, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "start-up 25 min" in done.stdout  # 5 minutes, and 20 for the staging
+    assert "start-up 10 min" in done.stdout  # 5 minutes, the proof's second, 5 for staging
     job = re.search(r"submitted job (\d+)", done.stdout).group(1)
     assert wait_job(job, slurm_cluster) == "COMPLETED"
     out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
     assert "automlperf primary finished with status 0" in out and "dataset staged on the nodes" in out
-    staged = "".join(p.read_text() for p in (run_dir / "logs").glob("stage-*.log"))
-    for node in ("n1", "n2"):  # a log per node of the job (stage-0.log, stage-1.log)
-        assert re.search(rf"{node}: 4,000 files .* staged in \S+/automlperf-run-{node} in "
-                         r"[\d.]+ s; 500 compared with the originals", staged), staged
-    assert staged.count("removed this node's copy of the dataset") == 2
+    staged = {p.name: p.read_text() for p in (run_dir / "logs").glob("stage-*.log")}
+    text = "".join(staged.values())
+    assert re.search(r"n1: the archives \([\d.]+ GB, [\d.]+ GB copied in [\d.]+ s, read back "
+                     r"in [\d.]+ s\) staged in \S+/automlperf-run-n1 in [\d.]+ s; MD5s "
+                     f"ILSVRC2012_img_train.tar {table['train']}", text), text
+    assert "staging on n2 failed: " in text and "its replica reads the shared copy" in text
+    assert text.count("removed this node's copy of the dataset") == 1
     replicas = "".join(p.read_text() for p in (run_dir / "logs").glob("replica-*.log"))
-    assert replicas.count("reading the dataset staged on this node") == 2, replicas
-    assert not any(local.iterdir()) and not list((run_dir / "staging").glob("n?.json"))
+    assert replicas.count("reading the archives staged on this node") == 1, replicas
+    assert not list((run_dir / "staging").glob("n?.json"))
     kept = [json.loads(p.read_text()) for p in sorted((run_dir / "staging").glob("n?-*.json"))]
-    assert [(k["node"], k["files"], k["sample"]) for k in kept] == [("n1", 4000, 500), ("n2", 4000, 500)]
-    assert all(k["removed_at"] >= k["at"] and k["staging_s"] > 0 for k in kept)
+    assert [(k["node"], k["kind"]) for k in kept] == [("n1", "archives")]
+    assert {p: a["md5"] for p, a in kept[0]["archives"].items()} == table
+    assert kept[0]["removed_at"] >= kept[0]["at"] and kept[0]["copy_s"] > 0
     result = json.loads((run_dir / "result.json").read_text())
+    assert result["data_sources"] == {"staged": 1, "shared": 1}
+    assert sorted(n["data"]["source"] for n in result["node_descriptions"]) == ["shared", "staged"]
+    assert "data_changed" not in {v["rule"] for v in result["violations"]}
     assert result["replicas"] == 2 and not result["retired"] and not result["failures"]

@@ -84,3 +84,94 @@ def test_a_node_without_room_refuses_in_one_line_before_copying(run_with_data, t
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "GB free and the dataset needs" in lines[0] and "--stage-to" in lines[0]
     assert not staging.record_path(run_dir).exists()
+
+
+@pytest.fixture
+def run_with_archives(tmp_path, monkeypatch):
+    """A run directory whose submitted configuration names the official archives (here small
+    generated ones, and their test table), as `automlperf slurm` writes it."""
+    from trees import make_tree, official_archives
+
+    tree = make_tree(tmp_path / "folder", per_class=(3, 1),
+                     classes=("n01440764", "n01443537", "n01484850"))
+    data = tmp_path / "shared" / "ilsvrc2012"
+    table = official_archives(tree, data, monkeypatch)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "submitted-config.toml").write_text(f'[data]\ndataset = "imagenet"\ndata_dir = "{data}"\n')
+    return run_dir, data, table
+
+
+def test_a_node_stages_the_archives_with_their_md5s_and_reads_them_back(run_with_archives, tmp_path):
+    from automlperf.dataset.archive import NAMES
+
+    run_dir, data, table = run_with_archives
+    local = tmp_path / "local"
+    local.mkdir()
+    done = cli("stage", "--run-dir", run_dir, "--to", local)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the archives (" in done.stdout and table["train"] in done.stdout
+    root = staging.staged_root(run_dir, local)
+    assert files_of(root) == files_of(data)
+    record = json.loads(staging.record_path(run_dir).read_text())
+    assert record["kind"] == "archives" and record["copied_bytes"] == record["bytes"]
+    assert {p: a["md5"] for p, a in record["archives"].items()} == table
+    assert record["archives"]["train"]["inode"] == (root / NAMES["train"]).stat().st_ino
+    assert record["copy_s"] > 0 and record["verify_s"] > 0
+    # The next job on this node keeps the copy and reads it again: its MD5s are its own.
+    again = staging.stage(run_dir, local)
+    assert again["copied_bytes"] == 0 and again["hash_kept_s"] > 0
+    assert {p: a["md5"] for p, a in again["archives"].items()} == table
+    # A copy damaged in place (same size, other bytes) has another MD5 in its record.
+    train = root / NAMES["train"]
+    damaged = bytearray(train.read_bytes())
+    damaged[-3000] ^= 0xFF
+    train.write_bytes(bytes(damaged))
+    assert staging.stage(run_dir, local)["archives"]["train"]["md5"] != table["train"]
+
+
+def test_a_replica_reads_the_staged_archives_only_if_they_are_what_its_session_proved(
+        run_with_archives, tmp_path):
+    from automlperf.config import Config
+    from automlperf.dataset.archive import NAMES
+    from automlperf.runner import nodedata
+    from automlperf.runner.session import record_origin
+
+    run_dir, data, table = run_with_archives
+    config = Config.parse({"run": {"official": False}, "data": {"data_dir": str(data)}})
+    system = {"dataset_identity": record_origin(config, run_dir=run_dir)["dataset_identity"]}
+    local = tmp_path / "local"
+    local.mkdir()
+    staging.stage(run_dir, local)
+    here = nodedata.for_replica(run_dir, data, system)
+    root = staging.staged_root(run_dir, local)
+    assert here.data_dir == root and here.record["source"] == "staged"
+    assert here.index_dir == root / "index"  # the session's index, held to the copy's files
+    assert {p: a["md5"] for p, a in here.record["archives"].items()} == table
+    # Its copy damaged since it was staged: the shared copy is read instead.
+    train = root / NAMES["train"]
+    damaged = bytearray(train.read_bytes())
+    damaged[-3000] ^= 0xFF
+    train.write_bytes(bytes(damaged))
+    staging.stage(run_dir, local)
+    here = nodedata.for_replica(run_dir, data, system)
+    assert here.data_dir == data and here.record["source"] == "shared"
+
+
+def test_a_node_without_its_staging_folder_or_room_for_the_archives_refuses_in_one_line(
+        run_with_archives, tmp_path):
+    run_dir, _, _ = run_with_archives
+    done = cli("stage", "--run-dir", run_dir, "--to", tmp_path / "nowhere")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "nowhere does not exist on" in done.stderr and "--stage-to" in done.stderr
+    local = tmp_path / "tiny"
+    local.mkdir()
+    command = [sys.executable, "-m", "automlperf.cli", "stage", "--run-dir", str(run_dir),
+               "--to", str(local)]
+    done = subprocess.run(["unshare", "--mount", "sh", "-c",
+                           f'mount -t tmpfs -o size=16k tmpfs {local} && exec "$@"', "sh",
+                           *command], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "GB free and the archives need" in lines[0] and "--stage-to" in lines[0]
+    assert not staging.record_path(run_dir).exists()

@@ -73,10 +73,14 @@ def stage(run_dir: Path, local: Path, threads: int = 16, seed: int | None = None
     record = record_path(run_dir)
     record.unlink(missing_ok=True)
     source = run_data_dir(run_dir)
-    if source is not None and is_archive_folder(source):
-        done = stage_archives(run_dir, source, local)
-    else:
-        done = stage_folder(run_dir, staged_root(run_dir, local), local, threads, seed)
+    try:
+        if source is not None and is_archive_folder(source):
+            done = stage_archives(run_dir, source, local)
+        else:
+            done = stage_folder(run_dir, staged_root(run_dir, local), local, threads, seed)
+    except OSError as exc:
+        raise StagingError(f"staging on {node_name()} failed: {exc}; its replica reads the "
+                           "shared copy (check the node's --stage-to storage)") from None
     record.parent.mkdir(exist_ok=True)
     write_atomic(record, json.dumps(done, indent=1) + "\n")
     return done
@@ -201,7 +205,7 @@ def clean(run_dir: Path, local: Path) -> bool:
         write_atomic(record.with_name(f"{record.stem}-{int(kept['at'])}.json"),
                      json.dumps(kept, indent=1) + "\n")
         record.unlink()
-    if not target.exists():
+    if not target.is_dir():
         return False
     shutil.rmtree(target)
     return True
