@@ -140,6 +140,61 @@ def files_vanish_mid_run(work: Path) -> dict[str, Any]:
     return out
 
 
+def _archived(work: Path, corrupt_train: int = 0, train_per_class: int = 25,
+              max_rounds: int = 1) -> tuple[Path, Path]:
+    """The small folder written as the official archives are laid out (and then removed: the
+    run reads the archives alone), and its configuration."""
+    from automlperf.testing.archives import write_archives
+
+    root, _ = _small(work, corrupt_train=corrupt_train, train_per_class=train_per_class)
+    archives = work / "ilsvrc2012"
+    write_archives(root, archives)
+    shutil.rmtree(root)
+    config = work / "run.toml"
+    config.write_text(folder_config(archives, max_rounds=max_rounds))
+    return archives, config
+
+
+def archive_member_corrupt(work: Path) -> dict[str, Any]:
+    """One training image of the training archive is garbage: read from the archive, it is
+    counted like an unreadable file."""
+    _, config = _archived(work, corrupt_train=1)
+    started = time.monotonic()
+    return _outcome(run("run", "--config", config, "--run-dir", work / "run"), work / "run", started)
+
+
+def archive_cut_short(work: Path) -> dict[str, Any]:
+    """The training archive truncated inside a member (a partial download)."""
+    archives, config = _archived(work)
+    train = archives / "ILSVRC2012_img_train.tar"
+    with open(train, "r+b") as f:
+        f.truncate(train.stat().st_size // 2)
+    started = time.monotonic()
+    return _outcome(run("run", "--config", config, "--run-dir", work / "run"), work / "run", started)
+
+
+def archive_replaced_mid_run(work: Path) -> dict[str, Any]:
+    """After the first recorded epoch the validation archive is replaced by a copy of itself
+    (the same bytes, another file): the run goes on, and its end names the file."""
+    archives, config = _archived(work, train_per_class=60, max_rounds=2)
+    run_dir = work / "run"
+    proc = start("run", "--config", config, "--run-dir", run_dir, log=work / "run.log")
+    wait_for(lambda: records(run_dir) >= 2, 900, "a first epoch")
+    before = held(run_dir)
+    struck = time.monotonic()
+    val = archives / "ILSVRC2012_img_val.tar"
+    shutil.copyfile(val, work / "copy.tar")
+    shutil.move(work / "copy.tar", val)
+    code = proc.wait(timeout=1800)
+    text = (work / "run.log").read_text()
+    done = type("Done", (), {"returncode": code, "stdout": text, "stderr": ""})()
+    out = _outcome(done, run_dir, struck, before)
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    changed = [v["detail"] for v in result.get("violations", []) if v["rule"] == "data_changed"]
+    out["happened"] += ("; not valid: " + changed[0][:160]) if changed else "; NOT NAMED"
+    return out
+
+
 def cases() -> list[Case]:
     return [
         ("data: every file corrupt", "exit 1 in one line naming the data", every_file_corrupt),
@@ -150,4 +205,10 @@ def cases() -> list[Case]:
         ("data: a class folder with no images", "trains", empty_class_folder),
         ("data: val/ missing", "exit 1 in one line naming val/", val_folder_missing),
         ("data: files vanish mid-run", "trains on; counted", files_vanish_mid_run),
+        ("data: an archive member corrupt", "trains; skipped count in result",
+         archive_member_corrupt),
+        ("data: the training archive cut short", "exit 1 in one line naming the archive",
+         archive_cut_short),
+        ("data: an archive replaced mid-run", "trains on; not valid, naming the archive",
+         archive_replaced_mid_run),
     ]

@@ -296,3 +296,40 @@ def test_a_slot_is_written_again_only_once_the_device_has_read_it(folder, monkey
         assert sum(e.done for e in made) == len(made) - 1 and loader.stats.device_wait_s > 0
     finally:
         ds.release()
+
+
+def test_the_host_stage_reads_the_official_archives_as_it_reads_their_folder(folder, tmp_path):
+    """The same images as the folder, from its archives (each read with one pread from the
+    descriptor the rank opened, straight into the ring): the same routes, bytes and boxes,
+    and the device stage's same batches, with workers as without."""
+    from automlperf.testing.archives import write_archives
+
+    root, _ = folder
+    # The archive's flat validation tar needs distinct names: the folder's are per class.
+    write_archives(root, tmp_path / "archives")
+    for train in (True, False):
+        ds_f, ring_f, rows = _staged(root, train)
+        archive = GpuImageFolderDataset(tmp_path / "archives", 24, workers=0,
+                                        decoder=PillowStandInDecoder())
+        assert archive.index.source == "archives"
+        assert [archive.index.relative(r) for r in rows.tolist()] == \
+            [ds_f.index.relative(r) for r in rows.tolist()]
+        ring_a = GpuRing(1, len(rows), 24, shared=False)
+        ring_a.rows[0] = rows
+        for start in range(0, len(rows), 4):
+            stage_chunk(ring_a, archive.reader, 7, (0, 0, start, min(len(rows), start + 4),
+                                                    train, 3), 0)
+        for name in ("route", "labels", "offset", "length", "width", "height", "box", "flip"):
+            assert np.array_equal(getattr(ring_a, name), getattr(ring_f, name)), name
+        assert np.array_equal(ring_a.files, ring_f.files)
+    new = GpuImageFolderDataset(tmp_path / "archives", 24, workers=2,
+                                decoder=PillowStandInDecoder(), chunk_images=2)
+    old = GpuImageFolderDataset(root, 24, workers=2, decoder=PillowStandInDecoder(),
+                                chunk_images=2)
+    try:
+        for (x, y, bad), (wx, wy, wbad) in zip(_passes(new, "train", 0), _passes(old, "train", 0),
+                                               strict=True):
+            assert torch.equal(y, wy) and bad == wbad and torch.equal(x, wx)
+    finally:
+        new.release()
+        old.release()

@@ -44,16 +44,20 @@ MIN_STARTUP_S = 60.0
 # What the job gives staging a folder on every node (--stage-to) by default, before the
 # start-up: ImageNet-1k's 140 GB at about 150 MB/s per node from the shared file system.
 STAGE_S = 1200.0
-# The official archives are read at the MD5's pace (one stream, one core: about 600 MB/s on
-# a server core, bench/RESULTS.md, "ImageNet read from its archives"); the job assumes
-# PROOF_RATE for every session's proof before its clock, and for staging PROOF_RATE while
-# copying and VERIFY_RATE reading the copy back, with STAGE_MARGIN.
-PROOF_RATE, VERIFY_RATE, STAGE_MARGIN, MIN_STAGE_S = 400e6, 1e9, 1.25, 300.0
+# The official archives are read at the MD5's pace (one stream, one core: 0.55 GB per
+# CPU-second on this project's EPYC, bench/RESULTS.md, "ImageNet read from its archives"); the
+# job assumes PROOF_RATE for every session's proof before its clock. Staging copies them to
+# every node at the slower of that pace and the shared file system's SHARED_RATE split over
+# the nodes (an assumption: a parallel file system's aggregate read rate), then reads each
+# copy back at VERIFY_RATE, with STAGE_MARGIN ("Staging that fits 512 nodes").
+PROOF_RATE, VERIFY_RATE, SHARED_RATE = 400e6, 1e9, 100e9
+STAGE_MARGIN, MIN_STAGE_S = 1.25, 300.0
 
 
-def stage_allowance(archive_bytes: int) -> float:
+def stage_allowance(archive_bytes: int, nodes: int = 1) -> float:
     """What the job gives staging the archives on every node (runner/staging.py)."""
-    return max(MIN_STAGE_S, STAGE_MARGIN * (archive_bytes / PROOF_RATE + archive_bytes / VERIFY_RATE))
+    copy = max(archive_bytes / PROOF_RATE, nodes * archive_bytes / SHARED_RATE)
+    return max(MIN_STAGE_S, STAGE_MARGIN * (copy + archive_bytes / VERIFY_RATE))
 
 
 @dataclass
@@ -191,7 +195,7 @@ def write_job(opts: ScriptOptions) -> Written:
     if dataset is not None and dataset.get("archive_bytes"):
         opts.proof_s = math.ceil(dataset["archive_bytes"] / PROOF_RATE)
         if opts.stage_s is None:
-            opts.stage_s = math.ceil(stage_allowance(dataset["archive_bytes"]))
+            opts.stage_s = math.ceil(stage_allowance(dataset["archive_bytes"], opts.nodes))
     if opts.stage_s is None:
         opts.stage_s = STAGE_S
     limit, lead = margins(opts.duration_s + grace, opts.startup_s())

@@ -52,7 +52,8 @@ SBIN = "/usr/sbin/"
 
 def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
                 timeout_s: float = 300.0, slurmd_timeout_s: int | None = None,
-                hidden: dict[str, list[Path]] | None = None) -> dict[str, str]:
+                hidden: dict[str, list[Path]] | None = None,
+                node_local: Path | None = None) -> dict[str, str]:
     """Start a cluster of ``nodes`` slurmd daemons (n1..nN) configured in ``base`` (an empty
     folder) and wait until every node is idle; the environment that points SLURM's commands
     at it. Stop it with :func:`stop_slurm`.
@@ -61,7 +62,9 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     default is 5 minutes). ``hidden`` gives nodes a view of the file system of their own:
     each listed folder appears empty to that node's slurmd and its job steps (a mount
     namespace with an empty folder bound over it; needs root), as a node that lacks a
-    shared file system's data would see it."""
+    shared file system's data would see it. ``node_local`` (an existing folder) is each
+    node's own disk: every node and its job steps see a folder of their own there
+    (``base/local/<node>`` bound over it; needs root), as nodes with local scratch do."""
     for tool in ("slurmctld", "slurmd", "sbatch", "munge"):
         if shutil.which(tool) is None and not os.path.exists(SBIN + tool):
             raise SlurmError(f"{tool} is not installed (run scripts/setup-system.sh)")
@@ -91,11 +94,15 @@ def start_slurm(base: Path, nodes: int, cluster: str, memory_mb: int = 8000,
     empty = base / "hidden"
     for node in names:
         cmd = [SBIN + "slurmd", "-f", str(conf), "-N", node]
-        folders = (hidden or {}).get(node, [])
-        if folders:
+        pairs = [(empty, f) for f in (hidden or {}).get(node, [])]
+        if node_local is not None:
+            own = base / "local" / node
+            own.mkdir(parents=True)
+            pairs.append((own, node_local))
+        if pairs:
             empty.mkdir(exist_ok=True)
-            binds = " && ".join(f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(f))}"
-                                for f in folders)
+            binds = " && ".join(f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}"
+                                for src, dst in pairs)
             cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                    f"{binds} && exec {shlex.join(cmd)}"]
         subprocess.run(cmd, env=env, check=True)
