@@ -462,4 +462,12 @@ def test_a_staged_jobs_time_limit_holds_the_staging_and_so_does_its_resubmission
     assert resumed.exit_code == 0 and "time limit 1:54:00" in resumed.output, resumed.output
     refused = slurm_cli("--nodes", 1, "--run-dir", tmp_path / "s", "--store", "postgresql://u@db/x",
                         "--stage-to", "/local", "--small-task")
-    assert refused.exit_code == 2 and "--stage-to copies an image-folder dataset" in refused.output
+    assert refused.exit_code == 2 and "--stage-to copies the dataset" in refused.output
+    # A --time-limit that holds the run but not its staging is refused at submission.
+    short = slurm_cli("--nodes", 2, "--duration", "1h", "--dataset", "imagenet", "--data-dir",
+                      data, "--unofficial", "--run-dir", tmp_path / "t", "--store",
+                      "postgresql://u@db/x", "--stage-to", "local-scratch", "--stage-time", "30m",
+                      "--time-limit", "1h30m")
+    text = " ".join(short.output.split())
+    assert short.exit_code == 2 and "needs at least 1:48:00 (a start-up of 1860 s with the " \
+        "data's staging and proof" in text, short.output

@@ -144,6 +144,29 @@ def test_a_resume_over_a_changed_archive_is_refused(archives, tmp_path):
         session.prepare(None, run_dir, None, True, {"host": "here"})
 
 
+def test_an_archive_changed_during_a_session_is_named_at_its_end(archives, tmp_path):
+    """The primary looks at the archives again when its session ends: one replaced during it
+    is recorded with the session's proof, and the result's judgement names it."""
+    from automlperf.runner import dataproof
+    from automlperf.store.rundir import RunDir
+
+    run_dir = tmp_path / "run"
+    s = session.prepare(official(archives, strict=False), run_dir, None, False, {"host": "here"})
+    try:
+        assert dataproof.recheck(s.store, RunDir(run_dir), s.run_id, s.config) == []
+        train = archives / NAMES["train"]
+        shutil.copyfile(train, tmp_path / "other.tar")
+        os.replace(tmp_path / "other.tar", train)
+        (changed,) = dataproof.recheck(s.store, RunDir(run_dir), s.run_id, s.config)
+        assert changed.startswith(f"during the run: {train} {CHANGED}: ")
+        system = s.store.run(s.run_id)["system"]
+    finally:
+        s.store.close()
+    assert system["dataset_identity"]["proof"]["changed"] == [changed]
+    assert json.loads((run_dir / "system.json").read_text()) == system
+    assert data_changes(system, [], []) == [changed]
+
+
 def test_check_holds_the_recorded_md5s_to_the_published_and_the_keepers_archives(archives, tmp_path):
     identity = record_origin(official(archives))["dataset_identity"]
     fresh = {"ruleset": rules.CURRENT.id, "official": True, "dataset_identity": identity}

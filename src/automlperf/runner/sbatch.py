@@ -112,8 +112,9 @@ class ScriptOptions:
 
     def longest_duration(self, time_limit_s: float) -> float:
         """The longest run whose clock a job of ``time_limit_s`` can start: room for the
-        least start-up, the run, its grace and two minutes to write the result."""
-        room = time_limit_s - MIN_STARTUP_S - 120
+        least start-up (staging and the archives' proof added), the run, its grace and two
+        minutes to write the result."""
+        room = time_limit_s - MIN_STARTUP_S - (self.startup_s() - self.startup_allowance_s) - 120
         low, high = 0.0, max(0.0, room)
         for _ in range(60):  # the grace grows with the duration: bisect
             middle = (low + high) / 2
@@ -206,7 +207,10 @@ def write_job(opts: ScriptOptions) -> Written:
         chain = plan_chain(opts.duration_s + grace, opts.time_limit_s, opts.startup_s(), lead)
         limit = chain.limit_s
     elif opts.time_limit_s is not None:
-        need = MIN_STARTUP_S + opts.duration_s + grace + 120
+        # The least start-up, and what comes before it whatever the start-up takes: staging,
+        # and the archives' proof.
+        before = opts.startup_s() - opts.startup_allowance_s
+        need = MIN_STARTUP_S + before + opts.duration_s + grace + 120
         if opts.time_limit_s < need:
             longest = opts.longest_duration(opts.time_limit_s)
             holds = (f"it holds a --duration of at most {_minutes(longest)}, or pass --chain "
@@ -215,10 +219,12 @@ def write_job(opts: ScriptOptions) -> Written:
             raise SlurmError(f"--time-limit {format_time(opts.time_limit_s)} leaves no room to "
                              f"start the clock of a {_minutes(opts.duration_s)} run: that "
                              f"needs at least {format_time(need)} (a start-up of "
-                             f"{MIN_STARTUP_S:.0f} s, the run, {grace:.0f} s of grace for the "
-                             f"epochs in flight, 2 minutes to write the result); {holds}")
+                             f"{MIN_STARTUP_S + before:.0f} s"
+                             + (" with the data's staging and proof" if before else "")
+                             + f", the run, {grace:.0f} s of grace for the epochs in flight, 2 "
+                             f"minutes to write the result); {holds}")
         limit = opts.time_limit_s
-        lead = int(max(60, min(lead, limit - MIN_STARTUP_S - opts.duration_s - grace - 60)))
+        lead = int(max(60, min(lead, limit - MIN_STARTUP_S - before - opts.duration_s - grace - 60)))
     if opts.container is not None:
         opts.container.save(run_dir)
     run_args = [f"--duration {int(opts.duration_s)}s"]
