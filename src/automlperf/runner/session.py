@@ -24,7 +24,6 @@ from automlperf.measure import provenance
 from automlperf.measure.result import build_result, write_result
 from automlperf.report.console import LiveView
 from automlperf.runner import dataproof
-from automlperf.runner.dataproof import UNOFFICIAL_HINT
 from automlperf.runner.extension import extend, run_time_done
 from automlperf.runner.joblimits import CHAIN_FILE, MIN_LINK_RUN_S, OVER_FILE
 from automlperf.runner.launch import Launcher, wait_all
@@ -220,9 +219,6 @@ def record_origin(config: Config, ruleset: rules.Ruleset = rules.CURRENT,
     if index_note:
         origin["startup"] = index_note
     return origin
-
-
-__all__ = ["UNOFFICIAL_HINT", "record_origin"]
 
 
 def replica_states(launcher: Launcher) -> list[str]:

@@ -6,11 +6,12 @@ the images it actually delivered.
 * ``digits``: the small handwritten digits shipped with the package (1,797 images of 8x8).
 * ``cifar10``: the CIFAR-10 binary or python batches from a local folder (read as data; the
   python batches go through an unpickler that only admits NumPy arrays).
-* ``imagenet``: ``train/<class>/*.JPEG`` and ``val/<class>/*.JPEG``, decoded by worker
-  processes (or on NVIDIA GPUs by nvJPEG, with the same boxes and flips, worker processes
-  reading the files for it: gpudecode.py, gpuring.py; or, when asked, by NVIDIA DALI's own
-  pipeline), random-resized-crop + flip for training,
-  resize + centre crop for validation. The file index is scanned once and shared as arrays;
+* ``imagenet``: the official ILSVRC-2012 archives (each image read with one ``pread``), or
+  ``train/<class>/*.JPEG`` and ``val/<class>/*.JPEG``, read through the dataset layer's
+  reader (automlperf.dataset) and decoded by worker processes (or on NVIDIA GPUs by nvJPEG,
+  with the same boxes and flips, worker processes reading the images for it: gpudecode.py,
+  gpuring.py; or, when asked, by NVIDIA DALI's own pipeline), random-resized-crop + flip
+  for training, resize + centre crop for validation. The index is made once and shared as arrays;
   one loader per trial keeps its workers for every pass, decodes in small chunks within a
   byte budget, and hands over NHWC uint8 (channels-last on the device at no cost).
 * ``synthetic``: random tensors made on the device, for throughput only.
