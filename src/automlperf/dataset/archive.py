@@ -40,11 +40,12 @@ NAMES: Mapping[str, str] = {TRAIN: "ILSVRC2012_img_train.tar", VAL: "ILSVRC2012_
 META = "ILSVRC2012_devkit_t12/data/meta.mat"
 GROUND_TRUTH = "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt"
 # Bytes of each image's start a caller may look at during the pass (its JPEG header: the
-# markers that say progressive, CMYK, greyscale, EXIF), for a count of the file mix.
+# markers that say progressive, CMYK, greyscale, EXIF), for a count of the file mix
+# (train/data/jpeghead.py FileMix.add_bytes takes them with the size).
 HEAD_BYTES = 4096
 
-# Called with each image's name and its first HEAD_BYTES bytes during the pass.
-HeadHook = Callable[[str, bytes], None]
+# Called with each image's name, its first HEAD_BYTES bytes and its size during the pass.
+HeadHook = Callable[[str, bytes, int], None]
 
 
 def is_archive_folder(root: Path | str) -> bool:
@@ -148,7 +149,7 @@ def _pass_train(fd: int, name: str, number: Mapping[str, int],
                     problems.append(f"{name}: {outer.name}/{m.name} is not an image")
                     continue
                 if head is not None:
-                    head(base, stream.get(m.offset, min(m.size, HEAD_BYTES)))
+                    head(base, stream.get(m.offset, min(m.size, HEAD_BYTES)), m.size)
                 rows.append((f"train/{wnid}/{base}", label, m.offset, m.size))
     except BaseException:
         stream.abandon()
@@ -169,7 +170,7 @@ def _pass_val(fd: int, name: str, number: Mapping[str, int], truth: list[str],
                 problems.append(f"{name}: {m.name} is not an image")
                 continue
             if head is not None:
-                head(base, stream.get(m.offset, min(m.size, HEAD_BYTES)))
+                head(base, stream.get(m.offset, min(m.size, HEAD_BYTES)), m.size)
             found.append((base, m.offset, m.size))
     except BaseException:
         stream.abandon()
@@ -188,7 +189,7 @@ def scan_archives(root: Path | str, splits: tuple[str, ...] = (TRAIN, VAL),
                   head: HeadHook | None = None) -> Pass:
     """One pass over the archives of ``splits`` in ``root`` (and the devkit, which labels
     them): each one's MD5 and identity, and the index of their images. ``head`` is given
-    each image's name and first bytes as the pass meets it. Raises
+    each image's name, first bytes and size as the pass meets it. Raises
     :class:`DatasetIdentityError` naming a file that is missing, not a tar, or changed while
     it was read."""
     root = Path(root)

@@ -49,6 +49,10 @@ class Reader(Protocol):
         """The image ready to be read, its reading asked of the storage ahead (a chunk's
         images are opened first and read after). Raises OSError."""
 
+    def head(self, row: int, n: int) -> tuple[bytes, int]:
+        """The image's first ``n`` bytes (its header, for a count of the file mix) and its
+        size. Raises OSError."""
+
 
 class _File:
     def __init__(self, path: str) -> None:
@@ -93,6 +97,13 @@ class FolderReader:
 
     def open(self, row: int) -> Opened:
         return _File(self.index.path(row))
+
+    def head(self, row: int, n: int) -> tuple[bytes, int]:
+        fd = os.open(self.index.path(row), os.O_RDONLY)
+        try:
+            return os.pread(fd, n, 0), os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
 
 class _Member:
@@ -157,6 +168,10 @@ class ArchiveReader:
 
     def open(self, row: int) -> Opened:
         return _Member(self._fd(row), int(self.at[row]), int(self.sizes[row]))
+
+    def head(self, row: int, n: int) -> tuple[bytes, int]:
+        size = int(self.sizes[row])
+        return os.pread(self._fd(row), min(n, size), int(self.at[row])), size
 
     def close(self) -> None:
         for fd in self.fds.values():

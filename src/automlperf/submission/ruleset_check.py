@@ -7,7 +7,8 @@ created or starts a session). A record that names none is judged as the oldest r
 where it provably predates those versions: no such record in the store, and a result.json
 holding only the fields those versions wrote. Otherwise the key was deleted, and ``check``
 names it. Likewise a record that names an older ruleset than what it holds was written under
-(the seed a run of ``aiperf-2021.4`` draws, the data's proof of ``aiperf-2021.3``).
+(the seed a run of ``aiperf-2021.4`` draws and its proof of the official archives, the
+data's proof of ``aiperf-2021.3``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def _written_from(stored: dict[str, Any]) -> list[tuple[str, str]]:
     found = []
     if "seed" in stored:
         found.append(("the seed the run used", "aiperf-2021.4"))
-    if ((stored.get("dataset_identity") or {}).get("proof")) is not None:
+    proof = (stored.get("dataset_identity") or {}).get("proof")
+    if isinstance(proof, dict) and "archives" in proof:
+        found.append(("the official archives' proof", "aiperf-2021.4"))
+    elif proof is not None:
         found.append(("the data's proof by content", "aiperf-2021.3"))
     return found
 

@@ -11,10 +11,11 @@ folder it reads an even sample of ``sample`` files. No torch.
 from __future__ import annotations
 
 import math
-import os
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, BinaryIO
 
+from automlperf.dataset.reader import Reader, reader_for
 from automlperf.train.data.gpuring import FILE_BYTES, MAX_PIXELS
 from automlperf.train.data.jpeghead import SOI, FileMix, JpegHeader, parse
 from automlperf.train.data.index import FileIndex
@@ -33,47 +34,45 @@ def gpu_mix(size: int, chunk: int) -> FileMix:
     return FileMix(MAX_PIXELS, place, chunk * place - (chunk - 1) * image)
 
 
-def read_head(path: str) -> tuple[JpegHeader | None, int]:
-    """A file's header and size, from its first bytes (more where its header lies further)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, HEAD_FIRST, 0)
-        head = parse(data)
-        if head is None and data[:2] == SOI and size > len(data):
-            head = parse(os.pread(fd, HEAD_MAX, 0))
-        return head, size
-    finally:
-        os.close(fd)
+def read_head_of(reader: Reader, row: int) -> tuple[JpegHeader | None, int]:
+    """An image's header and size through the dataset's reader (a folder's file, or its
+    place in an archive), from its first bytes (more where its header lies further)."""
+    data, size = reader.head(row, HEAD_FIRST)
+    head = parse(data)
+    if head is None and data[:2] == SOI and size > len(data):
+        head = parse(reader.head(row, HEAD_MAX)[0])
+    return head, size
 
 
 def folder_mix(index: FileIndex, mix: FileMix, sample: int = 20_000) -> dict[str, Any]:
     """``mix`` counts the training files of ``index`` (an even sample of ``sample`` where
-    there are more); the tallies, and up to TAIL_SAMPLE of the files the GPU path would
-    leave to the CPU reference (their paths), with how many were read and in what time."""
+    there are more), read through the dataset's reader (the archives' images too); the
+    tallies, and up to TAIL_SAMPLE of the files the GPU path would leave to the CPU reference
+    (a folder's paths, an archive's bytes), with how many were read and in what time."""
     rows = index.rows("train")
     step = max(1, math.ceil(len(rows) / sample)) if sample else 1
-    tail: list[str] = []
+    tail: list[str | BinaryIO] = []
     unreadable = 0
     began = time.perf_counter()
+    reader = reader_for(index)
     for row in rows[::step]:
-        path = index.path(row)
         try:
-            head, size = read_head(path)
+            head, size = read_head_of(reader, row)
         except OSError:
             unreadable += 1
             continue
         before = mix.routes["cpu_reference"]
         mix.add(head, size)
         if mix.routes["cpu_reference"] > before and len(tail) < TAIL_SAMPLE:
-            tail.append(path)
+            tail.append(reader.image(row))
     return {**mix.to_dict(), "train_files": len(rows), "sampled_every": step,
             "unreadable": unreadable, "seconds": time.perf_counter() - began, "tail": tail}
 
 
-def tail_cost(paths: list[str], size: int) -> float | None:
-    """Seconds a core takes to decode one of ``paths`` with the CPU reference, over the
-    training transform (a centre box: the cost is the decoding's), on average; None for none."""
+def tail_cost(paths: Sequence[str | BinaryIO], size: int) -> float | None:
+    """Seconds a core takes to decode one of ``paths`` (or images' bytes) with the CPU
+    reference, over the training transform (a centre box: the cost is the decoding's), on
+    average; None for none."""
     from PIL import Image
 
     from automlperf.train.data.transform import DECODE_ERRORS, decode_box, val_params
