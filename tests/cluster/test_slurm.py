@@ -458,6 +458,12 @@ def test_a_staged_jobs_time_limit_holds_the_staging_and_so_does_its_resubmission
     # 5 + 30 min before the clock, the hour, its 15-minute grace, the lead and SLURM's minute.
     assert "#SBATCH --time=1:54:00" in script
     assert f"--to {Path('local-scratch').resolve()}" in script  # where the job runs, absolute
+    # Its own step: a node that fails costs only its staging, the slowest node is waited for
+    # within the 30 minutes, on two CPUs of its own.
+    (step,) = [" ".join(line.split()) for line in script.replace("\\\n", " ").splitlines()
+               if "automlperf-stage " in line]
+    assert all(flag in step for flag in ("--no-kill", "--wait=0", "--time=30",
+                                         "--cpus-per-task=2", "--exact")), step
     resumed = slurm_cli("--resume", "--run-dir", run_dir)
     assert resumed.exit_code == 0 and "time limit 1:54:00" in resumed.output, resumed.output
     refused = slurm_cli("--nodes", 1, "--run-dir", tmp_path / "s", "--store", "postgresql://u@db/x",
