@@ -153,5 +153,8 @@ def test_each_node_stages_the_archives_reads_its_copy_and_cleans_up(slurm_cluste
     result = json.loads((run_dir / "result.json").read_text())
     assert result["data_sources"] == {"staged": 1, "shared": 1}
     assert sorted(n["data"]["source"] for n in result["node_descriptions"]) == ["shared", "staged"]
+    # The staged copy's MD5s, computed by its replica during the session (a record is a file).
+    (staged_node,) = [n for n in result["node_descriptions"] if n["data"]["source"] == "staged"]
+    assert staged_node["data"]["computed"] == table
     assert "data_changed" not in {v["rule"] for v in result["violations"]}
     assert result["replicas"] == 2 and not result["retired"] and not result["failures"]

@@ -175,3 +175,51 @@ def test_a_node_without_its_staging_folder_or_room_for_the_archives_refuses_in_o
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "GB free and the archives need" in lines[0] and "--stage-to" in lines[0]
     assert not staging.record_path(run_dir).exists()
+
+
+def test_a_hand_written_staging_record_is_never_proof_the_replica_hashes_its_copy(
+        run_with_archives, tmp_path):
+    """A staging record is a file: one written by hand (the proven MD5s beside the identity of
+    another copy) gets that copy read, but the replica hashes what it reads during its
+    session, and the result names the copy; so it does a copy it did not finish hashing."""
+    from automlperf.config import Config
+    from automlperf.dataset.archive import NAMES, identity_of
+    from automlperf.measure.result import data_changes
+    from automlperf.runner import nodedata
+    from automlperf.runner.session import record_origin
+    from automlperf.runner.stagecheck import StagedCheck
+
+    run_dir, data, table = run_with_archives
+    config = Config.parse({"run": {"official": False}, "data": {"data_dir": str(data)}})
+    system = {"dataset_identity": record_origin(config, run_dir=run_dir)["dataset_identity"]}
+    local = tmp_path / "local"
+    local.mkdir()
+    staging.stage(run_dir, local)
+    honest = nodedata.for_replica(run_dir, data, system)
+    computed = StagedCheck(honest.data_dir).record(wait_s=120)
+    assert computed == {"computed": table}
+    node = {"replica_index": 0, "host": "n1", "data": {**honest.record, **computed}}
+    assert data_changes(system, [], [node]) == []
+    # The forger's copy: other bytes, and a record of the proven MD5s with its identity.
+    train = staging.staged_root(run_dir, local) / NAMES["train"]
+    forged = bytearray(train.read_bytes())
+    forged[-3000] ^= 0xFF
+    train.write_bytes(bytes(forged))
+    record = json.loads(staging.record_path(run_dir).read_text())
+    record["archives"]["train"].update(identity_of(train.stat()))
+    staging.record_path(run_dir).write_text(json.dumps(record))
+    here = nodedata.for_replica(run_dir, data, system)
+    assert here.record["source"] == "staged"  # the record alone is believed...
+    computed = StagedCheck(here.data_dir).record(wait_s=120)
+    assert computed["computed"]["train"] != table["train"]
+    node = {"replica_index": 0, "host": "n1", "data": {**here.record, **computed}}
+    # ... but not for the result: the MD5 the replica computed is named.
+    (line,) = data_changes(system, [], [node])
+    assert line == (f"replica 0 (n1) read a staged {NAMES['train']} whose MD5, computed during "
+                    f"its session, is {computed['computed']['train']}, which no session of the "
+                    "run proved")
+    # A replica that ended before it had hashed its copy: not proof either.
+    node = {"replica_index": 1, "host": "n2", "data": {**here.record, "computed": None}}
+    (line,) = data_changes(system, [], [node])
+    assert line.startswith("replica 1 (n2) read the archives staged on its node, which it did "
+                           "not hash during its session (not finished by the session's end)")

@@ -11,6 +11,7 @@ from typing import Any
 
 from automlperf import __version__, rules
 from automlperf.config import Config
+from automlperf.dataset.archive import NAMES
 from automlperf.dataset.proof import CHANGED, judge, sessions
 from automlperf.measure.breakdown import breakdown
 from automlperf.measure.sample_reader import PendingDigest
@@ -272,7 +273,8 @@ def data_changes(system: dict[str, Any], gave_up: list[dict[str, Any]],
                  nodes: list[dict[str, Any]]) -> list[str]:
     """Where the data a replica read was not the data its session proved: an archive changed
     during a session (the primary looked again at its end), a replica or rank that found one
-    changed when it opened it, or a replica whose recorded archives no session proved."""
+    changed when it opened it, a replica whose recorded archives no session proved, or one
+    that read a staged copy it did not itself hash to the proven MD5s (runner/stagecheck.py)."""
     out = [line for s in sessions(system) for line in (s.get("proof") or {}).get("changed", [])]
     out += [f"replica {g['replica']} ({g['host']}): {g['reason']}" for g in gave_up
             if CHANGED in g["reason"]]
@@ -284,15 +286,30 @@ def data_changes(system: dict[str, Any], gave_up: list[dict[str, Any]],
             files.setdefault(part, set()).add(_file(archive))
     for node in nodes:
         data = node.get("data") or {}
+        who = f"replica {node.get('replica_index')} ({node.get('host')})"
         for part, seen in (data.get("archives") or {}).items():
-            who = f"replica {node.get('replica_index')} ({node.get('host')})"
             if seen.get("md5") not in proven.get(part, set()):
                 out.append(f"{who} read {seen.get('name')} with MD5 {seen.get('md5')}, which no "
                            "session of the run proved")
             elif data.get("source") == "shared" and _file(seen) not in files.get(part, set()):
                 out.append(f"{who} read a shared {seen.get('name')} that is not the file any "
                            "session of the run proved (its size, inode or times differ)")
+        if data.get("source") == "staged" and data.get("archives"):
+            out += _staged_unproven(who, data, proven)
     return out
+
+
+def _staged_unproven(who: str, data: dict[str, Any], proven: dict[str, set[str]]) -> list[str]:
+    """Where a copy staged on a node was not proven by its replica's own hashing during the
+    session (runner/stagecheck.py): staging's record of its MD5s is a file, never a proof."""
+    computed = data.get("computed")
+    if not isinstance(computed, dict):
+        why = data.get("computed_error") or "not finished by the session's end"
+        return [f"{who} read the archives staged on its node, which it did not hash during its "
+                f"session ({why}): a staging record is no proof"]
+    return [f"{who} read a staged {NAMES[part]} whose MD5, computed during its session, is "
+            f"{computed.get(part)}, which no session of the run proved"
+            for part in NAMES if computed.get(part) not in proven.get(part, set())]
 
 
 def _file(archive: dict[str, Any]) -> tuple[Any, ...]:

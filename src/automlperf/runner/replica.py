@@ -26,6 +26,7 @@ from automlperf import rules
 from automlperf.config import Config
 from automlperf.events import TrialOutcome
 from automlperf.graph import Graph, seeds
+from automlperf.runner.stagecheck import StagedCheck
 from automlperf.runner.trials import FailureStreak, TrialRecorder, conclusion, why_giving_up
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
 from automlperf.search.hpo import HyperSearch
@@ -89,7 +90,8 @@ class Replica:
                  probe_node: Callable[[dict[str, Any] | None], dict[str, Any] | None] | None = None,
                  start_sampler: Callable[[dict[str, Any]], Sampler | None] | None = None,
                  history: History | None = None,
-                 measure_end: Callable[[], dict[str, Any]] | None = None) -> None:
+                 measure_end: Callable[[], dict[str, Any]] | None = None,
+                 data_check: StagedCheck | None = None) -> None:
         self.place = place
         self.dir = place.dir
         self.run_id = place.run_id
@@ -106,6 +108,7 @@ class Replica:
         self._node: dict[str, Any] | None = None  # this node's description, once recorded
         self.start_sampler = start_sampler
         self.measure_end = measure_end
+        self.data_check = data_check  # the archives staged on this node, hashed meanwhile
         self.stop = threading.Event()
         self.rng = random.Random(mix_seed(self.config.seed_used(), place.index))
         self.history = history if history is not None else History(place.run_id)
@@ -159,6 +162,7 @@ class Replica:
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
         finally:
+            self._record_data_check()
             self.stop.set()
             self.store.end_replica(replica_id, status, self.clock(), reason)
             beat.join(timeout=5)
@@ -214,6 +218,26 @@ class Replica:
                                    socket.gethostname(), node, self.clock())
         except Exception:  # noqa: BLE001 - the run's result stands without it
             log.warning("replica %d: the end's ceiling was not recorded", self.index,
+                        exc_info=True)
+
+    def _record_data_check(self) -> None:
+        """The MD5s this replica computed of the archives staged on its node (runner/
+        stagecheck.py), recorded in its node description once its ranks have stopped: the
+        result holds them to the MD5s the run proved."""
+        if self.data_check is None or self._node is None or "data" not in self._node:
+            return
+        computed = self.data_check.record(self.config.run.stop_grace_s / 2)
+        if computed["computed"] is None:
+            log.warning("replica %d: the archives staged on this node were not hashed by the "
+                        "session's end (%s)", self.index, computed.get("computed_error", "not "
+                        "finished"))
+        node = {**self._node, "data": {**self._node["data"], **computed}}
+        self._node = node
+        try:
+            self.store.record_node(self.run_id, self.index, self.segment.index,
+                                   socket.gethostname(), node, self.clock())
+        except Exception:  # noqa: BLE001 - the result then names the copy as not hashed
+            log.warning("replica %d: the staged archives' MD5s were not recorded", self.index,
                         exc_info=True)
 
     def _log_name(self) -> str:

@@ -27,6 +27,7 @@ from automlperf.measure.provenance import software
 from automlperf.runner.launch import LAUNCHED_ENV, process_started_at
 from automlperf.runner import nodedata
 from automlperf.runner.replica import Placement, Replica
+from automlperf.runner.stagecheck import StagedCheck
 from automlperf.search import searcher_for
 from automlperf.search.hpo import HyperSearch, batch_range, journal_path
 from automlperf.store import TrialStatus, history
@@ -95,7 +96,7 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     # The seed the run drew at its start, when its configuration names none.
     config = config.model_copy(update={"run": config.run.model_copy(
         update={"seed": config.seed_used(recorded)})})
-    index_dir, data_record = None, None
+    index_dir, data_record, data_check = None, None, None
     if config.data.dataset == "imagenet" and config.data.data_dir is not None:
         # The data need only be on this node, checked here, once: the copy staged on it, or
         # the shared one (runner/nodedata.py).
@@ -106,6 +107,9 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
             raise
         if here is not None:
             index_dir, data_record = str(here.index_dir), here.record
+            if here.record.get("source") == "staged" and here.record.get("archives"):
+                # Its staging's record is a file: the replica hashes the copy itself.
+                data_check = StagedCheck(here.data_dir)
             config = config.model_copy(update={"data": config.data.model_copy(
                 update={"data_dir": here.data_dir})})
     wanted = devices or config.run.devices_per_replica
@@ -195,7 +199,8 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
                               config.monitor.ceiling_s, in_process=False)
     replica = Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
                       probe_node=probe, start_sampler=sampler if sample else None,
-                      history=history.shared(store.url, run_id), measure_end=measure_end)
+                      history=history.shared(store.url, run_id), measure_end=measure_end,
+                      data_check=data_check)
     if isinstance(trainer, SimulatedTrainer):
         trainer.waiter = replica.wait_stop  # a simulated epoch ends early only for a stop
     return replica
