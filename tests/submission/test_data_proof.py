@@ -239,3 +239,24 @@ def test_verify_data_names_what_it_cannot_prove(tmp_path):
     assert missing.returncode == 2
     assert "ILSVRC2012_img_train.tar not found" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_archives_reached_by_symlinks_are_proven_as_the_files_they_name(archives, tmp_path):
+    """A site may link its archives into a folder: the proof hashes the files the links name,
+    and holds each to its identity, so a link pointed elsewhere after the proof (even at a copy
+    of the same bytes) is named where a replica opens it."""
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for name in NAMES.values():
+        (linked / name).symlink_to(archives / name)
+    origin = record_origin(official(linked), run_dir=tmp_path / "run")
+    proof = origin["dataset_identity"]["proof"]
+    assert origin["dataset_identity"]["problems"] == []
+    assert proof["archives"]["train"]["inode"] == (archives / NAMES["train"]).stat().st_ino
+    system = {"dataset_identity": origin["dataset_identity"]}
+    assert nodedata.for_replica(tmp_path / "run", linked, system).record["source"] == "shared"
+    shutil.copyfile(archives / NAMES["train"], tmp_path / "copy.tar")
+    (linked / NAMES["train"]).unlink()
+    (linked / NAMES["train"]).symlink_to(tmp_path / "copy.tar")
+    with pytest.raises(DataChanged, match=f"{linked / NAMES['train']} {CHANGED}: .*inode"):
+        nodedata.for_replica(tmp_path / "run", linked, system)
