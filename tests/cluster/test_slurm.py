@@ -463,7 +463,8 @@ def test_a_staged_jobs_time_limit_holds_the_staging_and_so_does_its_resubmission
     (step,) = [" ".join(line.split()) for line in script.replace("\\\n", " ").splitlines()
                if "automlperf-stage " in line]
     assert all(flag in step for flag in ("--no-kill", "--wait=0", "--time=30",
-                                         "--cpus-per-task=2", "--exact")), step
+                                         '--cpus-per-task="$stage_cpus"', "--exact")), step
+    assert 'stage_cpus=$(( ${SLURM_CPUS_ON_NODE:-1} < 2 ? ${SLURM_CPUS_ON_NODE:-1} : 2 ))' in script
     resumed = slurm_cli("--resume", "--run-dir", run_dir)
     assert resumed.exit_code == 0 and "time limit 1:54:00" in resumed.output, resumed.output
     refused = slurm_cli("--nodes", 1, "--run-dir", tmp_path / "s", "--store", "postgresql://u@db/x",

@@ -198,8 +198,10 @@ def test_a_hand_written_staging_record_is_never_proof_the_replica_hashes_its_cop
     honest = nodedata.for_replica(run_dir, data, system)
     computed = StagedCheck(honest.data_dir).record(wait_s=120)
     assert computed == {"computed": table}
-    node = {"replica_index": 0, "host": "n1", "data": {**honest.record, **computed}}
-    assert data_changes(system, [], [node]) == []
+    # Its session's first description has no MD5s of its own yet; the last one, at its end.
+    first = {"replica_index": 0, "segment": 0, "host": "n1", "data": honest.record}
+    node = {**first, "data": {**honest.record, **computed}}
+    assert data_changes(system, [], [first, node]) == []
     # The forger's copy: other bytes, and a record of the proven MD5s with its identity.
     train = staging.staged_root(run_dir, local) / NAMES["train"]
     forged = bytearray(train.read_bytes())

@@ -294,7 +294,13 @@ def data_changes(system: dict[str, Any], gave_up: list[dict[str, Any]],
             elif data.get("source") == "shared" and _file(seen) not in files.get(part, set()):
                 out.append(f"{who} read a shared {seen.get('name')} that is not the file any "
                            "session of the run proved (its size, inode or times differ)")
+    # A replica describes its node several times a session, its own MD5s of a staged copy
+    # in the last: each replica's last description of each session is judged.
+    last = {(n.get("replica_index"), n.get("segment")): n for n in nodes}
+    for node in last.values():
+        data = node.get("data") or {}
         if data.get("source") == "staged" and data.get("archives"):
+            who = f"replica {node.get('replica_index')} ({node.get('host')})"
             out += _staged_unproven(who, data, proven)
     return out
 

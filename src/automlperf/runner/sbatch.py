@@ -52,8 +52,8 @@ STAGE_S = 1200.0
 # copy back at VERIFY_RATE, with STAGE_MARGIN ("Staging that fits 512 nodes").
 PROOF_RATE, VERIFY_RATE, SHARED_RATE = 400e6, 1e9, 100e9
 STAGE_MARGIN, MIN_STAGE_S = 1.25, 300.0
-# The staging step's CPUs on each node: one reads and writes, one computes the MD5s (fewer
-# where the job holds fewer).
+# The staging step's CPUs on each node: one reads and writes, one computes the MD5s (the
+# script asks for fewer where the job holds fewer on the node).
 STAGE_CPUS = 2
 
 
@@ -253,7 +253,7 @@ def write_job(opts: ScriptOptions) -> Written:
         run_args=" ".join(run_args), container=opts.container, pyxis_name=PYXIS_NAME, exclusive=opts.exclusive,
         all_memory=opts.all_memory(), dataset=dataset, stage_to=opts.stage_to,
         stage_s=opts.stage_s, stage_minutes=math.ceil(opts.stage_s / 60),
-        stage_cpus=STAGE_CPUS if opts.exclusive or (opts.cpus_per_task or 1) >= STAGE_CPUS else 1,
+        stage_cpus=STAGE_CPUS,
         startup_s=opts.startup_allowance_s + opts.proof_s,
         proof_s=opts.proof_s)
     write_atomic(script, text)
