@@ -149,6 +149,19 @@ def test_candidates_are_new_children_of_trained_models():
         hist.append(Model(f"new{r}", cand.graph, None, "running"))
 
 
+def test_a_model_whose_accuracy_is_not_a_number_is_not_trained():
+    """A NaN or infinite accuracy (kept by a store before the service refused them) is left
+    out of the fit, which would otherwise fail for every replica at every candidate."""
+    hist = history_of(family(10, seed=7), random.Random(7))
+    poisoned = hist + [Model("nan", morph(SMALL, "deepen", 4)[0], float("nan")),
+                       Model("inf", morph(SMALL, "deepen", 5)[0], float("inf"))]
+    cand = next_candidate(poisoned, random.Random(3), seed_graph=SMALL)
+    assert cand.parent_id not in ("nan", "inf")
+    assert cand.graph.content_hash() == next_candidate(
+        hist + [Model(m.id, m.graph, None, "running") for m in poisoned[-2:]],
+        random.Random(3), seed_graph=SMALL).graph.content_hash()
+
+
 def test_deepen_blocks_use_the_kernel_size_given():
     hist = [Model(0, SMALL, 0.5)]
     seen = set()

@@ -237,6 +237,29 @@ class TestStoreContract:
         assert sum(e.ops for e in eps) == sum(15 * (3 * 7 * w + 3) for w in range(8))
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_reads_of_more_ids_than_a_statement_takes_are_asked_in_parts(backend, tmp_path, request):
+    """70,000 ids or change numbers (PostgreSQL takes 65,535 parameters in a statement, SQLite
+    32,766): read in statements of a bounded size, not refused, and not taken for an outage
+    to wait out."""
+    url = f"sqlite:///{tmp_path / 'h.db'}" if backend == "sqlite" else \
+        request.getfixturevalue("pg_url")
+    store = open_store(url, create=True)
+    try:
+        run_id, trial = one_trial(store)
+        store.record_epoch(epoch(run_id, trial, 0))
+        many = list(range(70_000)) + [trial]
+        assert store.graphs(many) == {trial: store.trial(trial).graph_json}
+        changed = store.changes(run_id, 0).rows[0].changed
+        assert [c.id for c in store.changes(run_id, 10**9, many + [changed]).rows] == [trial]
+        seq = store.epochs_after(run_id, 0)[0][0]
+        assert [n for n, _, _ in store.epochs_after(run_id, 10**9, many + [seq])] == [seq]
+        replica_changed = store.replica_changes(run_id, 0).rows[0][0]
+        assert len(store.replica_changes(run_id, 10**9, many + [replica_changed]).rows) == 1
+    finally:
+        store.close()
+
+
 def test_an_unreachable_postgres_server_is_retried(pg_server, pg_url):
     s = open_store(pg_url, create=True)
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)

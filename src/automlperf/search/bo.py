@@ -218,7 +218,10 @@ class Searcher:
         started = self.clock()
         if taken is None:
             taken = {m.content_hash for m in history}
-        trained = [m for m in history if m.status == TRAINED and m.accuracy is not None]
+        # A non-finite accuracy (a store that kept one before the service refused them) would
+        # make the Gaussian process's fit fail for every replica: it is no trained model.
+        trained = [m for m in history if m.status == TRAINED and m.accuracy is not None
+                   and math.isfinite(m.accuracy)]
         if not trained:
             return self._cold_start(seed_graph, taken, rng, kernel_size, started)
         return self._choose(history, trained, taken, rng, kernel_size, started)

@@ -10,6 +10,8 @@ from typing import Any, Generic, TypeVar
 
 from automlperf.events import EpochEvent
 from automlperf.errors import UserError
+from automlperf.store.limits import (Accuracy, Devices, Hash, Host, Id, Ids, Name, Number,
+                                     Samples, Seconds, Status, Text, Time, Until)
 
 # 2: replicas record why they stopped (a run that cannot train says so).
 SCHEMA_VERSION = 2
@@ -95,17 +97,17 @@ class Claim:
     trial it makes, running under the claim's lease (``lease_s`` from ``now``) until its
     replica's heartbeats hold it."""
 
-    run_id: int
-    replica_id: int
-    replica_index: int
-    graph_hash: str
-    graph_json: str
-    parent_id: int | None
+    run_id: Id
+    replica_id: Id
+    replica_index: Id
+    graph_hash: Hash
+    graph_json: Text
+    parent_id: Id | None
     morphs: list[dict[str, Any]]
-    round: int
+    round: Id
     hparams: dict[str, Any]
-    now: float
-    lease_s: float
+    now: Time
+    lease_s: Seconds
 
 
 @dataclass(kw_only=True)
@@ -204,29 +206,29 @@ class RunRecords(ABC):
     any database."""
 
     @abstractmethod
-    def run(self, run_id: int) -> dict[str, Any]:
+    def run(self, run_id: Id) -> dict[str, Any]:
         """The run: its id, name, created_at, duration_s, config and system (parsed);
         :class:`StoreError` when there is no such run."""
 
     @abstractmethod
-    def segments(self, run_id: int) -> list[SegmentRecord]:
+    def segments(self, run_id: Id) -> list[SegmentRecord]:
         """The run's sessions of the primary, oldest first."""
 
     @abstractmethod
-    def replicas(self, run_id: int) -> list[ReplicaRecord]:
+    def replicas(self, run_id: Id) -> list[ReplicaRecord]:
         """The run's replica processes, in the order they registered."""
 
     @abstractmethod
-    def trials(self, run_id: int, after_id: int = 0) -> list[TrialRecord]:
+    def trials(self, run_id: Id, after_id: Number = 0) -> list[TrialRecord]:
         """The run's trials numbered above ``after_id``, by id, each with its graph and
         with ``best_accuracy`` so far for one still running."""
 
     @abstractmethod
-    def epochs(self, run_id: int) -> list[EpochRecord]:
+    def epochs(self, run_id: Id) -> list[EpochRecord]:
         """Every epoch the run recorded, by when it ended."""
 
     @abstractmethod
-    def samples(self, run_id: int) -> list[dict[str, Any]]:
+    def samples(self, run_id: Id) -> list[dict[str, Any]]:
         """The monitor's samples as it recorded them, each with its ``node``, by time."""
 
     def sample_figure_chunks(self, run_id: int,
@@ -251,7 +253,7 @@ class RunRecords(ABC):
                for s in self.samples(run_id)]
 
     @abstractmethod
-    def nodes(self, run_id: int) -> list[dict[str, Any]]:
+    def nodes(self, run_id: Id) -> list[dict[str, Any]]:
         """Every node description, oldest first, each with ``replica_index``, ``segment``,
         ``host`` and ``recorded_at`` beside its own fields. Stores made before nodes were
         recorded have none."""
@@ -295,55 +297,55 @@ class Store(RunRecords):
 
     # runs and segments ---------------------------------------------------------------------
     @abstractmethod
-    def create_run(self, name: str, config: dict[str, Any], system: dict[str, Any],
-                   duration_s: float, now: float) -> int:
+    def create_run(self, name: Name, config: dict[str, Any], system: dict[str, Any],
+                   duration_s: Seconds, now: Time) -> int:
         """The id of a new run of ``duration_s`` seconds, created at ``now``."""
 
     @abstractmethod
-    def extend_run(self, run_id: int, duration_s: float, config: dict[str, Any],
+    def extend_run(self, run_id: Id, duration_s: Seconds, config: dict[str, Any],
                    system: dict[str, Any]) -> None:
         """Give the run a longer duration (its configuration and system record, which
         name the extension, with it)."""
 
     @abstractmethod
-    def start_segment(self, run_id: int, now: float, deadline_at: float) -> int:
+    def start_segment(self, run_id: Id, now: Time, deadline_at: Until) -> int:
         """The index of the primary's new session of the run (0 for its first), started
         at ``now`` and due to end at ``deadline_at``."""
 
     @abstractmethod
-    def touch_segment(self, run_id: int, index: int, now: float) -> None:
+    def touch_segment(self, run_id: Id, index: Id, now: Time) -> None:
         """The primary of session ``index`` was alive at ``now`` (``last_seen``); an ended
         session is left as it is."""
 
     @abstractmethod
-    def end_segment(self, run_id: int, index: int, ended_at: float) -> None:
+    def end_segment(self, run_id: Id, index: Id, ended_at: Time) -> None:
         """Session ``index`` ended at ``ended_at``; one that had ended is left as it is."""
 
     # replicas ------------------------------------------------------------------------------
     @abstractmethod
-    def register_replica(self, run_id: int, index: int, segment: int, host: str, pid: int,
-                         devices: list[str], now: float) -> int:
+    def register_replica(self, run_id: Id, index: Id, segment: Id, host: Host, pid: Id,
+                         devices: Devices, now: Time) -> int:
         """The id of replica ``index`` of session ``segment``, starting at ``now`` as process
         ``pid`` on ``host`` with ``devices``; running, with a heartbeat at ``now``."""
 
     @abstractmethod
-    def heartbeat(self, replica_id: int, now: float, lease_s: float) -> SegmentRecord | None:
+    def heartbeat(self, replica_id: Id, now: Time, lease_s: Seconds) -> SegmentRecord | None:
         """Mark the replica alive until ``now + lease_s`` (the leases of its running trials
         follow), and return its session as the primary last wrote it (None: no such
         replica)."""
 
     @abstractmethod
-    def end_replica(self, replica_id: int, status: str, now: float, reason: str = "") -> None:
+    def end_replica(self, replica_id: Id, status: Status, now: Time, reason: Text = "") -> None:
         """Record how a running replica ended; ``reason`` says why one gave up."""
 
     @abstractmethod
-    def replica_changes(self, run_id: int, after: int,
-                        also: Sequence[int] = ()) -> Changes[tuple[int, ReplicaRecord]]:
+    def replica_changes(self, run_id: Id, after: Number,
+                        also: Ids = ()) -> Changes[tuple[int, ReplicaRecord]]:
         """(change number, replica) of the replicas registered or ended since change
         ``after`` (and those numbered in ``also``): what the primary reads every second."""
 
     @abstractmethod
-    def silent_replicas(self, run_id: int, before: float) -> list[int]:
+    def silent_replicas(self, run_id: Id, before: Time) -> list[int]:
         """Ids of the running replicas whose last heartbeat is older than ``before``."""
 
     # trials --------------------------------------------------------------------------------
@@ -353,39 +355,39 @@ class Store(RunRecords):
         run already."""
 
     @abstractmethod
-    def finish_trial(self, trial_id: int, status: str, now: float, reason: str = "",
-                     best_accuracy: float | None = None,
-                     predicted_accuracy: float | None = None, weights_path: str | None = None,
+    def finish_trial(self, trial_id: Id, status: Status, now: Time, reason: Text = "",
+                     best_accuracy: Accuracy | None = None,
+                     predicted_accuracy: Accuracy | None = None, weights_path: Text | None = None,
                      extra: dict[str, Any] | None = None) -> bool:
         """End a running trial as ``status`` (``completed``, ``failed`` or ``stopped``) at
         ``now``, with its figures. True when it ended so: now, or by this very call sent
         again; False when it had ended otherwise before (nothing is changed)."""
 
     @abstractmethod
-    def expire_leases(self, run_id: int, now: float) -> list[int]:
+    def expire_leases(self, run_id: Id, now: Until) -> list[int]:
         """Fail the run's running trials whose lease has lapsed by ``now``
         (:data:`LEASE_EXPIRED`); the ids of those failed now."""
 
     @abstractmethod
-    def trial(self, trial_id: int) -> TrialRecord:
+    def trial(self, trial_id: Id) -> TrialRecord:
         """The trial, as :meth:`trials` gives it; :class:`StoreError` when there is none."""
 
     @abstractmethod
-    def tally(self, run_id: int) -> list[TrialTally]:
+    def tally(self, run_id: Id) -> list[TrialTally]:
         """Trials counted by replica and status: a few rows, however long the history."""
 
     @abstractmethod
-    def summaries(self, run_id: int) -> list[TrialSummary]:
+    def summaries(self, run_id: Id) -> list[TrialSummary]:
         """Every trial's id, hash, status and accuracies, without its graph."""
 
     @abstractmethod
-    def changes(self, run_id: int, after: int, also: Sequence[int] = ()) -> Changes[TrialChange]:
+    def changes(self, run_id: Id, after: Number, also: Ids = ()) -> Changes[TrialChange]:
         """The trials claimed or ended since change ``after`` (and those numbered in
         ``also``), by change number: a replica's history read costs what changed since its
         last one, however long the history."""
 
     @abstractmethod
-    def graphs(self, trial_ids: Sequence[int]) -> dict[int, str]:
+    def graphs(self, trial_ids: Ids) -> dict[int, str]:
         """The graphs (JSON) of these trials, by id: fetched when the search needs them."""
 
     # epochs and samples --------------------------------------------------------------------
@@ -395,8 +397,8 @@ class Store(RunRecords):
         recorded already, differently."""
 
     @abstractmethod
-    def epochs_after(self, run_id: int, after: int,
-                     also: Sequence[int] = ()) -> list[tuple[int, int, EpochRecord]]:
+    def epochs_after(self, run_id: Id, after: Number,
+                     also: Ids = ()) -> list[tuple[int, int, EpochRecord]]:
         """(number, replica index, epoch) of the run's epochs the store numbered above
         ``after``, and of the epochs of any run numbered in ``also``, by number. Numbers
         follow the order the store received epochs in; one may show up later than a higher
@@ -408,14 +410,14 @@ class Store(RunRecords):
         """The highest number the store has given a committed epoch of any run; 0 if none."""
 
     @abstractmethod
-    def add_samples(self, run_id: int, node: str, samples: list[dict[str, Any]]) -> None:
+    def add_samples(self, run_id: Id, node: Host, samples: Samples) -> None:
         """Keep the monitor's ``samples`` of ``node`` (each a JSON object with its time
         ``t``), once."""
 
     # nodes ---------------------------------------------------------------------------------
     @abstractmethod
-    def record_node(self, run_id: int, replica_index: int, segment: int, host: str,
-                    description: dict[str, Any], now: float) -> None:
+    def record_node(self, run_id: Id, replica_index: Id, segment: Id, host: Host,
+                    description: dict[str, Any], now: Time) -> None:
         """What a replica found on its node when it started (hardware, measured ceiling)."""
 
     @abstractmethod

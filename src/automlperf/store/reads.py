@@ -6,10 +6,12 @@ read."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from automlperf.events import TrialStatus
 from automlperf.store.base import (EPOCH_FIELDS, EpochRecord, ReplicaRecord, SampleFigures,
@@ -21,6 +23,36 @@ from automlperf.store.values import bulk, unpacked
 
 RUNNING = TrialStatus.RUNNING.value
 SAMPLE_CHUNK = 20_000
+# Values in one IN list on SQLite, which takes at most 32,766 parameters in a statement (999
+# before 3.32). PostgreSQL takes 65,535 (psycopg says so as an OperationalError, which the
+# store would wait out as an outage): there a list is one array parameter.
+IN_CHUNK = 10_000 if sqlite3.sqlite_version_info >= (3, 32) else 900
+
+
+def one_of(conn: sa.Connection, column: Any, values: Sequence[int]) -> list[Any]:
+    """Conditions, one per statement, that together hold where ``column`` is one of
+    ``values``: one ``= ANY(array)`` on PostgreSQL, IN lists of IN_CHUNK on SQLite."""
+    if not values:
+        return []
+    if conn.dialect.name == "postgresql":
+        return [column == sa.any_(sa.cast(sa.bindparam("one_of", list(values),
+                                                       type_=ARRAY(sa.BigInteger)),
+                                          ARRAY(sa.BigInteger)))]
+    ordered = list(values)
+    return [column.in_(ordered[i:i + IN_CHUNK]) for i in range(0, len(ordered), IN_CHUNK)]
+
+
+def _numbered(conn: sa.Connection, fetch: Callable[[Any], list[Any]], column: Any, after: int,
+              also: Sequence[int], number: Callable[[Any], int], mine: Any = None) -> list[Any]:
+    """The rows ``fetch(condition)`` finds whose ``column`` is above ``after`` (and ``mine``
+    holds) or one of ``also``, in its order."""
+    rows = fetch(column > after if mine is None else mine & (column > after))
+    asked = sorted({a for a in also if a <= after})
+    for condition in one_of(conn, column, asked):
+        rows += fetch(condition)
+    if asked:
+        rows.sort(key=number)
+    return rows
 
 
 def epoch_seq(sqlite: bool) -> Any:
@@ -60,11 +92,10 @@ def replicas(conn: sa.Connection, run_id: int) -> list[ReplicaRecord]:
 def replica_changes(conn: sa.Connection, run_id: int, after: int,
                     also: Sequence[int] = ()) -> list[tuple[int, ReplicaRecord]]:
     """(change number, replica) of the replicas registered or ended since ``after``."""
-    wanted = T_REPLICAS.c.changed > after
-    if also:
-        wanted = wanted | T_REPLICAS.c.changed.in_(list(also))
-    rows = conn.execute(sa.select(T_REPLICAS).where((T_REPLICAS.c.run_id == run_id) & wanted)
-                        .order_by(T_REPLICAS.c.changed)).mappings().all()
+    rows = _numbered(conn, lambda wanted: list(conn.execute(
+        sa.select(T_REPLICAS).where((T_REPLICAS.c.run_id == run_id) & wanted)
+        .order_by(T_REPLICAS.c.changed)).mappings()), T_REPLICAS.c.changed, after, also,
+        lambda r: r["changed"])
     return [(int(r["changed"]), replica_from_row(r)) for r in rows]
 
 
@@ -123,21 +154,19 @@ def changes(conn: sa.Connection, run_id: int, after: int,
             also: Sequence[int] = ()) -> list[TrialChange]:
     """The trials claimed or ended since change ``after`` (and those numbered in ``also``),
     in the order of their change numbers: what a history read since its last read needs."""
-    wanted = T_TRIALS.c.changed > after
-    if also:
-        wanted = wanted | T_TRIALS.c.changed.in_(list(also))
-    rows = conn.execute(sa.select(T_TRIALS.c.changed, *SUMMARY)
-                        .where((T_TRIALS.c.run_id == run_id) & wanted)
-                        .order_by(T_TRIALS.c.changed)).mappings().all()
+    rows = _numbered(conn, lambda wanted: list(conn.execute(
+        sa.select(T_TRIALS.c.changed, *SUMMARY).where((T_TRIALS.c.run_id == run_id) & wanted)
+        .order_by(T_TRIALS.c.changed)).mappings()), T_TRIALS.c.changed, after, also,
+        lambda r: r["changed"])
     return [TrialChange(**row) for row in rows]
 
 
 def graphs(conn: sa.Connection, ids: Sequence[int]) -> dict[int, str]:
-    if not ids:
-        return {}
-    rows = conn.execute(sa.select(T_TRIALS.c.id, T_TRIALS.c.graph_json)
-                        .where(T_TRIALS.c.id.in_(list(ids)))).all()
-    return {int(i): g for i, g in rows}
+    out: dict[int, str] = {}
+    for condition in one_of(conn, T_TRIALS.c.id, sorted(set(ids))):
+        out.update((int(t), g) for t, g in conn.execute(
+            sa.select(T_TRIALS.c.id, T_TRIALS.c.graph_json).where(condition)))
+    return out
 
 
 def last_change(conn: sa.Connection, run_id: int) -> int:
@@ -164,13 +193,12 @@ def epochs(conn: sa.Connection, run_id: int) -> list[EpochRecord]:
 def epochs_after(conn: sa.Connection, sqlite: bool, run_id: int, after: int,
                  also: Sequence[int] = ()) -> list[tuple[int, int, EpochRecord]]:
     seq = epoch_seq(sqlite)
-    wanted = (T_EPOCHS.c.run_id == run_id) & (seq > after)
-    if also:
-        wanted = wanted | seq.in_(list(also))
-    query = (sa.select(seq.label("seq"), T_TRIALS.c.replica_index, *T_EPOCHS.c)
-             .join(T_TRIALS, T_TRIALS.c.id == T_EPOCHS.c.trial_id)
-             .where(wanted).order_by(seq))
-    rows = conn.execute(query).mappings().all()
+    # A number in ``also`` is asked whatever its run: one skipped may be another run's.
+    rows = _numbered(conn, lambda wanted: list(conn.execute(
+        sa.select(seq.label("seq"), T_TRIALS.c.replica_index, *T_EPOCHS.c)
+        .join(T_TRIALS, T_TRIALS.c.id == T_EPOCHS.c.trial_id)
+        .where(wanted).order_by(seq)).mappings()), seq, after, also, lambda r: r["seq"],
+        mine=T_EPOCHS.c.run_id == run_id)
     fields = [c.name for c in T_EPOCHS.c]
     return [(int(r["seq"]), int(r["replica_index"]),
              EpochRecord(**{**{k: r[k] for k in fields}, "ops": int(r["ops"])}))

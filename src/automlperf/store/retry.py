@@ -60,7 +60,9 @@ def _transient(exc: BaseException) -> bool:
     if isinstance(exc, IntegrityError):
         return False
     if isinstance(exc, OperationalError):
-        return True
+        # psycopg says a statement has too many parameters (over 65,535) as an operational
+        # error: no wait makes it pass.
+        return "number of parameters" not in str(exc.orig)
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 

@@ -135,8 +135,11 @@ class Writes:
                                  lease_until=sa.bindparam("lu")),
                          [{"rid": r, "hb": hb, "lu": lu} for r, hb, lu in beats])
             return
-        rids, hbs, lus = (list(column) for column in zip(*beats))
-        conn.execute(_BEATS, {"rid": rids, "hb": hbs, "lu": lus})
+        # One type per array (psycopg refuses a list of ints and floats): a time may have
+        # come as a whole number.
+        conn.execute(_BEATS, {"rid": [int(r) for r, _, _ in beats],
+                              "hb": [float(hb) for _, hb, _ in beats],
+                              "lu": [float(lu) for _, _, lu in beats]})
 
     def end_replica(self, conn: sa.Connection, replica_id: int, status: str, now: float,
                     reason: str = "") -> int | None:

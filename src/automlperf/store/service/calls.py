@@ -12,22 +12,46 @@ run's state). Arguments are JSON: a count is an int (not a bool), a time or a fi
 a float (NaN and infinity included: a diverged loss, a deadline that never comes); a record
 travels as the list :func:`~automlperf.store.service.wire.pack` made, each value checked
 against its field's hint. A hint's rules (``Annotated[float, Rule(...)]``, store/hints.py)
-are checked with it: a bound on a call's argument is written on ``Store``'s signature."""
+are checked with it: a bound on a call's argument is written on ``Store``'s signature (the
+kinds of store/limits.py: finite times, accuracies from 0 to 1, bounded lists and strings,
+known statuses), and on ``Claim``'s fields; an epoch's, whose record is the trainer's event
+(events.py, which knows no store), in ``FIELD_LIMITS``. A time sent as a whole number is
+kept as a float (the heartbeats' flush writes them as one array of one type)."""
 
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Union
 
-from automlperf.store.base import Store
+from automlperf.store import limits
+from automlperf.store.base import EpochRecord, Store
 from automlperf.store.hints import Check, checker, field_hints, named, shown
 from automlperf.store.service import wire
 
 # Store's methods that are no calls: each process closes its own store.
 LOCAL = frozenset({"close"})
+
+# The calls only the primary makes (a connection that proved the primary's token, which the
+# replicas never hold): a broken replica cannot fail every running trial, rewrite the run or
+# end its session.
+PRIMARY_ONLY = frozenset({"create_run", "extend_run", "start_segment", "touch_segment",
+                          "end_segment", "expire_leases"})
+
+# The bounds of an epoch's fields over their types (a field not named: its type alone).
+FIELD_LIMITS: dict[type, dict[str, Any]] = {
+    EpochRecord: {"run_id": limits.Id, "trial_id": limits.Id, "epoch": limits.Id,
+                  "started_at": limits.Time, "ended_at": limits.Time,
+                  "train_images": limits.Number, "val_images": limits.Number,
+                  "steps": limits.Number, "ops": limits.Number,
+                  "val_accuracy": limits.Accuracy, "precision": limits.Hash,
+                  "batch_size": limits.Id, "world_size": limits.Id,
+                  "skipped_images": limits.Number, "val_skipped": limits.Number,
+                  "decode_path": limits.Text, "cpu_decoded": limits.Number},
+}
 
 
 class CallError(ValueError):
@@ -66,7 +90,8 @@ class Call:
                    defaults={p.name: p.default for p in params if p.default is not p.empty},
                    returns=returns,
                    encode={p: c for p, k in kinds.items() if (c := wire.encoder(k)) is not None},
-                   decode={p: c for p, k in kinds.items() if (c := wire.decoder(k)) is not None},
+                   decode={p: c for p, k in kinds.items()
+                           if (c := _as_float(k) or wire.decoder(k)) is not None},
                    encode_value=wire.encoder(returns), decode_value=wire.decoder(returns),
                    checks={p: _record_check(name, k) if wire.is_record(k) else checker(k)
                            for p, k in kinds.items()})
@@ -121,7 +146,8 @@ class Call:
 def _record_check(op: str, cls: type) -> Check:
     """A packed record's check: its length, each value against its field's hint; a refusal
     names the field."""
-    fields = [(name, kind, checker(kind, record=True)) for name, kind in field_hints(cls).items()]
+    hints = {**field_hints(cls), **FIELD_LIMITS.get(cls, {})}
+    fields = [(name, kind, checker(kind, record=True)) for name, kind in hints.items()]
 
     def check(value: Any) -> bool:
         if not isinstance(value, list) or len(value) != len(fields):
@@ -133,6 +159,22 @@ def _record_check(op: str, cls: type) -> Check:
         return True
 
     return check
+
+
+def _as_float(kind: Any) -> wire.Convert | None:
+    """A number's conversion to a float (None: ``kind`` is no number): JSON's whole numbers
+    come as ints."""
+    origin, params = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Annotated:
+        return _as_float(params[0])
+    if origin in (Union, types.UnionType) and type(None) in params and len(params) == 2:
+        inner = _as_float(next(p for p in params if p is not type(None)))
+        return None if inner is None else _float_or_none
+    return float if kind is float else None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _open(self: Any) -> int:

@@ -143,15 +143,15 @@ class RunState:
     def changes(self, after: int, also: Sequence[int]) -> list[TrialChange]:
         """The trials whose last change is numbered above ``after`` or in ``also``. A trial
         the reader saw claimed (its claim numbered up to ``after``) comes without its hash."""
+        asked = set(also)  # looked up once per trial: a list would cost trials x its length
         start = bisect.bisect_right(self.trial_log, (after, float("inf")))
         wanted = [i for _, i in self.trial_log[start:]]
-        if also:
-            asked = set(also)
+        if asked:
             wanted += [t.id for t in self.trials.values() if t.changed in asked]
         out, seen = [], set()
         for trial_id in wanted:
             trial = self.trials[trial_id]
-            if trial_id in seen or (trial.changed <= after and trial.changed not in also):
+            if trial_id in seen or (trial.changed <= after and trial.changed not in asked):
                 continue  # an older entry of the log; its latest follows
             seen.add(trial_id)
             out.append(trial.change(omit_hash=0 < trial.claimed <= after))
@@ -214,15 +214,15 @@ class RunState:
 
     def replica_changes(self, after: int,
                         also: Sequence[int]) -> list[tuple[int, ReplicaRecord]]:
+        asked = set(also)
         start = bisect.bisect_right(self.replica_log, (after, float("inf")))
         ids = [i for _, i in self.replica_log[start:]]
-        if also:
-            asked = set(also)
+        if asked:
             ids += [i for i, r in self.replicas.items() if r.changed in asked]
         out: dict[int, tuple[int, ReplicaRecord]] = {}
         for rid in ids:
             rep = self.replicas[rid]
-            if rep.changed > after or rep.changed in also:
+            if rep.changed > after or rep.changed in asked:
                 out[rid] = (rep.changed, replace(rep.record))
         return sorted(out.values(), key=lambda x: x[0])
 

@@ -104,6 +104,13 @@ def greeting_refusal(hello: Any, schema: int) -> tuple[str, str] | None:
     return None
 
 
+def shown(value: Any, size: int = 20) -> str:
+    """A value another process sent, as a log line or a message may repeat it: short, and
+    printable (no newline of its own)."""
+    text = value if isinstance(value, str) else repr(value)
+    return ascii(text[:size])[1:-1]
+
+
 def keepalive(sock: Any) -> None:
     """TCP keepalive: a peer that vanished (a node powered off, a cable pulled) is noticed
     in about two minutes instead of holding its connection for hours."""
