@@ -47,7 +47,8 @@ def outcome(sock: socket.socket, limit: float = 120.0) -> str:
     said = ""
     if len(got) >= wire.HEADER.size:
         length, flags = wire.HEADER.unpack(got[:wire.HEADER.size])
-        said = str(wire.decode(flags, got[wire.HEADER.size:wire.HEADER.size + length]).get("m", ""))
+        said = str(wire.decode(flags, got[wire.HEADER.size:wire.HEADER.size + length],
+                               wire.MAX_FRAME).get("m", ""))
     return f"answered {said!r}, closed" if said else "closed, no answer"
 
 

@@ -38,12 +38,13 @@ from bench_control import (Watch, figures, options, rss_mib, seen, snapshot,  # 
 HERE = Path(__file__).resolve().parent
 
 
-def service_command(transport: str, run_dir: Path) -> list[str]:
+def service_command(transport: str, run_dir: Path, replicas: int) -> list[str]:
     files = ["--file", str(run_dir / "store-service.json"), "--token-file",
              str(run_dir / ".store-service.token"), "--calls-file",
              str(run_dir / "logs" / "store-service-calls.json")]
     if transport == "socket":
-        return [sys.executable, "-m", "automlperf.store.service", *files]
+        return [sys.executable, "-m", "automlperf.store.service", *files,
+                "--replicas", str(replicas)]
     return [sys.executable, str(HERE / "grpc_store.py"), *files] + (
         ["--insecure"] if transport == "grpc" else [])
 
@@ -68,18 +69,18 @@ def connections(pid: int) -> int:
 def one(transport: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from automlperf.store import open_store
     from automlperf.store.pgserver import PostgresServer
-    from automlperf.store.service.process import token_for
+    from automlperf.store.service.process import new_token
     from automlperf.store.urls import STORE_ENV
 
     n = args.replicas
     run_dir = work / f"run-{transport}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    token_for(run_dir / ".store-service.token")
+    new_token(run_dir / ".store-service.token")
     server = PostgresServer(work / f"postgres-{transport}")
     url = server.start()
     open_store(url, create=True).close()
     env = dict(os.environ, **{STORE_ENV: url})
-    service = subprocess.Popen(service_command(transport, run_dir), env=env,
+    service = subprocess.Popen(service_command(transport, run_dir, n), env=env,
                                stdout=open(run_dir / "logs" / "store-service.log", "w"),
                                stderr=subprocess.STDOUT)
     service_file = run_dir / "store-service.json"
@@ -90,7 +91,8 @@ def one(transport: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         time.sleep(0.05)
     watch = Watch(url, work / f"postgres-{transport}")
     try:
-        own = client_for(transport, service_file)
+        # The run and its session as a primary makes them: on the database, before serving.
+        own = open_store(url)
         run_id = own.create_run("transport", {}, {}, args.window, time.time())
         now = time.time()
         segment = own.start_segment(run_id, now, now + args.window)

@@ -64,7 +64,7 @@ async def serve(service: Service, port: int, tls: tuple[Path, Path] | None,
         try:
             length, flags = wire.HEADER.unpack_from(request)
             wire.check_header(length, flags, wire.MAX_REQUEST)
-            message = wire.decode(flags, request[wire.HEADER.size:])
+            message = wire.decode(flags, request[wire.HEADER.size:], wire.MAX_REQUEST)
         except (wire.ProtocolError, ValueError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return await service.handle(message)
@@ -124,7 +124,7 @@ class GrpcStore(RemoteStore):
         except grpc.RpcError as exc:
             raise ServiceUnavailable(f"{exc.code().name}: {exc.details()}") from None
         length, flags = wire.HEADER.unpack_from(body)
-        return wire.decode(flags, body[wire.HEADER.size:]), len(body)
+        return wire.decode(flags, body[wire.HEADER.size:], wire.MAX_FRAME), len(body)
 
     def close(self) -> None:
         super().close()

@@ -452,9 +452,10 @@ def copy_of(folder, tmp_path):
     return copy
 
 
-def handshake(sock, token):
-    """The store service's greeting on ``sock``, proving ``token`` as the run's: the
-    service's last answer (``{"v": ...}``), or its refusal."""
+def handshake(sock, token, primary=None):
+    """The store service's greeting on ``sock``, proving ``token`` as the run's (and
+    ``primary`` as the primary's own): the service's last answer (``{"v": ...}``), or its
+    refusal."""
     from automlperf.store.base import SCHEMA_VERSION
     from automlperf.store.service import wire
 
@@ -463,7 +464,10 @@ def handshake(sock, token):
     answer = wire.read_frame(sock)[0]
     if "e" in answer:
         return answer
-    sock.sendall(wire.encode({"proof": wire.proof(token, "client", answer["nonce"], ours)}))
+    proofs = {"proof": wire.proof(token, "client", answer["nonce"], ours)}
+    if primary is not None:
+        proofs["primary"] = wire.proof(primary, "primary", answer["nonce"], ours)
+    sock.sendall(wire.encode(proofs))
     return wire.read_frame(sock)[0]
 
 

@@ -235,11 +235,11 @@ def test_an_open_file_limit_too_small_for_the_replicas_is_refused_before_it_star
                           capture_output=True, text=True, timeout=600, preexec_fn=limited)
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert "needs 178 open files for 40 replicas" in line and "at most 150" in line
+    assert "needs 228 open files for 40 replicas" in line and "at most 150" in line
     assert "ulimit -Hn" in line
     assert not (tmp_path / "run").exists()
     connections.check_open_files(10_000, 20_000)  # this machine's limit holds 10,000
-    with pytest.raises(StoreError, match="needs 12628 open files"):
+    with pytest.raises(StoreError, match="needs 16724 open files"):
         connections.check_open_files(10_000, 4096)
 
 

@@ -19,12 +19,12 @@ def service(pg_url, tmp_path):
 
 @pytest.fixture
 def served(service, pg_url):
-    """(the store service's client, the database's store)."""
+    """(the store service's client, as the run's primary, the database's store)."""
     from automlperf.store import open_store
     from automlperf.store.service.client import RemoteStore
 
     direct = open_store(pg_url)
-    remote = RemoteStore(service.file)
+    remote = RemoteStore(service.file, primary_token=service.primary_token)
     yield remote, direct
     remote.close()
     direct.close()

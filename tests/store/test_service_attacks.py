@@ -4,6 +4,7 @@ are not this protocol's answered in one line while the run's own clients go on. 
 service on a real PostgreSQL server."""
 
 import json
+import math
 import socket
 import zlib
 
@@ -11,7 +12,9 @@ import psutil
 import pytest
 
 from automlperf.store.base import SCHEMA_VERSION
+from automlperf.store.limits import MAX_IDS
 from automlperf.store.service import wire
+from door import wait_until
 from helpers import call, handshake, new_claim
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -50,6 +53,27 @@ def rss(service):
     return psutil.Process(service.proc.pid).memory_info().rss
 
 
+def peak(service, reset=False):
+    """The service's peak resident memory since the last reset (the kernel's high-water
+    mark: what an attack cost at its height, not what is left once it is over)."""
+    if reset:
+        with open(f"/proc/{service.proc.pid}/clear_refs", "w") as f:
+            f.write("5")
+    with open(f"/proc/{service.proc.pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+def flood(sock, size):
+    """Send ``size`` bytes on ``sock`` unless the service closes it first: the bytes it sent."""
+    sent, chunk = 0, b"x" * (1 << 20)
+    try:
+        while sent < size:
+            sent += sock.send(chunk)
+    except OSError:
+        pass
+    return sent
+
+
 def bomb(size=1 << 30):
     """A zlib stream of ``size`` zero bytes: about a thousandth of that on the wire."""
     squeeze = zlib.compressobj(9)
@@ -62,9 +86,14 @@ def test_strangers_are_refused_before_they_cost_the_service_memory(service, serv
     remote, direct = served
     slow = connect(service)
     slow.sendall(b"\x00")  # one byte of a header, and nothing more: never greets
-    before = rss(service)
     squeezed = bomb()
     assert len(squeezed) < 2 << 20
+    before = peak(service, reset=True)
+    # Before anyone is known, a header announcing 1 GiB and 256 MiB of it: refused from its
+    # header (the rest is never read), whatever the greeting's deadline.
+    sock = connect(service)
+    sock.sendall(wire.HEADER.pack(1 << 30, 0))
+    assert flood(sock, 256 << 20) < 256 << 20 and closed(sock)
 
     for token in ("wrong", ""):
         sock, answer = greet(service, token)
@@ -73,17 +102,26 @@ def test_strangers_are_refused_before_they_cost_the_service_memory(service, serv
     sock = connect(service)
     sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION}))  # no nonce
     assert "without its nonce" in wire.read_frame(sock)[0]["m"] and closed(sock)
-    # Before anyone is known: a header announcing 1 GiB, a compressed greeting that would
-    # inflate to 1 GiB, and bytes that are not this protocol.
-    sock = connect(service)
-    sock.sendall(wire.HEADER.pack(1 << 30, 0) + b"x" * 1024)
-    assert closed(sock)
+    # A compressed greeting that would inflate to 1 GiB, and bytes that are not this
+    # protocol.
     sock = connect(service)
     sock.sendall(wire.HEADER.pack(len(squeezed), 1) + squeezed)
     assert closed(sock)
     sock = connect(service)
     sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert closed(sock)
+    # A JSON nested 2,000 deep, and a proof that is not ASCII: closed, nothing raised past
+    # the connection (no traceback per stranger in the log).
+    sock = connect(service)
+    sock.sendall(wire.encode_text("[" * 2000))
+    assert closed(sock)
+    sock = connect(service)
+    ours = wire.nonce()
+    sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION, "nonce": ours}))
+    wire.read_frame(sock)
+    sock.sendall(wire.encode({"proof": "é" * 64}))
+    assert "wrong token" in wire.read_frame(sock)[0]["m"] and closed(sock)
+    strangers = peak(service) - before
     # With the run's token: a compressed bomb as a call, and a call larger than any request.
     sock, answer = greet(service)
     assert "v" in answer
@@ -91,12 +129,16 @@ def test_strangers_are_refused_before_they_cost_the_service_memory(service, serv
     assert closed(sock)
     sock, _ = greet(service)
     sock.sendall(wire.HEADER.pack(wire.MAX_REQUEST + 1, 0))
-    assert closed(sock)
+    assert flood(sock, 128 << 20) < 128 << 20 and closed(sock)
 
-    assert rss(service) - before < 64 << 20  # no attack's size was ever held
+    # At their height: the strangers' attacks cost nothing to speak of; the run's token
+    # holders' at most what a call may inflate to.
+    assert strangers < 32 << 20, f"the strangers' attacks took {strangers >> 20} MiB at most"
+    assert peak(service) - before < 2 * wire.MAX_REQUEST + (64 << 20)
     assert closed(slow, limit=600)  # the greeting's deadline closed it
     log = (service.logs / "store-service.log").read_text()
     assert "no greeting within" in log and "inflating past" in log
+    assert "Traceback" not in log
     assert service.restarts == 0  # the same service serves the run's own client
     run_id = remote.create_run("r", {}, {}, 3600.0, 1.0)
     seg = remote.start_segment(run_id, 1.0, 3600.0)
@@ -111,11 +153,29 @@ def test_calls_that_are_not_this_protocols_get_one_line_and_the_service_goes_on(
     run_id = remote.create_run("r", {}, {}, 3600.0, 1.0)
     seg = remote.start_segment(run_id, 1.0, 3600.0)
     rep = remote.register_replica(run_id, 0, seg, "n0", 1, [], 1.0)
+    other = remote.register_replica(run_id, 1, seg, "n1", 2, [], 1.0)
     first = remote.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
                                          graph_hash="a", now=2.0, lease_s=600.0))
     pid = service.proc.pid
-    sock, _ = greet(service)
+    sock, _ = greet(service)  # a replica's connection: the run's token, not the primary's
     bad = [
+        # The primary's calls: a broken replica would fail every running trial, rewrite the
+        # run or end its session.
+        {"op": "expire_leases", "a": {"run_id": run_id, "now": math.inf}},
+        {"op": "extend_run", "a": {"run_id": run_id, "duration_s": 1e9, "config": {},
+                                   "system": {}}},
+        {"op": "create_run", "a": {"name": "r2", "config": {}, "system": {}, "duration_s": 60.0,
+                                   "now": 1.0}},
+        {"op": "start_segment", "a": {"run_id": run_id, "now": 1.0, "deadline_at": 2.0}},
+        {"op": "touch_segment", "a": {"run_id": run_id, "index": seg, "now": 1e12}},
+        {"op": "end_segment", "a": {"run_id": run_id, "index": seg, "ended_at": 1.0}},
+        # Values that would poison the search, or hold the service's event loop.
+        {"op": "finish_trial", "a": {"trial_id": first, "status": "completed", "now": 3.0,
+                                     "best_accuracy": math.nan}},
+        {"op": "finish_trial", "a": {"trial_id": first, "status": "completed", "now": 3.0,
+                                     "best_accuracy": 1.5}},
+        {"op": "changes", "a": {"run_id": run_id, "after": 10**12, "also": [0] * (MAX_IDS + 1)}},
+        {"op": "graphs", "a": {"trial_ids": list(range(70_000))}},
         {"op": "heartbeat", "a": {"replica_id": rep}},  # too few arguments
         {"op": "heartbeat", "a": {"replica_id": rep, "now": 1.0, "lease_s": 60.0, "x": 4}},
         {"op": "heartbeat", "a": [rep, 1.0, 60.0]},  # by position, as protocol 3 sent them
@@ -132,14 +192,35 @@ def test_calls_that_are_not_this_protocols_get_one_line_and_the_service_goes_on(
     ]
     for message in bad:
         answer = call(sock, message)
-        assert set(answer) == {"e", "m"}, (message, answer)
+        assert set(answer) == {"e", "m"}, (str(message)[:100], answer)
         assert "\n" not in answer["m"] and len(answer["m"]) < 400, answer
+    said = [call(sock, m)["m"] for m in bad[:1] + bad[6:7]]
+    assert said == ["expire_leases is the primary's call, and this connection did not prove "
+                    "the primary's token",
+                    "finish_trial: best_accuracy is float 'nan', not a number (finite, from 0 "
+                    "to 1)"]
+    # A time as a whole number beside another replica's float: both written by the next
+    # flush of the heartbeats (one array of one type), which goes on.
+    assert "v" in call(sock, {"op": "heartbeat", "a": {"replica_id": rep, "now": 1_700_000_000,
+                                                 "lease_s": 60}})
+    remote.heartbeat(other, 1_700_000_000.5, 60.0)
+
+    def flushed():
+        beats = {r.id: r.last_heartbeat for r in direct.replicas(run_id)}
+        return beats == {rep: 1_700_000_000.0, other: 1_700_000_000.5}
+
+    wait_until(flushed, what="the heartbeats' flush")
     second = remote.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
                                           graph_hash="b", now=2.0, lease_s=600.0))
     assert remote.finish_trial(second, "completed", 3.0, best_accuracy=0.5)
     assert service.proc.pid == pid and service.restarts == 0
-    assert {t.graph_hash for t in direct.trials(run_id)} == {"a", "b"}
+    trials = {t.graph_hash: t for t in direct.trials(run_id)}
+    assert set(trials) == {"a", "b"}
+    assert (trials["a"].status, trials["a"].best_accuracy) == ("running", None)
+    assert [s.ended_at for s in direct.segments(run_id)] == [None]
     sock.close()
+    log = (service.logs / "store-service.log").read_text()
+    assert "heartbeats could not be written" not in log
 
 
 def test_idle_slow_and_deaf_clients_cost_the_service_little_and_the_run_goes_on(service,

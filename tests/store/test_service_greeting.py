@@ -1,7 +1,7 @@
 """The store service's greeting and its door: each side proves it holds the run's token
 without sending it, so a process that took the service's port learns nothing and
-acknowledges nothing; another protocol or schema is refused in one line naming both; and
-no host can hold more connections than the service has room for. A real service process,
+acknowledges nothing; another protocol or schema is refused in one line naming both (and
+proven); and no one holds more connections than the service has room for. A real service process,
 on a real SQLite store."""
 
 import json
@@ -16,7 +16,6 @@ from automlperf.store import open_store
 from automlperf.store.base import SCHEMA_VERSION, SchemaMismatch, StoreError
 from automlperf.store.service import wire
 from automlperf.store.service.client import RemoteStore
-from automlperf.store.service.net import Gate
 from automlperf.store.service.process import ServiceProcess
 from helpers import handshake
 
@@ -85,10 +84,10 @@ class Relay:
             dst.sendall(data)
 
 
-def greeted(host, port, token):
-    """A raw connection past the greeting, with ``token``."""
+def greeted(host, port, token, primary=None):
+    """A raw connection past the greeting, with ``token`` (and ``primary``'s)."""
     sock = socket.create_connection((host, port), timeout=120)
-    assert "v" in handshake(sock, token)
+    assert "v" in handshake(sock, token, primary)
     return sock
 
 
@@ -105,7 +104,8 @@ def test_the_service_and_its_clients_prove_the_token_without_sending_it(sqlite_s
                                                                       tmp_path):
     token = sqlite_service.token_file.read_text().strip()
     relay = Relay(address(sqlite_service))
-    remote = RemoteStore(service_file_for(tmp_path, "127.0.0.1", relay.port, token))
+    remote = RemoteStore(service_file_for(tmp_path, "127.0.0.1", relay.port, token),
+                         primary_token=sqlite_service.primary_token)
     try:
         run_id = remote.create_run("r", {}, {}, 3600.0, 1.0)
         assert remote.start_segment(run_id, 1.0, 3600.0) == 0
@@ -113,6 +113,7 @@ def test_the_service_and_its_clients_prove_the_token_without_sending_it(sqlite_s
         remote.close()
     assert b'"proof"' in relay.seen  # the greeting went through the relay
     assert token.encode() not in relay.seen
+    assert sqlite_service.primary_token.encode() not in relay.seen
 
 
 def test_a_process_on_the_services_port_that_cannot_prove_the_token_gets_nothing(tmp_path):
@@ -152,29 +153,42 @@ def test_a_process_on_the_services_port_that_cannot_prove_the_token_gets_nothing
 
 
 def test_another_protocol_schema_or_token_is_refused_in_one_line(sqlite_service, tmp_path):
+    token = sqlite_service.token_file.read_text().strip()
     for fields, kind, said in [
             # Protocol 3 sent a call's arguments in order: refused before its first call.
             ({"hello": 3}, "protocol", f"speaks protocol {wire.PROTOCOL}, this client 3"),
             ({"schema": SCHEMA_VERSION + 1}, "schema",
              f"schema version {SCHEMA_VERSION}, this client reads version {SCHEMA_VERSION + 1}"),
             ({"nonce": "not hex"}, "protocol", "without its nonce")]:
-        sock, _, answer = hello(sqlite_service, **fields)
+        sock, ours, answer = hello(sqlite_service, **fields)
         assert answer["e"] == kind and said in answer["m"] and "\n" not in answer["m"]
+        if kind == "schema":  # proven: the client trusts no other refusal
+            assert wire.proves(token, f"refusal schema {answer['m']}", ours, answer["nonce"],
+                               answer["proof"])
         sock.close()
     # The right greeting from a client without the token: the service's proof, then no.
     sock, ours, answer = hello(sqlite_service)
     assert set(answer) == {"nonce", "proof"}
     sock.sendall(wire.encode({"proof": wire.proof("not the token", "client", answer["nonce"],
                                                   ours)}))
-    assert wire.read_frame(sock)[0] == {"e": "protocol", "m": "wrong token for this store service"}
+    refused = wire.read_frame(sock)[0]
+    assert (refused["e"], refused["m"]) == ("protocol", "wrong token for this store service")
+    sock.close()
+    # The run's token, and a primary's proof that does not hold: refused, not taken as a
+    # replica's connection.
+    sock, ours, answer = hello(sqlite_service)
+    sock.sendall(wire.encode({"proof": wire.proof(token, "client", answer["nonce"], ours),
+                              "primary": wire.proof(token, "primary", answer["nonce"], ours)}))
+    assert "not this run's primary" in wire.read_frame(sock)[0]["m"]
     sock.close()
     # A client whose token is not the run's cannot tell the service from a stranger on its
     # port: it sends nothing past its greeting, and says which token file it holds.
-    path = service_file_for(tmp_path, *address(sqlite_service), "not the token")
+    path = service_file_for(tmp_path, *address(sqlite_service), "not the token" * 4)
     with pytest.raises(StoreError, match="did not prove it holds the token in .*elsewhere"):
         RemoteStore(path, retry_s=1.0)
+    # Strangers choose how often: one line a minute, with how many were not said.
     log = (sqlite_service.logs / "store-service.log").read_text()
-    assert log.count("refused a client from 127.0.0.1") == 4
+    assert log.count("refused a client from 127.0.0.1") == 1
 
 
 def test_another_schema_is_a_schema_mismatch_for_the_client(sqlite_service, monkeypatch):
@@ -185,23 +199,10 @@ def test_another_schema_is_a_schema_mismatch_for_the_client(sqlite_service, monk
         RemoteStore(sqlite_service.file)
 
 
-def test_the_gate_holds_a_total_and_a_share_per_other_host():
-    gate = Gate(total=6, per_peer=2)
-    assert gate.admit("10.0.0.7") and gate.admit("10.0.0.7")
-    assert not gate.admit("10.0.0.7")  # its share
-    assert gate.admit("10.0.0.8")
-    # This node's own connections count only towards the total.
-    assert gate.admit("127.0.0.1") and gate.admit("127.0.0.1") and gate.admit("::1")
-    assert not gate.admit("10.0.0.9")  # the total
-    gate.leave("10.0.0.7")
-    assert gate.admit("10.0.0.9") and not gate.admit("127.0.0.1")
-    assert gate.refused == 3 and sum(gate.held.values()) == 6
-
-
 def test_connections_past_the_open_file_limit_are_refused_and_the_run_goes_on(tmp_path):
     """A service whose process may open few files (its limit set here as a site's might
-    be): connections past its room are closed at once, not accepted until it runs out of
-    files, and the run's own client is served once the strangers leave."""
+    be): proven connections past its room are refused in one line, not accepted until it
+    runs out of files, and the run's own client is served once the others leave."""
     import resource
     import subprocess
     import time
@@ -229,23 +230,22 @@ def test_connections_past_the_open_file_limit_are_refused_and_the_run_goes_on(tm
             time.sleep(0.1)
         host, port = json.loads(file.read_text())["host"], json.loads(file.read_text())["port"]
         # Connections that greeted with the token, and are therefore held for as long as
-        # they stay open (a stranger's would be closed at the greeting's deadline).
-        strangers = [greeted(host, port, "k" * 43) for _ in range(room)]
+        # they stay open: half the room (the other half is for connections still greeting).
+        held = [greeted(host, port, "k" * 43) for _ in range(room // 2)]
         extra = socket.create_connection((host, port), timeout=120)
-        extra.settimeout(120)
-        assert extra.recv(1) == b""  # closed at once: no room
-        with pytest.raises(StoreError):
+        assert handshake(extra, "k" * 43)["e"] == "busy"  # no room for it once it has greeted
+        with pytest.raises(StoreError, match="as many connections as it has room for"):
             RemoteStore(file, retry_s=1.0)
-        for sock in strangers:
+        for sock in held:
             sock.close()
         remote = RemoteStore(file, retry_s=120.0)
-        assert remote.create_run("r", {}, {}, 60.0, 1.0) > 0
+        assert remote.last_epoch_number() == 0
         remote.close()
         assert proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(timeout=120)
-    assert "refused connections over the limits (40 in all" in \
+    assert "refused connections over the limits (20 in all" in \
         (tmp_path / "service.log").read_text()
 
 
@@ -273,7 +273,7 @@ def test_a_service_for_other_nodes_listens_only_where_they_reach_it(tmp_path, mo
     try:
         host, port = address(service)
         assert host == ours[0]
-        remote = RemoteStore(service.file)
+        remote = RemoteStore(service.file, primary_token=service.primary_token)
         assert remote.create_run("r", {}, {}, 60.0, 1.0) > 0
         remote.close()
         with pytest.raises(ConnectionRefusedError):
@@ -292,7 +292,7 @@ def test_every_write_sent_again_takes_effect_once(sqlite_service, tmp_path):
     from helpers import call, epoch_of, new_claim
 
     token = sqlite_service.token_file.read_text().strip()
-    sock = greeted(*address(sqlite_service), token)
+    sock = greeted(*address(sqlite_service), token, sqlite_service.primary_token)
 
     def twice(op, *args, **kwargs):
         sent = CALLS[op].sent(*args, **kwargs)

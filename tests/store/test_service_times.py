@@ -70,7 +70,7 @@ def test_a_service_writes_its_calls_times_by_kind_under_its_own_names_only(servi
     from automlperf.store.service.client import RemoteStore
     from automlperf.store.service.process import CALLS_FILE
 
-    remote = RemoteStore(service.file)
+    remote = RemoteStore(service.file, primary_token=service.primary_token)
     run_id = remote.create_run("r", {}, {}, 3600.0, 1.0)
     seg = remote.start_segment(run_id, 1.0, 3600.0)
     rep = remote.register_replica(run_id, 0, seg, "n0", 1, [], 1.0)

@@ -20,9 +20,11 @@ from helpers import new_claim, one_trial
 
 
 class ServedStore(str):
-    """The URL of a store service (``store-service://FILE``), and of its database."""
+    """The URL of a store service (``store-service://FILE``), of its database, and the
+    primary's token (the calls only the primary makes)."""
 
     database: str
+    primary_token: str
 
 
 @pytest.fixture
@@ -35,6 +37,7 @@ def service_url(pg_url, tmp_path):
     service.start()
     url = ServedStore(f"store-service://{service.file}")
     url.database = pg_url
+    url.primary_token = service.primary_token
     yield url
     service.stop()
 
@@ -55,7 +58,14 @@ def database(store_url):
 
 @pytest.fixture
 def store(store_url):
-    s = open_store(store_url, create=True)
+    """The store at ``store_url``, as the run's primary opens it."""
+    if isinstance(store_url, ServedStore):
+        from automlperf.store.service.client import RemoteStore
+
+        s = RemoteStore(store_url.removeprefix("store-service://"),
+                        primary_token=store_url.primary_token)
+    else:
+        s = open_store(store_url, create=True)
     yield s
     s.close()
 

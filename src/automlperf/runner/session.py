@@ -161,10 +161,11 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
                        startup, recovered)
     # Replicas (and this primary's session) reach the database through the run's store
     # service; the finished run's records in bulk are read directly.
-    service = ServiceProcess(run_dir, store.url, listen_all)
+    service = ServiceProcess(run_dir, store.url, listen_all, config.run.replicas)
     service.start()
     try:
-        remote = RemoteStore(service_file(run_dir), direct=store)
+        remote = RemoteStore(service_file(run_dir), direct=store,
+                             primary_token=service.primary_token)
     except BaseException:
         service.stop()
         raise

@@ -155,12 +155,23 @@ def check_room(url: str | None, replicas: int) -> None:
 # Open files a store service keeps back from its clients: the database's connections, its
 # log, the event loop's own.
 SPARE_FILES = 128
+# Of the rest, what connections still greeting may hold (anyone's: they never take a slot of
+# the run's own), or half where the rest is less than twice this.
+GREETING_ROOM = 4096
+
+
+def greeting_room(clients: int) -> int:
+    """Of ``clients`` connections, those kept for connections still greeting."""
+    return max(1, min(GREETING_ROOM, clients // 2))
 
 
 def service_files_needed(replicas: int) -> int:
     """Open files a store service needs for ``replicas``: one connection each, a quarter
-    more for those that open a second while two of their threads call at once."""
-    return replicas + (replicas + 3) // 4 + SPARE_FILES
+    more for those that open a second while two of their threads call at once, beside the
+    room for connections still greeting."""
+    proven = replicas + (replicas + 3) // 4
+    clients = 2 * proven if 2 * proven <= 2 * GREETING_ROOM else proven + GREETING_ROOM
+    return clients + SPARE_FILES
 
 
 def check_open_files(replicas: int, hard: int | None = None) -> None:

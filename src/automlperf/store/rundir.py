@@ -24,13 +24,18 @@ class RunDirError(UserError, ValueError):
     """Not a usable run directory; the message says what to do."""
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
     """Write a file so that a reader never sees half of it, and it is on disk when this
     returns: a file system that fails later (a disk error turning it read-only) would
-    otherwise keep the rename but not the text, an empty run.json for instance."""
+    otherwise keep the rename but not the text, an empty run.json for instance. ``mode``
+    (less the umask) from its creation: a secret is never readable by others, even
+    half-written. What stood at ``path`` (a link, a file of another mode) is replaced, not
+    written through."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        tmp.unlink(missing_ok=True)  # a crashed writer's, or something planted there
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -10,12 +10,14 @@ import asyncio
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 from automlperf.procutil import die_with_parent
 from automlperf.store.base import StoreError
 from automlperf.store.rundir import write_atomic
 from automlperf.store.service import net, wire
+from automlperf.store.service.client import MIN_TOKEN
 from automlperf.store.service.process import ADDRESS_ENV
 from automlperf.store.service.server import Service, log
 from automlperf.store.urls import redact, resolve_store_url
@@ -34,6 +36,11 @@ def main() -> None:
                     help="started again after it died: grant every lease a full term")
     ap.add_argument("--no-parent", action="store_true",
                     help="keep serving when the process that started it dies")
+    ap.add_argument("--primary-token-stdin", action="store_true",
+                    help="read the primary's own token (its calls: store/service/calls.py) "
+                         "from the first line of stdin")
+    ap.add_argument("--replicas", type=int, default=None,
+                    help="the run's replicas, any of which may run on this host")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s store-service %(levelname)s %(message)s")
@@ -43,7 +50,19 @@ def main() -> None:
     if not url:
         raise SystemExit("error: no store: set AUTOMLPERF_STORE_URL")
     try:
-        service = Service(url, args.token_file.read_text().strip(), args.restarted)
+        token = args.token_file.read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"error: the store service's token: {exc}") from None
+    primary = sys.stdin.readline().strip() if args.primary_token_stdin else None
+    for name, value in (("token in " + str(args.token_file), token),
+                        ("primary's token", primary)):
+        if value is not None and len(value) < MIN_TOKEN:
+            # An empty key would prove anything: anyone who reaches the port would get in.
+            raise SystemExit(f"error: the {name} is {len(value)} characters, fewer than "
+                             f"{MIN_TOKEN}: start the run's primary again, which writes a new "
+                             "one")
+    try:
+        service = Service(url, token, args.restarted, primary)
     except StoreError as exc:
         raise SystemExit(f"error: {exc}") from None
     service.times_file = args.calls_file
@@ -63,7 +82,7 @@ def main() -> None:
                         "loopback; set %s to the address the nodes reach this host by",
                         args.host, ADDRESS_ENV)
     try:
-        asyncio.run(net.serve(service, listen, args.port, listening))
+        asyncio.run(net.serve(service, listen, args.port, listening, args.replicas))
     except StoreError as exc:
         raise SystemExit(f"error: {exc}") from None
 

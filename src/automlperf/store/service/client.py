@@ -33,6 +33,8 @@ from automlperf.store.service.calls import CALLS
 SCHEME = "store-service://"
 SERVICE_FILE = "store-service.json"
 TOKEN_FILE = ".store-service.token"
+# The shortest token either side accepts (the primary writes 32 characters, 192 bits).
+MIN_TOKEN = 32
 # How long a new connection may take (a host that drops packets would hold it for minutes).
 CONNECT_S = 10.0
 # Connections a store keeps between calls: 10,000 replicas, 10,000 connections at the service.
@@ -70,15 +72,18 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
     """The store served at the address in ``service_file`` (with the token in
     ``token_file``). ``direct``: a store on the database itself, which the primary passes for
     reading a finished run's records in bulk (epochs, samples), rather than through the
-    service."""
+    service. ``primary_token``: the primary's own, which the service was given when it
+    started (never written down), for the calls only the primary makes."""
 
     def __init__(self, service_file: Path | str, token_file: Path | str | None = None,
-                 retry_s: float | None = None, direct: Store | None = None) -> None:
+                 retry_s: float | None = None, direct: Store | None = None,
+                 primary_token: str | None = None) -> None:
         self.service_file = Path(service_file)
         self.token_file = Path(token_file) if token_file else self.service_file.with_name(TOKEN_FILE)
         self.url = SCHEME + str(self.service_file)
         self.retry_s = configured_retry_s() if retry_s is None else retry_s
         self.direct = direct
+        self.primary_token = primary_token
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._said = False
@@ -98,10 +103,18 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
     def _address(self) -> tuple[str, int, str]:
         try:
             found = json.loads(self.service_file.read_text())
-            return str(found["host"]), int(found["port"]), self.token_file.read_text().strip()
-        except (OSError, ValueError, KeyError) as exc:
+            host, port = str(found["host"]), int(found["port"])
+            token = self.token_file.read_text().strip()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ServiceUnavailable(f"no store service address in {self.service_file} "
                                      f"({exc})") from None
+        if len(token) < MIN_TOKEN:
+            # An empty key would prove anything: its run's primary writes a new one when it
+            # starts the service.
+            raise ServiceUnavailable(f"the token in {self.token_file} is {len(token)} "
+                                     f"characters, fewer than {MIN_TOKEN}: a file the run's "
+                                     "primary did not finish writing")
+        return host, port, token
 
     def _connect(self) -> socket.socket:
         host, port, token = self._address()
@@ -121,33 +134,49 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
             raise ServiceUnavailable(f"{host}:{port}: {exc}") from None
         if "e" in answer:
             sock.close()
-            message = f"store service at {host}:{port} refused this client: {answer.get('m')}"
+            message = (f"store service at {host}:{port} refused this client: "
+                       f"{wire.shown(answer.get('m'), 300)}")
+            if answer["e"] == "busy":
+                raise ServiceUnavailable(message)
             raise SchemaMismatch(message) if answer["e"] == "schema" else StoreError(message)
         return sock
 
     def _greet(self, sock: socket.socket, token: str) -> dict[str, Any]:
         """The greeting (store/service/wire.py): the service proves it holds the token before
         this side proves it does; neither sends it. The service's last answer, or its
-        refusal."""
+        refusal; a refusal it did not prove is the answer of something else on its port
+        (:class:`ServiceUnavailable`: tried again, its address read again)."""
         ours = wire.nonce()
         sock.sendall(wire.encode({"hello": wire.PROTOCOL, "schema": SCHEMA_VERSION,
                                   "nonce": ours}))
         answer, _ = wire.read_frame(sock, wire.MAX_GREETING)
         if not isinstance(answer, dict):
             raise ServiceUnavailable("did not answer as a store service")
-        if "e" in answer:
-            return answer
         theirs = answer.get("nonce")
-        if not isinstance(theirs, str) or not wire.proves(token, "service", ours, theirs,
-                                                         answer.get("proof")):
+        theirs = theirs if isinstance(theirs, str) else ""
+        if "e" in answer:
+            kind, message = str(answer["e"]), str(answer.get("m", ""))
+            if wire.proves(token, f"refusal {kind} {message}", ours, theirs,
+                           answer.get("proof")):
+                return {"e": kind, "m": message}
+            raise ServiceUnavailable(f"refused this client without proving it holds the token "
+                                     f"in {self.token_file} ({wire.shown(message, 200)}): not "
+                                     "taken as the run's store service's answer")
+        if not wire.proves(token, "service", ours, theirs, answer.get("proof")):
             # Not the run's service (a process that took its port after a restart): nothing
             # is sent to it, and the address is read again on the next try.
             raise ServiceUnavailable(f"did not prove it holds the token in {self.token_file} "
                                      "(a process that took the run's store service's port, or a "
                                      "token file that is not the run's); nothing was sent to it")
-        sock.sendall(wire.encode({"proof": wire.proof(token, "client", theirs, ours)}))
+        proofs = {"proof": wire.proof(token, "client", theirs, ours)}
+        if self.primary_token:
+            proofs["primary"] = wire.proof(self.primary_token, "primary", theirs, ours)
+        sock.sendall(wire.encode(proofs))
         answer, _ = wire.read_frame(sock, wire.MAX_GREETING)
-        return answer if isinstance(answer, dict) else {"e": "protocol", "m": str(answer)[:200]}
+        if not isinstance(answer, dict) or not ("v" in answer or "e" in answer):
+            raise ServiceUnavailable(f"a last greeting that is not this protocol's "
+                                     f"({wire.shown(answer, 100)})")
+        return answer
 
     def _call(self, op: str, sent: dict[str, Any], deadline_s: float | None = None) -> Any:
         """Send one call (its arguments by name, as they travel) and return its value as it
@@ -187,15 +216,19 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
             if failed is not None:
                 self.restored_at = time.time()
                 self._said = False
+            if not isinstance(answer, dict) or not ("v" in answer or "e" in answer):
+                raise StoreError(f"the store service answered {op} with "
+                                 f"{wire.shown(answer, 100)}: use the automlperf that started "
+                                 "the run")
             if "e" in answer:
-                kind, message = answer["e"], answer.get("m", "")
+                kind, message = answer["e"], str(answer.get("m", ""))
                 if kind == "schema":
                     raise SchemaMismatch(message)
                 if kind == "value":
                     raise ValueError(message)
                 raise StoreError(message)
             served = answer.get("s") or 0.0
-            if served > self.restored_at:
+            if isinstance(served, (int, float)) and served > self.restored_at:
                 self.restored_at = served  # the service's own outage (a restart, a stall)
             return answer["v"]
 

@@ -8,6 +8,7 @@ it, store/service/__main__.py."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import json
 import logging
@@ -18,14 +19,14 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from automlperf.store import schema
 from automlperf.store.base import SCHEMA_VERSION, StoreError
-from automlperf.store.connections import SPARE_FILES
+from automlperf.store.connections import SPARE_FILES, greeting_room
 from automlperf.store.rundir import write_atomic
 from automlperf.store.service import wire
 from automlperf.store.service.db import Writer
@@ -35,51 +36,198 @@ log = logging.getLogger("automlperf.store.service")
 
 # How often heartbeats and the session's last_seen are written to the database.
 FLUSH_S = 5.0
+# How often the ticker looks (a stall, the times, the flush).
+TICK_S = 1.0
 # How often the calls' times (store/service/latency.py) are written beside the service's log.
 TIMES_S = 60.0
 # How long a new connection may take to greet: one that does not (a port scanner, a client
-# that sends a byte a second) is closed rather than held.
-GREETING_S = 30.0
+# that sends a byte a second) is closed rather than held. An honest client greets within
+# milliseconds; one that misses it under a storm of starts connects again.
+GREETING_S = 10.0
 # An event loop that stalls this long (a SIGSTOP, the machine swapping) is an outage: the
 # heartbeats it could not take are not held against anyone.
 STALL_S = 5.0
-# Connections any one other host may hold: a node's replicas keep one each (two while two
-# threads call at once); more is someone exhausting the service's files.
+# Connections still greeting, in all (connections.GREETING_ROOM, or half the room for
+# connections where that is less), and from any one other host: anyone may open them, so they
+# never take a slot of the connections that proved the run's token, and a full share closes
+# its oldest (someone holding them must keep opening new ones faster than an honest client
+# greets).
+GREETING_PER_PEER = 32
+# Connections that proved the run's token any one other host may hold: a node's replicas
+# keep one each (two while two threads call at once); more is a broken client exhausting
+# the service's files. This host's are sized by the run's replicas (any may run here).
 PER_PEER = 256
-# How often a refused connection is logged, at most.
+# The share of connections of this host (loopback, or one of its own addresses), however
+# few replicas the run has here: the primary's own.
+HERE_SPARE = 16
+HERE = "this host"
+# How often a line of one kind about strangers (refused, closed, evicted) is logged, at most.
 REFUSALS_LOGGED_S = 60.0
 
 
-@dataclass
+class Said:
+    """Lines of one kind logged at most once per ``every`` seconds, each with how many were
+    not: strangers decide how often they happen, and the log sits on a shared file system."""
+
+    def __init__(self, every: float = REFUSALS_LOGGED_S) -> None:
+        self.every = every
+        self.last: dict[str, float] = {}
+        self.unsaid: Counter[str] = Counter()
+
+    def __call__(self, kind: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.last.get(kind, float("-inf")) < self.every:
+            self.unsaid[kind] += 1
+            return
+        self.last[kind] = now
+        more = self.unsaid.pop(kind, 0)
+        log.warning(message + (f" (and {more} more like it since the last)" if more else ""),
+                    *args)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One connection's place at the gate: its host (as the gate counts hosts) and how to
+    close it if it must make room."""
+
+    key: str
+    close: Callable[[], None]
+    proven: bool = False
+
+
+class _Room:
+    """Connections still greeting, oldest first: in all, and those that have sent nothing."""
+
+    def __init__(self) -> None:
+        self.all: dict[Ticket, None] = {}
+        self.silent: dict[Ticket, None] = {}
+
+    def oldest(self) -> Ticket:
+        """The one to close for a newer one: the oldest that has said nothing (a client of
+        the run's greets as it connects), else the oldest."""
+        return next(iter(self.silent or self.all))
+
+
 class Gate:
-    """Which connections are held: at most ``total``, and ``per_peer`` from any one host
-    other than this one (this node's own replicas may be many: a local run's, or a
-    simulated cluster's)."""
+    """Which connections are held, in two rooms that share no slot: connections still greeting
+    (anyone's: at most ``greeting_room(total)`` in all and ``GREETING_PER_PEER`` from one
+    host, the oldest, silent ones first, closed to admit a newer one), and connections that
+    proved the run's token (the rest of ``total``, at most ``PER_PEER`` from one other host).
+    This host counts as one host whatever its address (any of 127.0.0.0/8, its own
+    addresses), its shares sized by the run's ``replicas`` (None: not known, only the total
+    holds its proven ones); another IPv6 host by its /64."""
 
-    total: int
-    per_peer: int = PER_PEER
-    held: Counter[str] = field(default_factory=Counter)
-    refused: int = 0
-    said_at: float = float("-inf")
+    def __init__(self, total: int, replicas: int | None = None,
+                 own: frozenset[str] | None = None) -> None:
+        self.greeting_room = greeting_room(total)
+        self.room = max(1, total - self.greeting_room)
+        self.replicas = replicas
+        self.own = own_addresses() if own is None else own
+        self.greeting = _Room()
+        self.greeting_from: dict[str, _Room] = {}
+        self.held: Counter[str] = Counter()  # proven connections by host
+        self.held_total = 0
+        self.refused = 0
+        self.evicted = 0
+        self.said = Said()
 
-    def admit(self, host: str) -> bool:
-        if sum(self.held.values()) >= self.total or \
-                (not _local(host) and self.held[host] >= self.per_peer):
+    def _greeting_share(self, key: str) -> int:
+        if key == HERE:
+            return GREETING_PER_PEER + HERE_SPARE + 2 * (self.replicas or 0)
+        return GREETING_PER_PEER
+
+    def _share(self, key: str) -> int | None:
+        if key != HERE:
+            return PER_PEER
+        return None if self.replicas is None else PER_PEER + HERE_SPARE + 2 * self.replicas
+
+    def admit(self, host: str, close: Callable[[], None]) -> Ticket:
+        """A new connection from ``host``, always admitted to greet: the oldest still greeting
+        (its host's, when its share is full; anyone's, when the room is) is closed for it."""
+        ticket = Ticket(host_key(host, self.own), close)
+        mine = self.greeting_from.setdefault(ticket.key, _Room())
+        if len(mine.all) >= self._greeting_share(ticket.key):
+            self._evict(mine.oldest(), host)
+        if len(self.greeting.all) >= self.greeting_room:
+            self._evict(self.greeting.oldest(), host)
+        for room in (self.greeting, mine):
+            room.all[ticket] = room.silent[ticket] = None
+        return ticket
+
+    def spoke(self, ticket: Ticket) -> None:
+        """``ticket``'s connection has sent its greeting."""
+        self.greeting.silent.pop(ticket, None)
+        mine = self.greeting_from.get(ticket.key)
+        if mine is not None:
+            mine.silent.pop(ticket, None)
+
+    def _evict(self, oldest: Ticket, host: str) -> None:
+        self._forget(oldest)
+        self.evicted += 1
+        self.said("evicted", "closed connections still greeting to admit newer ones (%d still "
+                  "greeting in all at most, %d from one host): %d so far, the last for %s",
+                  self.greeting_room, GREETING_PER_PEER, self.evicted, host or "an unknown peer")
+        oldest.close()
+
+    def _forget(self, ticket: Ticket) -> None:
+        if self.greeting.all.pop(ticket, 0) is None:
+            self.greeting.silent.pop(ticket, None)
+            mine = self.greeting_from[ticket.key]
+            del mine.all[ticket]
+            mine.silent.pop(ticket, None)
+            if not mine.all:
+                del self.greeting_from[ticket.key]
+
+    def proven(self, ticket: Ticket, host: str) -> bool:
+        """Whether ``ticket``'s connection, which has proved the run's token, has a slot of
+        its own; if not, it is refused."""
+        self._forget(ticket)
+        share = self._share(ticket.key)
+        if self.held_total >= self.room or (
+                share is not None and self.held[ticket.key] >= share):
             self.refused += 1
-            now = time.monotonic()
-            if now - self.said_at >= REFUSALS_LOGGED_S:
-                self.said_at = now
-                log.warning("refused connections over the limits (%d in all, %d from one "
-                            "host): %d so far, the last from %s", self.total, self.per_peer,
-                            self.refused, host or "an unknown peer")
+            self.said("refused", "refused connections over the limits (%d in all, %d from one "
+                      "other host): %d so far, the last from %s", self.room, PER_PEER,
+                      self.refused, host or "an unknown peer")
             return False
-        self.held[host] += 1
+        self.held[ticket.key] += 1
+        self.held_total += 1
+        ticket.proven = True
         return True
 
-    def leave(self, host: str) -> None:
-        self.held[host] -= 1
-        if self.held[host] <= 0:
-            del self.held[host]
+    def leave(self, ticket: Ticket) -> None:
+        if ticket.proven:
+            ticket.proven = False
+            self.held_total -= 1
+            self.held[ticket.key] -= 1
+            if self.held[ticket.key] <= 0:
+                del self.held[ticket.key]
+        elif ticket in self.greeting.all:
+            self._forget(ticket)
+
+
+def host_key(host: str, own: frozenset[str] = frozenset()) -> str:
+    """The host a peer's address counts as: ``HERE`` for this host's (loopback, or one of
+    ``own``), an IPv6 host's /64 (one host may hold all of it), else the address."""
+    try:
+        ip: Any = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host or "?"
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback or str(ip) in own:
+        return HERE
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+def own_addresses() -> frozenset[str]:
+    """This host's own addresses: a connection from one of them is this host's."""
+    import psutil
+
+    return frozenset(a.address.split("%")[0] for addresses in psutil.net_if_addrs().values()
+                     for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
 
 
 def _local(host: str) -> bool:
@@ -129,19 +277,21 @@ def client_cap() -> int:
 
 
 async def serve(service: Service, host: str | list[str] | None, port: int,
-                on_listening: Callable[[int], None]) -> None:
+                on_listening: Callable[[int], None], replicas: int | None = None) -> None:
     """Serve ``service`` on ``host:port`` (several addresses; None: every interface) until
-    SIGTERM or SIGINT; ``on_listening`` is told the port once clients can connect. What is
-    waiting is written before it returns."""
+    SIGTERM or SIGINT; ``on_listening`` is told the port once clients can connect (another,
+    when something else took ``port``). ``replicas``: the run's (any may run on this host),
+    which sizes this host's share of connections. What is waiting is written before it
+    returns."""
     loop = asyncio.get_running_loop()
     stop = begin(service)
-    gate = Gate(client_cap())
+    gate = Gate(client_cap(), replicas)
     servers = await listen(lambda r, w: client(service, gate, r, w),
                            host if isinstance(host, list) else [host or "0.0.0.0"], port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     on_listening(servers[0].sockets[0].getsockname()[1])
-    ticker = asyncio.create_task(tick(service, stop))
+    ticker = watched(service, asyncio.create_task(tick(service, stop), name="ticker"), stop)
     await stop.wait()
     for server in servers:
         server.close()
@@ -151,6 +301,25 @@ async def serve(service: Service, host: str | list[str] | None, port: int,
         await server.wait_closed()
     ticker.cancel()
     await end(service)
+
+
+def watched(service: Service, task: asyncio.Task[None],
+            stop: asyncio.Event) -> asyncio.Task[None]:
+    """A task the service cannot go on without (the ticker): if it ends before the service
+    stops, the service says why and stops, and its primary starts it again."""
+
+    def ended(done: asyncio.Task[None]) -> None:
+        if stop.is_set() or done.cancelled():
+            return
+        failed = done.exception()
+        log.critical("the store service's %s stopped (%s); stopping the service",
+                     done.get_name(), "no error" if failed is None else
+                     f"{type(failed).__name__}: {failed}", exc_info=failed)
+        service.task_failed = failed or RuntimeError(f"the {done.get_name()} stopped")
+        stop.set()
+
+    task.add_done_callback(ended)
+    return task
 
 
 def begin(service: Service) -> asyncio.Event:
@@ -170,25 +339,40 @@ def begin(service: Service) -> asyncio.Event:
 
 async def end(service: Service) -> None:
     """After its transport stopped: what is waiting written, the calls' times written and
-    logged, the threads and connections closed; :class:`StoreError` if the writer failed."""
-    await service.flush()
+    logged, the threads and connections closed; :class:`StoreError` if the writer (or the
+    ticker) failed."""
+    try:
+        await service.flush()
+    except Exception as exc:  # noqa: BLE001 - the rest still closes; said, and raised below
+        log.error("the last heartbeats could not be written: %s: %s", type(exc).__name__, exc)
     write_times(service)
     log.info("calls served (the service's own time): %s", service.times.line())
     service.writer.stop()
     service.writer.join()
     service.readers.shutdown()
     service.db.close()
-    if service.writer.failed is not None:
-        raise StoreError(f"the store service's writer failed: "
-                         f"{type(service.writer.failed).__name__}: {service.writer.failed}")
+    for what, failed in (("writer", service.writer.failed), ("ticker", service.task_failed)):
+        if failed is not None:
+            raise StoreError(f"the store service's {what} failed: {type(failed).__name__}: "
+                             f"{failed}")
 
 
 async def listen(serve_one: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
                  hosts: list[str], port: int) -> list[asyncio.Server]:
     """A server on each of ``hosts``, all on one port (``port``, or the first one's free
-    port): the one written to the service's file."""
-    servers = [await asyncio.start_server(serve_one, hosts[0], port, backlog=16384)]
-    port = servers[0].sockets[0].getsockname()[1]
+    port): the one written to the service's file. A ``port`` something else holds (a process
+    that took it while the service was restarting) gives way to a free one: the service's
+    file names it, and the clients read it again."""
+    try:
+        first = await asyncio.start_server(serve_one, hosts[0], port, backlog=16384)
+    except OSError as exc:
+        if not port or exc.errno != errno.EADDRINUSE:
+            raise
+        log.warning("port %d is taken (%s): listening on another, which %s names", port, exc,
+                    "the service's file")
+        first = await asyncio.start_server(serve_one, hosts[0], 0, backlog=16384)
+    servers = [first]
+    port = first.sockets[0].getsockname()[1]
     for other in hosts[1:]:
         try:
             servers.append(await asyncio.start_server(serve_one, other, port, backlog=16384))
@@ -199,65 +383,94 @@ async def listen(serve_one: Callable[[asyncio.StreamReader, asyncio.StreamWriter
 
 async def client(service: Service, gate: Gate, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
-    """One client's connection: admitted within the limits, its greeting checked, then its
+    """One client's connection: admitted to greet (it may be closed to admit a newer one
+    until it has), given a slot once it has proved the run's token if one is left, then its
     calls answered in order."""
     peer = writer.get_extra_info("peername")
     host = str(peer[0]) if isinstance(peer, tuple) else ""
-    if not gate.admit(host):
-        writer.close()
-        return
+    ticket = gate.admit(host, writer.transport.abort)
     service.clients.add(writer)
+    said = gate.said
+    role = None
     try:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             wire.keepalive(sock)
         # Bounded before anyone is known: a greeting's size, no compression, a deadline.
-        if not await asyncio.wait_for(greet(service, reader, writer), GREETING_S):
+        role = await asyncio.wait_for(greet(service, reader, writer, said,
+                                            lambda: gate.spoke(ticket)), GREETING_S)
+        if role is None:
             return
+        if not gate.proven(ticket, host):
+            await send_message(writer, {"e": "busy", "m": "the store service holds as many "
+                                        "connections as it has room for; try again"})
+            return
+        await send_message(writer, {"v": {"schema": SCHEMA_VERSION, "role": role}})
         while True:
             message = await read_message(reader, wire.MAX_REQUEST)
-            writer.write(await service.handle(message))
+            writer.write(await service.handle(message, role))
             await writer.drain()
     except wire.ProtocolError as exc:
-        log.warning("closed a connection from %s: %s", _peer(writer), exc)
+        # A stranger's, or a client of the run's (a broken one): said apart.
+        said("closed" if role is None else f"closed {role}", "closed a connection from %s%s: %s",
+             _peer(writer), "" if role is None else f" (a {role}'s)", exc)
     except asyncio.TimeoutError:
-        log.warning("closed a connection from %s: no greeting within %.0f s", _peer(writer),
-                    GREETING_S)
+        said("slow", "closed a connection from %s: no greeting within %.0f s", _peer(writer),
+             GREETING_S)
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
         pass
+    except Exception as exc:  # noqa: BLE001 - a bug closes this connection, not the service
+        said("failed", "closed a connection from %s: %s: %s", _peer(writer),
+             type(exc).__name__, exc)
     finally:
         service.clients.discard(writer)
-        gate.leave(host)
+        gate.leave(ticket)
         writer.close()
 
 
-async def greet(service: Service, reader: asyncio.StreamReader,
-                writer: asyncio.StreamWriter) -> bool:
-    """Whether the client speaks this protocol and schema and holds the run's token, which
-    neither side sends (store/service/wire.py); a refusal is sent in one line."""
+async def greet(service: Service, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                said: Callable[..., None] | None = None,
+                spoke: Callable[[], None] | None = None) -> str | None:
+    """The client's role (``primary`` when it also proved the primary's token, else
+    ``replica``) when it speaks this protocol and schema and holds the run's token, which
+    neither side sends (store/service/wire.py); else None, the refusal sent in one line,
+    proven when the client's greeting gave a nonce to prove it with."""
     hello = await read_message(reader, wire.MAX_GREETING, compressed=False)
+    if spoke is not None:
+        spoke()
     refusal = wire.greeting_refusal(hello, SCHEMA_VERSION)
+    ours = wire.nonce()
     if refusal is None:
-        ours = wire.nonce()
         await send_message(writer, {"nonce": ours, "proof": wire.proof(
             service.token, "service", hello["nonce"], ours)})
         answer = await read_message(reader, wire.MAX_GREETING, compressed=False)
-        claimed = answer.get("proof") if isinstance(answer, dict) else None
-        if wire.proves(service.token, "client", ours, hello["nonce"], claimed):
-            await send_message(writer, {"v": {"schema": SCHEMA_VERSION}})
-            return True
-        refusal = "protocol", "wrong token for this store service"
-    log.warning("refused a client from %s: %s", _peer(writer), refusal[1])
-    await send_message(writer, {"e": refusal[0], "m": refusal[1]})
-    return False
+        answer = answer if isinstance(answer, dict) else {}
+        if wire.proves(service.token, "client", ours, hello["nonce"], answer.get("proof")):
+            if "primary" not in answer:
+                return "replica"
+            if service.primary_token and wire.proves(service.primary_token, "primary", ours,
+                                                     hello["nonce"], answer["primary"]):
+                return "primary"
+            refusal = "protocol", "a primary's proof that does not hold: not this run's primary"
+        else:
+            refusal = "protocol", "wrong token for this store service"
+    (said or Said())("refused", "refused a client from %s: %s", _peer(writer), refusal[1])
+    theirs = hello.get("nonce") if isinstance(hello, dict) else None
+    refused = {"e": refusal[0], "m": refusal[1]}
+    if isinstance(theirs, str) and wire.NONCE.fullmatch(theirs):
+        refused.update(nonce=ours, proof=wire.refusal_proof(service.token, *refusal, theirs, ours))
+    await send_message(writer, refused)
+    return None
 
 
 async def tick(service: Service, stop: asyncio.Event) -> None:
-    """Flush heartbeats every FLUSH_S; notice a stalled loop (SIGSTOP) as an outage."""
+    """Flush heartbeats every FLUSH_S; notice a stalled loop (SIGSTOP) as an outage. Any
+    failure is said once (and again once it has passed), and the ticking goes on."""
     last = time.monotonic()
     flushed = written = last
+    failing = 0
     while not stop.is_set():
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(TICK_S)
         now = time.monotonic()
         if now - last > STALL_S:
             log.warning("the store service was stalled for %.0f s", now - last)
@@ -270,9 +483,16 @@ async def tick(service: Service, stop: asyncio.Event) -> None:
             flushed = now
             try:
                 await service.flush()
-            except StoreError:
-                log.warning("heartbeats could not be written; kept for the next flush",
-                            exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - heartbeats must go on being taken
+                failing += 1
+                if failing == 1:
+                    log.warning("heartbeats could not be written (%s: %s); kept for the next "
+                                "flush, and said again once they are", type(exc).__name__,
+                                exc, exc_info=not isinstance(exc, StoreError))
+                continue
+            if failing:
+                log.warning("heartbeats written again after %d failed flushes", failing)
+                failing = 0
 
 
 def write_times(service: Service) -> None:
@@ -294,7 +514,7 @@ async def read_message(reader: asyncio.StreamReader, limit: int,
     head = await reader.readexactly(wire.HEADER.size)
     length, flags = wire.HEADER.unpack(head)
     wire.check_header(length, flags, limit, compressed)
-    return wire.decode(flags, await reader.readexactly(length))
+    return wire.decode(flags, await reader.readexactly(length), limit)
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

@@ -1,7 +1,8 @@
-"""The run's store service as a process: the primary starts it before the replicas, starts it
-again at once (on the same port) if it dies, and stops it after the run's last write; its
-clients find it through the run directory (store/service/client.py). The process itself is
-store/service/__main__.py (``python -m automlperf.store.service``)."""
+"""The run's store service as a process: the primary starts it before the replicas (with a new
+token), starts it again at once if it dies (on the same port, or another where something
+took it), and stops it after the run's last write; its clients find it through the run
+directory (store/service/client.py). The process itself is store/service/__main__.py
+(``python -m automlperf.store.service``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from automlperf.store.base import StoreError
+from automlperf.store.rundir import write_atomic
 from automlperf.store.service.client import SERVICE_FILE, TOKEN_FILE
 from automlperf.store.urls import STORE_ENV
 
@@ -29,15 +31,13 @@ START_S = 180.0
 CALLS_FILE = "store-service-calls.json"
 
 
-def token_for(path: Path) -> str:
-    """The run's service token, made once (only its owner can read it)."""
-    if not path.exists():
-        old = os.umask(0o077)
-        try:
-            path.write_text(secrets.token_urlsafe(24) + "\n")
-        finally:
-            os.umask(old)
-    return path.read_text().strip()
+def new_token(path: Path) -> str:
+    """A new token for the run's service at ``path``, readable by its owner only from the
+    moment it exists and never seen half-written; whatever was there (a previous session's
+    token, an empty file a full disk left, a file someone else planted) is replaced."""
+    token = secrets.token_urlsafe(24)
+    write_atomic(path, token + "\n", mode=0o600)
+    return token
 
 
 # The address (or name) other nodes reach the batch host by, where its own name does not
@@ -55,10 +55,15 @@ class ServiceProcess:
     """The store service of the run in ``run_dir``, on the database at ``url``; reachable
     from other nodes with ``listen_all``."""
 
-    def __init__(self, run_dir: Path, url: str, listen_all: bool = False) -> None:
+    def __init__(self, run_dir: Path, url: str, listen_all: bool = False,
+                 replicas: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.url = url
         self.listen_all = listen_all
+        self.replicas = replicas
+        # The primary's own token, for the calls only it makes: given to the service through
+        # a pipe, never written to a file or an environment the replicas could read.
+        self.primary_token = secrets.token_urlsafe(24)
         self.file = self.run_dir / SERVICE_FILE
         self.token_file = self.run_dir / TOKEN_FILE
         self.logs = self.run_dir / "logs"
@@ -70,7 +75,7 @@ class ServiceProcess:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        token_for(self.token_file)
+        new_token(self.token_file)  # each session its own: a token left behind proves nothing
         self.file.unlink(missing_ok=True)  # a previous session's
         self._launch()
         self._watch = threading.Thread(target=self._watcher, name="store-service-watch",
@@ -81,16 +86,25 @@ class ServiceProcess:
         self.logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "automlperf.store.service", "--file", str(self.file),
                "--token-file", str(self.token_file), "--host", advertised_host(self.listen_all),
-               "--port", str(self.port), "--calls-file", str(self.logs / CALLS_FILE)]
+               "--port", str(self.port), "--calls-file", str(self.logs / CALLS_FILE),
+               "--primary-token-stdin"]
         if self.listen_all:
             cmd.append("--listen-all")
         if self.restarts:
             cmd.append("--restarted")
+        if self.replicas is not None:
+            cmd += ["--replicas", str(self.replicas)]
         # The URL, password included, through the environment: not on a command line.
         env = dict(os.environ, **{STORE_ENV: self.url})
         with open(self.logs / "store-service.log", "ab") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(self.primary_token.encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            pass  # it died at once: said below, with its log
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -122,12 +136,16 @@ class ServiceProcess:
                 return
             self.restarts += 1
             log.warning("the store service exited (status %s); starting it again", code)
+            failed = 0
             while not self._stopping.is_set():
                 try:
                     self._launch()
                     break
-                except StoreError as exc:
-                    log.warning("%s; trying again", exc)
+                except Exception as exc:  # noqa: BLE001 - the run needs it: keep trying
+                    failed += 1
+                    if failed % 60 == 1:
+                        log.warning("%s: %s; trying again every second (%d tries)",
+                                    type(exc).__name__, exc, failed)
                     time.sleep(1.0)
 
     def stop(self, timeout_s: float = 120.0) -> None:

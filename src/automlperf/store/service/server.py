@@ -39,7 +39,7 @@ from automlperf.store.base import (SCHEMA_VERSION, Changes, Claim, EpochRecord, 
                                    TrialSummary, TrialTally)
 from automlperf.store.retry import one_line
 from automlperf.store.service import wire
-from automlperf.store.service.calls import CALLS
+from automlperf.store.service.calls import CALLS, PRIMARY_ONLY
 from automlperf.store.service.db import READERS, Bulk, Job, ServiceStore, Writer
 from automlperf.store.service.latency import CallTimes
 from automlperf.store.service.state import RunState, load_run, replica_record, trial_of
@@ -56,12 +56,16 @@ SNAPSHOT_MIN = 64
 
 
 class Service:
-    def __init__(self, url: str, token: str, restarted: bool = False) -> None:
+    def __init__(self, url: str, token: str, restarted: bool = False,
+                 primary_token: str | None = None) -> None:
         self.db = ServiceStore(url)
         # The writes, taking a call's arguments as they came over the wire.
         self.writes: Any = self.db.writes
         self.url = self.db.url
         self.token = token
+        # What the primary proves besides the run's token, for the calls only it makes
+        # (store/service/calls.py PRIMARY_ONLY); None: no connection is the primary's.
+        self.primary_token = primary_token
         self.runs: dict[int, RunState] = {}
         self._loading: dict[int, asyncio.Future[RunState]] = {}
         self.replica_run: dict[int, int] = {}
@@ -78,6 +82,8 @@ class Service:
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="store-reader")
         self.clients: set[asyncio.StreamWriter] = set()
         self.writer: Writer  # the group commit's thread, started by net.serve
+        # Why a task the service cannot go on without (net.watched: the ticker) stopped.
+        self.task_failed: BaseException | None = None
         self.calls = 0
         self.times = CallTimes()
         # Where the calls' times are written (net.write_times); None: nowhere.
@@ -171,14 +177,25 @@ class Service:
             self.graph_bytes -= len(self.graph_cache.popitem(last=False)[1])
 
     async def flush(self) -> None:
-        """Write the heartbeats and session touches not yet written."""
+        """Write the heartbeats and session touches not yet written; those of a flush that
+        failed are written by the next."""
         beats, touches = [], []
         for state in self.runs.values():
             beats += state.beats()
             touches += [(state.run_id, i, t) for i, t in state.touches()]
-        if beats or touches:
+        if not beats and not touches:
+            return
+        try:
             await asyncio.get_running_loop().run_in_executor(
                 self.readers, self.db.flush, beats, touches)
+        except BaseException:
+            for rid, _, _ in beats:
+                run = self.runs.get(self.replica_run.get(rid, -1))
+                if run is not None:
+                    run.dirty_beats.add(rid)
+            for run_id, index, _ in touches:
+                self.runs[run_id].dirty_segments.add(index)
+            raise
 
     # --- runs and segments ------------------------------------------------------------------
     async def op_open(self, *, again: bool) -> int:
@@ -390,17 +407,18 @@ class Service:
             self.readers, functools.partial(read, **arguments))
 
     # --- a call ------------------------------------------------------------------------
-    async def handle(self, message: dict[str, Any]) -> bytes:
-        """The answer's frame; the time it took is counted under the call's name (a name
-        this service does not have counts as "other")."""
+    async def handle(self, message: dict[str, Any], role: str = "replica") -> bytes:
+        """The answer's frame to a call from a connection of ``role`` (``primary``: it proved
+        the primary's token); the time it took is counted under the call's name (a name this
+        service does not have counts as "other")."""
         started = time.perf_counter()
-        answer = await self._answer(message)
+        answer = await self._answer(message, role)
         kind = message.get("op") if isinstance(message, dict) else None
         self.times.add(kind if isinstance(kind, str) and kind in CALLS else "other",
                        time.perf_counter() - started)
         return answer
 
-    async def _answer(self, message: dict[str, Any]) -> bytes:
+    async def _answer(self, message: dict[str, Any], role: str) -> bytes:
         self.calls += 1
         if not isinstance(message, dict) or not isinstance(message.get("a", {}), dict):
             return wire.encode({"e": "protocol", "m": "a call is {\"op\": name, \"a\": "
@@ -409,7 +427,10 @@ class Service:
         call = CALLS.get(name) if isinstance(name, str) else None
         if call is None:
             return wire.encode({"e": "protocol",
-                                "m": f"no call {str(name)[:100]!r} in this store service"})
+                                "m": f"no call {wire.shown(name, 100)!r} in this store service"})
+        if call.name in PRIMARY_ONLY and role != "primary":
+            return wire.encode({"e": "protocol", "m": f"{call.name} is the primary's call, and "
+                                "this connection did not prove the primary's token"})
         again = bool(message.get("r"))
         try:
             arguments = call.arguments(message.get("a", {}))

@@ -6,11 +6,14 @@ A frame is a 5-byte header (the payload's length, big-endian, and a flags byte: 
 payload is zlib-compressed, as payloads over ``COMPRESS_OVER`` bytes are) and the payload.
 The greeting proves each side holds the run's token without either sending it (so a process
 that took a restarted service's port learns nothing and acknowledges nothing): the client
-sends ``{"hello": PROTOCOL, "schema": SCHEMA_VERSION, "nonce": c}``; the service refuses
-another protocol or schema in one line naming both, or answers ``{"nonce": s, "proof":
-proof(token, "service", c, s)}``, which the client checks before it sends anything else;
-the client answers ``{"proof": proof(token, "client", s, c)}`` and the service ``{"v": {...}}``
-or an error, and closes. Then each request is
+sends ``{"hello": PROTOCOL, "schema": SCHEMA_VERSION, "nonce": c}``; the service answers
+``{"nonce": s, "proof": proof(token, "service", c, s)}``, which the client checks before it
+sends anything else, or refuses another protocol or schema in one line naming both, proven
+as ``refusal_proof`` (which covers the refusal's words: a process on the service's port
+cannot make a client give up, however it answers); the client answers ``{"proof":
+proof(token, "client", s, c)}``, and the primary adds ``"primary": proof(primary token,
+"primary", s, c)`` (the calls only the primary makes, store/service/calls.py); the service
+answers ``{"v": {...}}`` or an error, and closes. Then each request is
 ``{"op": name, "a": {parameter: argument}, "r": true when sent again after a lost answer}``
 (the call's parameters as :class:`~automlperf.store.base.Store` names them) and each answer
 ``{"v": value, "s": when the service last came back from an outage (0: never)}`` or
@@ -48,18 +51,21 @@ from automlperf.store.hints import field_hints
 # 3: the greeting proves the token both ways instead of sending it.
 # 4: a call's arguments travel by name (an object), no longer in order (a list); a trial's
 # change in its record's own field order; a dict with whole-number keys as an object.
-PROTOCOL = 4
+# 5: a refusal at the greeting is proven (a client trusts no other), and the primary proves a
+# second token of its own.
+PROTOCOL = 5
 HEADER = struct.Struct("!IB")
 COMPRESSED = 1
 COMPRESS_OVER = 64 * 1024
 # A frame larger than this is refused: a client that is not ours, or a broken stream. An
 # answer (a whole history) may be large; a request is a call's arguments, and a greeting, read
-# before anyone is known, a few fields, never compressed.
+# before anyone is known, a few fields, never compressed. A compressed frame inflates to at
+# most its own limit (zlib turns 1 MiB into about 1 GiB of zeros).
 MAX_FRAME = 1 << 30
 MAX_REQUEST = 64 << 20
 MAX_GREETING = 4096
-# What a compressed frame may inflate to: zlib turns 1 MiB into about 1 GiB of zeros.
-MAX_INFLATED = 256 << 20
+# How much a compressed frame is inflated at a time: what it takes beyond its limit.
+INFLATE_STEP = 1 << 20
 
 T = TypeVar("T")
 
@@ -84,8 +90,16 @@ def proof(token: str, side: str, first: str, second: str) -> str:
 
 
 def proves(token: str, side: str, first: str, second: str, claimed: Any) -> bool:
+    """Whether ``claimed`` is ``side``'s proof; any value another process sent (not a string,
+    not ASCII) is simply not one."""
     return isinstance(claimed, str) and hmac.compare_digest(
-        claimed, proof(token, side, first, second))
+        claimed.encode("utf-8", "replace"), proof(token, side, first, second).encode())
+
+
+def refusal_proof(token: str, kind: str, message: str, client: str, service: str) -> str:
+    """The service's proof of a refusal at the greeting: its words included, so that nothing
+    but the service can refuse a client in its name."""
+    return proof(token, f"refusal {kind} {message}", client, service)
 
 
 def greeting_refusal(hello: Any, schema: int) -> tuple[str, str] | None:
@@ -93,11 +107,11 @@ def greeting_refusal(hello: Any, schema: int) -> tuple[str, str] | None:
     if not isinstance(hello, dict) or hello.get("hello") != PROTOCOL:
         theirs = hello.get("hello") if isinstance(hello, dict) else None
         return "protocol", (f"this store service speaks protocol {PROTOCOL}, this client "
-                            f"{'another' if theirs is None else str(theirs)[:20]}: use the "
+                            f"{'another' if theirs is None else shown(theirs)}: use the "
                             "automlperf that started the run")
     if hello.get("schema") != schema:
         return "schema", (f"this store service serves schema version {schema}, this client "
-                          f"reads version {str(hello.get('schema'))[:20]}: use the automlperf "
+                          f"reads version {shown(hello.get('schema'))}: use the automlperf "
                           "that started the run")
     if not isinstance(hello.get("nonce"), str) or not NONCE.fullmatch(hello["nonce"]):
         return "protocol", "a greeting without its nonce (64 hexadecimal digits)"
@@ -144,19 +158,28 @@ def encode_text(text: str) -> bytes:
     return HEADER.pack(len(data), flags) + data
 
 
-def decode(flags: int, payload: bytes, inflated: int = MAX_INFLATED) -> Any:
+def decode(flags: int, payload: bytes, inflated: int) -> Any:
     """A frame's message; :class:`ProtocolError` for one that is not this protocol's (not
-    zlib, not JSON, or inflating past ``inflated`` bytes)."""
+    zlib, not JSON, or inflating past ``inflated`` bytes, which it never holds more than a
+    step beyond: zlib's own bound grows its buffer by doubling, to twice that)."""
     try:
         if flags & COMPRESSED:
             inflater = zlib.decompressobj()
-            payload = inflater.decompress(payload, inflated)
-            if inflater.unconsumed_tail or not inflater.eof:
-                raise ProtocolError(f"a compressed frame inflating past {inflated} bytes "
-                                    "(or cut short)")
+            out = bytearray()
+            left: bytes = payload
+            while left and not inflater.eof:
+                out += inflater.decompress(left, INFLATE_STEP)
+                left = inflater.unconsumed_tail
+                if len(out) > inflated:
+                    raise ProtocolError(f"a compressed frame inflating past {inflated} bytes")
+            if not inflater.eof:
+                raise ProtocolError("a compressed frame cut short")
+            return json.loads(out)
         return json.loads(payload)
-    except (zlib.error, ValueError) as exc:  # ValueError: JSON's and UTF-8's
-        raise ProtocolError(f"a frame that is not this protocol's ({str(exc)[:100]})") from None
+    except (zlib.error, ValueError, RecursionError, TypeError) as exc:
+        # ValueError: JSON's and UTF-8's; RecursionError: JSON nested a thousand deep.
+        raise ProtocolError(f"a frame that is not this protocol's "
+                            f"({type(exc).__name__}: {str(exc)[:100]})") from None
 
 
 def check_header(length: int, flags: int, limit: int, compressed: bool = True) -> None:
@@ -172,7 +195,7 @@ def read_frame(sock: socket.socket, limit: int = MAX_FRAME) -> tuple[Any, int]:
     """The next message on a blocking socket, and the bytes it took on the wire."""
     length, flags = HEADER.unpack(_exactly(sock, HEADER.size))
     check_header(length, flags, limit)
-    return decode(flags, _exactly(sock, length)), HEADER.size + length
+    return decode(flags, _exactly(sock, length), limit), HEADER.size + length
 
 
 def _exactly(sock: socket.socket, n: int) -> bytes:
