@@ -309,7 +309,8 @@ def run(args: argparse.Namespace,
     n = args.replicas
     run_dir = work / f"run{n}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    server = PostgresServer(work / "postgres")
+    # PgBouncer reaches the server over TCP; the service, as a run's, through its socket.
+    server = PostgresServer(work / "postgres", host="127.0.0.1" if args.via == "pgbouncer" else None)
     url = server.start()
     config = work / "control.toml"
     config.write_text(CONFIG.replace("[run]\n", f"[run]\nduration_s = {int(args.window)}\n")

