@@ -412,6 +412,35 @@ def test_a_replica_stores_its_nodes_samples_in_batches(tmp_path):
     store.close()
 
 
+def test_a_sample_copier_survives_stray_lines_and_a_failing_store(tmp_path, caplog):
+    """A library's stray line, a sample whose time is not a number, and a store that fails
+    twice: the copier goes on, says so once, and stores every sample once the store passes."""
+    import logging
+
+    from automlperf.measure.monitor import SampleCopier
+
+    store = open_store(f"sqlite:///{tmp_path / 'h.db'}", create=True)
+    run_id = store.create_run("r", {}, {}, 60.0, 1.0)
+
+    class Failing(Counting):
+        def add_samples(self, *args):
+            self.calls["add_samples"] += 1
+            if self.calls["add_samples"] <= 2:
+                raise TypeError("a bug in a client")
+            return self.store.add_samples(*args)
+
+    failing = Failing(store)
+    lines = ['{"t": "soon"}\n', "[" * 5000 + "\n", "a library's stray line\n"] + [
+        f'{{"t": {300.0 * i}, "cpu_percent": 5}}\n' for i in range(4)]
+    caplog.set_level(logging.WARNING, logger="automlperf")
+    copier = SampleCopier(iter(lines), failing, run_id, "node1")
+    copier.join(timeout=60)
+    assert not copier.thread.is_alive() and copier.stored == 4
+    assert [s["t"] for s in store.samples(run_id)] == [0.0, 300.0, 600.0, 900.0]
+    assert sum("samples not stored (TypeError" in r.getMessage() for r in caplog.records) == 1
+    store.close()
+
+
 def test_a_timed_generated_run_trains_every_node_until_its_deadline(tmp_path):
     """bench/large_run.py's timed shape, as a real run ends: every replica claims trials
     until the deadline, the trial running then keeps the epochs that ended before it and

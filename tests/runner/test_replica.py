@@ -381,3 +381,45 @@ def test_the_ceiling_is_measured_again_once_the_runs_time_is_over(tmp_path):
     assert replica.run() == 0 and asked == [session.deadline_at + 1]
     assert "ceiling_end_ops" not in latest_nodes(store.nodes(early.run_id))[0]
     store.close()
+
+
+class Flaky:
+    """The replica's store, whose heartbeats fail ``failures`` times (any error: a bug in a
+    client, a value the store refuses), then pass."""
+
+    def __init__(self, store, failures):
+        self.store, self.failures, self.beats = store, failures, 0
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def heartbeat(self, replica_id, now, lease_s):
+        self.beats += 1
+        if self.beats <= self.failures:
+            raise TypeError("cannot dump lists of mixed types")
+        return self.store.heartbeat(replica_id, now, lease_s)
+
+
+def test_the_heartbeat_thread_survives_any_failure_and_says_so_once(tmp_path, caplog):
+    import logging
+    import threading
+
+    from door import wait_until
+
+    session = new_run(tmp_path, heartbeat_s=0.01)
+    replica, store = make_replica(session, FakeTrainer())
+    rid = store.register_replica(session.run_id, 0, replica.segment.index, "n", 1, [], 1.0)
+    flaky = replica.store = Flaky(store, failures=5)
+    caplog.set_level(logging.WARNING, logger="automlperf")
+    beat = threading.Thread(target=replica._heartbeat, args=(rid,), daemon=True)
+    beat.start()
+    try:
+        wait_until(lambda: flaky.beats >= 8, what="beats past the failures")
+    finally:
+        replica.stop.set()
+        beat.join(120)
+    assert not beat.is_alive()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(line.startswith("heartbeat failed (TypeError") for line in lines) == 1
+    assert sum("heartbeats pass again after 5 failed" in line for line in lines) == 1
+    store.close()

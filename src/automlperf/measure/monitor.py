@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import signal
 import socket
 import sys
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from automlperf.measure.energy import POWERCAP, RaplReader
+
+log = logging.getLogger("automlperf.monitor")
 
 
 # NVML's clock event reasons (nvmlClocksEventReason*, formerly ClocksThrottleReason*) that
@@ -345,28 +349,36 @@ class SampleCopier:
 
     def _copy(self) -> None:
         pending: list[dict[str, Any]] = []
+        failed = 0
         for line in self.lines:
             try:
                 sample = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
-            if not isinstance(sample, dict) or "t" not in sample:
+            t = sample.get("t") if isinstance(sample, dict) else None
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
                 continue  # a library's stray output, not a sample
             pending.append(sample)
-            if sample["t"] - pending[0]["t"] < self.batch_s:
+            if t - pending[0]["t"] < self.batch_s:
                 continue
             try:
                 self.store.add_samples(self.run_id, self.node, pending)
-            except Exception:  # noqa: BLE001 - the file has them; retried with the next
+            except Exception as exc:  # noqa: BLE001 - the file has them; retried with the next
+                failed += 1
+                if failed == 1:
+                    log.warning("samples not stored (%s: %s); kept and sent with the next",
+                                type(exc).__name__, exc)
                 continue
+            failed = 0
             self.stored += len(pending)
             pending = []
         if pending:
             try:
                 self.store.add_samples(self.run_id, self.node, pending)
                 self.stored += len(pending)
-            except Exception:  # noqa: BLE001 - the file has them
-                pass
+            except Exception as exc:  # noqa: BLE001 - the file has them
+                log.warning("the last samples not stored (%s: %s); the node's sample file has "
+                            "them", type(exc).__name__, exc)
 
     def join(self, timeout: float | None = None) -> None:
         self.thread.join(timeout)

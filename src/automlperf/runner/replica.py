@@ -245,6 +245,7 @@ class Replica:
 
     def _heartbeat(self, replica_id: int) -> None:
         period = self.config.run.heartbeat_s
+        failed = 0
         while not self.stop.wait(period):
             now = self.clock()
             lease = self.config.run.lease_timeout_s
@@ -256,9 +257,16 @@ class Replica:
                     # the leases be that it extended.
                     now = self.clock()
                     seg = self.store.heartbeat(replica_id, now, lease)
-            except Exception:  # noqa: BLE001 - a store hiccup is retried next beat
-                log.warning("heartbeat failed; retrying", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - whatever it was, the next beat tries
+                failed += 1
+                if failed == 1:
+                    log.warning("heartbeat failed (%s: %s); retrying every %g s, said again "
+                                "once one passes", type(exc).__name__, exc, period,
+                                exc_info=True)
                 continue
+            if failed:
+                log.warning("heartbeats pass again after %d failed", failed)
+                failed = 0
             if seg is None:
                 log.warning("the store does not know this replica (id %d); stopping", replica_id)
                 self.stop.set()
