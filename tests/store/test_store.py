@@ -408,3 +408,36 @@ def test_a_store_being_created_is_never_seen_half_made(tmp_path):
     open_store(f"sqlite:///{path}", create=True).create_run("r", {}, {}, 1.0, 1.0)
     seen = proc.communicate(timeout=300)[0]
     assert "half-made" not in seen and "ok" in seen
+
+
+def test_replicas_are_not_given_the_databases_password(monkeypatch, tmp_path):
+    """Replicas of a run on PostgreSQL reach it through the run's store service: the URL's
+    scheme is all they need, and neither the password nor where to read it is passed on (by
+    the local launcher's processes, or the SLURM step's environment)."""
+    import json
+
+    from automlperf.runner import launch
+    from automlperf.store.urls import replica_env
+
+    given = {"AUTOMLPERF_STORE_PASSWORD": "s3cret", "AUTOMLPERF_STORE_PASSWORD_FILE": "/pw",
+             "HOME": "/home/u"}
+    assert replica_env(given, "postgresql+psycopg://u:s3cret@db/amp") == {
+        "HOME": "/home/u", "AUTOMLPERF_STORE_URL": "postgresql+psycopg://u@db/amp"}
+    sqlite = f"sqlite:///{tmp_path / 'h.db'}"
+    assert replica_env(given, sqlite) == {**given, "AUTOMLPERF_STORE_URL": sqlite}
+    started = []
+
+    class Recorded:
+        pid = 1
+
+        def __init__(self, cmd, env, **kwargs):
+            started.append(env)
+
+    monkeypatch.setattr(launch.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(launch.OomWatch, "of", staticmethod(lambda pid: type(
+        "W", (), {"arm": lambda self: None})()))
+    monkeypatch.setenv("AUTOMLPERF_STORE_PASSWORD", "s3cret")
+    (tmp_path / "logs").mkdir()
+    launch.LocalLauncher(tmp_path, 2, "postgresql+psycopg://u:s3cret@db/amp",
+                         simulated=True).start()
+    assert len(started) == 2 and all("s3cret" not in json.dumps(env) for env in started)

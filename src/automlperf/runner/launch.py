@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from automlperf.errors import UserError
-from automlperf.store.urls import STORE_ENV
+from automlperf.store.urls import replica_env
 from automlperf.train.oomkill import OomWatch
 
 
@@ -172,12 +172,13 @@ class LocalLauncher:
         threads = max(1, self.cores // self.replicas)
         slices = self.slices
         for index in range(self.replicas):
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                       AUTOMLPERF_LOCAL_REPLICAS=str(self.replicas))
+            # The store's URL in the environment, not on the command line where ps shows it;
+            # no database password where the replicas use the store service.
+            env = replica_env(dict(os.environ, OMP_NUM_THREADS=str(threads),
+                                   MKL_NUM_THREADS=str(threads),
+                                   AUTOMLPERF_LOCAL_REPLICAS=str(self.replicas)), self.store_url)
             if slices:
                 env[self.visibility] = slices[index]
-            if self.store_url:
-                env[STORE_ENV] = self.store_url  # not on the command line, where ps shows it
             with open(logs / f"replica-{index}.log", "ab") as out:
                 self.procs.append(subprocess.Popen(
                     # One resource sampler per node: replica 0's.

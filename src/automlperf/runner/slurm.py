@@ -25,6 +25,7 @@ from pathlib import Path
 from automlperf.errors import UserError
 from automlperf.runner.launch import LAUNCHED_ENV, terminate, worker_command
 from automlperf.store.rundir import write_atomic
+from automlperf.store.urls import replica_env
 
 
 class SlurmError(UserError, RuntimeError):
@@ -284,9 +285,8 @@ class SlurmLauncher:
         self.codes.clear()
         self._looked = -math.inf
         self.nodes = node_names()[:count]
-        env = dict(os.environ, **{LAUNCHED_ENV: f"{time.time():.3f}"})
-        if self.store_url:
-            env["AUTOMLPERF_STORE_URL"] = self.store_url
+        env = replica_env(dict(os.environ, **{LAUNCHED_ENV: f"{time.time():.3f}"}),
+                          self.store_url)
         cmd = self.command(count, os.environ.get("SLURM_GPUS_PER_NODE"), cpus_per_node())
         with open(self.logs / "srun.log", "ab") as err:
             self.srun = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 STORE_ENV = "AUTOMLPERF_STORE_URL"
@@ -50,6 +51,21 @@ def resolve_store_url(url: str | None, password_file: Path | None = None) -> str
         url = (f"{match['scheme']}{match['user']}:{quote(password, safe='')}@"
                f"{url[match.end():]}")
     return url
+
+
+def replica_env(env: Mapping[str, str], url: str | None) -> dict[str, str]:
+    """The environment of a run's replica: ``env`` with the store's ``url``, and without the
+    database's password where the replicas reach the store through the run's store service
+    (a PostgreSQL store: they open no connection to the database, so they are not given what
+    would open one)."""
+    out = dict(env)
+    if url and url.startswith(("postgresql", "postgres:")):
+        out[STORE_ENV] = strip_password(url)
+        out.pop(PASSWORD_ENV, None)
+        out.pop(PASSWORD_FILE_ENV, None)
+    elif url:
+        out[STORE_ENV] = url
+    return out
 
 
 def strip_password(url: str) -> str:
