@@ -1,6 +1,7 @@
-"""The store service's door (store/service/net.py ``client``) in the test's own process: the
-real greeting, gate and framing in front of a stand-in for the calls, on an event loop of its
-own, so that a test can look at the gate and the sockets the service holds."""
+"""The store service's door (store/service/net.py ``accept`` and ``client``) in the test's own
+process: the real greeting, gate and framing in front of a stand-in for the calls, on an
+event loop of its own, so that a test can look at the gate and the sockets the service
+holds."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Calls:
         self.token = TOKEN
         self.primary_token = PRIMARY
         self.clients: set[asyncio.StreamWriter] = set()
+        self.serving: set[asyncio.Task[None]] = set()
         self.seen: list[tuple[Any, str]] = []
 
     async def handle(self, message: Any, role: str) -> bytes:
@@ -47,9 +49,10 @@ class Door:
 
         async def start() -> None:
             self.gate = net.Gate(total, replicas, own)
-            self.server = await asyncio.start_server(
-                lambda r, w: net.client(self.calls, self.gate, r, w), host, 0)  # type: ignore[arg-type]
-            self.port = self.server.sockets[0].getsockname()[1]
+            (self.listener,) = net.listen([host], 0)
+            self.acceptor = asyncio.create_task(net.accept(self.calls, self.gate,  # type: ignore[arg-type]
+                                                           self.listener))
+            self.port = self.listener.getsockname()[1]
             ready.set()
 
         def run() -> None:
@@ -93,7 +96,8 @@ class Door:
 
     def close(self) -> None:
         async def stop() -> None:
-            self.server.close()
+            self.acceptor.cancel()
+            self.listener.close()
             for writer in list(self.calls.clients):
                 writer.close()
 

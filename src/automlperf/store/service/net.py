@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import ipaddress
 import json
 import logging
@@ -38,6 +39,10 @@ log = logging.getLogger("automlperf.store.service")
 FLUSH_S = 5.0
 # How often the ticker looks (a stall, the times, the flush).
 TICK_S = 1.0
+# Connections the kernel keeps waiting for the service to take (10,000 replicas start at once).
+BACKLOG = 16384
+# How long to wait when taking a connection fails (out of files).
+ACCEPT_AGAIN_S = 0.1
 # How often the calls' times (store/service/latency.py) are written beside the service's log.
 TIMES_S = 60.0
 # How long a new connection may take to greet: one that does not (a port scanner, a client
@@ -88,11 +93,13 @@ class Said:
 @dataclass(eq=False)
 class Ticket:
     """One connection's place at the gate: its host (as the gate counts hosts) and how to
-    close it if it must make room."""
+    close it if it must make room (``gone`` once it was)."""
 
     key: str
     close: Callable[[], None]
     proven: bool = False
+    gone: bool = False
+    wrapping: bool = False  # its streams are being made: closed once they are
 
 
 class _Room:
@@ -286,19 +293,21 @@ async def serve(service: Service, host: str | list[str] | None, port: int,
     loop = asyncio.get_running_loop()
     stop = begin(service)
     gate = Gate(client_cap(), replicas)
-    servers = await listen(lambda r, w: client(service, gate, r, w),
-                           host if isinstance(host, list) else [host or "0.0.0.0"], port)
+    listeners = listen(host if isinstance(host, list) else [host or "0.0.0.0"], port)
+    acceptors = [watched(service, asyncio.create_task(accept(service, gate, listener),
+                                                      name="acceptor"), stop)
+                 for listener in listeners]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    on_listening(servers[0].sockets[0].getsockname()[1])
+    on_listening(listeners[0].getsockname()[1])
     ticker = watched(service, asyncio.create_task(tick(service, stop), name="ticker"), stop)
     await stop.wait()
-    for server in servers:
-        server.close()
+    for task in acceptors:
+        task.cancel()
+    for listener in listeners:
+        listener.close()
     for open_client in list(service.clients):  # their calls end; they find the next service
         open_client.close()
-    for server in servers:
-        await server.wait_closed()
     ticker.cancel()
     await end(service)
 
@@ -357,45 +366,95 @@ async def end(service: Service) -> None:
                              f"{failed}")
 
 
-async def listen(serve_one: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
-                 hosts: list[str], port: int) -> list[asyncio.Server]:
-    """A server on each of ``hosts``, all on one port (``port``, or the first one's free
-    port): the one written to the service's file. A ``port`` something else holds (a process
-    that took it while the service was restarting) gives way to a free one: the service's
-    file names it, and the clients read it again."""
+def listen(hosts: list[str], port: int) -> list[socket.socket]:
+    """A listening socket on each of ``hosts``, all on one port (``port``, or the first one's
+    free port): the one written to the service's file. A ``port`` something else holds (a
+    process that took it while the service was restarting) gives way to a free one: the
+    service's file names it, and the clients read it again."""
     try:
-        first = await asyncio.start_server(serve_one, hosts[0], port, backlog=16384)
+        first = _listener(hosts[0], port)
     except OSError as exc:
         if not port or exc.errno != errno.EADDRINUSE:
             raise
         log.warning("port %d is taken (%s): listening on another, which %s names", port, exc,
                     "the service's file")
-        first = await asyncio.start_server(serve_one, hosts[0], 0, backlog=16384)
-    servers = [first]
-    port = first.sockets[0].getsockname()[1]
+        first = _listener(hosts[0], 0)
+    listeners = [first]
+    port = first.getsockname()[1]
     for other in hosts[1:]:
         try:
-            servers.append(await asyncio.start_server(serve_one, other, port, backlog=16384))
+            listeners.append(_listener(other, port))
         except OSError as exc:
             log.warning("not listening on %s:%d: %s", other, port, exc)
-    return servers
+    return listeners
 
 
-async def client(service: Service, gate: Gate, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
-    """One client's connection: admitted to greet (it may be closed to admit a newer one
-    until it has), given a slot once it has proved the run's token if one is left, then its
-    calls answered in order."""
-    peer = writer.get_extra_info("peername")
-    host = str(peer[0]) if isinstance(peer, tuple) else ""
-    ticket = gate.admit(host, writer.transport.abort)
+def _listener(host: str, port: int) -> socket.socket:
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                  flags=socket.AI_PASSIVE)[0]
+    sock = socket.create_server(address, family=family, backlog=BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+async def accept(service: Service, gate: Gate, listener: socket.socket) -> None:
+    """Take the connections ``listener`` is offered one at a time, each admitted at the gate
+    as it comes (an older one closed for it where a share is full), so that however fast
+    they come the service holds no more open files than the gate's rooms: a server that
+    takes a backlog's worth before any is counted runs out of files, and says so in a
+    traceback per connection."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            conn, peer = await loop.sock_accept(listener)
+        except OSError as exc:  # out of files after all (the spare ones too): a moment
+            gate.said("accept", "could not take a connection (%s); trying again in %.1f s",
+                      exc, ACCEPT_AGAIN_S)
+            await asyncio.sleep(ACCEPT_AGAIN_S)
+            continue
+        host = str(peer[0]) if isinstance(peer, tuple) else ""
+        ticket = gate.admit(host, lambda: None)
+        ticket.close = functools.partial(_drop, ticket, conn)
+        task = asyncio.create_task(client(service, gate, ticket, conn, host))
+        service.serving.add(task)
+        task.add_done_callback(service.serving.discard)
+        # A turn of the loop for each: the connection closed for it goes, and the newest
+        # greet as they arrive (a flood's newer connections would otherwise close a client's
+        # before it could say its first word).
+        await asyncio.sleep(0)
+
+
+def _drop(ticket: Ticket, conn: socket.socket) -> None:
+    """Close a connection that has no streams yet, to make room for a newer one (one whose
+    streams are being made is closed once they are: its file is theirs until then)."""
+    ticket.gone = True
+    if not ticket.wrapping:
+        conn.close()
+
+
+async def client(service: Service, gate: Gate, ticket: Ticket, conn: socket.socket,
+                 host: str) -> None:
+    """One client's connection, admitted at the gate (``ticket``) to greet (it may be closed
+    to admit a newer one until it has), given a slot once it has proved the run's token if
+    one is left, then its calls answered in order."""
+    if ticket.gone:
+        return  # closed for a newer one before its turn came
+    ticket.wrapping = True
+    try:
+        wire.keepalive(conn)
+        reader, writer = await asyncio.open_connection(sock=conn)
+    except OSError:
+        gate.leave(ticket)
+        conn.close()
+        return
+    ticket.close = writer.transport.abort
+    if ticket.gone:
+        writer.transport.abort()
+        return
     service.clients.add(writer)
     said = gate.said
     role = None
     try:
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            wire.keepalive(sock)
         # Bounded before anyone is known: a greeting's size, no compression, a deadline.
         role = await asyncio.wait_for(greet(service, reader, writer, said,
                                             lambda: gate.spoke(ticket)), GREETING_S)

@@ -81,6 +81,7 @@ class Service:
         self.graph_bytes = 0
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="store-reader")
         self.clients: set[asyncio.StreamWriter] = set()
+        self.serving: set[asyncio.Task[None]] = set()  # each connection's (kept: the loop does not)
         self.writer: Writer  # the group commit's thread, started by net.serve
         # Why a task the service cannot go on without (net.watched: the ticker) stopped.
         self.task_failed: BaseException | None = None
