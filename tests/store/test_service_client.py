@@ -179,3 +179,30 @@ def test_a_short_token_is_refused_by_the_client_and_the_service(tmp_path):
     assert done.stderr.strip().splitlines() == [
         f"error: the token in {tmp_path / 'empty.token'} is 0 characters, fewer than 32: start "
         "the run's primary again, which writes a new one"]
+
+
+def test_a_process_on_the_port_that_says_nothing_holds_a_try_for_its_greeting_only(
+        tmp_path, monkeypatch):
+    """It takes the connection and never answers: each try is given up when a service would
+    have closed an unfinished greeting (here shortened), not after the store's retry time and
+    a minute, so the client tries again (the service restarted elsewhere) while it may."""
+    from automlperf.store.service import client
+
+    monkeypatch.setattr(client, "GREETING_WAIT_S", 0.2)
+    silent = socket.create_server(("127.0.0.1", 0))
+    taken = []
+
+    def take():
+        while True:
+            try:
+                taken.append(silent.accept()[0])  # held, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    try:
+        with pytest.raises(StoreError, match="timed out"):
+            RemoteStore(service_file(tmp_path, silent.getsockname()[1]), retry_s=1.0)
+    finally:
+        silent.close()
+    assert len(taken) >= 2  # tried again, rather than waiting on the first

@@ -35,8 +35,11 @@ SERVICE_FILE = "store-service.json"
 TOKEN_FILE = ".store-service.token"
 # The shortest token either side accepts (the primary writes 32 characters, 192 bits).
 MIN_TOKEN = 32
-# How long a new connection may take (a host that drops packets would hold it for minutes).
+# How long a new connection may take (a host that drops packets would hold it for minutes),
+# and its greeting: the service closes one it has not finished in net.GREETING_S (10 s), so
+# what takes longer is not the service (a process on its port that says nothing).
 CONNECT_S = 10.0
+GREETING_WAIT_S = 30.0
 # Connections a store keeps between calls: 10,000 replicas, 10,000 connections at the service.
 KEEP = 1
 # A heartbeat's own deadline, a quarter of the lease it renews (at least this): one sent on a
@@ -116,7 +119,7 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
                                      "primary did not finish writing")
         return host, port, token
 
-    def _connect(self) -> socket.socket:
+    def _connect(self, deadline_s: float | None = None) -> socket.socket:
         host, port, token = self._address()
         try:
             sock = socket.create_connection((host, port), timeout=CONNECT_S)
@@ -124,7 +127,7 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
             raise ServiceUnavailable(f"{host}:{port}: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         wire.keepalive(sock)
-        sock.settimeout(self.retry_s + 60.0)  # past the service's own database retries
+        sock.settimeout(min(GREETING_WAIT_S, deadline_s or GREETING_WAIT_S))
         try:
             answer = self._greet(sock, token)
         except (OSError, ValueError) as exc:
@@ -139,6 +142,7 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
             if answer["e"] == "busy":
                 raise ServiceUnavailable(message)
             raise SchemaMismatch(message) if answer["e"] == "schema" else StoreError(message)
+        sock.settimeout(self.retry_s + 60.0)  # a call waits past the service's own retries
         return sock
 
     def _greet(self, sock: socket.socket, token: str) -> dict[str, Any]:
@@ -236,7 +240,7 @@ class RemoteStore(_forwarding(), Store):  # type: ignore[misc]
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         if sock is None:
-            sock = self._connect()
+            sock = self._connect(deadline_s)
         try:
             if deadline_s is not None:
                 sock.settimeout(deadline_s)
