@@ -412,12 +412,18 @@ def test_a_replica_stores_its_nodes_samples_in_batches(tmp_path):
     store.close()
 
 
-def test_a_sample_copier_survives_stray_lines_and_a_failing_store(tmp_path, caplog):
+def test_a_sample_copier_survives_stray_lines_and_a_failing_store(tmp_path, caplog,
+                                                                  monkeypatch):
     """A library's stray line, a sample whose time is not a number, and a store that fails
-    twice: the copier goes on, says so once, and stores every sample once the store passes."""
+    twice: the copier goes on, says so once, and stores every sample once the store passes,
+    in calls of at most the store's limit (here 3)."""
     import logging
 
     from automlperf.measure.monitor import SampleCopier
+    from automlperf.store import limits
+
+    monkeypatch.setattr(limits, "MAX_SAMPLES", 3)
+    sizes = []
 
     store = open_store(f"sqlite:///{tmp_path / 'h.db'}", create=True)
     run_id = store.create_run("r", {}, {}, 60.0, 1.0)
@@ -425,6 +431,7 @@ def test_a_sample_copier_survives_stray_lines_and_a_failing_store(tmp_path, capl
     class Failing(Counting):
         def add_samples(self, *args):
             self.calls["add_samples"] += 1
+            sizes.append(len(args[2]))
             if self.calls["add_samples"] <= 2:
                 raise TypeError("a bug in a client")
             return self.store.add_samples(*args)
@@ -436,6 +443,7 @@ def test_a_sample_copier_survives_stray_lines_and_a_failing_store(tmp_path, capl
     copier = SampleCopier(iter(lines), failing, run_id, "node1")
     copier.join(timeout=60)
     assert not copier.thread.is_alive() and copier.stored == 4
+    assert sizes == [2, 3, 3, 1]
     assert [s["t"] for s in store.samples(run_id)] == [0.0, 300.0, 600.0, 900.0]
     assert sum("samples not stored (TypeError" in r.getMessage() for r in caplog.records) == 1
     store.close()

@@ -362,7 +362,7 @@ class SampleCopier:
             if t - pending[0]["t"] < self.batch_s:
                 continue
             try:
-                self.store.add_samples(self.run_id, self.node, pending)
+                self._store(pending)
             except Exception as exc:  # noqa: BLE001 - the file has them; retried with the next
                 failed += 1
                 if failed == 1:
@@ -370,15 +370,22 @@ class SampleCopier:
                                 type(exc).__name__, exc)
                 continue
             failed = 0
-            self.stored += len(pending)
-            pending = []
         if pending:
             try:
-                self.store.add_samples(self.run_id, self.node, pending)
-                self.stored += len(pending)
+                self._store(pending)
             except Exception as exc:  # noqa: BLE001 - the file has them
                 log.warning("the last samples not stored (%s: %s); the node's sample file has "
                             "them", type(exc).__name__, exc)
+
+    def _store(self, pending: list[dict[str, Any]]) -> None:
+        """Store ``pending`` in calls of at most MAX_SAMPLES (an outage may have kept many),
+        each taken out of it once stored: what a failure leaves stays pending."""
+        from automlperf.store.limits import MAX_SAMPLES
+
+        while pending:
+            self.store.add_samples(self.run_id, self.node, pending[:MAX_SAMPLES])
+            self.stored += len(pending[:MAX_SAMPLES])
+            del pending[:MAX_SAMPLES]
 
     def join(self, timeout: float | None = None) -> None:
         self.thread.join(timeout)

@@ -53,8 +53,9 @@ INT64 = 2**63 - 1
 # A list of ids or change numbers in one call: what a feed asks for again at most
 # (store/feed.py MAX_MISSING), and more than a search fetches graphs for at once.
 MAX_IDS = 10_000
-# Samples in one call: a node's five minutes are ten; a long outage's, kept, a few hundred.
-MAX_SAMPLES = 10_000
+# Samples in one call: a node's five minutes are ten; what a long outage kept goes in calls
+# of this many (measure/monitor.py SampleCopier), within a request's size (about 3 KB each).
+MAX_SAMPLES = 2_000
 # A node's devices.
 MAX_DEVICES = 1024
 

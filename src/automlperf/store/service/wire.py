@@ -62,7 +62,10 @@ COMPRESS_OVER = 64 * 1024
 # before anyone is known, a few fields, never compressed. A compressed frame inflates to at
 # most its own limit (zlib turns 1 MiB into about 1 GiB of zeros).
 MAX_FRAME = 1 << 30
-MAX_REQUEST = 64 << 20
+# The largest call is a node's samples (store/limits.py MAX_SAMPLES of them, about 3 KB each
+# for 16 GPUs): a request parsed on the service's one event loop holds it a second or so at
+# this size, where 64 MiB held it 11 s (bench/RESULTS.md, "A run attacked").
+MAX_REQUEST = 8 << 20
 MAX_GREETING = 4096
 # How much a compressed frame is inflated at a time: what it takes beyond its limit.
 INFLATE_STEP = 1 << 20
