@@ -270,6 +270,16 @@ def test_reads_of_more_ids_than_a_statement_takes_are_asked_in_parts(backend, tm
         store.close()
 
 
+def test_a_statement_of_too_many_parameters_is_not_waited_out_as_an_outage():
+    from sqlalchemy.exc import OperationalError
+
+    from automlperf.store.retry import _transient
+
+    too_many = Exception("number of parameters must be between 0 and 65535")
+    assert not _transient(OperationalError("SELECT ...", {}, too_many))
+    assert _transient(OperationalError("SELECT ...", {}, Exception("server closed the connection")))
+
+
 def test_an_unreachable_postgres_server_is_retried(pg_server, pg_url):
     s = open_store(pg_url, create=True)
     run_id = s.create_run("r", {}, {}, 60.0, 1.0)
