@@ -198,7 +198,7 @@ def test_calls_that_are_not_this_protocols_get_one_line_and_the_service_goes_on(
     assert said == ["expire_leases is the primary's call, and this connection did not prove "
                     "the primary's token",
                     "finish_trial: best_accuracy is float 'nan', not a number (finite, from 0 "
-                    "to 1)"]
+                    "to 1) or null"]
     # A time as a whole number beside another replica's float: both written by the next
     # flush of the heartbeats (one array of one type), which goes on.
     assert "v" in call(sock, {"op": "heartbeat", "a": {"replica_id": rep, "now": 1_700_000_000,

@@ -119,6 +119,10 @@ def named(kind: Any) -> str:
         base, *rules = typing.get_args(kind)
         said = "; ".join(r.says for r in rules if isinstance(r, Rule))
         return f"{named(base)} ({said})" if said else named(base)
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        return " or ".join("null" if k is type(None) else named(k) for k in typing.get_args(kind))
+    if typing.get_origin(kind) in (list, collections.abc.Sequence):
+        return "a list" + (f", each {named(typing.get_args(kind)[0])}," if typing.get_args(kind) else "")
     return {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
             dict: "an object", list: "a list"}.get(kind, str(kind).replace("typing.", ""))
 
