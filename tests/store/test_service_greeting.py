@@ -157,6 +157,8 @@ def test_another_protocol_schema_or_token_is_refused_in_one_line(sqlite_service,
     for fields, kind, said in [
             # Protocol 3 sent a call's arguments in order: refused before its first call.
             ({"hello": 3}, "protocol", f"speaks protocol {wire.PROTOCOL}, this client 3"),
+            # Protocol 4 took any refusal unproven, and a replica's token for the primary's.
+            ({"hello": 4}, "protocol", f"speaks protocol {wire.PROTOCOL}, this client 4"),
             ({"schema": SCHEMA_VERSION + 1}, "schema",
              f"schema version {SCHEMA_VERSION}, this client reads version {SCHEMA_VERSION + 1}"),
             ({"nonce": "not hex"}, "protocol", "without its nonce")]:

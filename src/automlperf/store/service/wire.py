@@ -161,7 +161,7 @@ def encode_text(text: str) -> bytes:
     return HEADER.pack(len(data), flags) + data
 
 
-def decode(flags: int, payload: bytes, inflated: int) -> Any:
+def decode(flags: int, payload: bytes, inflated: int = MAX_FRAME) -> Any:
     """A frame's message; :class:`ProtocolError` for one that is not this protocol's (not
     zlib, not JSON, or inflating past ``inflated`` bytes, which it never holds more than a
     step beyond: zlib's own bound grows its buffer by doubling, to twice that)."""
