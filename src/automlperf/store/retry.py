@@ -61,8 +61,9 @@ def _transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, OperationalError):
         # psycopg says a statement has too many parameters (over 65,535) as an operational
-        # error: no wait makes it pass.
-        return "number of parameters" not in str(exc.orig)
+        # error, and SQLite one past its variables (32,766) too: no wait makes either pass.
+        said = str(exc.orig)
+        return "number of parameters" not in said and "too many SQL variables" not in said
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
