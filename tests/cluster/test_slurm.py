@@ -434,8 +434,13 @@ def test_a_store_is_refused_to_other_hosts_while_its_job_runs_and_taken_over_onc
         (folder / "release").touch()
         assert wait_job(job, slurm_cluster) == "COMPLETED"
         assert (folder / "pgdata" / "postmaster.pid").exists()
-        taken = pgserver_on("other-node", folder, slurm_cluster)
+        # Its lock file removed, the start pauses for a postmaster cut off from its job to
+        # notice (70 s by default; a second here) and says so.
+        taken = pgserver_on("other-node", folder, dict(slurm_cluster,
+                                                      AUTOMLPERF_STORE_FENCE_S="1"))
         assert taken.returncode == 0, taken.stderr
+        assert (f"removed the postmaster.pid left by host {socket.gethostname()}, node n1, "
+                f"SLURM job {job} (SLURM job {job} has ended): waiting 1 s") in taken.stderr
         assert rows(with_password(folder, taken.stdout)) == [(7,)]
         assert pgserver_on("other-node", folder, slurm_cluster, "stop").returncode == 0
         assert [p.name for p in folder.glob("owner.json.gone-*")]

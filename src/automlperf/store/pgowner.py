@@ -7,27 +7,36 @@ on another node, would start a second postmaster on the same files and corrupt t
 So a start first claims the folder by creating ``owner.json`` exclusively: written beside it,
 then hard-linked into place (``link`` fails where the name exists, on NFS, Lustre and GPFS
 alike), so that a racing start reads it whole; ``O_EXCL`` where there are no hard links.
-The record names the host, the SLURM node and job, and the process that started the
-server. A later start takes the folder over only when that owner
+The record names the host, the node, the batch job (SLURM, PBS, LSF or Flux) and the
+process that started the server. A later start takes the folder over only when that owner
 is proven gone:
 
 - on the same host (its name is the kernel's), the postmaster named by ``postmaster.pid`` is
   no longer a live PostgreSQL process; a stale ``postmaster.pid`` is then removed, so a hard
   kill leaves a store that starts again at once (PostgreSQL replays its log);
-- on another host, the owner's SLURM job is no longer running (``squeue``), or it is this
-  very job (a requeued job runs once). Without a job to ask about, nothing proves the other
-  host gone: the start refuses, naming how to release the folder by hand.
+- on another host, the owner's batch job is no longer running (``squeue``, ``qstat``,
+  ``bjobs`` or ``flux jobs`` says so), or it is this very job (a requeued job runs once).
+  Without a job to ask about, nothing proves the other host gone: the start refuses, naming
+  how to release the folder by hand.
+
+Another host's ``postmaster.pid`` removed, the start waits before its server starts
+(:data:`FENCE_S`): a postmaster cut off from its scheduler (a partitioned node) may still
+write through the shared file system until it notices its lock file gone, which PostgreSQL
+checks once a minute.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import shutil
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from automlperf.errors import UserError
@@ -36,6 +45,22 @@ OWNER_FILE = "owner.json"
 # SLURM states in which a job's processes may still run.
 LIVE_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT",
                "CONFIGURING", "RESIZING", "REQUEUED", "PENDING"}
+# PBS (Pro, OpenPBS, Torque) job states of a job that has ended: F finished (qstat -x), C
+# completed (Torque); any other (R, Q, H, E exiting, S, T, W, B, U) may still run.
+PBS_ENDED = {"F", "C"}
+# LSF: DONE and EXIT have ended; UNKWN and ZOMBI mean LSF lost touch with the host, whose
+# processes may still run: not proven gone.
+LSF_ENDED = {"DONE", "EXIT"}
+LSF_UNSURE = {"UNKWN", "ZOMBI"}
+# Flux (RFC 21): INACTIVE has ended; NEW, DEPEND, PRIORITY, SCHED, RUN and CLEANUP have not.
+FLUX_ENDED = {"INACTIVE"}
+SCHEDULER_NAMES = {"slurm": "SLURM", "pbs": "PBS", "lsf": "LSF", "flux": "Flux"}
+# How long a start waits after removing another host's postmaster.pid, before its own server
+# starts: longer than the minute after which a postmaster cut off from its job notices its
+# lock file gone and shuts down (PostgreSQL re-checks it once a minute).
+FENCE_S = 70.0
+FENCE_ENV = "AUTOMLPERF_STORE_FENCE_S"
+log = logging.getLogger("automlperf")
 
 
 class StoreInUse(UserError, RuntimeError):
@@ -51,27 +76,53 @@ class Owner:
     job: str | None
     pid: int
     started_at: float
+    # The batch system of ``job``: slurm, pbs, lsf or flux (a record without one is SLURM's).
+    scheduler: str | None = None
+
+    @property
+    def system(self) -> str:
+        return self.scheduler or "slurm"
 
     def where(self) -> str:
         parts = [f"host {self.host}"]
         if self.node and self.node != self.host:
             parts.append(f"node {self.node}")
         if self.job:
-            parts.append(f"SLURM job {self.job}")
+            parts.append(f"{SCHEDULER_NAMES.get(self.system, self.system)} job {self.job}")
         return ", ".join(parts)
 
 
-def here() -> Owner:
+def batch_job(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """(batch system, job id) of the job this process runs in, or (None, None)."""
+    env = os.environ if env is None else env
+    for scheduler, variable in (("slurm", "SLURM_JOB_ID"), ("pbs", "PBS_JOBID"),
+                                ("lsf", "LSB_JOBID"), ("flux", "FLUX_JOB_ID")):
+        if env.get(variable, "").strip():
+            return scheduler, env[variable].strip()
+    if env.get("FLUX_URI"):
+        # A `flux batch` script runs in an instance of its own, where FLUX_JOB_ID is unset:
+        # the instance knows its job's id in the instance that runs it.
+        jobid = _answer(["flux", "getattr", "jobid"], env)
+        if jobid is not None and jobid.strip():
+            return "flux", jobid.strip()
+    return None, None
+
+
+def here(env: Mapping[str, str] | None = None) -> Owner:
     """This process, as an owner."""
-    return Owner(host=socket.gethostname(), node=os.environ.get("SLURMD_NODENAME"),
-                 job=os.environ.get("SLURM_JOB_ID"), pid=os.getpid(), started_at=time.time())
+    env = os.environ if env is None else env
+    scheduler, job = batch_job(env)
+    node = env.get("SLURMD_NODENAME") if scheduler == "slurm" else None
+    return Owner(host=socket.gethostname(), node=node, job=job, pid=os.getpid(),
+                 started_at=time.time(), scheduler=scheduler)
 
 
 def read_owner(directory: Path) -> Owner | None:
     """The recorded owner of ``directory`` (a private server's folder), or None."""
     try:
         data = json.loads((Path(directory) / OWNER_FILE).read_text())
-        return Owner(**data)
+        known = {f.name for f in fields(Owner)}
+        return Owner(**{k: v for k, v in data.items() if k in known})
     except FileNotFoundError:
         return None
     except (ValueError, TypeError) as exc:
@@ -112,21 +163,82 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def job_running(job: str) -> bool | None:
-    """Whether SLURM still runs ``job``: None when SLURM cannot be asked."""
-    squeue = shutil.which("squeue")
-    if squeue is None:
+def _run(command: list[str], env: Mapping[str, str] | None = None
+         ) -> subprocess.CompletedProcess[str] | None:
+    """``command``'s outcome, or None where it is not installed or did not answer."""
+    if shutil.which(command[0], path=(env or os.environ).get("PATH")) is None:
         return None
     try:
-        done = subprocess.run([squeue, "-h", "-j", job, "-o", "%T"], capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(command, capture_output=True, text=True, timeout=60,
+                              env=None if env is None else dict(env))
     except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _answer(command: list[str], env: Mapping[str, str] | None = None) -> str | None:
+    done = _run(command, env)
+    return done.stdout if done is not None and done.returncode == 0 else None
+
+
+def job_running(job: str, scheduler: str = "slurm") -> bool | None:
+    """Whether the batch system still runs ``job``: None when it cannot be asked, or cannot
+    say (a host it lost touch with)."""
+    ask = {"slurm": _slurm_running, "pbs": _pbs_running, "lsf": _lsf_running,
+           "flux": _flux_running}.get(scheduler)
+    return None if ask is None else ask(job)
+
+
+def _slurm_running(job: str) -> bool | None:
+    done = _run(["squeue", "-h", "-j", job, "-o", "%T"])
+    if done is None:
         return None
     if done.returncode != 0:
         # squeue forgets a finished job after MinJobAge and then calls its id invalid.
         return False if "Invalid job id" in done.stderr else None
     states = {line.strip() for line in done.stdout.splitlines() if line.strip()}
     return bool(states & LIVE_STATES)
+
+
+def _pbs_running(job: str) -> bool | None:
+    done = _run(["qstat", "-f", job])
+    if done is None:
+        return None
+    if done.returncode != 0:
+        # A job PBS has forgotten, or one it keeps only in its history (PBS Pro: "Job has
+        # finished, use -x or -H").
+        said = done.stderr + done.stdout
+        return False if ("Unknown Job Id" in said or "has finished" in said) else None
+    for line in done.stdout.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "job_state":
+            return value.strip() not in PBS_ENDED
+    return None
+
+
+def _lsf_running(job: str) -> bool | None:
+    done = _run(["bjobs", "-noheader", "-o", "stat", job])
+    if done is None:
+        return None
+    said = done.stdout.strip()
+    if "is not found" in done.stderr + said:
+        return False  # LSF forgets a finished job after CLEAN_PERIOD
+    if done.returncode != 0 or not said:
+        return None
+    state = said.split()[0]
+    return None if state in LSF_UNSURE else state not in LSF_ENDED
+
+
+def _flux_running(job: str) -> bool | None:
+    # A job's id is its id in the instance that ran it: from inside a batch job's own
+    # instance (this one has a jobid), that is the parent instance.
+    inside = _answer(["flux", "getattr", "jobid"]) is not None
+    done = _run(["flux", *(["--parent"] if inside else []), "jobs", "-n", "-o", "{state}", job])
+    if done is None:
+        return None
+    if done.returncode != 0:
+        return False if "unknown job id" in done.stderr.lower() else None
+    state = done.stdout.strip()
+    return None if not state else state not in FLUX_ENDED
 
 
 @dataclass(frozen=True)
@@ -154,21 +266,39 @@ def assess(directory: Path, me: Owner | None = None) -> Verdict:
         if owner is not None and owner.pid != os.getpid() and _alive(owner.pid):
             return Verdict(True, True, owner, f"process {owner.pid} on this host is starting it")
         return Verdict(False, True, owner, "no postmaster.pid: the server is stopped")
-    if owner.job and owner.job == me.job:
+    if owner.job and owner.job == me.job and owner.system == me.system:
         return Verdict(False, False, owner, f"{owner.where()} is an earlier start of this job")
     if owner.job:
-        running = job_running(owner.job)
+        name = SCHEDULER_NAMES.get(owner.system, owner.system)
+        running = job_running(owner.job, owner.system)
         if running is False:
-            return Verdict(False, False, owner, f"SLURM job {owner.job} has ended")
+            return Verdict(False, False, owner, f"{name} job {owner.job} has ended")
         if running:
-            return Verdict(True, False, owner, f"SLURM job {owner.job} still runs")
-        return Verdict(None, False, owner, f"SLURM cannot say whether job {owner.job} still runs")
+            return Verdict(True, False, owner, f"{name} job {owner.job} still runs")
+        return Verdict(None, False, owner, f"{name} cannot say whether job {owner.job} still runs")
     return Verdict(None, False, owner, "nothing here can tell whether it still runs")
 
 
-def claim(directory: Path) -> Owner:
+def fence_s(env: Mapping[str, str] | None = None) -> float:
+    """The pause after another host's ``postmaster.pid`` is removed (:data:`FENCE_S`, or
+    ``AUTOMLPERF_STORE_FENCE_S``)."""
+    text = (os.environ if env is None else env).get(FENCE_ENV, "").strip()
+    if not text:
+        return FENCE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 3600:
+        raise UserError(f"{FENCE_ENV}={text!r} is not a number of seconds (0 to 3600): set it "
+                        "so, or unset it")
+    return value
+
+
+def claim(directory: Path, sleep: Callable[[float], None] = time.sleep) -> Owner:
     """Make this process the owner of ``directory``'s server, taking it over from an owner
-    proven gone (and removing that owner's stale ``postmaster.pid``); StoreInUse otherwise."""
+    proven gone (and removing that owner's stale ``postmaster.pid``; another host's, then
+    waiting out :func:`fence_s` through ``sleep``); StoreInUse otherwise."""
     directory = Path(directory)
     me = here()
     record = directory / OWNER_FILE
@@ -176,7 +306,7 @@ def claim(directory: Path) -> Owner:
         try:
             _create_whole(record, json.dumps(asdict(me)) + "\n")
         except FileExistsError:
-            _take_over(directory, me)
+            _take_over(directory, me, sleep)
             continue
         verdict = assess(directory, me)
         if verdict.live:  # a server without an owner record, still running here
@@ -187,6 +317,11 @@ def claim(directory: Path) -> Owner:
         _clear_stale(directory)
         return me
     raise StoreInUse(f"another process claimed {directory} at the same moment: start once")
+
+
+# How to stop a job cleanly (the primary writes its result), by batch system.
+STOP_JOB = {"slurm": "scancel --batch --signal=TERM {job}", "pbs": "qsig -s TERM {job}",
+            "lsf": "bkill -s TERM {job}", "flux": "flux job kill --signal=TERM {job}"}
 
 
 def _create_whole(record: Path, text: str) -> None:
@@ -215,18 +350,29 @@ def _create_whole(record: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _take_over(directory: Path, me: Owner) -> None:
+def _take_over(directory: Path, me: Owner, sleep: Callable[[float], None]) -> None:
     verdict = assess(directory, me)
     owner = verdict.owner
     if verdict.live is False:
-        _clear_stale(directory)
+        pause = fence_s()
+        removed = _clear_stale(directory)
         # Keep the previous record beside the folder: what happened is part of the run.
         os.replace(directory / OWNER_FILE,
                    directory / f"{OWNER_FILE}.gone-{int(time.time())}")
+        if removed and not verdict.here and pause > 0:
+            # Its job has ended, but a postmaster cut off from it (a partitioned node) may
+            # still reach the files: it shuts down once it finds its lock file gone.
+            log.warning("removed the postmaster.pid left by %s (%s): waiting %.0f s before "
+                        "starting the server, for a postmaster still running there to notice "
+                        "its lock file gone and stop (%s sets the pause)",
+                        owner.where() if owner else "another host", verdict.why, pause,
+                        FENCE_ENV)
+            sleep(pause)
         return
     where = owner.where() if owner else "this host"
     if verdict.live:
-        stop = (f"scancel --batch --signal=TERM {owner.job}" if owner and owner.job else
+        stop = (STOP_JOB[owner.system].format(job=owner.job) if owner and owner.job
+                and owner.system in STOP_JOB else
                 f"python -m automlperf.store.pgserver stop --dir {directory}, there")
         raise StoreInUse(f"the run's store is already served from {where} ({verdict.why}): "
                          "a second server on its files would corrupt it; wait for it to end, "
@@ -237,12 +383,15 @@ def _take_over(directory: Path, me: Owner) -> None:
                      "start again")
 
 
-def _clear_stale(directory: Path) -> None:
+def _clear_stale(directory: Path) -> bool:
     """Remove a ``postmaster.pid`` whose server is gone, so PostgreSQL starts (and replays
-    its log) rather than wait for a lock nobody holds."""
+    its log) rather than wait for a lock nobody holds; whether there was one."""
     pid_file = directory / "pgdata" / "postmaster.pid"
-    if pid_file.exists():
-        pid_file.unlink(missing_ok=True)
+    try:
+        pid_file.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def release(directory: Path, force: bool = False) -> Owner | None:
