@@ -268,6 +268,79 @@ def outcome_logged(run_dir, trial_id):
         return False
 
 
+
+def opened(run_dir):
+    """The running job's store (its private PostgreSQL server in RUN_DIR/postgres), once the
+    server is up and the run created."""
+    from automlperf.store import open_store
+    from automlperf.store.urls import resolve_store_url
+
+    def probe():
+        private = Path(run_dir) / "postgres"
+        if not ((private / "pgdata" / "postmaster.pid").exists()
+                and (Path(run_dir) / "run.json").exists() and (private / "url").exists()):
+            return None
+        url = resolve_store_url((private / "url").read_text().strip(),
+                                password_file=private / "pg.password")
+        store = open_store(url, run_dir=run_dir)
+        store.trials(1)
+        return store
+
+    def attempt():
+        try:
+            return probe()
+        except Exception:  # the server or the schema is not ready yet
+            return None
+
+    found = []
+    wait_for(lambda: found.append(attempt()) or found[-1] is not None, 600, "the run to start")
+    return found[-1]
+
+
+def hold_mid_trial(store, run_dir, replica, epochs=1):
+    """Replica ``replica`` (its latest registration: a resumed run's is this session's) held
+    with SIGSTOP in a running trial with ``epochs`` done: (pid, trial). The trial picked is one
+    whose outcome the replica has not logged: it logs an outcome before it ends the trial in
+    the store, so a trial logged as ended may still end as it logged (a write already sent to
+    the store service, or the primary's recovery)."""
+    import signal
+
+    found = {}
+
+    def held():
+        mine = [r for r in store.replicas(1) if r.index == replica]
+        if not mine:
+            return False
+        rep = max(mine, key=lambda r: r.id)
+        if rep.status != "running":
+            return False  # an earlier session's, until this one's registers
+        try:
+            os.kill(rep.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False
+        wait_for(lambda: stopped(rep.pid), 60, f"replica {replica} to stop")
+        trial = next((t for t in store.trials(1) if t.replica_id == rep.id
+                      and t.status == "running" and t.epochs_done >= epochs
+                      and not outcome_logged(run_dir, t.id)), None)
+        if trial is None:
+            os.kill(rep.pid, signal.SIGCONT)  # between trials: wait for the next one's epoch
+            return False
+        found.update(pid=rep.pid, trial=trial)
+        return True
+
+    wait_for(held, 600, f"replica {replica} held mid-trial")
+    return found["pid"], found["trial"]
+
+
+def kill_outright(pid):
+    """Kill a replica as its node's death or an out-of-memory kill would, without a word:
+    SIGKILL to its whole process group (the replica, its training processes and its
+    sampler), held or not. The time it was killed."""
+    import signal
+
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    return time.time()
+
 def wait_no_strays(mark, timeout=120):
     """Every process of a run ends with it (the limit covers replicas that notice a dead
     primary by its silence, after their lease)."""

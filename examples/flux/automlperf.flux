@@ -1,5 +1,6 @@
 #!/bin/bash
-# automlperf on Flux (e.g. El Capitan): one replica per node started by `flux run`.
+# automlperf on Flux (e.g. El Capitan): one replica per node, each a job of its own
+# (`flux submit --cc`), so that a node that dies ends its replica only.
 # Submit with:
 #   flux batch --env=RUN_DIR=/p/lustre/automlperf/run1 --env=DATA_DIR=/p/lustre/imagenet automlperf.flux
 # CONFIG (default: official, the configuration shipped with automlperf), DURATION (default
@@ -25,6 +26,8 @@ PYTHON=${PYTHON:-python3}
 NNODES=$(flux resource list -no {nnodes})
 mkdir -p "$RUN_DIR/logs" "$RUN_DIR/postgres"
 
+# A private PostgreSQL server on this node; its folder records this Flux job, which the next
+# job asks `flux jobs` about before it takes the store over.
 "$PYTHON" -m automlperf.store.pgserver start --dir "$RUN_DIR/postgres" \
     --replicas "$NNODES" > "$RUN_DIR/postgres/url" || exit 1
 export AUTOMLPERF_STORE_URL="$(cat "$RUN_DIR/postgres/url")"
@@ -37,16 +40,17 @@ else
     set -- --config "$CONFIG" --data-dir "$DATA_DIR" --duration "$DURATION"
 fi
 "$PYTHON" -m automlperf.cli run --launcher external --replicas "$NNODES" \
-    --run-dir "$RUN_DIR" "$@" > "$RUN_DIR/logs/primary.log" 2>&1 &
+    --run-dir "$RUN_DIR" "$@" >> "$RUN_DIR/logs/primary.log" 2>&1 &
 primary=$!
 trap 'kill -TERM "$primary" 2>/dev/null' TERM INT
 
-# Each task learns its replica number from FLUX_TASK_RANK. Flux passes the environment on.
-# By default flux run kills every task 30 s after the first one exits, for any reason: a
-# replica retiring at its start, or the first to end at the deadline, would end the others.
-flux run -N "$NNODES" -n "$NNODES" --exclusive -o exit-timeout=none \
-    "$PYTHON" -m automlperf.cli worker --run-dir "$RUN_DIR" --wait 1800 \
-    > "$RUN_DIR/logs/replicas.log" 2>&1 &
+# One job per node, its replica number its id of --cc ({cc}): one `flux run` of every
+# replica would lose them all when a node dies (every rank of a job is critical) or, 30 s
+# after the first exits, to its exit-timeout. Flux passes the environment on; the logs go
+# on where a resubmitted job's left them.
+flux submit --cc="0-$((NNODES - 1))" -N1 -n1 --exclusive --wait \
+    sh -c 'exec "$0" -m automlperf.cli worker --run-dir "$1" --replica-index "$2" \
+        --wait 1800 >> "$1/logs/replica-$2.log" 2>&1' "$PYTHON" "$RUN_DIR" {cc} &
 replicas=$!
 # A primary that ends first (it refused the data, or this job's time limit cannot hold the
 # run) would leave the replicas waiting for its session for half an hour: end them.

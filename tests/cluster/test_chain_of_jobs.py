@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from helpers import cli, sim_config, wait_for
-from test_node_faults import opened
+from helpers import opened
 from test_slurm import wait_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

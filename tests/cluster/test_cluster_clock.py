@@ -62,7 +62,7 @@ def test_a_run_stopped_with_scancel_resumes_extended_with_the_time_it_still_need
     """docs/cluster.md's way to stop a job cleanly, `scancel --batch --signal=TERM`, writes the
     result of the time run so far; `automlperf slurm --resume --run-dir RUN_DIR --submit` submits
     the same script with a time limit for what is left, and the run ends with its whole duration."""
-    from test_node_faults import opened
+    from helpers import opened
 
     # The scancel must come before the first session's deadline: its clock starts before the
     # replicas (their start-up, then a first epoch, all slower on a loaded machine).

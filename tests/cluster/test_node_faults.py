@@ -14,7 +14,7 @@ import time
 import pytest
 
 from automlperf.testing.slurm import kill_replica
-from helpers import cli, outcome_logged, sim_config, stopped, wait_for
+from helpers import cli, hold_mid_trial, opened, sim_config, wait_for
 from test_slurm import wait_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -53,61 +53,9 @@ def submit(tmp_path, env, nodes, duration):
     return re.search(r"submitted job (\d+)", done.stdout).group(1), run_dir
 
 
-def opened(run_dir):
-    """The running job's store, once its private server is up and the run created."""
-    from automlperf.store import open_store
-    from automlperf.store.urls import resolve_store_url
-
-    def probe():
-        private = run_dir / "postgres"
-        if not ((private / "pgdata" / "postmaster.pid").exists() and (run_dir / "run.json").exists()):
-            return None
-        url = resolve_store_url((private / "url").read_text().strip(),
-                                password_file=private / "pg.password")
-        store = open_store(url, run_dir=run_dir)
-        store.trials(1)
-        return store
-
-    def attempt():
-        try:
-            return probe()
-        except Exception:  # the server or the schema is not ready yet
-            return None
-
-    found = []
-    wait_for(lambda: found.append(attempt()) or found[-1] is not None, 600, "the run to start")
-    return found[-1]
-
-
 def records(store):
     return ({("epoch", e.trial_id, e.epoch) for e in store.epochs(1)}
             | {("trial", t.id) for t in store.trials(1)})
-
-
-def hold_mid_trial(store, run_dir, replica):
-    """Replica ``replica`` held (SIGSTOP) in a running trial with an epoch done: (pid, trial).
-    The trial picked is one whose outcome the replica has not logged: it logs an outcome
-    before it ends the trial in the store, so a trial logged as ended may still end as it
-    logged (a write already sent to the store service, or the primary's recovery)."""
-    found = {}
-
-    def held():
-        rep = next((r for r in store.replicas(1) if r.index == replica), None)
-        if rep is None:
-            return False
-        os.kill(rep.pid, signal.SIGSTOP)
-        wait_for(lambda: stopped(rep.pid), 60, f"replica {replica} to stop")
-        trial = next((t for t in store.trials(1) if t.replica_index == replica
-                      and t.status == "running" and t.epochs_done >= 1
-                      and not outcome_logged(run_dir, t.id)), None)
-        if trial is None:
-            os.kill(rep.pid, signal.SIGCONT)  # between trials: wait for the next one's epoch
-            return False
-        found.update(pid=rep.pid, trial=trial)
-        return True
-
-    wait_for(held, 600, f"replica {replica} held mid-trial")
-    return found["pid"], found["trial"]
 
 
 def replicas_step(job, env):

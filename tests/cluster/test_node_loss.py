@@ -15,7 +15,7 @@ from automlperf.testing.slurm import fail_node, node_state
 from automlperf.store.opening import run_store
 from helpers import cli, sim_config, wait_for
 from trees import WNIDS, make_tree
-from test_node_faults import opened
+from helpers import opened
 from test_slurm import wait_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

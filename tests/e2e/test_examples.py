@@ -1,25 +1,32 @@
 """The example job scripts run as written, on this machine, with their scheduler's
 environment set (the Kubernetes manifest: tests/e2e/test_kubernetes.py). PBS Pro (with HPE
 PALS), Flux and LSF have no Debian 12 packages: each script's body runs under bash with the
-variables the scheduler sets (the node file, the host list) and its launcher's rank
-variables, started by the stand-ins in tests/standins/ (PALS's mpiexec, `flux`) or, for LSF,
-by Debian's own Open MPI mpirun. Each starts the private PostgreSQL server, the primary and
-the replicas as local processes. Simulated accelerators on a small ImageNet-layout folder
-(CONFIG): the scripts' plumbing is the point, and each replica trains one round, so the run
-ends early."""
+variables the scheduler sets (the node file, the host list), its replicas started one per
+node by the stand-ins in tests/standins/ (PALS's mpiexec, `flux submit --cc`, LSF's
+blaunch), each in a session of its own as on a node of its own. Each starts the private
+PostgreSQL server, the primary and the replicas as local processes. Simulated accelerators
+on a small ImageNet-layout folder (CONFIG): the scripts' plumbing is the point, and each
+replica trains two rounds, so the run ends early.
+
+On three nodes, each script outlives two failures: replica 1's node cannot see the data
+(it retires at its start), and replica 2 is killed outright mid-trial (SIGKILL to its whole
+process group, as its node's death or the kernel's OOM killer would: no word to anyone);
+replica 0 goes on, the run finishes and verifies, and the killed replica costs the trial it
+was training, failed once its lease lapses."""
 
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
-from helpers import cli, marked_env, sim_config, wait_no_strays
+from automlperf.store import pgowner
+from helpers import (cli, hold_mid_trial, kill_outright, marked_env, opened, sim_config,
+                     wait_no_strays)
 from trees import WNIDS, make_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -34,12 +41,17 @@ def data(tmp_path_factory):
                      classes=WNIDS[:10])
 
 
+LEASE_S = 10
+
+
 def settings(tmp_path):
     """Simulated devices on the small tree of DATA_DIR: the scripts pass --data-dir, which
-    only a dataset of image folders reads."""
+    only a dataset of image folders reads. A round's trial lasts seconds (an epoch of
+    ResNet-50 at 32x32 on ImageNet's counts: about 5 s at this compression), so that one is
+    caught in flight; a replica killed outright is noticed once its lease lapses."""
     path = tmp_path / "sim.toml"
-    path.write_text(sim_config(sustained_ops=2e14, time_compression=100.0, max_rounds=1,
-                               stop_grace_s=10, image_folders=True))
+    path.write_text(sim_config(sustained_ops=2e14, time_compression=5.0, max_rounds=2,
+                               stop_grace_s=10, lease_timeout_s=LEASE_S, image_folders=True))
     return path
 
 
@@ -47,8 +59,9 @@ SICK_NODE = """#!/bin/bash
 # The interpreter the job script runs, except for the replicas: replica 1's node cannot see
 # the dataset (a mount namespace with an empty folder over it), and replica 0 starts only
 # once replica 1 has retired, so that a launcher that ends every rank when one exits would
-# end it, whatever the machine's speed.
-rank=${PALS_RANKID:-${FLUX_TASK_RANK:-${OMPI_COMM_WORLD_RANK:-}}}
+# end it, whatever the machine's speed. A replica's number is its --replica-index.
+rank=""; previous=""
+for arg in "$@"; do [ "$previous" = --replica-index ] && rank=$arg; previous=$arg; done
 if [ "$rank" = 1 ] && [ "$3" = worker ]; then
     unshare --mount sh -c 'mount --bind "$0" "$DATA_DIR" && exec "$@"' EMPTY PYTHON "$@"
     status=$?
@@ -62,9 +75,11 @@ exec PYTHON "$@"
 """
 
 
-def run_script(script, tmp_path, data, sick_node=False, **env):
+def run_script(script, tmp_path, data, sick_node=False, kill=None, **env):
     """The example's body, run as written. With ``sick_node``, replica 1's node cannot see
-    the dataset: that replica retires at its start and the run goes on with the others."""
+    the dataset: that replica retires at its start and the run goes on with the others.
+    With ``kill``, that replica is killed outright mid-trial: the run goes on without it,
+    and its trial fails once its lease lapses. What ran (:class:`Ran`)."""
     run_dir = tmp_path / "run"
     path = os.pathsep.join([str(STANDINS), str(Path(sys.executable).parent), os.environ["PATH"]])
     python = sys.executable
@@ -76,34 +91,83 @@ def run_script(script, tmp_path, data, sick_node=False, **env):
         python.chmod(0o755)
     full = dict(os.environ, PATH=path, RUN_DIR=str(run_dir), DATA_DIR=str(data),
                 CONFIG=str(settings(tmp_path)), DURATION="10m", PYTHON=str(python), **env)
-    done = subprocess.run(["bash", str(REPO / "examples" / script)], env=full, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    job = subprocess.Popen(["bash", str(REPO / "examples" / script)], env=full, cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    try:
+        store = opened(run_dir)
+        owner = pgowner.read_owner(run_dir / "postgres")
+        try:
+            if kill is not None:
+                # In a trial: its first round's lasts one epoch, so none done yet.
+                pid, trial = hold_mid_trial(store, run_dir, kill, epochs=0)
+                killed = (trial, kill_outright(pid))
+        finally:
+            store.close()
+        stdout, stderr = job.communicate(timeout=900)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
     logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.log")))
-    assert done.returncode == 0, done.stdout + done.stderr + logs
+    assert job.returncode == 0, stdout + stderr + logs
     result = json.loads((run_dir / "result.json").read_text())
     assert result["score"] > 0 and not result["failures"]
     retired = [(r["replica"], "no images" in r["reason"] or "not" in r["reason"])
                for r in result["retired"]]
     assert retired == ([(1, True)] if sick_node else []), result["retired"]
     if sick_node:
-        assert "ending the others" not in done.stderr and "kills the rest" not in done.stderr
-    return run_dir, result, logs
+        assert "ending the others" not in stderr and "kills the rest" not in stderr
+    if killed is not None:
+        trial, killed_at = killed
+        from automlperf.store.rundir import run_store
+
+        with run_store(run_dir) as store:
+            charged = [t for t in store.trials(1) if t.replica_index == kill
+                       and t.status == "failed"]
+            went_on = [t for t in store.trials(1) if t.replica_index == 0
+                       and t.created_at > killed_at]
+        # The trial it was training, and no other: failed when its lease lapsed.
+        assert [t.id for t in charged] == [trial.id] and "heart-beating" in charged[0].reason
+        assert charged[0].finished_at > killed_at
+        assert went_on, "replica 0 went on after replica 2 was killed"
+        done = cli("check", run_dir, timeout=300)
+        assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
+        killed = {"trial": trial.id, "killed_at": killed_at, "charged": len(charged),
+                  "noticed_s": charged[0].finished_at - killed_at}
+    return Ran(run_dir, result, logs, owner, job.returncode, killed)
 
 
-def test_the_pbs_script_runs_as_written_and_outlives_a_sick_node(tmp_path, data):
-    """mpiexec ends every rank when one exits non-zero: the replica that retires (its node
-    lacks the data) exits 0, and the run goes on with the other."""
+class Ran(NamedTuple):
+    """An example run: its run directory, result, logs, the owner its private store's
+    folder recorded while it ran, the script's exit status, and the replica killed (its
+    trial, when, the trials it cost, and how long until the primary failed its trial)."""
+
+    run_dir: Path
+    result: dict
+    logs: str
+    owner: Any
+    status: int
+    killed: dict | None
+
+
+def test_the_pbs_script_runs_as_written_and_outlives_a_sick_node_and_a_killed_replica(
+        tmp_path, data):
+    """One mpiexec per node: one node's rank that exits or dies ends that mpiexec only (one
+    mpiexec of every rank ends them all); the replica that retires (its node lacks the data)
+    exits 0, and the run goes on with the other two, then with one."""
     nodes = tmp_path / "nodefile"
-    nodes.write_text("x1001c0s0b0n0\nx1001c0s0b0n0\nx1001c0s0b1n0\n")  # a line per chunk
-    run_dir, result, logs = run_script("pbs/automlperf.pbs", tmp_path, data, sick_node=True,
-                                       PBS_NODEFILE=str(nodes), PBS_JOBID="42.pbs",
+    # A line per chunk, a node's lines together (place=scatter gives a node each here).
+    nodes.write_text("x1001c0s0b0n0\nx1001c0s0b0n0\nx1001c0s0b1n0\nx1001c0s0b2n0\n")
+    run_dir, result, logs, owner, *_ = run_script("pbs/automlperf.pbs", tmp_path, data, sick_node=True,
+                                       kill=2, PBS_NODEFILE=str(nodes), PBS_JOBID="42.pbs",
                                        PBS_STANDIN_WALLTIME="01:00:00")
-    assert "replica 1 cannot start" in logs
-    assert "replica 0 (from PALS_RANKID)" in logs and "replica 1 (from PALS_RANKID)" in logs
+    assert "replica 1 cannot start" in logs and result["replicas"] == 3
+    assert all(f"replica {i} (from --replica-index)" in logs for i in range(3))
     # The primary asked qstat for the walltime: the run fits in its hour.
     assert json.loads((run_dir / "system.json").read_text())["job_limit"]["scheduler"] == "pbs"
-    done = cli("check", run_dir, timeout=300)
-    assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
+    # The private store's folder named this PBS job, for a later job to ask qstat about.
+    assert (owner.scheduler, owner.job) == ("pbs", "42.pbs")
 
 
 def test_a_walltime_too_short_starts_no_clock_and_ends_the_waiting_replicas(tmp_path, data):
@@ -128,23 +192,28 @@ def test_a_walltime_too_short_starts_no_clock_and_ends_the_waiting_replicas(tmp_
     wait_no_strays(mark)  # the replicas did not wait out their half hour
 
 
-def test_the_flux_script_runs_as_written_and_outlives_a_sick_node(tmp_path, data):
-    """flux run would kill every task 30 s after the first exits (a replica retiring at its
-    start): the script turns that off, and the run goes on with the other replica."""
-    _, result, logs = run_script("flux/automlperf.flux", tmp_path, data, sick_node=True,
-                                 FLUX_STANDIN_NODES="2", FLUX_STANDIN_EXIT_TIMEOUT="0",
-                                 FLUX_URI="local:///tmp/flux-standin", FLUX_STANDIN_TIMELEFT="3600")
-    assert "replica 1 (from FLUX_TASK_RANK)" in logs and "replica 1 cannot start" in logs
+def test_the_flux_script_runs_as_written_and_outlives_a_sick_node_and_a_killed_replica(
+        tmp_path, data):
+    """A job per node (flux submit --cc): one `flux run` of every replica would lose them
+    all to a lost node (every rank is critical) or, 30 s after the first exits, to its
+    exit-timeout (here 0 s: the stand-in's `flux run` would end the rest at once)."""
+    _, result, logs, owner, *_ = run_script("flux/automlperf.flux", tmp_path, data, sick_node=True, kill=2,
+                                 FLUX_STANDIN_NODES="3", FLUX_STANDIN_EXIT_TIMEOUT="0",
+                                 FLUX_URI="local:///tmp/flux-standin", FLUX_STANDIN_JOBID="f2Gnq",
+                                 FLUX_STANDIN_TIMELEFT="3600")
+    assert "replica 1 (from --replica-index)" in logs and "replica 1 cannot start" in logs
+    assert result["replicas"] == 3
+    # The batch script's own instance knows its job's id in the instance that ran it.
+    assert (owner.scheduler, owner.job) == ("flux", "f2Gnq")
 
 
-def test_the_lsf_script_runs_as_written_with_open_mpi(tmp_path, data):
-    if shutil.which("mpirun") is None:
-        pytest.fail("mpirun is not installed (run scripts/setup-system.sh)")
-    host = socket.gethostname()
-    # LSF lists a host once per slot; one host here, so one replica, started by mpirun itself.
-    _, result, logs = run_script("lsf/automlperf.lsf", tmp_path, data, LSB_HOSTS=f"{host} {host}",
-                                 LSB_JOBID="42", LSF_STANDIN_RUNLIMIT="01:00:00",
-                                 OMPI_ALLOW_RUN_AS_ROOT="1",
-                                 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_plm_rsh_agent="false")
-    assert result["replicas"] == 1
-    assert "replica 0 (from OMPI_COMM_WORLD_RANK)" in logs or "replica 0 (from PMIX_RANK)" in logs
+def test_the_lsf_script_runs_as_written_and_outlives_a_killed_replica(tmp_path, data):
+    """A blaunch per host: a host lost, or its replica killed outright, ends that blaunch
+    only (one mpirun of every replica would end them all)."""
+    # LSF lists a host once per slot.
+    hosts = "hostA hostA hostB hostB hostC hostC"
+    _, result, logs, owner, *_ = run_script("lsf/automlperf.lsf", tmp_path, data, kill=2,
+                                        LSB_HOSTS=hosts, LSB_JOBID="42",
+                                        LSF_STANDIN_RUNLIMIT="01:00:00")
+    assert result["replicas"] == 3 and (owner.scheduler, owner.job) == ("lsf", "42")
+    assert all(f"replica {i} (from --replica-index)" in logs for i in range(3))

@@ -3,7 +3,10 @@ Kubernetes cluster allows (Debian's kubernetes-client has none to talk to): its 
 commands and environment, with the site's values put in (the run volume, the ImageNet volume,
 the PostgreSQL Service: a local server), the replicas' pods in a network namespace of their
 own, which reaches the primary's pod only at its IP, as pods do. Applied again after the
-primary's pod is lost, the manifest resumes the run.
+primary's pod is lost, the manifest resumes the run; then a replica's pod is killed outright
+(its node lost, an out-of-memory kill: SIGKILL to all it runs), and the run goes on with the
+other three, finishes and verifies. (What the Job then does with the failed pod, nothing to
+the others, is its per-index backoff: tests/e2e/test_kubernetes_manifest.py.)
 
 Simulated accelerators on a small ImageNet-layout folder: the manifest's plumbing is the
 point, and each replica trains two rounds, so the run ends early."""
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import sim_config, wait_for
+from helpers import cli, hold_mid_trial, kill_outright, sim_config, wait_for
 from trees import WNIDS, make_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -25,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 MANIFEST = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "automlperf.yaml"
 # The two pods' addresses: the primary's (the host's end of the link) and the replicas'.
 PRIMARY_IP, REPLICAS_IP = "10.231.7.1", "10.231.7.2"
+LEASE_S = 10  # a replica killed outright is noticed once its lease lapses
 
 
 @pytest.fixture
@@ -68,7 +72,7 @@ def _pods(tmp_path, imagenet, pg_server, pg_url):
     # reached the primary, and the resumed run had nothing left to train), and the second
     # session trains what the first left.
     config.write_text(sim_config(sustained_ops=1e14, time_compression=1.0, max_rounds=2,
-                                 stop_grace_s=10, image_folders=True))
+                                 stop_grace_s=10, lease_timeout_s=LEASE_S, image_folders=True))
     runs = tmp_path / "runs"
 
     def site(text):
@@ -109,8 +113,9 @@ def _start(primary, replica, namespace, logs, session):
         if name != "primary":
             argv = ["ip", "netns", "exec", namespace, *argv]
         log = (logs / f"{name}-{session}.log").open("w")
+        # Each pod in a session of its own: what kills one kills nothing of another.
         started.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        text=True))
+                                        text=True, start_new_session=True))
     return started[0], started[1:]
 
 
@@ -142,13 +147,23 @@ def test_the_kubernetes_manifest_runs_as_written_and_resumes_when_applied_again(
 
         # kubectl delete job ...; kubectl apply -f automlperf.yaml: the same commands again.
         lead, pods = _start(primary, replica, pod_network, logs, 2)
+        # Replica 3's pod dies in a trial of this session, without a word.
+        pid, charged = hold_mid_trial(store, runs / "run1", 3, epochs=0)
+        killed_at = kill_outright(pid)
         said = [p.wait(timeout=900) for p in pods]
         assert lead.wait(timeout=300) == 0, (logs / "primary-2.log").read_text()
-        assert said == [0, 0, 0, 0], "\n".join(p.read_text() for p in logs.glob("replica-*-2.log"))
+        assert said == [0, 0, 0, -9], "\n".join(p.read_text() for p in logs.glob("replica-*-2.log"))
+        trial = store.trial(charged.id)
+        assert trial.status == "failed" and "heart-beating" in trial.reason
+        assert trial.finished_at > killed_at
     finally:
         store.close()
     assert "automlperf resuming" in (logs / "primary-2.log").read_text()
     result = json.loads((runs / "run1" / "result.json").read_text())
     assert result["replicas"] == 4 and result["score"] > 0 and not result["interrupted"]
-    assert len(result["segments"]) == 2
+    assert len(result["segments"]) == 2 and not result["failures"]
     assert "replica 3 (from JOB_COMPLETION_INDEX)" in (logs / "replica-3-2.log").read_text()
+    done = cli("check", runs / "run1", env=dict(os.environ,
+                                                AUTOMLPERF_STORE_PASSWORD=pg_server.password),
+               timeout=300)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stdout + done.stderr
