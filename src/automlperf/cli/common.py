@@ -41,7 +41,8 @@ def say_error(message: str, prefix: str = "error:") -> None:
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn a problem the user can fix into one clear line and exit status 2, and a run
-    that failed after it started into one line and exit status 1."""
+    that failed after it started into one line and its status (1; 3 no clock started; 75
+    resumable: automlperf.errors)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -52,6 +53,6 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(2) from None
         except RunFailure as exc:
             say_error(str(exc))
-            raise typer.Exit(1) from None
+            raise typer.Exit(exc.exit_status) from None
 
     return wrapper

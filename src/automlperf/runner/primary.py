@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from automlperf.config import Config, ConfigError, parse_duration
-from automlperf.errors import RunFailure, UserError
+from automlperf.errors import INTERRUPTED, Resumable, UserError
 from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
 from automlperf.runner import dataproof
@@ -73,7 +73,7 @@ class RunOutcome:
         if self.state == "failed":
             return 1
         if self.state == "interrupted":
-            return 130
+            return INTERRUPTED
         if self.joined == 0:
             return 1  # a session no replica joined measured nothing
         return 0
@@ -269,7 +269,7 @@ def _supervise_and_finish(req: RunRequest, session: steps.Session, starter: Any,
         # user's input. Replicas are stopped (finish may have failed before it could) and
         # everything written so far stays for --resume.
         starter.stop(session.config.run.stop_grace_s)
-        raise RunFailure(f"the store failed during the run: {exc}; everything recorded so far "
+        raise Resumable(f"the store failed during the run: {exc}; everything recorded so far "
                          f"is kept in {run_dir}: continue with `automlperf run --resume "
                          f"--run-dir {run_dir}` once it is back") from None
     except OSError as exc:
@@ -279,7 +279,7 @@ def _supervise_and_finish(req: RunRequest, session: steps.Session, starter: Any,
         # read-only): what it holds stays, and the run resumes once it takes them again.
         starter.stop(session.config.run.stop_grace_s)
         fix = "free space there" if exc.errno == errno.ENOSPC else "make it writable"
-        raise RunFailure(f"cannot write {exc.filename or run_dir}: {exc.strerror}; everything "
+        raise Resumable(f"cannot write {exc.filename or run_dir}: {exc.strerror}; everything "
                          f"recorded so far is kept in {run_dir}: {fix} and continue with "
                          f"`automlperf run --resume --run-dir {run_dir}`") from None
     joined = starter.joined() if req.launcher == "external" else None

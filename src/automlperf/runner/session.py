@@ -17,7 +17,7 @@ from rich.live import Live
 
 from automlperf import rules
 from automlperf.config import Config
-from automlperf.errors import RunFailure
+from automlperf.errors import NoClock
 from automlperf.events import FailureKind
 from automlperf.dataset.shared import SHARED_INDEX
 from automlperf.measure import provenance
@@ -198,7 +198,7 @@ def _check_fits(remaining: float, now: float, limit: JobLimit, startup: dict[str
     if limit.chain_link and limit.must_end_by - now >= MIN_LINK_RUN_S:
         return
     took = startup.get("before_clock_s")
-    raise RunFailure(f"the job's time limit leaves {max(0.0, limit.must_end_by - now):.0f} s "
+    raise NoClock(f"the job's time limit leaves {max(0.0, limit.must_end_by - now):.0f} s "
                      f"for a session that needs {remaining:.0f} s"
                      + (f" (the primary's start-up took {took:.0f} s)" if took is not None else "")
                      + f"; the clock was not started: {limit.advice(remaining, now)}")
