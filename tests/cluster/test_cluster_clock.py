@@ -78,16 +78,18 @@ def test_a_run_stopped_with_scancel_resumes_extended_with_the_time_it_still_need
     wait_for(lambda: bool(store.epochs(1)), 600, "a first epoch")
     store.close()
     subprocess.run(["scancel", "--batch", "--signal=TERM", job], env=slurm_cluster, check=True)
-    wait_job(job, slurm_cluster)
+    # A clean stop is no failure to SLURM (sacct, the job's state): the job ends with 0.
+    assert wait_job(job, slurm_cluster) == "COMPLETED"
     first = json.loads((run_dir / "result.json").read_text())
     assert first["interrupted"] and 0 < first["elapsed_s"] < first_s
     out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
     assert "automlperf primary finished with status 130" in out, out
+    assert "the run stopped cleanly; continue it with: automlperf slurm --resume" in out
 
     replica_log = (run_dir / "logs" / "replica-0.log").read_text()
     assert replica_log
     # Options given with --resume reach this submission (sbatch's own win over the script's),
-    # and --duration extends the run, here, before it queues.
+    # and --duration extends the run when the job starts its clock (nothing is written here).
     done = cli("slurm", "--resume", "--run-dir", run_dir, "--submit", "--duration",
                f"{extended_s}s", "--sbatch=--comment=resumed-after-scancel",
                env=slurm_cluster, timeout=300)
@@ -99,6 +101,8 @@ def test_a_run_stopped_with_scancel_resumes_extended_with_the_time_it_still_need
                            capture_output=True, text=True).stdout
     assert "Comment=resumed-after-scancel" in shown
     assert wait_job(job, slurm_cluster) == "COMPLETED"
+    second = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert f"the run now lasts 0:00:{extended_s}" in second, second
     # The replicas' logs go on where the first job's ended.
     again = (run_dir / "logs" / "replica-0.log").read_text()
     assert again.startswith(replica_log) and len(again) > len(replica_log)
@@ -125,7 +129,7 @@ def test_each_node_stages_the_archives_reads_its_copy_and_cleans_up(slurm_cluste
     (tmp_path / "sim.toml").write_text(sim_config(sustained_ops=2e14, time_compression=100.0,
                                                   deadline_grace_s=GRACE_S))
     run_dir, local = tmp_path / "run", tmp_path / "local"
-    local.mkdir()
+    local.mkdir()  # the nodes' scratch folder, there before the job
     (local / "automlperf-run-n2").write_text("not a folder")  # n2's staging fails
     done = cli("slurm", "--nodes", 2, "--duration", f"{DURATION_S}s", "--dataset", "imagenet",
                "--data-dir", data, "--config", tmp_path / "sim.toml", "--run-dir", run_dir,
@@ -136,6 +140,10 @@ def test_each_node_stages_the_archives_reads_its_copy_and_cleans_up(slurm_cluste
     assert wait_job(job, slurm_cluster) == "COMPLETED"
     out = (run_dir / "logs" / f"slurm-{job}.out").read_text()
     assert "automlperf primary finished with status 0" in out and "dataset staged on the nodes" in out
+    # The health sweep ran on both nodes before the staging, and found them able to train
+    # (n2's staging fails later, on what its folder holds).
+    assert "health sweep: all 2 node(s) can train" in out
+    assert sorted(p.name for p in (run_dir / "health").glob("*.json")) == ["n1.json", "n2.json"]
     staged = {p.name: p.read_text() for p in (run_dir / "logs").glob("stage-*.log")}
     text = "".join(staged.values())
     assert re.search(r"n1: the archives \([\d.]+ GB, [\d.]+ GB copied in [\d.]+ s, read back "

@@ -42,14 +42,15 @@ def test_pyxis_steps_mount_the_run_directory_and_run_the_images_python(tmp_path)
     script = (run_dir / "automlperf.sbatch").read_text()
     assert "each step runs in the container nvcr.io#nvidia/pytorch:25.01-py3 (pyxis" in script
     assert "/data/imagenet:/data/imagenet mounted" in script
-    step = SlurmLauncher(run_dir.resolve(), None).command(2, "4")
+    step = SlurmLauncher(run_dir.resolve(), None).command(2, "4", env={"SLURM_JOB_ID": "4711"})
     assert "--ntasks=2" in step and "--gpus-per-node=4" in step
     assert f"--container-mounts={run_dir.resolve()}:{run_dir.resolve()},/data/imagenet:/data/imagenet" \
         in step
-    # The container made on every node before the clock, found by its name.
-    assert "--container-name=automlperf" in step
-    assert "--container-image='nvcr.io#nvidia/pytorch:25.01-py3' --container-name=automlperf true" \
-        in script
+    # The container made on every node before the clock, found by its name: the job's own, so
+    # that a container pyxis kept from another job is never taken for this run's image.
+    assert "--container-name=automlperf-4711" in step
+    assert ("--container-image='nvcr.io#nvidia/pytorch:25.01-py3' "
+            "--container-name=automlperf-$SLURM_JOB_ID true") in script
     shell = step.index("sh")
     assert all(a.startswith("--") for a in step[1:shell])  # srun's options, then the command
     # The task's shell, in the image, gives the worker its rank and keeps its exit status.

@@ -80,12 +80,18 @@ def test_the_readmes_cluster_commands_run_as_written(tmp_path):
     # copy at 400 MB/s and their reading back at 1 GB/s, with a quarter more.
     staged = written["cluster-b"]
     assert "#SBATCH --time=2:59:00" in staged and "--to /local/scratch" in staged
-    assert staged.index("automlperf.cli stage") < staged.index("automlperf.store.pgserver start")
+    # The store first (a job that may not use it does nothing), then the health sweep, then
+    # the staging.
+    order = [staged.index(step) for step in ("automlperf.store.pgserver start",
+                                             "automlperf.cli sweep", "automlperf.cli stage")]
+    assert order == sorted(order)
     assert "# automlperf: staging allowance 677 s" in staged
+    assert "#SBATCH --job-name=automlperf-cluster-b" in staged
     # 24 hours and their 6 of grace in jobs of 8: each holds 8 h less 23 min of start-up and
-    # staging and 55 min of signal lead and result, 402 min of run; five jobs and a spare.
+    # staging and 3 min of signal lead and result, 454 min of run; four jobs and a spare.
     assert "#SBATCH --time=8:00:00" in written["long"]
-    assert "a chain of 6 jobs of 8:00:00 (each: start-up 23 min, run 402.3 min" in plans["long"]
+    assert ("a chain of 5 jobs of 8:00:00 (each: start-up 23 min, run 454.3 min, result 3 min"
+            in plans["long"])
     assert "#SBATCH --nodes=2" in written["pilot"] and "#SBATCH --time=1:30:00" in written["pilot"]
     resume, = (c for c in commands if "--resume" in c and "--duration" not in c)
     argv = shlex.split(resume.replace("/shared/runs/", f"{tmp_path}/runs/"))[1:]

@@ -44,6 +44,12 @@ def test_a_finished_run_is_extended_to_a_longer_one(tmp_path):
     assert before.items() <= _epochs(run_dir).items() and second["trials"] >= first["trials"]
     assert second["epochs"] >= first["epochs"] and second["total_ops"] >= first["total_ops"]
     assert (second["epochs"] > first["epochs"]) == (second["total_ops"] > first["total_ops"])
+    # Each session's primary timed its stop, from the deadline's epochs drained to its result
+    # and report written: what a chain's later jobs are given as their lead.
+    from automlperf.runner.joblimits import FINISH_LOG
+
+    stops = [json.loads(line) for line in (run_dir / "logs" / FINISH_LOG).read_text().splitlines()]
+    assert [s["segment"] for s in stops] == [1, 2] and all(s["finish_s"] > 0 for s in stops)
     checked = cli("check", run_dir, timeout=300)
     assert checked.returncode == 0 and "verified" in checked.stdout, checked.stdout + checked.stderr
 

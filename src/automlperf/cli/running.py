@@ -172,10 +172,10 @@ def slurm(
                     "a replica that sees none stops, saying why.")] = None,
     cpus_per_task: Annotated[Optional[int], typer.Option(min=1, help="CPU cores per replica "
                                                          "(default: every core the job holds on its node).")] = None,
-    exclusive: Annotated[bool, typer.Option(
+    exclusive: Annotated[Optional[bool], typer.Option(
         "--exclusive/--shared-nodes", help="Whole nodes, with all their memory (default), or "
         "share them as the site allows (then set --cpus-per-task and memory with --sbatch, "
-        "e.g. --sbatch=--mem-per-cpu=4G).")] = True,
+        "e.g. --sbatch=--mem-per-cpu=4G).")] = None,
     store: Annotated[Optional[str], typer.Option(help="PostgreSQL URL; default: a private "
                                                  "server in the run directory.")] = None,
     partition: Annotated[Optional[str], typer.Option()] = None,
@@ -188,8 +188,9 @@ def slurm(
     container_image: Annotated[Optional[str], typer.Option(
         help="Run each node's replica in this image: an enroot/pyxis image (a .sqsh file "
              "imported from examples/container/Dockerfile) or an Apptainer .sif.")] = None,
-    container_runtime: Annotated[str, typer.Option(help="pyxis (srun --container-image) or "
-                                                   "apptainer (srun apptainer exec).")] = "pyxis",
+    container_runtime: Annotated[Optional[str], typer.Option(
+        help="pyxis (srun --container-image, the default) or apptainer (srun apptainer "
+             "exec).")] = None,
     container_mount: Annotated[Optional[list[str]], typer.Option(
         help="SRC:DST mounted in the container besides the run directory, e.g. the dataset "
              "(repeatable).")] = None,
@@ -201,7 +202,8 @@ def slurm(
              "the clock; the replicas then read it there, not from the shared file system "
              "(recommended beyond a few nodes).")] = None,
     stage_time: Annotated[Optional[str], typer.Option(
-        help="Time the job gives the staging (default 20m).")] = None,
+        help="Time the job gives the staging (default 20m; each node's copy is cut off "
+             "after it). With --resume, the resubmitted job's.")] = None,
     startup_time: Annotated[Optional[str], typer.Option(
         help="Time the job gives its start-up before the clock (default 5m; a pilot's "
              "report shows what it took). --resume gives twice what the run's first job "
@@ -210,11 +212,16 @@ def slurm(
         help="Split a run longer than --time-limit (default: the partition's maximum time) "
              "into a chain of jobs of that limit, each going on where the last stopped; the "
              "job that ends the run cancels the rest.")] = False,
+    exclude_bad_nodes: Annotated[bool, typer.Option(
+        help="Leave out of the run the nodes the health sweep before the clock finds unable "
+             "to train (too few GPUs, ECC errors, no staging folder, no data, no image); "
+             "without it they are named and their replicas retire.")] = False,
     resume: Annotated[bool, typer.Option(help="Submit the run in --run-dir again, with a time "
                                          "limit sized to the time it still needs, and its "
                                          "options but for --partition, --account, "
-                                         "--time-limit and --sbatch given now; --duration "
-                                         "extends it to that longer length.")] = False,
+                                         "--time-limit, --sbatch and --stage-time given now; "
+                                         "--duration extends it to that longer length, when "
+                                         "the job starts its clock.")] = False,
     submit: Annotated[bool, typer.Option(help="Submit the script with sbatch.")] = False,
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
@@ -224,25 +231,32 @@ def slurm(
     from automlperf.runner.slurm import Container, format_time
 
     if resume:
+        # Every option is honoured or refused: none is dropped without a word.
         fixed = [name for name, given in (
             ("--nodes", nodes), ("--config", config),
             ("--dataset", dataset), ("--data-dir", data_dir), ("--store", store),
             ("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_task),
-            ("--container-image", container_image), ("--startup-time", startup_time))
+            ("--exclusive/--shared-nodes", exclusive), ("--container-image", container_image),
+            ("--container-runtime", container_runtime),
+            ("--container-mount", container_mount or None),
+            ("--container-option", container_option or None), ("--stage-to", stage_to),
+            ("--startup-time", startup_time), ("--unofficial", unofficial or None),
+            ("--small-task", small_task or None), ("--exclude-bad-nodes", exclude_bad_nodes or None))
             if given is not None]
         if fixed:
             raise UserError(f"{', '.join(fixed)} cannot change on --resume: the run keeps what "
-                            "it was started with (--partition, --account, --time-limit and "
-                            "--sbatch may change, and --duration extends it)")
+                            "it was started with (--partition, --account, --time-limit, "
+                            "--sbatch and --stage-time may change, and --duration extends "
+                            "it); write a new script into a new --run-dir for another run")
         again = resume_job(run_dir, time_limit, partition, account, sbatch_option, duration,
-                           chain=chain)
+                           chain=chain, stage_time=stage_time)
         measured = (f" (start-up {again.needs.startup_s:.0f} s: twice the first job's)"
                     if again.needs.measured else "")
         out.print(f"{again.left_s:.0f} s of the run left: time limit "
                   f"{format_time(again.time_limit_s)}{measured}", highlight=False)
         if again.chain is not None:
             _submit_chain(again.script, run_dir, again.chain, again.options, sbatch, submit,
-                          test_only)
+                          test_only, again.exports)
         else:
             _submit(again.script, run_dir, sbatch, submit, test_only, again.options)
         return
@@ -251,12 +265,12 @@ def slurm(
     written, settings = write_batch_job(SlurmRequest(
         run_dir=run_dir, nodes=nodes, duration=duration, config=config, dataset=dataset,
         data_dir=data_dir, unofficial=unofficial, small_task=small_task,
-        gpus_per_node=gpus_per_node or 0, cpus_per_task=cpus_per_task, exclusive=exclusive,
-        store=store, partition=partition, account=account, time_limit=time_limit,
-        sbatch_extra=sbatch_option or [], container_image=container_image,
-        container_runtime=container_runtime, container_mounts=container_mount or [],
+        gpus_per_node=gpus_per_node or 0, cpus_per_task=cpus_per_task,
+        exclusive=exclusive is not False, store=store, partition=partition, account=account,
+        time_limit=time_limit, sbatch_extra=sbatch_option or [], container_image=container_image,
+        container_runtime=container_runtime or "pyxis", container_mounts=container_mount or [],
         container_options=container_option or [], stage_to=stage_to, stage_time=stage_time,
-        startup_time=startup_time, chain=chain))
+        startup_time=startup_time, chain=chain, exclude_bad_nodes=exclude_bad_nodes))
     if written.dataset and written.dataset.get("archives"):
         d = written.dataset
         out.print(f"dataset: the official archives in {d['archives']} "
@@ -327,18 +341,17 @@ def job_time(
 
 
 def _submit_chain(script: Path, run_dir: Path, plan: ChainPlan, options: list[str], sbatch,
-                  submit: bool, test_only: bool) -> None:
-    from automlperf.runner.chain import CHAIN_ENV, submit_chain
-    from automlperf.runner.slurm import format_time
+                  submit: bool, test_only: bool, exports: dict[str, str] | None = None) -> None:
+    from automlperf.runner.chain import link_options, submit_chain
 
     out.print(f"{plan.describe()}", highlight=False)
     if submit and not test_only:
-        jobs = submit_chain(script, plan, options, sbatch)
+        jobs = submit_chain(script, plan, options, sbatch, exports)
         out.print(f"batch script: {script}\nsubmitted jobs {' '.join(jobs)} (each after the "
                   f"last; listed in {run_dir.resolve()}/chain.jobs); output: "
                   f"{run_dir.resolve()}/logs/slurm-<jobid>.out", highlight=False)
         return
-    first = [f"--time={format_time(plan.limit_s)}", f"--export=ALL,{CHAIN_ENV}=1", *options]
+    first = [*link_options(plan, exports), *options]
     if test_only:
         _submit(script, run_dir, sbatch, False, True, first)
         return

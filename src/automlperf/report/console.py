@@ -55,8 +55,14 @@ class LiveView:
     the epochs recorded and the trials changed since the last read (kept as running totals
     and counts), so that a poll costs the same after ten hours as after ten seconds."""
 
-    def __init__(self, session: Watched) -> None:
+    def __init__(self, session: Watched, context: dict[str, Any] | None = None,
+                 blockers: list[str] | None = None, max_error: float = 0.30) -> None:
         self.s = session
+        # The job's end and the nodes that staged the data (runner/primary.py), and what
+        # keeps the result from being valid whatever its accuracy (runner/session.py).
+        self.context = context or {}
+        self.blockers = blockers or []
+        self.max_error = max_error
         self.feed = EpochFeed(session.store, session.run_id)
         self.trial_feed = TrialFeed(session.store, session.run_id)
         self.tally: dict[tuple[int, str], TrialTally] = {}
@@ -124,7 +130,8 @@ class LiveView:
             fmt_duration(remaining), ("  best accuracy ", "dim"),
             f"{self.best:.4f}" if self.best is not None else "-", ("  OPS ", "dim"),
             format_ops(self.ops / self.last if self.last else None), ("  trials ", "dim"),
-            f"{count(TrialStatus.COMPLETED)} done, {count(TrialStatus.RUNNING)} running")
+            f"{count(TrialStatus.COMPLETED)} done, {count(TrialStatus.RUNNING)} running",
+            ("  valid so far ", "dim"), self.valid_so_far(), self.notes(now))
         if len(states) > VIEW_ROWS:
             return Group(head, self._by_state(states, tally))
         table = Table(show_edge=False, pad_edge=False)
@@ -158,6 +165,27 @@ class LiveView:
                           f"{best:.4f}" if best is not None else "-")
         return table
 
+    def valid_so_far(self) -> str:
+        """"yes", or "no (why)": the result's validity if the run ended now, from the best
+        accuracy of the counted epochs and what no accuracy mends (``blockers``)."""
+        why = list(self.blockers)
+        if self.best is None:
+            why.append("no accuracy yet")
+        elif 1.0 - self.best > self.max_error:
+            why.append(f"best error {100 * (1.0 - self.best):.1f} % > {100 * self.max_error:.0f} %")
+        return "yes" if not why else f"no ({', '.join(why)})"
+
+    def notes(self, now: float) -> str:
+        """The job's end and the staging, where known: ", job ends in H:MM:SS, staged 15/16"."""
+        parts = []
+        ends = self.context.get("job_ends_at")
+        if isinstance(ends, (int, float)):
+            parts.append(f"job ends in {fmt_duration(ends - now)}")
+        staged = self.context.get("staged")
+        if staged:
+            parts.append(f"staged {staged[0]}/{staged[1]} nodes")
+        return "".join(f", {p}" for p in parts)
+
     def line(self, now: float, states: list[str]) -> str:
         s = self.s
         self.update()
@@ -165,7 +193,8 @@ class LiveView:
         counts = ", ".join(f"{states.count(k)} {k}" for k in dict.fromkeys(states))
         return (f"elapsed {fmt_duration(s.elapsed_before + now - s.started_at)}, remaining "
                 f"{fmt_duration(s.deadline_at - now)}, replicas {counts or 'none'}, "
-                f"{self.epochs} epochs, best accuracy {best if best is None else round(best, 4)}")
+                f"{self.epochs} epochs, best accuracy {best if best is None else round(best, 4)}, "
+                f"valid so far {self.valid_so_far()}{self.notes(now)}")
 
 
 def summary(result: dict[str, Any], run_dir: Path) -> Table:

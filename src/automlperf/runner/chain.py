@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from automlperf.config import parse_duration
-from automlperf.runner.joblimits import CHAIN_ENV, CHAIN_FILE, MIN_LINK_RUN_S, OVER_FILE
+from automlperf.runner.joblimits import (CHAIN_ENV, CHAIN_FILE, LINK_MARGIN_ENV, MIN_LINK_RUN_S,
+                                         OVER_FILE)
 from automlperf.runner.slurm import SlurmError, format_time, require
 from automlperf.store.rundir import write_atomic
 
@@ -38,6 +39,11 @@ class ChainPlan:
         return (f"a chain of {self.links} jobs of {format_time(self.limit_s)} (each: start-up "
                 f"{self.startup_s / 60:.0f} min, run {self.run_per_link_s / 60:.1f} min, result "
                 f"{(self.lead_s + 60) / 60:.0f} min; one spare, cancelled if not needed)")
+
+    @property
+    def reserved_s(self) -> float:
+        """What each job holds besides its run: the start-up, the lead and SLURM's minute."""
+        return self.limit_s - self.run_per_link_s
 
 
 def plan_chain(need_s: float, limit_s: float, startup_s: float, lead_s: int) -> ChainPlan:
@@ -99,17 +105,38 @@ def chain_limit(time_limit: str | None, partition: str | None) -> float:
     return parse_duration(time_limit) if time_limit else partition_max_time(partition)
 
 
+def export_option(exports: Mapping[str, str]) -> list[str]:
+    """sbatch's ``--export`` that passes the submitting environment and ``exports`` (none
+    without any): one option, since a second would replace the first."""
+    if not exports:
+        return []
+    return ["--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in exports.items())])]
+
+
+def link_options(plan: ChainPlan, exports: Mapping[str, str] | None = None) -> list[str]:
+    """The sbatch options of every job of the chain: its time limit, its signal's lead (a
+    script written for one job holds the lead of the whole run), and the environment that
+    makes it a job of a chain."""
+    return [f"--time={format_time(plan.limit_s)}", f"--signal=B:TERM@{plan.lead_s}",
+            *export_option({CHAIN_ENV: "1", LINK_MARGIN_ENV: str(plan.lead_s + 60),
+                            **(exports or {})})]
+
+
 def submit_chain(script: Path, plan: ChainPlan, options: list[str],
-                 sbatch: Callable[..., str]) -> list[str]:
+                 sbatch: Callable[..., str], exports: Mapping[str, str] | None = None
+                 ) -> list[str]:
     """Submit the chain's jobs, each after the last ends however it ends; their ids, also
     kept in the run directory's chain.jobs, each written before the next is submitted."""
     run_dir = script.parent
     (run_dir / OVER_FILE).unlink(missing_ok=True)
     jobs: list[str] = []
     for _ in range(plan.links):
-        link = [f"--time={format_time(plan.limit_s)}", f"--export=ALL,{CHAIN_ENV}=1", *options]
+        link = [*link_options(plan, exports), *options]
         if jobs:
-            # A link that is never to run (its predecessor cancelled) goes with it.
+            # Each after the last, however it ended. (A link cancelled while it waits meets
+            # its successor's `afterany` at once: that successor then starts, and does
+            # nothing once the run is over, or refuses at once while another job holds the
+            # run's store, which the script claims before anything else.)
             link += [f"--dependency=afterany:{jobs[-1]}", "--kill-on-invalid-dep=yes"]
         try:
             jobs.append(sbatch(script, options=link))

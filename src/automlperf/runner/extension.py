@@ -27,16 +27,21 @@ def run_time_done(store: Store, run_id: int) -> float:
     return sum(min(s.end, s.deadline_at) - s.started_at for s in store.segments(run_id))
 
 
+def check_longer(old_s: float, duration_s: float) -> None:
+    """Refuse a ``duration_s`` that does not extend a run of ``old_s``."""
+    if duration_s <= old_s:
+        raise UserError(f"--duration {fmt_duration(duration_s)} does not extend this run, "
+                        f"which lasts {fmt_duration(old_s)}: give a longer one, or leave "
+                        "--duration out to continue it")
+
+
 def extend(store: Store, rd: RunDir, run_id: int, duration_s: float,
            now: float) -> tuple[Config, dict[str, Any]]:
     """Make the run in ``rd`` a run of ``duration_s`` (longer than its own): its new
     configuration, and the extension as recorded."""
     run = store.run(run_id)
     old = float(run["duration_s"])
-    if duration_s <= old:
-        raise UserError(f"--duration {fmt_duration(duration_s)} does not extend this run, "
-                        f"which lasts {fmt_duration(old)}: give a longer one, or leave "
-                        "--duration out to continue it")
+    check_longer(old, duration_s)
     config = Config.load(rd.config)
     config = config.model_copy(update={"run": config.run.model_copy(
         update={"duration_s": duration_s})})

@@ -10,6 +10,7 @@ Kubernetes Job's deadline) can state the job's end in ``AUTOMLPERF_JOB_END`` (Un
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from automlperf.config import Config
 from automlperf.errors import UserError
@@ -45,6 +47,23 @@ OVER_FILE = "chain.over"
 # The least run a job of a chain must hold to start its clock, and that a chain's jobs are
 # planned to hold, or the chain would spend its jobs starting up.
 MIN_LINK_RUN_S = 60.0
+# A resubmission that extends the run (`automlperf slurm --resume --duration`) passes the new
+# duration (seconds) to its job in this variable: the job's primary makes the extension when
+# its clock starts; the login node writes nothing of it.
+EXTEND_ENV = "AUTOMLPERF_EXTEND_TO"
+# The staging allowance (seconds) of a resubmission given `--stage-time`: each node's copy is
+# cut off after it (the script's own allowance otherwise).
+STAGE_ENV = "AUTOMLPERF_STAGE_S"
+# The least lead a job of a chain gives the primary to stop the replicas and write the
+# result after its time limit's signal: what writing it measured takes (twice that, see
+# link_lead) never less. Writing the result took 100 s at 512 simulated nodes
+# (bench/RESULTS.md); a new chain, measured nothing yet, is given this.
+LEAD_FLOOR_S = 120
+# Each session's stop, as the primary measured it (finish.jsonl in the run's logs).
+FINISH_LOG = "finish.jsonl"
+# A job of a chain is submitted with its own lead (chain.py): the margin its primary leaves
+# at the job's end, which replaces the script's own.
+LINK_MARGIN_ENV = "AUTOMLPERF_LINK_MARGIN_S"
 log = logging.getLogger("automlperf")
 
 
@@ -55,6 +74,45 @@ def margins(duration_s: float, startup_s: float = STARTUP_S) -> tuple[float, int
     after the run's own deadline however long the start-up took within ``startup_s``."""
     lead = int(max(120.0, 0.03 * duration_s))
     return startup_s + duration_s + lead + 60, lead
+
+
+def link_lead(measured_s: float | None) -> int:
+    """The signal's lead of a job of a chain: twice the longest stop the run measured (its
+    replicas stopped, its result and report written), at least LEAD_FLOOR_S. It does not
+    grow with the run: each job writes the result of the time run so far, whatever its
+    length (a fixed share of the whole run was 55 minutes in each 8-hour job of a 24-hour
+    run)."""
+    if measured_s is None or not math.isfinite(measured_s) or measured_s <= 0:
+        return LEAD_FLOOR_S
+    return int(max(LEAD_FLOOR_S, math.ceil(2 * measured_s)))
+
+
+def measured_finish(run_dir: Path) -> float | None:
+    """The longest stop of the run's sessions so far (seconds from the stop's start to its
+    result and report written), as each primary recorded it; None before any."""
+    path = Path(run_dir) / "logs" / FINISH_LOG
+    longest = None
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            seconds = float(json.loads(line)["finish_s"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash
+        longest = seconds if longest is None else max(longest, seconds)
+    return longest
+
+
+def record_finish(run_dir: Path, segment: int, finish_s: float, replicas: int) -> None:
+    """Append one session's stop to the run's FINISH_LOG (what later jobs of a chain size
+    their lead from)."""
+    path = Path(run_dir) / "logs" / FINISH_LOG
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"segment": segment, "finish_s": round(finish_s, 3),
+                            "replicas": replicas, "at": round(time.time(), 3)}) + "\n")
 
 
 @dataclass(frozen=True)

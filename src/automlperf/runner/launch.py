@@ -82,10 +82,12 @@ def wait_all(procs: Sequence[Replica], timeout_s: float) -> bool:
 
 def worker_command(run_dir: Path, index: int | None, threads: int | None,
                    devices: int | None, monitor: bool = True,
-                   require_accelerators: bool = False) -> list[str]:
+                   require_accelerators: bool = False,
+                   retired_status: int | None = None) -> list[str]:
     """The command every replica runs, locally or under srun; ``require_accelerators`` when
     the job was given GPUs, so that a replica seeing none says so instead of training on
-    its CPUs."""
+    its CPUs; ``retired_status``, the status a replica that retires exits with (under srun
+    0: the run goes on without it, and its step is no failure in sacct)."""
     # Started after the primary opened the session: nothing to wait for.
     cmd = [sys.executable, "-m", "automlperf.cli", "worker", "--run-dir", str(run_dir),
            "--wait", "0"]
@@ -99,6 +101,8 @@ def worker_command(run_dir: Path, index: int | None, threads: int | None,
         cmd += ["--devices", str(devices)]
     if require_accelerators:
         cmd.append("--require-accelerators")
+    if retired_status is not None:
+        cmd += ["--retired-status", str(retired_status)]
     return cmd
 
 

@@ -9,6 +9,7 @@ import datetime
 import errno
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +23,11 @@ from automlperf.events import TrialStatus
 from automlperf.report.console import fmt_duration
 from automlperf.runner import dataproof
 from automlperf.runner import session as steps
-from automlperf.runner.joblimits import batch_job_limit
+from automlperf.runner.joblimits import batch_job_limit, record_finish
 from automlperf.runner.launch import process_started_at
 from automlperf.runner.slurm import Container, SlurmLauncher
+from automlperf.runner.status import write_job
+from automlperf.store.pgowner import batch_job
 from automlperf.settings import check_cluster_task, settings_from_options
 from automlperf.store.base import StoreError
 from automlperf.store.connections import check_open_files, check_room
@@ -94,13 +97,17 @@ def _config(req: RunRequest) -> Config | None:
                                           "run.devices_per_replica": req.devices_per_replica})
 
 
-def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> tuple[Any, int]:
-    """The launcher asked for and the replicas it starts."""
+def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config,
+              excluded: list[str] | None = None) -> tuple[Any, int]:
+    """The launcher asked for and the replicas it starts (a SLURM job's nodes but the
+    ``excluded``)."""
     from automlperf.hardware import cores_available
     from automlperf.runner.launch import ExternalLauncher, LocalLauncher
 
     if req.launcher == "slurm":
-        return SlurmLauncher(run_dir, url), int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
+        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))
+        return SlurmLauncher(run_dir, url, excluded=list(excluded or [])), \
+            nodes - len(excluded or [])
     count = req.replicas or cfg.run.replicas
     if req.launcher == "local":
         return LocalLauncher(run_dir, count, url,
@@ -111,6 +118,34 @@ def _launcher(req: RunRequest, run_dir: Path, url: str | None, cfg: Config) -> t
                                 lease_timeout_s=cfg.run.lease_timeout_s), count
     raise UserError(f"--launcher must be {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}, "
                     f"not {req.launcher!r}")
+
+
+def _swept(run_dir: Path, console: Console) -> tuple[list[str], list[str]]:
+    """(this SLURM job's nodes, those to leave out): the health sweep's verdict on the
+    nodes, told in the job's log; bad nodes are left out where the job asks (and some node
+    is left)."""
+    from automlperf.runner import health
+    from automlperf.runner.slurm import node_names
+
+    if not os.environ.get("SLURM_JOB_NODELIST"):
+        return [], []
+    if not health.records(run_dir, os.environ.get("SLURM_JOB_ID")):
+        # No sweep ran in this job.
+        return node_names()[:int(os.environ.get("SLURM_JOB_NUM_NODES", "0"))], []
+    nodes, bad, exclude = health.slurm_verdict(run_dir)
+    for line in health.describe(bad, len(nodes), exclude):
+        console.print(line, highlight=False, soft_wrap=True)
+    return nodes, list(bad) if exclude else []
+
+
+def _staged(run_dir: Path, nodes: list[str]) -> tuple[int, int] | None:
+    """(nodes that staged the data, nodes) where the run stages it."""
+    from automlperf.runner.status import staged_nodes
+
+    if not (run_dir / "staging").exists():
+        return None
+    staged = staged_nodes(run_dir)
+    return len([n for n in nodes if n in staged] if nodes else staged), len(nodes) or len(staged)
 
 
 def _startup_line(startup: dict[str, Any]) -> str:
@@ -155,7 +190,10 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     # The launcher first: a request that does not fit the machine is refused before anything
     # is written.
     planned = Config.load(RunDir(run_dir).config) if cfg is None else cfg
-    starter, count = _launcher(req, run_dir, replica_url, planned)
+    # The health sweep's verdict (the batch script's step before this one): the nodes that
+    # cannot train, named here, and left out where the job asks.
+    nodes, excluded = _swept(run_dir, console) if req.launcher == "slurm" else ([], [])
+    starter, count = _launcher(req, run_dir, replica_url, planned, excluded)
     # The archives' proof, the longest part of the start-up, runs beside the rest of it.
     proving = dataproof.begin(planned)
     if cfg is not None and req.launcher != "local":
@@ -184,15 +222,26 @@ def run_benchmark(req: RunRequest, console: Console) -> RunOutcome:
     session = steps.prepare(cfg, run_dir, url, req.resume, system, limit=limit,
                             process_start=started, listen_all=req.launcher != "local",
                             extend_to=extend_to, proving=proving)
+    scheduler, job = batch_job()
+    write_job(run_dir, {"scheduler": scheduler, "job": job, "host": socket.gethostname(),
+                        "primary_pid": os.getpid(), "segment": session.segment,
+                        "started_at": limit.started_at if limit else None,
+                        "ends_at": limit.ends_at if limit else None, "nodes": nodes,
+                        "excluded": excluded, "replicas": count})
+    session.context = {"job_ends_at": limit.ends_at if limit else None,
+                       "staged": _staged(run_dir, nodes), "nodes": len(nodes) or count}
     if limit is not None and limit.chain_link and session.deadline_at > limit.must_end_by:
         console.print(f"this job of a chain holds {limit.must_end_by - session.started_at:.0f} s "
                       f"of the {session.deadline_at - session.started_at:.0f} s left: the "
                       "chain's next job goes on from where its time limit stops it",
                       highlight=False)
-    if extend_to is not None:
-        console.print(f"the run now lasts {fmt_duration(extend_to)}: "
+    if session.extended:
+        console.print(f"the run now lasts {fmt_duration(float(extend_to or 0))}: "
                       f"{fmt_duration(session.deadline_at - session.started_at)} more",
                       highlight=False)
+    elif extend_to is not None:
+        console.print(f"the run already lasts {fmt_duration(extend_to)} (an earlier job "
+                      "extended it)", highlight=False)
     try:
         outcome = _run_session(req, session, starter, console, system, run_dir, url, count)
         outcome.chain_link = limit is not None and limit.chain_link
@@ -292,6 +341,10 @@ def _supervise_and_finish(req: RunRequest, session: steps.Session, starter: Any,
     outcome = RunOutcome(run_dir=run_dir, state=state, reason=reason, result=result,
                          result_path=session.dir.result, replicas=count, joined=joined)
     write_records(outcome, url)
+    if session.stopping_since is not None:
+        # What stopping and writing the result took: a chain's later jobs are given twice
+        # the longest as their signal's lead (joblimits.link_lead).
+        record_finish(run_dir, session.segment, time.time() - session.stopping_since, count)
     return outcome
 
 

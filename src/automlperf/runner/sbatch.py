@@ -27,7 +27,9 @@ from automlperf.config import Config, parse_duration
 from automlperf.dataset.index import ARCHIVES
 from automlperf.dataset.shared import SHARED_INDEX
 from automlperf.runner.chain import ChainPlan, chain_limit, plan_chain
-from automlperf.runner.joblimits import CHAIN_ENV, CHAIN_FILE, OVER_FILE, STARTUP_S, margins
+from automlperf.runner.health import EXCLUDE_ENV, SWEEP_S
+from automlperf.runner.joblimits import (CHAIN_ENV, CHAIN_FILE, EXTEND_ENV, LINK_MARGIN_ENV,
+                                         OVER_FILE, STAGE_ENV, STARTUP_S, link_lead, margins)
 from automlperf.runner.session import record_origin
 from automlperf.errors import UserError
 from automlperf.runner.slurm import (MARGIN_ENV, PYXIS_NAME, Container, SlurmError, format_time,
@@ -75,7 +77,7 @@ class ScriptOptions:
     account: str | None = None
     time_limit_s: float | None = None
     settings: Config | None = None  # the run's configuration, resolved; None: the default
-    job_name: str = "automlperf"
+    job_name: str | None = None  # default automlperf-<the run directory's name>
     sbatch_extra: list[str] = field(default_factory=list)
     container: Container | None = None
     # The whole node for each replica (a benchmark shares no node's CPUs, memory or GPUs);
@@ -91,6 +93,15 @@ class ScriptOptions:
     proof_s: float = 0.0
     # A run longer than time_limit_s split into a chain of jobs of that limit (chain.py).
     chain: bool = False
+    # Leave the nodes the health sweep finds unable to train out of the run (health.py).
+    exclude_bad_nodes: bool = False
+
+    def name(self) -> str:
+        """The job's name: the run's, so that squeue and sacct tell a site's runs apart."""
+        if self.job_name:
+            return self.job_name
+        return "automlperf-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", self.run_dir.resolve().name)
+                                .strip("-") or "run")
 
     def startup_s(self) -> float:
         """What the job gives before the clock: the start-up (the archives' proof with it),
@@ -207,6 +218,9 @@ def write_job(opts: ScriptOptions) -> Written:
     if opts.chain:
         if opts.time_limit_s is None:
             raise SlurmError("--chain splits the run into jobs of --time-limit: give it")
+        # Each job's lead is what writing the result takes, not a share of the whole run;
+        # nothing is measured yet (a resubmitted chain's is: resubmit.py).
+        lead = link_lead(None)
         chain = plan_chain(opts.duration_s + grace, opts.time_limit_s, opts.startup_s(), lead)
         limit = chain.limit_s
     elif opts.time_limit_s is not None:
@@ -246,16 +260,17 @@ def write_job(opts: ScriptOptions) -> Written:
         run_dir=run_dir, nodes=opts.nodes, gpus_per_node=opts.gpus_per_node,
         cpus_per_task=opts.cpus_per_task, time_limit=format_time(limit), signal_s=lead,
         margin_s=lead + 60, margin_env=MARGIN_ENV, chain_env=CHAIN_ENV,
+        link_margin_env=LINK_MARGIN_ENV,
         chain_file=CHAIN_FILE, over_file=OVER_FILE,
-        partition=opts.partition, account=opts.account, job_name=opts.job_name,
+        partition=opts.partition, account=opts.account, job_name=opts.name(),
         sbatch_extra=opts.sbatch_extra, python=sys.executable, store_url=store_url,
         store_shown=redact(store_url) if store_url else None, password_file=password_file,
         run_args=" ".join(run_args), container=opts.container, pyxis_name=PYXIS_NAME, exclusive=opts.exclusive,
         all_memory=opts.all_memory(), dataset=dataset, stage_to=opts.stage_to,
-        stage_s=opts.stage_s, stage_minutes=math.ceil(opts.stage_s / 60),
-        stage_cpus=STAGE_CPUS,
-        startup_s=opts.startup_allowance_s + opts.proof_s,
-        proof_s=opts.proof_s)
+        stage_s=opts.stage_s, stage_cpus=STAGE_CPUS, stage_env=STAGE_ENV,
+        startup_s=opts.startup_allowance_s + opts.proof_s, proof_s=opts.proof_s,
+        extend_env=EXTEND_ENV, exclude_bad=opts.exclude_bad_nodes, exclude_env=EXCLUDE_ENV,
+        sweep_s=SWEEP_S)
     write_atomic(script, text)
     script.chmod(0o750)
     return Written(script, limit, lead, opts.startup_s(), dataset, chain, opts.proof_s)
@@ -336,6 +351,7 @@ class SlurmRequest:
     stage_time: str | None = None
     startup_time: str | None = None  # the start-up allowance (default STARTUP_S)
     chain: bool = False  # split the run into jobs of time_limit (or the partition's maximum)
+    exclude_bad_nodes: bool = False  # leave out the nodes the health sweep finds bad
 
 
 def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
@@ -365,7 +381,7 @@ def write_batch_job(req: SlurmRequest) -> tuple[Written, Config]:
         small_task=req.small_task,
         stage_to=stage_to, stage_s=parse_duration(req.stage_time) if req.stage_time else None,
         startup_allowance_s=parse_duration(req.startup_time) if req.startup_time else STARTUP_S,
-        chain=req.chain))
+        chain=req.chain, exclude_bad_nodes=req.exclude_bad_nodes))
     return written, settings
 
 

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from automlperf.runner.slurm import JobLimit
 
 PREPARED = {"automlperf.sbatch", "logs", "postgres", "submitted-config.toml", ".store-password",
-            "container.json", SHARED_INDEX, "staging", CHAIN_FILE, OVER_FILE}
+            "container.json", SHARED_INDEX, "staging", CHAIN_FILE, OVER_FILE, "health",
+            "job.json"}
 
 
 @dataclass
@@ -59,6 +60,13 @@ class Session:
     recovered: Recovered = field(default_factory=Recovered)
     # The run's store service (a PostgreSQL store), which ``store`` reaches.
     service: ServiceProcess | None = None
+    extended: bool = False  # this session made the run longer (runner/extension.py)
+    # What the live view says besides the store's records: the job's end, the nodes that
+    # staged the data (report/console.py LiveView).
+    context: dict[str, Any] = field(default_factory=dict)
+    # When the stop began (the deadline's epochs drained, or the signal): what the stop
+    # takes is measured from here (joblimits.record_finish).
+    stopping_since: float | None = None
 
     @property
     def path(self) -> Path:
@@ -126,13 +134,17 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
             if seg.ended_at is None:
                 store.end_segment(run_id, seg.index, min(seg.last_seen, seg.deadline_at))
         elapsed = run_time_done(store, run_id)
-        if extend_to is not None:
+        # A duration the run already has was given it by an earlier job of this extension
+        # (a chain's, a requeued one's): nothing more to do.
+        extended = extend_to is not None and extend_to != config.run.duration_s
+        if extended:
             try:
-                config, _ = extend(store, rd, run_id, extend_to, now)
+                config, _ = extend(store, rd, run_id, float(extend_to or 0), now)
             except BaseException:
                 store.close()
                 raise
     else:
+        extended = False
         if config is None:
             raise ValueError("a new run needs a configuration")
         config.check_official()
@@ -158,7 +170,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
     url = rd.store_url(store_url)
     if not served(url):
         return Session(rd, store, run_id, config, segment, now, now + remaining, elapsed,
-                       startup, recovered)
+                       startup, recovered, extended=extended)
     # Replicas (and this primary's session) reach the database through the run's store
     # service; the finished run's records in bulk are read directly.
     service = ServiceProcess(run_dir, store.url, listen_all, config.run.replicas)
@@ -170,7 +182,7 @@ def prepare(config: Config | None, run_dir: Path, store_url: str | None, resume:
         service.stop()
         raise
     return Session(rd, remote, run_id, config, segment, now, now + remaining, elapsed, startup,
-                   recovered, service)
+                   recovered, service, extended=extended)
 
 
 def _origin_or_nothing(config: Config, run_dir: Path,
@@ -299,7 +311,9 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
     """Watch the replicas until the deadline, until every replica is done, or until the run
     turns out unable to train."""
     s = session
-    view = LiveView(s)
+    run = s.store.run(s.run_id)
+    view = LiveView(s, context=s.context, blockers=blockers(s.config, run),
+                    max_error=rules.get(run["system"].get("ruleset")).max_error)
     changed = ReplicaFeed(s.store, s.run_id)
     seen: dict[int, ReplicaRecord] = {}
     tick = 1.0
@@ -345,6 +359,24 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
             live.stop()
 
 
+def blockers(config: Config, run: dict[str, Any]) -> list[str]:
+    """What keeps the run's result from being valid whatever it reaches (its accuracy
+    aside): simulated accelerators, a changed fixed setting, data that is not the ruleset's,
+    a duration under its minimum. The live view's "valid so far" is these and the error."""
+    ruleset = rules.get(run["system"].get("ruleset"))
+    found = []
+    if config.simulated:
+        found.append("simulated")
+    identity = run["system"].get("dataset_identity") or {}
+    if config.data.dataset != ruleset.dataset.name or identity.get("problems"):
+        found.append(f"not {ruleset.dataset.name}")
+    if any(not change.startswith("data.dataset ") for change in config.fixed_changes(ruleset)):
+        found.append("fixed settings changed")
+    if config.run.duration_s < ruleset.min_duration_s:
+        found.append(f"under {ruleset.min_duration_s / 3600:g} h")
+    return found
+
+
 def replicas_working(store: Store, run_id: int, segment: int, now: float, lease_s: float) -> int:
     """Replicas of the session still at work: recorded as running, and heard from within a
     lease (one that died without a word is not waited for)."""
@@ -388,7 +420,10 @@ def finish(session: Session, launcher: Launcher, console: Console, watch: Watch,
         # At the deadline replicas stop by themselves (after the epoch in flight, inside
         # the grace), recording cut-short trials as stopped.
         drain(s, console)
+        s.stopping_since = time.time()
         wait_all(launcher.procs, s.config.run.stop_grace_s)
+    else:
+        s.stopping_since = time.time()
     launcher.stop(s.config.run.stop_grace_s)
     end = min(time.time(), s.deadline_at)
     for line in dataproof.recheck(s.store, s.dir, s.run_id, s.config):

@@ -79,9 +79,17 @@ def replica_index(env: Mapping[str, str] | None = None) -> int:
 
 CONTAINER_FILE = "container.json"
 RUNTIMES = ("pyxis", "apptainer")
-# The name of the job's pyxis container on each node (pyxis keeps a named container for the
-# rest of the job and skips the import for a later step that names it).
-PYXIS_NAME = "automlperf"
+# The name of the job's pyxis container on each node: pyxis keeps a named container for the
+# rest of the job and skips the import for a later step that names it; where it keeps them
+# across jobs (container_scope=global), a fixed name would find an earlier run's container
+# and never import this run's image. So the name is the job's own.
+PYXIS_PREFIX = "automlperf-"
+PYXIS_NAME = PYXIS_PREFIX + "$SLURM_JOB_ID"  # as the batch script writes it
+
+
+def pyxis_name(env: Mapping[str, str] | None = None) -> str:
+    """The job's pyxis container name (PYXIS_NAME), for this job."""
+    return PYXIS_PREFIX + (os.environ if env is None else env).get("SLURM_JOB_ID", "job")
 
 
 @dataclass
@@ -141,7 +149,7 @@ class Container:
         return None if found is None else found[1]
 
     def wrap(self, run_dir: Path, srun_args: list[str], worker: list[str],
-             around: Sequence[str] = ()) -> list[str]:
+             around: Sequence[str] = (), env: Mapping[str, str] | None = None) -> list[str]:
         """An srun command that runs ``worker`` (whose first word is the host's Python)
         inside the image, reading the dataset where the image sees it; ``around``, a command
         that runs the worker (the task's shell), runs where srun starts the task: in the
@@ -153,7 +161,7 @@ class Container:
             # The image unpacked once per node and job, before the clock (the batch
             # script's first step, under this name); the step finds it there.
             return [*srun_args, f"--container-image={self.image}",
-                    f"--container-name={PYXIS_NAME}",
+                    f"--container-name={pyxis_name(env)}",
                     f"--container-mounts={','.join(self.binds(run_dir))}",
                     "--container-workdir=" + str(run_dir), *self.options, *around, *inner]
         binds = [arg for b in self.binds(run_dir) for arg in ("--bind", b)]
@@ -233,6 +241,8 @@ class SlurmLauncher:
     nodes: list[str] = field(default_factory=list)
     lost: set[str] = field(default_factory=set)
     codes: dict[int, int] = field(default_factory=dict)
+    # Nodes of the job left out of the run (the health sweep found them unable to train).
+    excluded: list[str] = field(default_factory=list)
     _looked: float = -math.inf
     _step: int | None = None
     _srun_log_size: int = -1
@@ -259,6 +269,8 @@ class SlurmLauncher:
                "--job-name=automlperf-replicas", f"--output={self.logs}/replica-%t.log",
                # A resumed or requeued run adds to its replicas' logs.
                "--open-mode=append", *memory]
+        if self.excluded:
+            cmd.append(f"--exclude={','.join(self.excluded)}")
         counts = set((cpus or [])[:nodes])
         if per_task:
             cmd.append(f"--cpus-per-task={per_task}")
@@ -269,9 +281,10 @@ class SlurmLauncher:
         if gpus:
             cmd.append(f"--gpus-per-node={gpus}")
         worker = self.worker or worker_command(self.run_dir, None, None, None,
-                                               require_accelerators=bool(gpus and gpus != "0"))
+                                               require_accelerators=bool(gpus and gpus != "0"),
+                                               retired_status=0)
         around = ["sh", "-c", task_script(self.logs), "automlperf-replica"]
-        return (container.wrap(self.run_dir, cmd, worker, around) if container
+        return (container.wrap(self.run_dir, cmd, worker, around, env) if container
                 else cmd + around + worker)
 
     def start(self) -> None:
@@ -284,10 +297,17 @@ class SlurmLauncher:
             old.unlink()
         self.codes.clear()
         self._looked = -math.inf
-        self.nodes = node_names()[:count]
+        names = node_names()[:count]
+        cpus = cpus_per_node()
+        if self.excluded:
+            # The step's tasks go to the job's other nodes, in the job's order.
+            kept = [i for i, name in enumerate(names) if name not in self.excluded]
+            names, cpus = [names[i] for i in kept], [cpus[i] for i in kept if i < len(cpus)]
+        count = len(names)
+        self.nodes = names
         env = replica_env(dict(os.environ, **{LAUNCHED_ENV: f"{time.time():.3f}"}),
                           self.store_url)
-        cmd = self.command(count, os.environ.get("SLURM_GPUS_PER_NODE"), cpus_per_node())
+        cmd = self.command(count, os.environ.get("SLURM_GPUS_PER_NODE"), cpus, env)
         with open(self.logs / "srun.log", "ab") as err:
             self.srun = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         self.procs = [StepTask(self, i) for i in range(count)]

@@ -51,10 +51,11 @@ def record_path(run_dir: Path, node: str | None = None) -> Path:
     return Path(run_dir) / STAGING / f"{node or node_name()}.json"
 
 
-def staged_root(run_dir: Path, local: Path) -> Path:
-    """Where a run's copy lives under a node's local folder: one folder per run and node
-    (a folder that several nodes share, a burst buffer, then holds one copy each)."""
-    return Path(local) / f"automlperf-{Path(run_dir).resolve().name}-{node_name()}"
+def staged_root(run_dir: Path, local: Path, node: str | None = None) -> Path:
+    """Where a run's copy lives under a node's local folder (this node's, or ``node``'s):
+    one folder per run and node (a folder that several nodes share, a burst buffer, then
+    holds one copy each)."""
+    return Path(local) / f"automlperf-{Path(run_dir).resolve().name}-{node or node_name()}"
 
 
 def run_data_dir(run_dir: Path) -> Path | None:
