@@ -49,7 +49,7 @@ def test_a_finished_run_is_extended_to_a_longer_one(tmp_path):
     from automlperf.runner.joblimits import FINISH_LOG
 
     stops = [json.loads(line) for line in (run_dir / "logs" / FINISH_LOG).read_text().splitlines()]
-    assert [s["segment"] for s in stops] == [1, 2] and all(s["finish_s"] > 0 for s in stops)
+    assert [s["segment"] for s in stops] == [0, 1] and all(s["finish_s"] > 0 for s in stops)
     checked = cli("check", run_dir, timeout=300)
     assert checked.returncode == 0 and "verified" in checked.stdout, checked.stdout + checked.stderr
 
