@@ -47,6 +47,29 @@ def test_each_replica_ends_by_its_own_status_or_its_lost_node(launcher):
     assert launcher.alive() == [False, False, False]
 
 
+def test_a_task_killed_with_its_shell_is_seen_gone_from_sruns_word(launcher):
+    """A replica killed outright with the shell around it (its process group SIGKILLed, the
+    kernel's OOM killer) writes no status: srun's line says it, before the step ends."""
+    from automlperf.runner.session import gone
+
+    launcher.srun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (launcher.logs / "srun.log").write_text("srun: error: n3: task 2: Killed\n"
+                                            "srun: error: n2: task 1: Segmentation fault "
+                                            "(core dumped)\n")
+    assert [p.poll() for p in launcher.procs] == [None, -11, -9]
+    assert launcher.states() == ["up", "exited", "exited"]
+    announced = set()
+    lines = gone(launcher, launcher.states(), announced, 60)
+    assert [line.split(" ", 1)[1] for line in lines] == [
+        "replica 1: killed by signal 11; its trial in flight fails when its lease lapses, "
+        "and the run goes on",
+        "replica 2: killed by signal 9; its trial in flight fails when its lease lapses, and "
+        "the run goes on"]
+    assert gone(launcher, launcher.states(), announced, 60) == []  # once each
+    launcher.srun.kill()
+    launcher.srun.wait()
+
+
 def test_a_step_stopped_by_a_signal_ends_every_replica_without_a_status(launcher):
     launcher.srun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     (launcher.logs / "replica-0.exit").write_text("0\n")

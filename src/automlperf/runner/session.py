@@ -300,6 +300,32 @@ def retirement(rep: Any) -> str:
     return f"replica {rep.index} on {rep.host} retired: {rep.reason}"
 
 
+def gone(launcher: Launcher, states: list[str], announced: set[int], lease_s: float) -> list[str]:
+    """One timed line for each replica newly seen gone without a word while the run goes on:
+    silent past its lease, its node lost, or ended by a signal or an error (a replica that
+    retires says why itself, and one that ends at the deadline is no news)."""
+    lines = []
+    procs = list(launcher.procs)
+    for index, state in enumerate(states):
+        if index in announced or state in ("up", "waiting"):
+            continue
+        code = procs[index].poll() if index < len(procs) else None
+        if state == "lost":
+            why = f"silent past its lease ({lease_s:.0f} s): lost"
+        elif state == "node lost":
+            why = "its node was lost"
+        elif code is not None and -64 < code < 0:
+            why = f"killed by signal {-code}"
+        elif code:
+            why = f"ended with status {code}"
+        else:
+            continue
+        announced.add(index)
+        lines.append(f"{time.strftime('%H:%M:%S')} replica {index}: {why}; its trial in "
+                     "flight fails when its lease lapses, and the run goes on")
+    return lines
+
+
 def leases_judged(store: Store, now: float, lease_s: float) -> bool:
     """Whether lapsed leases at ``now`` mean silent replicas: not until a full lease has
     passed since the store came back from an outage, which kept live replicas from
@@ -319,6 +345,7 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
     tick = 1.0
     last_line = 0.0
     retired: set[int] = set()
+    announced: set[int] = set()
     live = Live(console=console, refresh_per_second=2, transient=False,
                 auto_refresh=False) if console.is_terminal else None
     try:
@@ -336,6 +363,8 @@ def supervise(session: Session, launcher: Launcher, console: Console) -> Watch:
                 console.print(view.line(now, states), highlight=False)
                 last_line = now
             left = any(x in ("up", "waiting") for x in states)
+            for line in gone(launcher, states, announced, s.config.run.lease_timeout_s):
+                console.print(line, highlight=False, soft_wrap=True)
             # The replicas registered or ended since the last look: a tick reads those, not
             # every replica's row.
             seen.update((rep.id, rep) for rep in changed.read())

@@ -188,6 +188,14 @@ class Container:
 MEMORY_PER_UNIT = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU")
 # What srun writes when the controller declares a node of the step down.
 NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+# What srun writes of a task that ended badly: its exit status, or the signal that killed
+# it. A task killed outright with its shell (its node's OOM killer, its process group
+# SIGKILLed) leaves no exit status file: srun's word is then the first.
+TASK_ENDED = re.compile(r"task (\d+): (?:Exited with exit code (\d+)|(Killed|Terminated|.*?))\s*$",
+                        re.M)
+SIGNALLED = {"Killed": -9, "Terminated": -15, "Segmentation fault": -11, "Aborted": -6,
+             "Bus error": -7}
+UNKNOWN_END = -256  # a task srun says ended badly, in words of its own
 # The exit status reported for a replica whose node was lost: it was killed with its node.
 NODE_LOST = -9
 EXIT_FILE = re.compile(r"replica-(\d+)\.exit")
@@ -331,9 +339,15 @@ class SlurmLauncher:
         try:
             log = self.logs / "srun.log"
             if log.stat().st_size != self._srun_log_size:
-                text = log.read_bytes()
-                self._srun_log_size = len(text)
-                self.lost.update(NODE_FAILURE.findall(text.decode(errors="replace")))
+                data = log.read_bytes()
+                self._srun_log_size = len(data)
+                text = data.decode(errors="replace")
+                self.lost.update(NODE_FAILURE.findall(text))
+                for task, code, signal in TASK_ENDED.findall(text):
+                    if int(task) not in self.codes:
+                        self.codes[int(task)] = int(code) if code else next(
+                            (v for k, v in SIGNALLED.items() if signal.startswith(k)),
+                            UNKNOWN_END)
         except OSError:
             pass
 
