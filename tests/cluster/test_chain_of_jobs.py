@@ -70,7 +70,8 @@ def test_a_chain_of_jobs_runs_the_run_across_its_partitions_time_limit(slurm_clu
     assert re.match(rf"job       slurm job {jobs[0]} on 2 node\(s\), ends \S+ \S+ \(in 0:0", lines[1])
     assert any(x.startswith("replicas  2 running") for x in lines), lines
     assert "staged    on 2 of 2 node(s)" in lines
-    assert any(x.startswith("valid     no, so far: simulated accelerators") for x in lines)
+    assert any(x.startswith("valid     no, so far: simulated: simulated accelerators are never "
+                            "valid; dataset: trained on imagenet") for x in lines), lines
     # What the time limit does: SIGTERM to the batch shell.
     subprocess.run(["scancel", "--batch", "--signal=TERM", jobs[0]], env=slurm_cluster, check=True)
     assert wait_job(jobs[0], slurm_cluster) == "COMPLETED"  # the script's own exit, 130

@@ -70,8 +70,8 @@ def test_a_running_run_is_told_from_its_records(running):
     # Valid if it ended now? The accuracy would do (error 28 %); the digits and a run under
     # an hour never are.
     assert not status.valid_so_far
-    assert any("trained on digits" in why for why in status.not_valid)
-    assert any(why.startswith("ran 4.0 min; the minimum is 1 h") for why in status.not_valid)
+    assert any(why.startswith("dataset: trained on digits") for why in status.not_valid)
+    assert "duration: ran 4.0 min; the minimum is 1 h" in status.not_valid
     assert not any("max_error" in why or "best error" in why for why in status.not_valid)
     assert status.staged == ["n1", "n2"] and status.unstaged == ["n3"]
     assert status.bad_nodes == {"n3": ["no data"]}
@@ -83,7 +83,8 @@ def test_a_running_run_is_told_from_its_records(running):
     assert "trials    1 completed, 1 running; 2 epoch(s)" in lines
     assert "staged    on 2 of 3 node(s); reading the shared copy: n3" in lines
     assert "health    1 node(s) cannot train: n3 (no data)" in lines
-    assert next(x for x in lines if x.startswith("valid     no, so far: "))
+    valid = next(x for x in lines if x.startswith("valid     no, so far: "))
+    assert "; duration: ran 4.0 min; the minimum is 1 h" in valid
 
 
 def test_the_command_prints_it_and_its_json(running):

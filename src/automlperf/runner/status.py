@@ -83,7 +83,7 @@ class Status:
     score: float = 0.0
     best_accuracy: float | None = None
     valid_so_far: bool = False
-    not_valid: list[str] = field(default_factory=list)
+    not_valid: list[str] = field(default_factory=list)  # "rule: detail", each rule broken
     simulated: bool = False
     staged: list[str] | None = None  # None: the run stages nothing
     unstaged: list[str] = field(default_factory=list)
@@ -120,7 +120,7 @@ class Status:
         best = "-" if self.best_accuracy is None else f"{self.best_accuracy:.4f}"
         shown.append(f"score     {format_ops(self.score)} so far; best accuracy {best}"
                      + (" (SIMULATED: a model's figures)" if self.simulated else ""))
-        verdict = "yes, so far" if self.valid_so_far else "no, so far: " + "; ".join(self.not_valid)
+        verdict = "yes, so far" if self.valid_so_far else "no, so far: " + _briefly(self.not_valid)
         shown.append(f"valid     {verdict}")
         if self.staged is not None:
             nodes = len(self.staged) + len(self.unstaged)
@@ -131,6 +131,18 @@ class Status:
             shown.append(f"health    {len(self.bad_nodes)} node(s) cannot train: "
                          + "; ".join(f"{node} ({why[0]})" for node, why in self.bad_nodes.items()))
         return shown
+
+
+def _briefly(broken: list[str]) -> str:
+    """The rules broken, each once with its first detail ("fixed_setting: changed ... and 8
+    more"): a run on other settings breaks one rule many times."""
+    by_rule: dict[str, list[str]] = {}
+    for item in broken:
+        rule, _, detail = item.partition(": ")
+        by_rule.setdefault(rule, []).append(detail)
+    return "; ".join(f"{rule}: {details[0]}" + (f" and {len(details) - 1} more"
+                                                 if len(details) > 1 else "")
+                     for rule, details in by_rule.items())
 
 
 def _open(run_dir: Path) -> tuple[Any, str, Any]:
@@ -208,11 +220,11 @@ def _read(store: Store, run_id: int, run_dir: Path, source: str, job: dict[str, 
                        fixed_changes=config.fixed_changes(ruleset),
                        accuracy_counts=config.data.dataset != "synthetic", ruleset=ruleset,
                        grace_s=config.deadline_grace(ruleset))
-    broken = [v["detail"] for v in scored["violations"]
+    broken = [f"{v['rule']}: {v['detail']}" for v in scored["violations"]
               # A run of an hour or more reaches the minimum by its end.
               if not (v["rule"] == "duration" and config.run.duration_s >= ruleset.min_duration_s)]
     if config.simulated:
-        broken.insert(0, "simulated accelerators: never valid")
+        broken.insert(0, "simulated: simulated accelerators are never valid")
     replicas: Counter[str] = Counter()
     seen = {}
     for rep in store.replicas(run_id):
