@@ -70,6 +70,29 @@ def test_a_task_killed_with_its_shell_is_seen_gone_from_sruns_word(launcher):
     launcher.srun.wait()
 
 
+def test_an_earlier_jobs_words_in_sruns_log_are_not_this_steps(tmp_path, monkeypatch):
+    """srun's log is appended to by every job of a run: the tasks an earlier job's stop
+    ended, and a node it lost, are nothing of this step's."""
+    monkeypatch.setattr(slurm, "REFRESH_S", 0.0)
+    monkeypatch.setattr(slurm, "node_names", lambda env=None: ["n1", "n2"])
+    monkeypatch.setattr(slurm.SlurmLauncher, "command", lambda self, *a, **k: [
+        sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "srun.log").write_text("srun: error: n1: task 0: Terminated\n"
+                                                "srun: error: Node failure on n2\n")
+    launcher = SlurmLauncher(tmp_path, None)
+    launcher.start()
+    try:
+        assert launcher.states() == ["up", "up"]
+        with open(tmp_path / "logs" / "srun.log", "a") as log:
+            log.write("srun: error: n2: task 1: Killed\n")
+        assert launcher.states() == ["up", "exited"]
+    finally:
+        launcher.srun.kill()
+        launcher.srun.wait()
+
+
 def test_a_step_stopped_by_a_signal_ends_every_replica_without_a_status(launcher):
     launcher.srun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     (launcher.logs / "replica-0.exit").write_text("0\n")

@@ -254,6 +254,10 @@ class SlurmLauncher:
     _looked: float = -math.inf
     _step: int | None = None
     _srun_log_size: int = -1
+    # Where this step's part of srun's log begins: it is appended to by every job of the run,
+    # and an earlier step's words (its tasks ended at its stop, a node it lost) are not this
+    # one's.
+    _srun_log_from: int = 0
 
     @property
     def logs(self) -> Path:
@@ -304,7 +308,12 @@ class SlurmLauncher:
         for old in self.logs.glob("replica-*.exit"):
             old.unlink()
         self.codes.clear()
+        self.lost.clear()
         self._looked = -math.inf
+        try:
+            self._srun_log_from = (self.logs / "srun.log").stat().st_size
+        except OSError:
+            self._srun_log_from = 0
         names = node_names()[:count]
         cpus = cpus_per_node()
         if self.excluded:
@@ -339,8 +348,10 @@ class SlurmLauncher:
         try:
             log = self.logs / "srun.log"
             if log.stat().st_size != self._srun_log_size:
-                data = log.read_bytes()
-                self._srun_log_size = len(data)
+                with open(log, "rb") as f:
+                    f.seek(self._srun_log_from)
+                    data = f.read()
+                self._srun_log_size = self._srun_log_from + len(data)
                 text = data.decode(errors="replace")
                 self.lost.update(NODE_FAILURE.findall(text))
                 for task, code, signal in TASK_ENDED.findall(text):
