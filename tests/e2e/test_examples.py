@@ -89,6 +89,12 @@ def run_script(script, tmp_path, data, sick_node=False, kill=None, **env):
         python.write_text(SICK_NODE.replace("EMPTY", str(tmp_path / "empty"))
                           .replace("PYTHON", sys.executable))
         python.chmod(0o755)
+    # An earlier job's lines (a job that hit its walltime, or was deleted): a later job adds
+    # to its logs, so that what went wrong before is still there to read.
+    (run_dir / "logs").mkdir(parents=True)
+    earlier = "an earlier job of this run wrote this line\n"
+    for name in ("primary.log", f"replica-{kill or 0}.log"):
+        (run_dir / "logs" / name).write_text(earlier)
     full = dict(os.environ, PATH=path, RUN_DIR=str(run_dir), DATA_DIR=str(data),
                 CONFIG=str(settings(tmp_path)), DURATION="10m", PYTHON=str(python), **env)
     job = subprocess.Popen(["bash", str(REPO / "examples" / script)], env=full, cwd=tmp_path,
@@ -111,6 +117,9 @@ def run_script(script, tmp_path, data, sick_node=False, kill=None, **env):
             job.communicate()
     logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.log")))
     assert job.returncode == 0, stdout + stderr + logs
+    for name in ("primary.log", f"replica-{kill or 0}.log"):
+        text = (run_dir / "logs" / name).read_text()
+        assert text.startswith(earlier) and len(text) > len(earlier), name
     result = json.loads((run_dir / "result.json").read_text())
     assert result["score"] > 0 and not result["failures"]
     retired = [(r["replica"], "no images" in r["reason"] or "not" in r["reason"])

@@ -183,3 +183,29 @@ def test_the_cli_plans_a_chain_and_says_how_to_submit_it(tmp_path):
     done = cli("slurm", "--nodes", 2, "--small-task", "--duration", "4h", "--time-limit", "2h",
                "--store", f"sqlite:///{tmp_path}/store.db", "--run-dir", tmp_path / "other")
     assert done.returncode == 2 and "pass --chain" in done.stderr
+
+
+@pytest.mark.parametrize("primary, goes_on", [(130, True), (75, True), (3, True), (0, False),
+                                              (1, False), (2, False)])
+def test_a_chains_job_hands_on_after_a_stop_it_can_resume_and_ends_the_chain_otherwise(
+        tmp_path, primary, goes_on):
+    """The script's own lines after its primary ends, run by bash with the primary's status:
+    a stop the next job can resume from (its signal: 130; a store or run directory that
+    failed: 75; no clock started: 3) ends the job as a success and leaves the chain queued;
+    the run's end or a failure marks the chain over and cancels the jobs after this one."""
+    script = _script(tmp_path, time_limit_s=2 * 3600, chain=True).script
+    text = script.read_text()
+    tail = text[text.index('echo "automlperf primary finished'):text.rindex('exit "$status"')]
+    (script.parent / CHAIN_FILE).write_text("7\n8\n9\n")
+    env = {**os.environ, "SLURM_JOB_ID": "8", CHAIN_ENV: "1", "RUN_DIR": str(script.parent)}
+    # scancel as a shell function: what the job would cancel, said.
+    done = subprocess.run(["bash", "-c", 'scancel() { echo "scancel $*"; }\nstatus=$1\n' + tail
+                           + 'exit "$status"', "job", str(primary)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == (0 if goes_on else primary), done.stdout + done.stderr
+    if goes_on:
+        assert "the next one goes on with the run" in done.stdout
+        assert "scancel" not in done.stdout and not (script.parent / OVER_FILE).exists()
+    else:
+        assert "scancel 9" in done.stdout and "scancel 7" not in done.stdout
+        assert (script.parent / OVER_FILE).read_text() == f"ended in job 8 with status {primary}\n"
