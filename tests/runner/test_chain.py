@@ -3,6 +3,7 @@ each holds, the script's part in it, and the clock a job of the chain may start.
 itself, submitted to SLURM and stopped by it, is tested in tests/cluster/test_chain_of_jobs.py."""
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -209,3 +210,54 @@ def test_a_chains_job_hands_on_after_a_stop_it_can_resume_and_ends_the_chain_oth
     else:
         assert "scancel 9" in done.stdout and "scancel 7" not in done.stdout
         assert (script.parent / OVER_FILE).read_text() == f"ended in job 8 with status {primary}\n"
+
+
+STANDIN = """#!/bin/bash
+# Stands in for the job's python and for srun: each call logged, in order; the private
+# PostgreSQL server starts unless $HELD names the job that holds it.
+echo "$(basename "$0") $*" >> "$CALLS"
+if [ "$(basename "$0")" = srun ]; then exit 0; fi
+case "$*" in
+    *pgserver\\ start*) [ -z "${HELD:-}" ] || { echo "job $HELD still runs" >&2; exit 1; }
+                        echo "postgresql://u@127.0.0.1:1/x" ;;
+    *"cli run"*) exit 130 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_each_job_of_a_chain_takes_the_store_before_it_stages_anything(tmp_path, held):
+    """The script of a staged chain's job, run by bash with its python and srun standing in:
+    the private store starts first, then the health sweep, then the staging and the run; a
+    job that may not start the store (another job of the run holds it) stages nothing."""
+    from trees import make_tree
+
+    data = make_tree(tmp_path / "imagenet", per_class=(1, 1))
+    settings = Config.parse({"run": {"duration_s": 4 * 3600, "official": False},
+                             "data": {"dataset": "imagenet", "data_dir": str(data)}})
+    script = write_job(ScriptOptions(tmp_path / "run", nodes=2, duration_s=4 * 3600,
+                                     settings=settings, stage_to=tmp_path / "local",
+                                     time_limit_s=2 * 3600, chain=True)).script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("python", "srun"):
+        (bin_dir / name).write_text(STANDIN)
+        (bin_dir / name).chmod(0o755)
+    text = re.sub(r"^PYTHON=.*$", f"PYTHON={bin_dir / 'python'}", script.read_text(), flags=re.M)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls),
+           "SLURM_JOB_ID": "8", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]",
+           CHAIN_ENV: "1", **({"HELD": "7"} if held else {})}
+    done = subprocess.run(["bash", "-c", text], env=env, capture_output=True, text=True,
+                          timeout=60)
+    said = calls.read_text().splitlines()
+    if held:
+        assert done.returncode == 1 and "could not start the private PostgreSQL" in done.stdout
+        assert len(said) == 1 and "pgserver start" in said[0]
+        return
+    assert done.returncode == 0, done.stdout + done.stderr
+    order = [next(i for i, line in enumerate(said) if what in line)
+             for what in ("pgserver start", "cli sweep", "cli stage", "cli run", "pgserver stop")]
+    assert order == sorted(order), said
+    # The chain goes on: the copy stays on the nodes for the next job.
+    assert not any("--clean" in line for line in said)
