@@ -83,6 +83,27 @@ def test_a_second_start_on_another_host_refuses_and_the_store_is_intact(folder):
     assert len(list(folder.glob(pgowner.OWNER_FILE + ".gone-*"))) == 1
 
 
+def test_a_server_whose_folder_lost_its_traverse_permission_still_stops(folder):
+    """As root the server runs as another account, which the start lets through the folders
+    above its own; one reset to 0700 meanwhile (as a second pytest session does to its base
+    folder) must not leave the server running when the job stops it."""
+    server = PostgresServer(folder / "run" / "postgres")
+    server.start()
+    pid = pgowner.postmaster_pid(server.data)
+    folder.chmod(0o700)
+    try:
+        server.stop()
+        assert not (server.data / "postmaster.pid").exists()
+        for _ in range(6000):  # a condition, not a time: the kernel reaps it
+            if not pgowner._is_postgres(pid):
+                break
+            time.sleep(0.05)
+        assert not pgowner._is_postgres(pid)
+    finally:
+        if pgowner._is_postgres(pid):
+            os.kill(pid, signal.SIGINT)  # no server left behind by a failure
+
+
 def test_a_server_killed_with_its_job_reopens_at_once_for_check_and_report(folder):
     """A stale postmaster.pid (the server SIGKILLed with its job, or its node rebooted) no
     longer sends `check`, `report` and `slurm --resume` to wait for a server that is gone:

@@ -220,6 +220,10 @@ class PostgresServer:
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
+            # A folder above it may have lost the traverse permission the start granted
+            # (a second pytest session resets its base folder to 0700; a site's clean-up):
+            # without it the stop fails and leaves the server running.
+            self._allow_traverse()
             try:
                 # Wait for the server to be gone, however loaded the machine: whoever comes
                 # next (a job's end, `check`) relies on it.
