@@ -52,7 +52,7 @@ def _charged(run_dir: Path, replica: int, killed_at: float, log: str,
     import datetime
     import math
 
-    from automlperf.store.rundir import run_store
+    from automlperf.store.opening import run_store
 
     with run_store(run_dir, store_url) as store:
         lost = [t for t in store.trials(1) if t.replica_index == replica and t.status == "failed"]

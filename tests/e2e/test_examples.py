@@ -129,7 +129,7 @@ def run_script(script, tmp_path, data, sick_node=False, kill=None, **env):
         assert "ending the others" not in stderr and "kills the rest" not in stderr
     if killed is not None:
         trial, killed_at = killed
-        from automlperf.store.rundir import run_store
+        from automlperf.store.opening import run_store
 
         with run_store(run_dir) as store:
             charged = [t for t in store.trials(1) if t.replica_index == kill
