@@ -142,3 +142,45 @@ def test_the_job_leaves_bad_nodes_out_only_when_asked_and_never_all(tmp_path, mo
             {"node": node, "job": "9", "problems": ["no data"]}))
     assert health.slurm_verdict(tmp_path, env)[2] is False  # every node bad: none left out
     assert os.environ.get(health.EXCLUDE_ENV) is None
+
+
+def test_a_node_checks_the_official_archives_before_any_session_proved_them(tmp_path,
+                                                                            monkeypatch):
+    """The first job of a run on the archives sweeps before its primary's proof writes the
+    index: each node sees the three archives there, and the staging folder is held to the
+    bytes its copy still needs (a copy kept from an earlier job of the run is read again,
+    not copied, so it needs no room a second time)."""
+    from automlperf.config import Config
+    from automlperf.dataset.archive import NAMES
+    from automlperf.runner.staging import staged_root
+
+    archives = tmp_path / "ilsvrc2012"
+    archives.mkdir()
+    sizes = dict(zip(NAMES.values(), (3 << 20, 2 << 20, 1 << 20)))
+    for name, size in sizes.items():
+        with open(archives / name, "wb") as f:
+            f.truncate(size)
+    run_dir, local = tmp_path / "run", tmp_path / "local"
+    run_dir.mkdir()
+    local.mkdir()
+    settings = Config.parse({"run": {"official": False},
+                             "data": {"dataset": "imagenet", "data_dir": str(archives)}})
+    (run_dir / "submitted-config.toml").write_text(settings.to_toml())
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    assert health.check_data(run_dir) == []
+    assert health.stage_need(run_dir, local, "n1") == sum(sizes.values())
+    kept = staged_root(run_dir, local, "n1")
+    kept.mkdir()
+    train = NAMES["train"]
+    with open(kept / train, "wb") as f:
+        f.truncate(sizes[train])
+    assert health.stage_need(run_dir, local, "n1") == sum(sizes.values()) - sizes[train]
+    assert health.stage_need(run_dir, local, "n2") == sum(sizes.values())  # n2 keeps none
+    record = health.sweep(run_dir, stage_to=local)
+    assert record["node"] == "n1" and record["problems"] == [], record
+    # A node that does not see the validation archive cannot train.
+    (archives / NAMES["val"]).rename(tmp_path / "elsewhere")
+    problems = health.sweep(run_dir, stage_to=local)["problems"]
+    assert problems == [f"the dataset is not on this node ({NAMES['val']} not readable in "
+                        f"{archives}): make the archive folder reachable here, at the same path"]
