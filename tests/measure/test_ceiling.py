@@ -25,6 +25,30 @@ def test_the_measurement_as_a_run_makes_it_describes_the_node_and_its_kernel():
     assert node["ceiling_ops"] == cpu["ops_per_s"] and node["system"]["cpu"]
 
 
+def test_the_ends_measurement_is_started_early_and_measures_once_told():
+    """The end's process imports first and measures only when called: one process however
+    often it is prepared; one never called is ended; one whose replica went away (its stdin
+    closed) exits without measuring; a failure is the node's error, not an exception."""
+    end = ceiling.EndMeasurement(["cpu"], "fp32", 1, seconds=0.1)
+    end.prepare()
+    first = end._proc
+    end.prepare()
+    assert end._proc is first
+    node = end()
+    assert node["ceiling_ops"] > 0 and node["devices"] == ["cpu"] and first.returncode == 0
+
+    unused = ceiling.EndMeasurement(["cpu"], "fp32", 1, seconds=0.1)
+    unused.prepare()
+    unused.close()
+    assert unused._proc.returncode is not None
+
+    orphan = subprocess.run([*unused.cmd], input="", capture_output=True, text=True, timeout=300)
+    assert orphan.returncode == 0 and orphan.stdout == ""
+
+    broken = ceiling.EndMeasurement(["nosuchdevice"], "fp32", 1, seconds=0.1)()
+    assert broken["error"].startswith("the measurement failed: ") and "ceiling_ops" not in broken
+
+
 def test_a_repetition_another_process_stalled_does_not_lower_the_rate(monkeypatch):
     """The rate is the median repetition's: on a clock the steps themselves advance, a step
     stalled ten times over (the cores taken a moment) leaves it as the others make it."""

@@ -2,6 +2,7 @@
 that stands in for the accelerators (it reports epochs without training anything)."""
 
 import json
+import threading
 from pathlib import Path
 
 from helpers import make_replica
@@ -380,6 +381,55 @@ def test_the_ceiling_is_measured_again_once_the_runs_time_is_over(tmp_path):
     replica.measure_end = lambda: asked.append("early") or {}
     assert replica.run() == 0 and asked == [session.deadline_at + 1]
     assert "ceiling_end_ops" not in latest_nodes(store.nodes(early.run_id))[0]
+    store.close()
+
+
+class EndSpy:
+    """The end's measurement as the replica sees it (measure/ceiling.py EndMeasurement): what
+    was asked of it, in order."""
+
+    def __init__(self):
+        self.asked, self.prepared = [], threading.Event()
+
+    def prepare(self):
+        self.asked.append("prepare")
+        self.prepared.set()
+
+    def __call__(self):
+        self.asked.append("measure")
+        return {"ceiling_ops": 8e8, "ceiling": []}
+
+    def close(self):
+        self.asked.append("close")
+
+
+def test_the_ends_measurement_is_prepared_as_the_deadline_passes_and_closed_at_the_end(tmp_path):
+    """Prepared once the clock passes the deadline, while the epoch in flight still trains,
+    told to measure once the ranks have stopped, closed last; never prepared by a replica
+    whose rounds end before its deadline."""
+    session = new_run(tmp_path)
+    now = [session.started_at]
+    end = EndSpy()
+
+    def pass_the_deadline(spec, epoch):
+        if spec.round == 1 and epoch == 0:
+            now[0] = session.deadline_at + 1
+            assert end.prepared.wait(60), "the end's measurement was not prepared"
+
+    replica, store = make_replica(session, FakeTrainer(on_epoch=pass_the_deadline,
+                                                       clock=lambda: now[0]),
+                                  clock=lambda: now[0])
+    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.measure_end = end
+    assert replica.run() == 0
+    assert end.asked == ["prepare", "measure", "close"]
+    store.close()
+    (tmp_path / "early").mkdir()
+    early = new_run(tmp_path / "early", max_rounds=1)
+    replica, store = make_replica(early, FakeTrainer())
+    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.measure_end = spy = EndSpy()
+    assert replica.run() == 0 and spy.asked == ["close"]
     store.close()
 
 

@@ -16,6 +16,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -139,14 +140,13 @@ def measure_node(devices: list[str], precision: str, threads: int,
 
 
 def run_measurement(devices: list[str], precision: str, threads: int,
-                    seconds: float = 2.0, timeout_s: float = 300.0,
-                    in_process: bool = True) -> dict[str, Any]:
+                    seconds: float = 2.0, timeout_s: float = 300.0) -> dict[str, Any]:
     """:func:`measure_node`; an error is reported, not raised (a node without a ceiling still
     trains and scores). CPU ranks are measured in this process (torch is loaded already and
-    the thread setting is restored) unless ``in_process`` is False (a replica's process,
-    which never loads torch); GPUs in a process of their own, so that no GPU context stays
-    behind."""
-    if in_process and all(d == "cpu" for d in devices):
+    the thread setting is restored); GPUs in a process of their own, so that no GPU context
+    stays behind (and a replica's process, which never loads torch, measures with
+    :class:`EndMeasurement`)."""
+    if all(d == "cpu" for d in devices):
         import torch
 
         before = torch.get_num_threads()
@@ -168,13 +168,71 @@ def run_measurement(devices: list[str], precision: str, threads: int,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+class EndMeasurement:
+    """:func:`run_measurement` in a process of its own that can be started before it is
+    wanted (:meth:`prepare`) and measures only when called: its imports (torch, about 1.5
+    CPU-s) then overlap the epoch in flight after the deadline instead of following the
+    ranks' stop, while the measurement itself still waits for the ranks to be gone."""
+
+    def __init__(self, devices: list[str], precision: str, threads: int,
+                 seconds: float = 2.0, timeout_s: float = 300.0) -> None:
+        self.devices = devices
+        self.timeout_s = timeout_s
+        self.cmd = [sys.executable, "-m", "automlperf.measure.ceiling", "--devices",
+                    ",".join(devices), "--precision", precision, "--threads", str(threads),
+                    "--seconds", str(seconds), "--when-told"]
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()  # prepared by one thread, called by another
+
+    def prepare(self) -> None:
+        """Start the process (it imports what it needs, then waits to be told); once."""
+        with self._lock:
+            if self._proc is None:
+                self._proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True)
+
+    def __call__(self) -> dict[str, Any]:
+        self.prepare()
+        proc = self._proc
+        assert proc is not None
+        try:
+            out, err = proc.communicate("measure\n", timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self.close()
+            return {"devices": self.devices,
+                    "error": f"the measurement took over {self.timeout_s:.0f} s"}
+        except OSError as exc:  # the process died before it was told (a broken pipe)
+            self.close()
+            return {"devices": self.devices, "error": f"the measurement failed: {exc}"}
+        if proc.returncode != 0:
+            tail = (err.strip().splitlines() or ["no output"])[-1]
+            return {"devices": self.devices, "error": f"the measurement failed: {tail[:300]}"}
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        """End the process if it is still there (a replica that never measured)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.communicate()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Measure this node's dense rate (its ceiling).")
     parser.add_argument("--devices", required=True, help="comma-separated, e.g. cuda:0,cuda:1")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--when-told", action="store_true",
+                        help="import first, then measure once a line arrives on stdin")
     args = parser.parse_args()
+    if args.when_told:
+        import torch  # noqa: F401 - imported before the word, so that measuring starts at once
+
+        from automlperf.measure import system  # noqa: F401
+
+        if not sys.stdin.readline():
+            return  # nobody will read the result: the replica went away
     result = measure_node(args.devices.split(","), args.precision, args.threads, args.seconds)
     print(json.dumps(result))
 

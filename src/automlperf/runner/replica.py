@@ -80,7 +80,9 @@ class Replica:
     size of the rounds before HPO; ``clock`` tells the time that records and the deadline
     use; ``probe_node`` describes the node (and measures its ceiling) before training starts,
     or, when it answers None, once the trainer has started, from the trainer's description;
-    ``measure_end`` measures the ceiling again once the run's time is over;
+    ``measure_end`` measures the ceiling again once the run's time is over (where it has
+    ``prepare`` and ``close``, as measure/ceiling.py's ``EndMeasurement``, it is prepared as
+    the deadline passes and closed at the end);
     ``start_sampler`` starts the node's resource sampler once the trainer is up; ``history``
     is the run's trials as the search reads them (shared by the replicas of a process)."""
 
@@ -132,6 +134,10 @@ class Replica:
         beat = threading.Thread(target=self._heartbeat, args=(replica_id,), name="heartbeat",
                                 daemon=True)
         beat.start()
+        prepare = getattr(self.measure_end, "prepare", None)
+        if prepare is not None:
+            threading.Thread(target=self._prepare_end_ceiling, args=(prepare,),
+                             name="end-ceiling", daemon=True).start()
         status, reason = TrialStatus.FAILED, ""
         try:
             described = self._record_node(None)
@@ -164,6 +170,9 @@ class Replica:
         finally:
             self._record_data_check()
             self.stop.set()
+            close = getattr(self.measure_end, "close", None)
+            if close is not None:
+                close()  # prepared but never told: a failed replica
             self.store.end_replica(replica_id, status, self.clock(), reason)
             beat.join(timeout=5)
         return 0
@@ -193,6 +202,15 @@ class Replica:
         self.store.record_node(self.run_id, self.index, self.segment.index,
                                socket.gethostname(), found, self.clock())
         return True
+
+    def _prepare_end_ceiling(self, prepare: Callable[[], None]) -> None:
+        """Start the end's measuring process as the deadline passes, so that its imports
+        (about 1.5 CPU-s) overlap the epoch in flight rather than follow it; it measures
+        only once the ranks have stopped (:meth:`_record_end_ceiling`)."""
+        while not self.stop.wait(min(1.0, max(0.0, self.segment.deadline_at - self.clock()))):
+            if self.clock() >= self.segment.deadline_at:
+                prepare()
+                return
 
     def _record_end_ceiling(self) -> None:
         """The node's ceiling measured again once the session's time is over and the ranks

@@ -21,7 +21,7 @@ from automlperf.config import Config
 from automlperf.dataset.index import DatasetIdentityError
 from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
 from automlperf.errors import UserError
-from automlperf.measure.ceiling import run_measurement
+from automlperf.measure.ceiling import EndMeasurement, run_measurement
 from automlperf.measure.monitor import SampleCopier
 from automlperf.measure.provenance import software
 from automlperf.runner.launch import LAUNCHED_ENV, process_started_at
@@ -194,9 +194,9 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
 
     measure_end = None
     if not config.simulated and not (chosen == ["cpu"] and local_size() > 1):
-        measure_end = partial(run_measurement, chosen, config.train.precision,
-                              per_device if chosen == ["cpu"] else per_device * world,
-                              config.monitor.ceiling_s, in_process=False)
+        measure_end = EndMeasurement(chosen, config.train.precision,
+                                     per_device if chosen == ["cpu"] else per_device * world,
+                                     config.monitor.ceiling_s)
     replica = Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
                       probe_node=probe, start_sampler=sampler if sample else None,
                       history=history.shared(store.url, run_id), measure_end=measure_end,
