@@ -318,9 +318,9 @@ def cases() -> list[tuple[str, str, Callable[[Path], dict[str, Any]]]]:
          "started again by the primary; replicas wait; nothing lost, no live trial failed",
          service_killed_and_stopped),
         ("pg down past the retry limit, then --resume",
-         "one line naming the store, exit 1; resume finishes", pg_down),
+         "one line naming the store, exit 75 (resumable); resume finishes", pg_down),
         ("SQLite on a full disk, then --resume",
-         "one line, nothing half-written; resume finishes", sqlite_full),
+         "one line, exit 75 (resumable), nothing half-written; resume finishes", sqlite_full),
     ]
 
 
