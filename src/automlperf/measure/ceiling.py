@@ -156,16 +156,25 @@ def run_measurement(devices: list[str], precision: str, threads: int,
             return {"devices": devices, "error": f"the measurement failed: {exc}"}
         finally:
             torch.set_num_threads(before)
-    cmd = [sys.executable, "-m", "automlperf.measure.ceiling", "--devices", ",".join(devices),
-           "--precision", precision, "--threads", str(threads), "--seconds", str(seconds)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(_command(devices, precision, threads, seconds),
+                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"devices": devices, "error": f"the measurement took over {timeout_s:.0f} s"}
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return _answer(devices, done.returncode, done.stdout, done.stderr)
+
+
+def _command(devices: list[str], precision: str, threads: int, seconds: float) -> list[str]:
+    return [sys.executable, "-m", "automlperf.measure.ceiling", "--devices", ",".join(devices),
+            "--precision", precision, "--threads", str(threads), "--seconds", str(seconds)]
+
+
+def _answer(devices: list[str], returncode: int, out: str, err: str) -> dict[str, Any]:
+    """A measuring process's node description, or its last line of error as the node's."""
+    if returncode != 0:
+        tail = (err.strip().splitlines() or ["no output"])[-1]
         return {"devices": devices, "error": f"the measurement failed: {tail[:300]}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(out.strip().splitlines()[-1])
 
 
 class EndMeasurement:
@@ -178,9 +187,7 @@ class EndMeasurement:
                  seconds: float = 2.0, timeout_s: float = 300.0) -> None:
         self.devices = devices
         self.timeout_s = timeout_s
-        self.cmd = [sys.executable, "-m", "automlperf.measure.ceiling", "--devices",
-                    ",".join(devices), "--precision", precision, "--threads", str(threads),
-                    "--seconds", str(seconds), "--when-told"]
+        self.cmd = [*_command(devices, precision, threads, seconds), "--when-told"]
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()  # prepared by one thread, called by another
 
@@ -205,10 +212,7 @@ class EndMeasurement:
         except OSError as exc:  # the process died before it was told (a broken pipe)
             self.close()
             return {"devices": self.devices, "error": f"the measurement failed: {exc}"}
-        if proc.returncode != 0:
-            tail = (err.strip().splitlines() or ["no output"])[-1]
-            return {"devices": self.devices, "error": f"the measurement failed: {tail[:300]}"}
-        return json.loads(out.strip().splitlines()[-1])
+        return _answer(self.devices, proc.returncode, out, err)
 
     def close(self) -> None:
         """End the process if it is still there (a replica that never measured)."""
