@@ -389,6 +389,9 @@ def test_the_deadline_ends_everything(tmp_path, photos):
     wait_no_strays(mark)
     result = json.loads((run_dir / "result.json").read_text())
     assert not result["interrupted"] and result["elapsed_s"] == pytest.approx(12, abs=1e-6)
+    # The node's ceiling measured again once the time was over, beside the start's.
+    moved = result["interference"]
+    assert moved["ceiling_start_ops"] > 0 and moved["ceiling_end_ops"] > 0
     assert cli("check", run_dir).returncode == 0
 
 

@@ -367,8 +367,8 @@ def test_the_ceiling_is_measured_again_once_the_runs_time_is_over(tmp_path):
     replica, store = make_replica(session, FakeTrainer(on_epoch=pass_the_deadline,
                                                        clock=lambda: now[0]),
                                   clock=lambda: now[0])
-    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
-    replica.measure_end = lambda: asked.append(now[0]) or {"ceiling_ops": 8e8, "ceiling": []}
+    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.node.measure_end = lambda: asked.append(now[0]) or {"ceiling_ops": 8e8, "ceiling": []}
     assert replica.run() == 0
     assert asked == [session.deadline_at + 1]
     node = latest_nodes(store.nodes(session.run_id))[0]
@@ -377,8 +377,8 @@ def test_the_ceiling_is_measured_again_once_the_runs_time_is_over(tmp_path):
     (tmp_path / "early").mkdir()
     early = new_run(tmp_path / "early", max_rounds=1)
     replica, store = make_replica(early, FakeTrainer())
-    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
-    replica.measure_end = lambda: asked.append("early") or {}
+    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.node.measure_end = lambda: asked.append("early") or {}
     assert replica.run() == 0 and asked == [session.deadline_at + 1]
     assert "ceiling_end_ops" not in latest_nodes(store.nodes(early.run_id))[0]
     store.close()
@@ -419,18 +419,49 @@ def test_the_ends_measurement_is_prepared_as_the_deadline_passes_and_closed_at_t
     replica, store = make_replica(session, FakeTrainer(on_epoch=pass_the_deadline,
                                                        clock=lambda: now[0]),
                                   clock=lambda: now[0])
-    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
-    replica.measure_end = end
+    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.node.measure_end = end
     assert replica.run() == 0
     assert end.asked == ["prepare", "measure", "close"]
     store.close()
     (tmp_path / "early").mkdir()
     early = new_run(tmp_path / "early", max_rounds=1)
     replica, store = make_replica(early, FakeTrainer())
-    replica.probe_node = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
-    replica.measure_end = spy = EndSpy()
+    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.node.measure_end = spy = EndSpy()
     assert replica.run() == 0 and spy.asked == ["close"]
     store.close()
+
+
+def test_a_measurement_by_the_ranks_is_made_before_they_stop(tmp_path):
+    """A CPU's end is measured by its rank (RankEnd's ``by_ranks``): asked while the trainer
+    is still up, never after it closed; any other measurement once it has."""
+    for by_ranks, expected in ((True, ["measure", "close"]), (False, ["close", "measure"])):
+        (tmp_path / str(by_ranks)).mkdir()
+        session = new_run(tmp_path / str(by_ranks))
+        now = [session.started_at]
+
+        def pass_the_deadline(spec, epoch, session=session, now=now):
+            if spec.round == 1 and epoch == 0:
+                now[0] = session.deadline_at + 1
+
+        order = []
+        trainer = FakeTrainer(on_epoch=pass_the_deadline, clock=lambda now=now: now[0])
+        trainer.close = lambda: order.append("close")
+
+        class End:
+            def __call__(self):
+                order.append("measure")
+                return {"ceiling_ops": 8e8, "ceiling": []}
+
+        end = End()
+        end.by_ranks = by_ranks
+        replica, store = make_replica(session, trainer, clock=lambda now=now: now[0])
+        replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+        replica.node.measure_end = end
+        assert replica.run() == 0
+        assert order == expected
+        store.close()
 
 
 class Flaky:
@@ -473,3 +504,22 @@ def test_the_heartbeat_thread_survives_any_failure_and_says_so_once(tmp_path, ca
     assert sum(line.startswith("heartbeat failed (TypeError") for line in lines) == 1
     assert sum("heartbeats pass again after 5 failed" in line for line in lines) == 1
     store.close()
+
+
+def test_a_cpus_end_is_measured_by_its_rank_or_else_in_a_process_of_its_own():
+    """RankEnd asks the trainer's rank; where none is left to ask (the ranks killed past the
+    grace), the fallback measures."""
+    from automlperf.runner.noderecords import RankEnd
+
+    class Ranks:
+        def __init__(self, found):
+            self.found = found
+
+        def measure_again(self):
+            return self.found
+
+    fallback = []
+    end = RankEnd(Ranks({"ceiling_ops": 2.0}), lambda: fallback.append(1) or {"ceiling_ops": 3.0})
+    assert end.by_ranks and end() == {"ceiling_ops": 2.0} and fallback == []
+    end = RankEnd(Ranks(None), lambda: fallback.append(1) or {"ceiling_ops": 3.0})
+    assert end() == {"ceiling_ops": 3.0} and fallback == [1]

@@ -10,7 +10,8 @@ import psutil
 import pytest
 
 from automlperf.graph import seeds
-from automlperf.train.pool import DevicePool, train_trial
+from automlperf.train.pool import DevicePool
+from automlperf.train.pooltrainer import train_trial
 from automlperf.train.trainer import TrialSpec
 from helpers import (TEST_MAX_UNREADABLE, cli, cli_args, data_section, default_sigint, marked_env,
                      wait_no_strays)

@@ -13,8 +13,10 @@ import pytest
 from automlperf.graph import seeds
 from automlperf.train.data import FileIndex
 from automlperf.hardware import cgroup_cpu_quota
-from automlperf.train.pool import DevicePool, PoolError, leaves_state_broken, train_trial
-from helpers import WIDE, Recorder, data_section, pool_under_memory_limit, trial_spec
+from automlperf.train.pool import DevicePool, PoolError, leaves_state_broken
+from automlperf.train.pooltrainer import train_trial
+from helpers import (WIDE, Recorder, data_section, measured_by_this_process,
+                     pool_under_memory_limit, trial_spec)
 from imagefolder import make_image_folder
 
 spec = trial_spec
@@ -34,6 +36,23 @@ def test_which_failures_restart_the_pool():
     assert not leaves_state_broken(failed("oom"), "cuda", 1)
     assert not leaves_state_broken(failed("error"), "cpu", 1)
     assert not leaves_state_broken({"status": "completed", "extra": {}}, "cuda", 8)
+
+
+@pytest.mark.slow
+def test_rank_zero_measures_the_node_again_between_trials_until_it_is_killed():
+    """The rank that measured the node as the pool started measures it again when asked (a
+    CPU's ceiling at the run's end: no process of its own), and trains on after; once the
+    ranks are killed nobody is left to ask."""
+    with DevicePool(["cpu"], data_section("digits"), first_start=measured_by_this_process) as pool:
+        rank = pool._ranks[0].process.pid
+        assert pool.description["node"]["pid"] == rank
+        assert pool.measure_again()["pid"] == rank
+        assert train_trial(pool, spec("after")).status == "completed"
+        assert pool.measure_again()["pid"] == rank
+        pool._restart(kill_only=True)
+        assert pool.measure_again() is None
+    with DevicePool(["cpu"], data_section("digits")) as pool:
+        assert pool.measure_again() is None  # never given a measurement
 
 
 def rendezvous_files(pool):

@@ -11,7 +11,8 @@ from automlperf.search import Model, Searcher
 from automlperf.train import build_module
 from automlperf.train.data import digits
 from automlperf.train.inherit import inherit
-from automlperf.train.pool import DevicePool, train_trial
+from automlperf.train.pool import DevicePool
+from automlperf.train.pooltrainer import train_trial
 from automlperf.train.trainer import TrialSpec
 from helpers import data_section
 

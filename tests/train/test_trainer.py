@@ -14,7 +14,8 @@ import pytest
 from automlperf.graph import seeds
 from automlperf.ops import count, epoch_ops
 from automlperf.events import EpochEvent, JsonlSink, TrialOutcome, read_jsonl
-from automlperf.train.pool import DevicePool, train_trial
+from automlperf.train.pool import DevicePool
+from automlperf.train.pooltrainer import train_trial
 from automlperf.train.spec import EarlyStopping
 from automlperf.train.trainer import lr_factor
 from helpers import SMALL8, WIDE, Recorder, data_section, pool_under_memory_limit, trial_spec

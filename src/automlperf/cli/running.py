@@ -226,77 +226,42 @@ def slurm(
     test_only: Annotated[bool, typer.Option(help="Ask sbatch to validate it, not run it.")] = False,
 ) -> None:
     """Write a SLURM batch script into the run directory (and submit it with --submit)."""
-    from automlperf.runner.resubmit import resume_job
+    from automlperf.runner.resubmit import refuse_changes, resume_job
     from automlperf.runner.sbatch import SlurmRequest, submit as sbatch, write_batch_job
-    from automlperf.runner.slurm import Container, format_time
 
     if resume:
-        # Every option is honoured or refused: none is dropped without a word.
-        fixed = [name for name, given in (
-            ("--nodes", nodes), ("--config", config),
-            ("--dataset", dataset), ("--data-dir", data_dir), ("--store", store),
-            ("--gpus-per-node", gpus_per_node), ("--cpus-per-task", cpus_per_task),
-            ("--exclusive/--shared-nodes", exclusive), ("--container-image", container_image),
-            ("--container-runtime", container_runtime),
-            ("--container-mount", container_mount or None),
-            ("--container-option", container_option or None), ("--stage-to", stage_to),
-            ("--startup-time", startup_time), ("--unofficial", unofficial or None),
-            ("--small-task", small_task or None), ("--exclude-bad-nodes", exclude_bad_nodes or None))
-            if given is not None]
-        if fixed:
-            raise UserError(f"{', '.join(fixed)} cannot change on --resume: the run keeps what "
-                            "it was started with (--partition, --account, --time-limit, "
-                            "--sbatch and --stage-time may change, and --duration extends "
-                            "it); write a new script into a new --run-dir for another run")
+        refuse_changes({
+            "--nodes": nodes, "--config": config, "--dataset": dataset, "--data-dir": data_dir,
+            "--store": store, "--gpus-per-node": gpus_per_node, "--cpus-per-task": cpus_per_task,
+            "--exclusive/--shared-nodes": exclusive, "--container-image": container_image,
+            "--container-runtime": container_runtime, "--container-mount": container_mount or None,
+            "--container-option": container_option or None, "--stage-to": stage_to,
+            "--startup-time": startup_time, "--unofficial": unofficial or None,
+            "--small-task": small_task or None, "--exclude-bad-nodes": exclude_bad_nodes or None})
         again = resume_job(run_dir, time_limit, partition, account, sbatch_option, duration,
                            chain=chain, stage_time=stage_time)
-        measured = (f" (start-up {again.needs.startup_s:.0f} s: twice the first job's)"
-                    if again.needs.measured else "")
-        out.print(f"{again.left_s:.0f} s of the run left: time limit "
-                  f"{format_time(again.time_limit_s)}{measured}", highlight=False)
-        if again.chain is not None:
-            _submit_chain(again.script, run_dir, again.chain, again.options, sbatch, submit,
-                          test_only, again.exports)
-        else:
-            _submit(again.script, run_dir, sbatch, submit, test_only, again.options)
-        return
-    if nodes is None:
-        raise UserError("--nodes is needed to write a new script (or pass --resume)")
-    written, settings = write_batch_job(SlurmRequest(
-        run_dir=run_dir, nodes=nodes, duration=duration, config=config, dataset=dataset,
-        data_dir=data_dir, unofficial=unofficial, small_task=small_task,
-        gpus_per_node=gpus_per_node or 0, cpus_per_task=cpus_per_task,
-        exclusive=exclusive is not False, store=store, partition=partition, account=account,
-        time_limit=time_limit, sbatch_extra=sbatch_option or [], container_image=container_image,
-        container_runtime=container_runtime or "pyxis", container_mounts=container_mount or [],
-        container_options=container_option or [], stage_to=stage_to, stage_time=stage_time,
-        startup_time=startup_time, chain=chain, exclude_bad_nodes=exclude_bad_nodes))
-    if written.dataset and written.dataset.get("archives"):
-        d = written.dataset
-        out.print(f"dataset: the official archives in {d['archives']} "
-                  f"({d['archive_bytes'] / 1e9:.1f} GB): every session of the job proves them "
-                  f"before its clock (its start-up holds {written.proof_s:.0f} s for it)",
-                  highlight=False, soft_wrap=True)
-    elif written.dataset:
-        d = written.dataset
-        out.print(f"dataset: {d['files']:,} files scanned in {d['scan_s']:.1f} s; index saved in "
-                  f"{d['index']} for the job"
-                  + (f" (not ImageNet-1k: {'; '.join(d['problems'])})" if d["problems"] else ""),
-                  highlight=False, soft_wrap=True)
-    box = Container.load(run_dir)
-    if box is not None:
-        out.print(f"container image {box.image}: " + (
-            f"digest {box.digest}" if box.digest else "named by a tag alone; pin it by digest "
-            "(NAME@sha256:...) for the result to name the exact image"), highlight=False,
-            soft_wrap=True)
-    out.print(f"time limit {format_time(written.time_limit_s)}: start-up "
-              f"{written.startup_s / 60:.0f} min, run {settings.run.duration_s / 60:.0f} min, "
-              f"epochs in flight {settings.deadline_grace() / 60:.0f} min, "
-              f"result {(written.signal_lead_s + 60) / 60:.0f} min", highlight=False)
-    if written.chain is not None:
-        _submit_chain(written.script, run_dir, written.chain, [], sbatch, submit, test_only)
+        out.print(again.line(), highlight=False)
+        script, plan, options, exports = again.script, again.chain, again.options, again.exports
     else:
-        _submit(written.script, run_dir, sbatch, submit, test_only, [])
+        if nodes is None:
+            raise UserError("--nodes is needed to write a new script (or pass --resume)")
+        written, settings = write_batch_job(SlurmRequest(
+            run_dir=run_dir, nodes=nodes, duration=duration, config=config, dataset=dataset,
+            data_dir=data_dir, unofficial=unofficial, small_task=small_task,
+            gpus_per_node=gpus_per_node or 0, cpus_per_task=cpus_per_task,
+            exclusive=exclusive is not False, store=store, partition=partition,
+            account=account, time_limit=time_limit, sbatch_extra=sbatch_option or [],
+            container_image=container_image, container_runtime=container_runtime or "pyxis",
+            container_mounts=container_mount or [], container_options=container_option or [],
+            stage_to=stage_to, stage_time=stage_time, startup_time=startup_time, chain=chain,
+            exclude_bad_nodes=exclude_bad_nodes))
+        for line in written.lines(settings):
+            out.print(line, highlight=False, soft_wrap=True)
+        script, plan, options, exports = written.script, written.chain, [], None
+    if plan is not None:
+        _submit_chain(script, run_dir, plan, options, sbatch, submit, test_only, exports)
+    else:
+        _submit(script, run_dir, sbatch, submit, test_only, options)
 
 
 @app.command("job-time")

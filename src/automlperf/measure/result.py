@@ -141,65 +141,19 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
                        fixed_changes=config.fixed_changes(ruleset), accuracy_counts=not synthetic,
                        ruleset=ruleset, replica_of=replica_of, grace_s=grace,
                        duration_s=run["duration_s"])
-    if synthetic:
-        scored["violations"].append({"rule": "accuracy", "detail": "synthetic data: throughput "
-                                     "only, no accuracy-based score"})
     simulation = simulation_of(config)
-    if simulation is not None:
-        # A model of a machine never passes for a measurement of one.
-        scored["violations"].insert(0, {"rule": "simulated", "detail": simulated_detail(simulation)})
-        scored["official"] = scored["valid"] = False
-    # A replica that gave up says why. Beside replicas that went on, it was retired (a sick
-    # node costs its replica only); when every replica of a session gave up, the run did not
-    # do its job.
-    failures: list[dict[str, Any]] = []
-    retired: list[dict[str, Any]] = []
-    for rep in replicas:
-        if rep.status == TrialStatus.FAILED and rep.reason:
-            went_on = any(other.segment == rep.segment and other.status == TrialStatus.STOPPED
-                          for other in replicas)
-            (retired if went_on else failures).append(
-                {"replica": rep.index, "host": rep.host, "reason": rep.reason})
-    for f in failures:
-        scored["violations"].append({"rule": "run_failed",
-                                     "detail": f"replica {f['replica']}: {f['reason']}"})
-    if failures:
-        scored["valid"] = False
-    described = latest_nodes(store.nodes(run_id))
-    changed = data_changes(recorded, retired + failures, store.nodes(run_id))
-    if changed:
-        # The data a replica read was not what its session proved: whatever it trained on
-        # is not the run's dataset.
-        scored["violations"].append({"rule": "data_changed", "detail": "; ".join(changed)})
-        scored["valid"] = scored["official"] = False
-    devices = {}
-    for rep in replicas:
-        devices[(rep.host, rep.index)] = rep.devices
+    failures, retired = replica_outcomes(replicas)
+    nodes_seen = store.nodes(run_id)
+    described = latest_nodes(nodes_seen)
+    # A simulated run measured nothing, and is never valid: no bound is held to it.
+    bound = (None if simulation is not None else
+             ceiling_bound(scored["score"], described, replicas, trials, ruleset))
+    judge_run(scored, synthetic=synthetic, simulation=simulation, failures=failures,
+              changed=data_changes(recorded, retired + failures, nodes_seen), bound=bound)
+    devices = {(rep.host, rep.index): rep.devices for rep in replicas}
     device_count = sum(len(d) for d in devices.values())
     nodes = len({host for host, _ in devices}) or 1
-    if described:
-        peaks = [owned_peak(n) for n in described]
-        total_peak = sum(p for p in peaks if p) if all(peaks) else None
-        ceilings = [n.get("ceiling_ops") for n in described]
-        ceiling = sum(c for c in ceilings if c) if all(ceilings) else None
-        ends = [n.get("ceiling_end_ops") for n in described]
-        ceiling_end = sum(c for c in ends if c) if all(ends) else None
-    else:  # a run from before nodes described themselves
-        peak = system.get("peak_ops_per_node")
-        total_peak = peak * nodes if peak else None
-        ceiling = ceiling_end = None
-    if simulation is None:  # a simulated run measured nothing, and is never valid
-        bounded = [node_ceiling(n) for n in described]
-        if ruleset.ceiling_required:
-            # A replica that trained without describing its node has no ceiling either.
-            seen = {b.replica for b in bounded}
-            hosts = {rep.index: rep.host for rep in replicas}
-            bounded += [NodeCeiling(replica=i, host=hosts.get(i, "?"), ceiling_ops=None,
-                                    accelerator=False, error="it recorded no node description")
-                        for i in sorted({t.replica_index for t in trials if t.epochs_done} - seen)]
-        wrong = ceiling_violations(scored["score"], bounded, ruleset)
-        scored["violations"] += wrong
-        scored["valid"] = scored["valid"] and not wrong
+    total_peak, ceiling, ceiling_end = node_totals(described, system, nodes)
     if pending is not None:
         sampled = pending.result()
     assert sampled is not None
@@ -267,6 +221,79 @@ def build_result(store: RunRecords, run_id: int, config: Config, system: dict[st
         "system": {"host": system.get("host"), "cpu": system.get("cpu", {}).get("model"),
                    "accelerators": sorted(accelerators)},
     }
+
+
+def replica_outcomes(replicas: Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(failures, retired): a replica that gave up says why. Beside replicas of its session
+    that went on, it was retired (a sick node costs its replica only); when every replica of
+    a session gave up, the run did not do its job."""
+    failures: list[dict[str, Any]] = []
+    retired: list[dict[str, Any]] = []
+    for rep in replicas:
+        if rep.status == TrialStatus.FAILED and rep.reason:
+            went_on = any(other.segment == rep.segment and other.status == TrialStatus.STOPPED
+                          for other in replicas)
+            (retired if went_on else failures).append(
+                {"replica": rep.index, "host": rep.host, "reason": rep.reason})
+    return failures, retired
+
+
+def ceiling_bound(score: float, described: list[dict[str, Any]], replicas: Sequence[Any],
+                  trials: Sequence[TrialRecord], ruleset: rules.Ruleset) -> list[dict[str, Any]]:
+    """The violations of the implausibility bound: the score above what the nodes' ceilings
+    allow, or a node that trained with no ceiling where the ruleset wants one."""
+    bounded = [node_ceiling(n) for n in described]
+    if ruleset.ceiling_required:
+        # A replica that trained without describing its node has no ceiling either.
+        seen = {b.replica for b in bounded}
+        hosts = {rep.index: rep.host for rep in replicas}
+        bounded += [NodeCeiling(replica=i, host=hosts.get(i, "?"), ceiling_ops=None,
+                                accelerator=False, error="it recorded no node description")
+                    for i in sorted({t.replica_index for t in trials if t.epochs_done} - seen)]
+    return ceiling_violations(score, bounded, ruleset)
+
+
+def judge_run(scored: dict[str, Any], *, synthetic: bool, simulation: dict[str, Any] | None,
+              failures: list[dict[str, Any]], changed: list[str],
+              bound: list[dict[str, Any]] | None) -> None:
+    """Add to ``scored`` what else makes the run less than official: its data, a model of a
+    machine, replicas that failed, data that changed, the ceiling's bound (None: not held)."""
+    violations = scored["violations"]
+    if synthetic:
+        violations.append({"rule": "accuracy", "detail": "synthetic data: throughput only, "
+                           "no accuracy-based score"})
+    if simulation is not None:
+        # A model of a machine never passes for a measurement of one.
+        violations.insert(0, {"rule": "simulated", "detail": simulated_detail(simulation)})
+        scored["official"] = scored["valid"] = False
+    violations += [{"rule": "run_failed", "detail": f"replica {f['replica']}: {f['reason']}"}
+                   for f in failures]
+    if failures:
+        scored["valid"] = False
+    if changed:
+        # The data a replica read was not what its session proved: whatever it trained on
+        # is not the run's dataset.
+        violations.append({"rule": "data_changed", "detail": "; ".join(changed)})
+        scored["valid"] = scored["official"] = False
+    if bound is not None:
+        violations += bound
+        scored["valid"] = scored["valid"] and not bound
+
+
+def node_totals(described: list[dict[str, Any]], system: dict[str, Any],
+                nodes: int) -> tuple[float | None, float | None, float | None]:
+    """The run's peak, its ceiling and its ceiling again at the end: the sums over its
+    nodes' descriptions, None where any node lacks one."""
+    if not described:  # a run from before nodes described themselves
+        peak = system.get("peak_ops_per_node")
+        return (peak * nodes if peak else None), None, None
+
+    def total(values: list[float | None]) -> float | None:
+        return sum(v for v in values if v) if all(values) else None
+
+    return (total([owned_peak(n) for n in described]),
+            total([n.get("ceiling_ops") for n in described]),
+            total([n.get("ceiling_end_ops") for n in described]))
 
 
 def data_changes(system: dict[str, Any], gave_up: list[dict[str, Any]],

@@ -26,6 +26,7 @@ from automlperf import rules
 from automlperf.config import Config
 from automlperf.events import TrialOutcome
 from automlperf.graph import Graph, seeds
+from automlperf.runner.noderecords import NodeRecords
 from automlperf.runner.stagecheck import StagedCheck
 from automlperf.runner.trials import FailureStreak, TrialRecorder, conclusion, why_giving_up
 from automlperf.search import Candidate, Model, NoCandidate, Searcher
@@ -78,11 +79,8 @@ class Replica:
     """The loop of one replica, given its collaborators: the run's ``store``, a ``trainer``,
     the architecture ``searcher`` and the ``hpo`` study. ``default_batch`` is the global batch
     size of the rounds before HPO; ``clock`` tells the time that records and the deadline
-    use; ``probe_node`` describes the node (and measures its ceiling) before training starts,
-    or, when it answers None, once the trainer has started, from the trainer's description;
-    ``measure_end`` measures the ceiling again once the run's time is over (where it has
-    ``prepare`` and ``close``, as measure/ceiling.py's ``EndMeasurement``, it is prepared as
-    the deadline passes and closed at the end);
+    use; ``probe_node``, ``measure_end`` and ``data_check`` are what it records of its node
+    (runner/noderecords.py);
     ``start_sampler`` starts the node's resource sampler once the trainer is up; ``history``
     is the run's trials as the search reads them (shared by the replicas of a process)."""
 
@@ -106,12 +104,11 @@ class Replica:
         self.hpo = hpo
         self.default_batch = default_batch
         self.clock = clock
-        self.probe_node = probe_node
-        self._node: dict[str, Any] | None = None  # this node's description, once recorded
         self.start_sampler = start_sampler
-        self.measure_end = measure_end
-        self.data_check = data_check  # the archives staged on this node, hashed meanwhile
         self.stop = threading.Event()
+        self.node = NodeRecords(store, place.run_id, place.index, place.segment, clock,
+                                self.stop, probe=probe_node, measure_end=measure_end,
+                                data_check=data_check)
         self.rng = random.Random(mix_seed(self.config.seed_used(), place.index))
         self.history = history if history is not None else History(place.run_id)
         self.failures = FailureStreak(self.config.run.max_repeated_failures, self._log_name())
@@ -134,16 +131,13 @@ class Replica:
         beat = threading.Thread(target=self._heartbeat, args=(replica_id,), name="heartbeat",
                                 daemon=True)
         beat.start()
-        prepare = getattr(self.measure_end, "prepare", None)
-        if prepare is not None:
-            threading.Thread(target=self._prepare_end_ceiling, args=(prepare,),
-                             name="end-ceiling", daemon=True).start()
+        self.node.prepare_end()
         status, reason = TrialStatus.FAILED, ""
         try:
-            described = self._record_node(None)
+            described = self.node.describe(None)
             description = self.trainer.start()
             if not described or description.get("binding"):
-                self._record_node(description)
+                self.node.describe(description)
             log.info("replica %d: %d x %s, %d threads each, %s", self.index,
                      len(self.place.devices), description["devices"][0], self.place.threads,
                      description["dataset"])
@@ -152,9 +146,7 @@ class Replica:
                 self._loop(description["dataset"])
                 status = TrialStatus.STOPPED
             finally:
-                self.trainer.close()
-                if status == TrialStatus.STOPPED:
-                    self._record_end_ceiling()
+                self._close_trainer(ended=status == TrialStatus.STOPPED)
                 if sampler is not None:
                     sampler.terminate()
                     sampler.wait(timeout=30)
@@ -168,95 +160,23 @@ class Replica:
             log.error("replica %d gives up: %s", self.index, reason)
             return 1
         finally:
-            self._record_data_check()
+            self.node.record_data_check(self.config.run.stop_grace_s / 2)
             self.stop.set()
-            close = getattr(self.measure_end, "close", None)
-            if close is not None:
-                close()  # prepared but never told: a failed replica
+            self.node.close()
             self.store.end_replica(replica_id, status, self.clock(), reason)
             beat.join(timeout=5)
         return 0
 
-    def _record_node(self, started: dict[str, Any] | None) -> bool:
-        """Describe this node, before training starts so that a measurement has the devices
-        to itself, or, where the probe needs them (a CPU's ceiling is measured by the first
-        training process, which loads torch anyway), once the training processes have
-        ``started``. Whether the node is described."""
-        if self.probe_node is None:
-            return True
-        if started is not None and self._node is not None:
-            # Described before the ranks started: the description again, with where they
-            # run (a node's latest record is the one results read).
-            found = self._node
-        else:
-            probed = self.probe_node(started)
-            if probed is None:
-                return False
-            found = probed
-            ceiling = found.get("ceiling_ops")
-            log.info("replica %d: measured ceiling %s", self.index,
-                     f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
-        if started is not None and started.get("binding"):
-            found = {**found, "binding": started["binding"]}
-        self._node = found
-        self.store.record_node(self.run_id, self.index, self.segment.index,
-                               socket.gethostname(), found, self.clock())
-        return True
-
-    def _prepare_end_ceiling(self, prepare: Callable[[], None]) -> None:
-        """Start the end's measuring process as the deadline passes, so that its imports
-        (about 1.5 CPU-s) overlap the epoch in flight rather than follow it; it measures
-        only once the ranks have stopped (:meth:`_record_end_ceiling`)."""
-        while not self.stop.wait(min(1.0, max(0.0, self.segment.deadline_at - self.clock()))):
-            if self.clock() >= self.segment.deadline_at:
-                prepare()
-                return
-
-    def _record_end_ceiling(self) -> None:
-        """The node's ceiling measured again once the session's time is over and the ranks
-        have stopped, recorded beside the start's (measure/interference.py compares them).
-        Not for a replica that ends before its deadline (its rounds done): the seconds would
-        be the run's."""
-        if self.measure_end is None or self._node is None:
-            return
-        if self.clock() < self.segment.deadline_at:
-            return
-        try:
-            found = self.measure_end()
-        except Exception as exc:  # noqa: BLE001 - the run's result stands without it
-            found = {"error": f"{type(exc).__name__}: {exc}"}
-        ceiling = found.get("ceiling_ops")
-        log.info("replica %d: ceiling at the end %s", self.index,
-                 f"{ceiling:.4e} ops/s" if ceiling else found.get("error"))
-        node = {**self._node, "ceiling_end": found.get("ceiling"), "ceiling_end_ops": ceiling,
-                "ceiling_end_error": found.get("error"), "ceiling_end_at": self.clock()}
-        self._node = node
-        try:
-            self.store.record_node(self.run_id, self.index, self.segment.index,
-                                   socket.gethostname(), node, self.clock())
-        except Exception:  # noqa: BLE001 - the run's result stands without it
-            log.warning("replica %d: the end's ceiling was not recorded", self.index,
-                        exc_info=True)
-
-    def _record_data_check(self) -> None:
-        """The MD5s this replica computed of the archives staged on its node (runner/
-        stagecheck.py), recorded in its node description once its ranks have stopped: the
-        result holds them to the MD5s the run proved."""
-        if self.data_check is None or self._node is None or "data" not in self._node:
-            return
-        computed = self.data_check.record(self.config.run.stop_grace_s / 2)
-        if computed["computed"] is None:
-            log.warning("replica %d: the archives staged on this node were not hashed by the "
-                        "session's end (%s)", self.index, computed.get("computed_error", "not "
-                        "finished"))
-        node = {**self._node, "data": {**self._node["data"], **computed}}
-        self._node = node
-        try:
-            self.store.record_node(self.run_id, self.index, self.segment.index,
-                                   socket.gethostname(), node, self.clock())
-        except Exception:  # noqa: BLE001 - the result then names the copy as not hashed
-            log.warning("replica %d: the staged archives' MD5s were not recorded", self.index,
-                        exc_info=True)
+    def _close_trainer(self, ended: bool) -> None:
+        """Stop the training processes. The ceiling at the end of a session that ran to its
+        deadline is measured after they stop, or, where they measure it themselves (a CPU's
+        rank, idle between trials), just before."""
+        by_ranks = getattr(self.node.measure_end, "by_ranks", False)
+        if ended and by_ranks:
+            self.node.record_end_ceiling()
+        self.trainer.close()
+        if ended and not by_ranks:
+            self.node.record_end_ceiling()
 
     def _log_name(self) -> str:
         return str(self.dir.logs / f"replica-{self.index}.log")

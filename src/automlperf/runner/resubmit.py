@@ -112,6 +112,29 @@ class Resubmission:
     # chain, passed to every job by chain.submit_chain; else in ``options``.
     exports: dict[str, str] | None = None
 
+    def line(self) -> str:
+        """What is left of the run, and the time limit that holds it."""
+        measured = (f" (start-up {self.needs.startup_s:.0f} s: twice the first job's)"
+                    if self.needs.measured else "")
+        return (f"{self.left_s:.0f} s of the run left: time limit "
+                f"{format_time(self.time_limit_s)}{measured}")
+
+
+# What a resubmission may change; every other option of ``automlperf slurm`` is the run's.
+RESUME_MAY_CHANGE = ("--partition", "--account", "--time-limit", "--sbatch", "--stage-time")
+
+
+def refuse_changes(given: dict[str, object]) -> None:
+    """Every option is honoured or refused, none dropped without a word: ``given`` maps the
+    options a resubmission cannot change to their values (None: not given)."""
+    fixed = [name for name, value in given.items() if value is not None]
+    if fixed:
+        raise SlurmError(f"{', '.join(fixed)} cannot change on --resume: the run keeps what "
+                         f"it was started with ({', '.join(RESUME_MAY_CHANGE[:-1])} and "
+                         f"{RESUME_MAY_CHANGE[-1]} may change, and "
+                         "--duration extends it); write a new script into a new --run-dir "
+                         "for another run")
+
 
 def resume_job(run_dir: Path, time_limit: str | None = None, partition: str | None = None,
                account: str | None = None, sbatch_extra: list[str] | None = None,

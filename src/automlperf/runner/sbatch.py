@@ -155,6 +155,32 @@ class Written:
     dataset: dict[str, Any] | None = None  # the dataset index saved at submission
     chain: ChainPlan | None = None  # the jobs a chain submits, each of time_limit_s
     proof_s: float = 0.0  # of the start-up: the archives' proof before each session's clock
+    container: Container | None = None  # the image the replicas run in
+
+    def lines(self, settings: Config) -> list[str]:
+        """What was written, for the one who asked: the dataset as the job will have it,
+        the image, and how the time limit divides."""
+        out = []
+        d = self.dataset
+        if d and d.get("archives"):
+            out.append(f"dataset: the official archives in {d['archives']} "
+                       f"({d['archive_bytes'] / 1e9:.1f} GB): every session of the job proves "
+                       f"them before its clock (its start-up holds {self.proof_s:.0f} s for it)")
+        elif d:
+            out.append(f"dataset: {d['files']:,} files scanned in {d['scan_s']:.1f} s; index "
+                       f"saved in {d['index']} for the job"
+                       + (f" (not ImageNet-1k: {'; '.join(d['problems'])})" if d["problems"]
+                          else ""))
+        box = self.container
+        if box is not None:
+            out.append(f"container image {box.image}: " + (
+                f"digest {box.digest}" if box.digest else "named by a tag alone; pin it by "
+                "digest (NAME@sha256:...) for the result to name the exact image"))
+        out.append(f"time limit {format_time(self.time_limit_s)}: start-up "
+                   f"{self.startup_s / 60:.0f} min, run {settings.run.duration_s / 60:.0f} min, "
+                   f"epochs in flight {settings.deadline_grace() / 60:.0f} min, "
+                   f"result {(self.signal_lead_s + 60) / 60:.0f} min")
+        return out
 
 
 def write_script(opts: ScriptOptions) -> Path:
@@ -273,7 +299,8 @@ def write_job(opts: ScriptOptions) -> Written:
         sweep_s=SWEEP_S)
     write_atomic(script, text)
     script.chmod(0o750)
-    return Written(script, limit, lead, opts.startup_s(), dataset, chain, opts.proof_s)
+    return Written(script, limit, lead, opts.startup_s(), dataset, chain, opts.proof_s,
+                   opts.container)
 
 
 def _scan_dataset(settings: Config, run_dir: Path) -> dict[str, Any] | None:

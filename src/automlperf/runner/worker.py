@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from automlperf.measure.monitor import SampleCopier
 from automlperf.measure.provenance import software
 from automlperf.runner.launch import LAUNCHED_ENV, process_started_at
 from automlperf.runner import nodedata
+from automlperf.runner.noderecords import RankEnd
 from automlperf.runner.replica import Placement, Replica
 from automlperf.runner.stagecheck import StagedCheck
 from automlperf.search import searcher_for
@@ -34,7 +36,7 @@ from automlperf.store import TrialStatus, history
 from automlperf.store.opening import open_run_store, served
 from automlperf.store.service.client import service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
-from automlperf.train.pool import PoolTrainer
+from automlperf.train.pooltrainer import PoolTrainer
 from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
 from automlperf.train.spec import Trainer
 
@@ -187,15 +189,18 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         assert proc.stdout is not None
         return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
 
-    # The ceiling again once the run's time is over, the ranks stopped, in a process of its
-    # own (this one never loads torch); not where CPU replicas share the node's cores: they
-    # end together and would measure beside one another.
+    # The ceiling again once the run's time is over: by the CPU's rank that measured the
+    # start, before it stops; else once the ranks have stopped, in a process of its own (this
+    # one never loads torch). Not where CPU replicas share the node's cores: they end
+    # together and would measure beside one another.
     from automlperf.runner.identity import local_size
 
-    measure_end = None
-    if not config.simulated and not (chosen == ["cpu"] and local_size() > 1):
-        measure_end = EndMeasurement(chosen, config.train.precision,
-                                     per_device if chosen == ["cpu"] else per_device * world,
+    measure_end: Callable[[], dict[str, Any]] | None = None
+    shared_cores = chosen == ["cpu"] and local_size() > 1
+    if isinstance(trainer, PoolTrainer) and measure is not None and not shared_cores:
+        measure_end = RankEnd(trainer, measure)
+    elif not config.simulated and not shared_cores:
+        measure_end = EndMeasurement(chosen, config.train.precision, per_device * world,
                                      config.monitor.ceiling_s)
     replica = Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
                       probe_node=probe, start_sampler=sampler if sample else None,

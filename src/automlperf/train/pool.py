@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from automlperf.config import DataConfig
-from automlperf.events import EpochEvent, EventSink, FailureKind, TrialOutcome, TrialStatus
+from automlperf.events import FailureKind, TrialOutcome, TrialStatus
 from automlperf.train.oomkill import OomWatch
 from automlperf.train.rank import rank_main, send
 from automlperf.train.spec import TrainerError, TrialSpec
@@ -136,7 +136,8 @@ class DevicePool:
     stop_wait_s: float = 15.0  # how long close() waits for the ranks to stop, all together
     # Run by rank 0 at the first start, before the process group, its result the
     # description's "node": a CPU pool's measurement of the node, by a process that has
-    # torch loaded anyway (picklable: a function of a module, or a partial of one).
+    # torch loaded anyway (picklable: a function of a module, or a partial of one); and
+    # again between trials when asked (measure_again).
     first_start: Callable[[], dict[str, Any]] | None = None
     cpu_binding: str = "auto"  # train.cpu_binding: ranks placed on their device's cores
     description: dict[str, Any] = field(default_factory=dict)
@@ -198,11 +199,11 @@ class DevicePool:
             # able to start data-loading workers. Ranks still never outlive the pool: each
             # asks the kernel to kill it when this process dies (die_with_parent), and
             # close() and kill() end them otherwise.
-            before = self.first_start if index == 0 and self._starts == 1 else None
+            measure = self.first_start if index == 0 else None
             proc = ctx.Process(target=rank_main, name=f"automlperf-rank{index}", daemon=False,
                                args=(index, self.world, rendezvous, device, self.threads_per_rank,
-                                     self.data, self.index_dir, child, os.getpid(), before,
-                                     self.cpu_binding))
+                                     self.data, self.index_dir, child, os.getpid(), measure,
+                                     self.cpu_binding, self._starts == 1))
             proc.start()
             child.close()
             self._ranks.append(_Rank(proc, parent, oom=OomWatch.of(proc.pid or 0)))
@@ -396,6 +397,24 @@ class DevicePool:
             except PoolError as exc:
                 self.start_error = str(exc)
 
+    def measure_again(self, timeout_s: float = 300.0) -> dict[str, Any] | None:
+        """``first_start``'s measurement again, by rank 0 between trials (a CPU node's ceiling
+        at the run's end, by the process that measured it at the start, with torch loaded);
+        None where no rank is up to ask (a pool stopped by a kill, or never given one)."""
+        if self.first_start is None or not self._ranks or not self._ranks[0].process.is_alive():
+            return None
+        conn = self._ranks[0].conn
+        try:
+            send(conn, "measure", {})
+            if not conn.poll(timeout_s):
+                return {"devices": self.devices,
+                        "error": f"the measurement took over {timeout_s:.0f} s"}
+            msg = json.loads(conn.recv_bytes())
+        except (OSError, EOFError, ValueError) as exc:
+            return {"devices": self.devices, "error": f"the measurement failed: {exc}"}
+        return msg.get("node") or {"devices": self.devices, "error": "the training process "
+                                   "measured nothing"}
+
     def kill(self) -> None:
         """End every rank now (Ctrl-C): what they reported stays reported."""
         self._shutdown(graceful=False)
@@ -427,72 +446,3 @@ class DevicePool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def train_trial(pool: DevicePool, spec: TrialSpec, on_message: OnMessage | None = None,
-                should_stop: Callable[[], bool] | None = None) -> TrialOutcome:
-    """Run a trial; if it runs out of memory before finishing an epoch, retry it once at half
-    the batch size (recorded in the outcome)."""
-    pool.ensure_running(should_stop)
-    outcome = pool.run(spec, on_message, should_stop)
-    if (outcome.extra.get("failure") == FailureKind.OOM and outcome.epochs == 0
-            and spec.batch_size // 2 >= pool.world):
-        first = outcome.reason
-        spec = TrialSpec.from_dict({**spec.to_dict(), "batch_size": spec.batch_size // 2})
-        pool.ensure_running(should_stop)
-        outcome = pool.run(spec, on_message, should_stop)
-        outcome.extra["oom_retry"] = {"first_batch_size": spec.batch_size * 2, "reason": first}
-    return outcome
-
-
-class PoolTrainer:
-    """The :class:`~automlperf.train.spec.Trainer` of real runs: a :class:`DevicePool` on
-    ``devices``, started by :meth:`start`."""
-
-    def __init__(self, devices: list[str], data: DataConfig, threads_per_rank: int = 1,
-                 index_dir: str | None = None,
-                 first_start: Callable[[], dict[str, Any]] | None = None,
-                 cpu_binding: str = "auto") -> None:
-        self.devices = list(devices)
-        self.cpu_binding = cpu_binding
-        self.data = data
-        self.threads_per_rank = threads_per_rank
-        self.index_dir = index_dir  # see DevicePool.index_dir
-        self.first_start = first_start  # see DevicePool.first_start
-        self.pool: DevicePool | None = None
-
-    @property
-    def world(self) -> int:
-        return len(self.devices)
-
-    def start(self) -> dict[str, Any]:
-        self.pool = DevicePool(self.devices, self.data, threads_per_rank=self.threads_per_rank,
-                               index_dir=self.index_dir, first_start=self.first_start,
-                               cpu_binding=self.cpu_binding)
-        return self.pool.description
-
-    def _started(self) -> DevicePool:
-        if self.pool is None:
-            raise PoolError("the trainer has not been started")
-        return self.pool
-
-    def train(self, spec: TrialSpec, sink: EventSink,
-              should_stop: Callable[[], bool] | None = None,
-              on_progress: Callable[[dict[str, Any]], None] | None = None) -> TrialOutcome:
-        """Train one trial (see :func:`train_trial`); ``on_progress`` gets rank 0's progress
-        messages within an epoch."""
-        def on_message(kind: str, msg: dict[str, Any]) -> None:
-            if kind == "epoch":
-                sink.epoch(EpochEvent(**msg))
-            elif kind == "progress" and on_progress is not None:
-                on_progress(msg)
-
-        return train_trial(self._started(), spec, on_message, should_stop)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-
-    def kill(self) -> None:
-        if self.pool is not None:
-            self.pool.kill()

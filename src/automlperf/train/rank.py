@@ -47,12 +47,14 @@ def send(conn: Connection, kind: str, payload: dict[str, Any]) -> None:
 
 def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads: int,
               data: DataConfig, index_dir: str | None, conn: Connection, parent_pid: int,
-              first: Callable[[], dict[str, Any]] | None = None, cpu_binding: str = "auto") -> None:
+              measure: Callable[[], dict[str, Any]] | None = None, cpu_binding: str = "auto",
+              measure_first: bool = True) -> None:
     """A training process: its device and its place on the node's cores (``cpu_binding``:
-    train/binding.py), ``first`` (what the pool asks of this rank before the others join it:
-    a CPU node's measurement, reported as ``node``), its share of the process group and the
-    dataset of ``data`` (its image folder's index in ``index_dir``, if scanned), then trials
-    from the parent until it says stop."""
+    train/binding.py), ``measure`` (a CPU node's measurement, asked of rank 0: before the
+    others join it at the pool's first start, ``measure_first``, reported as ``node``; and
+    between trials when the parent asks), its share of the process group and the dataset of
+    ``data`` (its image folder's index in ``index_dir``, if scanned), then trials from the
+    parent until it says stop."""
     die_with_parent(parent_pid)
     volunteer_for_oom_kill()
     # Ranks stop when the parent says so or kills them; Ctrl-C and SIGTERM go to the parent
@@ -74,7 +76,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
         take_device(device, threads)
         # A CPU node's measurement first, on every core it may use; then this rank's place,
         # before the process group and the decoding workers it forks.
-        node = None if first is None else first()
+        node = measure() if measure is not None and measure_first else None
         bound = bind_rank(device, cpu_binding, rank, world)
         if world > 1:
             dist.init_process_group(process_group_backend(device.type),
@@ -103,6 +105,9 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
             return  # the parent is gone
         if msg["kind"] == "stop":
             break
+        if msg["kind"] == "measure":
+            send(conn, "measured", {"node": None if measure is None else measure()})
+            continue
         spec = TrialSpec.from_dict(msg["spec"])
         outcome = train_on_rank(spec, ctx, emit=lambda kind, payload: send(conn, kind, payload))
         if gc.get_freeze_count() == 0:

@@ -115,7 +115,7 @@ def train_planned(plan: TrainPlan, on_progress: Callable[[dict[str, Any]], None]
     """Train the plan's architecture on its devices; ``on_progress`` gets rank 0's progress
     within an epoch, ``on_epoch`` each completed epoch. Ctrl-C kills the training processes
     (mid-epoch, they would not read a polite stop) and goes on as KeyboardInterrupt."""
-    from automlperf.train.pool import PoolTrainer
+    from automlperf.train.pooltrainer import PoolTrainer
 
     trainer = PoolTrainer(plan.devices, plan.data, plan.threads, cpu_binding=plan.cpu_binding)
     trainer.start()

@@ -2,7 +2,7 @@
 :class:`Trainer` protocol a replica trains through. (The dataset a replica's ranks load is the
 configuration's data section itself, :class:`automlperf.config.DataConfig`.)
 
-:class:`automlperf.train.pool.PoolTrainer` is the trainer of real runs (one process per
+:class:`automlperf.train.pooltrainer.PoolTrainer` is the trainer of real runs (one process per
 accelerator); anything else that keeps the protocol can stand in for it.
 """
 
