@@ -14,6 +14,7 @@ from typing import Any
 
 from automlperf.store.base import SCHEMA_VERSION
 from automlperf.store.service import net, wire
+from automlperf.store.service.gate import Gate
 
 TOKEN = "t" * 43
 PRIMARY = "p" * 43
@@ -48,7 +49,7 @@ class Door:
         ready = threading.Event()
 
         async def start() -> None:
-            self.gate = net.Gate(total, replicas, own)
+            self.gate = Gate(total, replicas, own)
             (self.listener,) = net.listen([host], 0)
             self.acceptor = asyncio.create_task(net.accept(self.calls, self.gate,  # type: ignore[arg-type]
                                                            self.listener))

@@ -5,6 +5,8 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
 from helpers import make_replica
 
 from automlperf.config import Config
@@ -433,35 +435,35 @@ def test_the_ends_measurement_is_prepared_as_the_deadline_passes_and_closed_at_t
     store.close()
 
 
-def test_a_measurement_by_the_ranks_is_made_before_they_stop(tmp_path):
+@pytest.mark.parametrize("by_ranks, expected", [(True, ["measure", "close"]),
+                                                  (False, ["close", "measure"])])
+def test_a_measurement_by_the_ranks_is_made_before_they_stop(tmp_path, by_ranks, expected):
     """A CPU's end is measured by its rank (RankEnd's ``by_ranks``): asked while the trainer
     is still up, never after it closed; any other measurement once it has."""
-    for by_ranks, expected in ((True, ["measure", "close"]), (False, ["close", "measure"])):
-        (tmp_path / str(by_ranks)).mkdir()
-        session = new_run(tmp_path / str(by_ranks))
-        now = [session.started_at]
+    session = new_run(tmp_path)
+    now = [session.started_at]
 
-        def pass_the_deadline(spec, epoch, session=session, now=now):
-            if spec.round == 1 and epoch == 0:
-                now[0] = session.deadline_at + 1
+    def pass_the_deadline(spec, epoch):
+        if spec.round == 1 and epoch == 0:
+            now[0] = session.deadline_at + 1
 
-        order = []
-        trainer = FakeTrainer(on_epoch=pass_the_deadline, clock=lambda now=now: now[0])
-        trainer.close = lambda: order.append("close")
+    order = []
+    trainer = FakeTrainer(on_epoch=pass_the_deadline, clock=lambda: now[0])
+    trainer.close = lambda: order.append("close")
 
-        class End:
-            def __call__(self):
-                order.append("measure")
-                return {"ceiling_ops": 8e8, "ceiling": []}
+    class End:
+        def __call__(self):
+            order.append("measure")
+            return {"ceiling_ops": 8e8, "ceiling": []}
 
-        end = End()
-        end.by_ranks = by_ranks
-        replica, store = make_replica(session, trainer, clock=lambda now=now: now[0])
-        replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
-        replica.node.measure_end = end
-        assert replica.run() == 0
-        assert order == expected
-        store.close()
+    end = End()
+    end.by_ranks = by_ranks
+    replica, store = make_replica(session, trainer, clock=lambda: now[0])
+    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica.node.measure_end = end
+    assert replica.run() == 0
+    assert order == expected
+    store.close()
 
 
 class Flaky:

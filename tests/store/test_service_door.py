@@ -19,7 +19,8 @@ import pytest
 
 from automlperf.store.base import SCHEMA_VERSION
 from automlperf.store.service import net, wire
-from automlperf.store.service.net import HERE, Gate, host_key
+from automlperf.store.service import gate as gate_module
+from automlperf.store.service.gate import GREETING_PER_PEER, HERE, HERE_SPARE, PER_PEER, Gate, Said, host_key
 from door import PRIMARY, TOKEN, Door, received, wait_until
 from helpers import handshake
 
@@ -57,13 +58,13 @@ def test_strangers_greeting_never_take_a_proven_slot_and_the_oldest_make_room():
         return gate.admit(host, lambda: closed.append(host))
 
     # One host's share of connections still greeting: a newer one closes its oldest.
-    first = [admit("198.51.100.7") for _ in range(net.GREETING_PER_PEER)]
+    first = [admit("198.51.100.7") for _ in range(GREETING_PER_PEER)]
     assert not closed
     newer = admit("198.51.100.7")
     assert closed == ["198.51.100.7"] and first[0] not in gate.greeting.all
-    assert len(gate.greeting_from["198.51.100.7"].all) == net.GREETING_PER_PEER
+    assert len(gate.greeting_from["198.51.100.7"].all) == GREETING_PER_PEER
     # The room for them all: once full, the oldest of anyone's closes for a newer one.
-    others = [admit(f"198.51.100.{i}") for i in range(10, 10 + 50 - net.GREETING_PER_PEER)]
+    others = [admit(f"198.51.100.{i}") for i in range(10, 10 + 50 - GREETING_PER_PEER)]
     assert len(gate.greeting.all) == 50 and len(closed) == 1
     others.append(admit("198.51.100.99"))
     assert len(closed) == 2 and first[1] not in gate.greeting.all
@@ -90,10 +91,10 @@ def test_a_connection_that_greeted_outlasts_those_that_say_nothing():
     closed = []
     gate = Gate(total=1000, replicas=None, own=frozenset())
     silent = [gate.admit("198.51.100.7", lambda: closed.append("silent"))
-              for _ in range(net.GREETING_PER_PEER - 1)]
+              for _ in range(GREETING_PER_PEER - 1)]
     honest = gate.admit("198.51.100.7", lambda: closed.append("honest"))
     gate.spoke(honest)
-    for _ in range(3 * net.GREETING_PER_PEER):
+    for _ in range(3 * GREETING_PER_PEER):
         gate.admit("198.51.100.7", lambda: closed.append("silent"))
     assert set(closed) == {"silent"} and honest in gate.greeting.all
     assert silent[0] not in gate.greeting.all and gate.proven(honest, "198.51.100.7")
@@ -101,9 +102,9 @@ def test_a_connection_that_greeted_outlasts_those_that_say_nothing():
 
 def test_this_hosts_shares_are_sized_by_the_runs_replicas():
     gate = Gate(total=100_000, replicas=100, own=frozenset())
-    assert gate._greeting_share(HERE) == net.GREETING_PER_PEER + net.HERE_SPARE + 200
-    assert gate._share(HERE) == net.PER_PEER + net.HERE_SPARE + 200
-    assert gate._share("198.51.100.7") == net.PER_PEER
+    assert gate._greeting_share(HERE) == GREETING_PER_PEER + HERE_SPARE + 200
+    assert gate._share(HERE) == PER_PEER + HERE_SPARE + 200
+    assert gate._share("198.51.100.7") == PER_PEER
     assert Gate(total=100_000)._share(HERE) is None  # a run of unknown size: the total
 
 
@@ -196,7 +197,7 @@ def test_lines_about_strangers_are_said_once_a_minute(door, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert sum("refused a client" in line for line in lines) == 1
     assert sum("closed a connection" in line for line in lines) == 1
-    said = net.Said(every=0.0)
+    said = Said(every=0.0)
     with caplog.at_level(logging.WARNING):
         said("x", "one %s", "line")
     assert caplog.records[-1].getMessage() == "one line"
@@ -270,7 +271,7 @@ def test_each_other_host_holds_its_own_share_of_connections(namespace, monkeypat
     proven connections stop at its share (the next is refused in one line); and a second
     host beside it greets and is served throughout."""
     name, subnet = namespace
-    monkeypatch.setattr(net, "PER_PEER", 4)
+    monkeypatch.setattr(gate_module, "PER_PEER", 4)
     monkeypatch.setattr(net, "GREETING_S", 3600.0)  # closed for room, not for time
     opened = Door(host=f"{subnet}.1")
     try:
@@ -287,8 +288,8 @@ def test_each_other_host_holds_its_own_share_of_connections(namespace, monkeypat
             # Of the 60 idle, all but the share closed for newer ones (the first to greet
             # found the share full too); each that greeted left the greeting room.
             assert opened.on_loop(lambda: opened.gate.evicted) == \
-                60 + 1 - net.GREETING_PER_PEER
-            assert opened.greeting_from() == {f"{subnet}.2": net.GREETING_PER_PEER - 1}
+                60 + 1 - GREETING_PER_PEER
+            assert opened.greeting_from() == {f"{subnet}.2": GREETING_PER_PEER - 1}
             assert opened.held() == {f"{subnet}.2": 4, f"{subnet}.3": 1}
         finally:
             client.communicate("done\n", timeout=120)
