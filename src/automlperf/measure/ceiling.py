@@ -24,11 +24,10 @@ from typing import Any
 # Matrix side per device kind: large enough to reach the device's dense rate, small enough
 # that one product takes well under the measuring time.
 SIDE = {"cpu": 2048, "cuda": 8192}
-# A CPU's BLAS may leave its widest vector units idle where oneDNN's convolutions use them:
-# on a 2-core AMD EPYC (Zen 5, AVX-512), MKL's 2048^2 product ran at 195 GOPS while 3x3
-# convolutions of ResNet shapes ran at 475-495, and ResNet-50's training steps at 269 (1.34
-# of a matmul-only ceiling). Batch, channels in and out, side: a ResNet-50 stage-3 3x3
-# convolution, 15 ms on those cores.
+# A CPU's BLAS may leave its widest vector units idle where oneDNN's convolutions use them,
+# so that training outran a matmul-only ceiling (bench/RESULTS.md, "On a 2-core AMD EPYC
+# (Zen 5, AVX-512), and the ceiling corrected"). Batch, channels in and out, side: a
+# ResNet-50 stage-3 3x3 convolution.
 CONV = (32, 256, 14)
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 # The stated limits: CPU time stolen by the host, GPU readings held down, and how far the
-# end's ceiling may lie from the start's (this EPYC VM's idle ceiling moved by about 8 % over
-# minutes, bench/RESULTS.md).
+# end's ceiling may lie from the start's (an idle VM's ceiling moves over minutes: bench/
+# RESULTS.md, "a ceiling that other processes do not lower").
 STEAL_LIMIT = 0.05
 THROTTLE_LIMIT = 0.05
 CEILING_MOVE_LIMIT = 0.15

@@ -126,8 +126,8 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
         chosen = choose_devices(wanted, require_accelerators or config.run.require_accelerators)
         per_device = max(1, (threads or cores_available()) // len(chosen))
         # A CPU's ceiling is measured by its one training process, which loads torch
-        # anyway: this process never does (1.5 CPU-s a replica). Several CPU ranks would
-        # share the cores while the others start, so their replica measures first, alone.
+        # anyway: this process never does. Several CPU ranks would share the cores while
+        # the others start, so their replica measures first, alone.
         measure = (partial(run_measurement, chosen, config.train.precision, per_device,
                            config.monitor.ceiling_s)
                    if chosen == ["cpu"] else None)

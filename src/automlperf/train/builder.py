@@ -104,8 +104,8 @@ def init_weights(module: nn.Module, method: str = "kaiming_normal",
 def build_module(graph: Graph, init: str = "kaiming_normal", seed: int | None = None) -> GraphModule:
     """A torch module for ``graph`` with freshly initialised weights."""
     # Made without memory and then initialised once: each layer's own initialisation, which
-    # init_weights replaces, drew as many random numbers again (about half of building
-    # ResNet-50: 0.20-0.25 CPU-s before, 0.11-0.13 after).
+    # init_weights replaces, drew as many random numbers again, about half of building
+    # ResNet-50 (bench/RESULTS.md, "layers initialised once").
     device = torch.get_default_device()  # the caller's (a `with torch.device(...)` block)
     with torch.device("meta"):
         module = GraphModule(graph)

@@ -113,7 +113,7 @@ def rank_main(rank: int, world: int, rendezvous: str, device_name: str, threads:
         if gc.get_freeze_count() == 0:
             # What survives the first trial's collection (torch and its compiler's modules,
             # this rank's own state) lives as long as this process: left out of every later
-            # collection, which then takes microseconds instead of 0.15 s a trial.
+            # collection (bench/RESULTS.md, "What the code's comments rest on").
             gc.freeze()
         send(conn, "done", {"rank": rank, "outcome": outcome.to_dict()})
     if world > 1:

@@ -26,15 +26,15 @@ COMPILE_THREADS_VAR = "TORCHINDUCTOR_COMPILE_THREADS"
 INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
 # glibc's mallopt parameters, and the size below which a CPU rank keeps freed memory for reuse.
 # By default glibc maps every block above 32 MiB afresh and unmaps it when freed, so a CPU
-# rank page-faults its whole activation memory in (zeroed by the kernel) at every step: at
-# ResNet-50's batch 16 on 224 px, half a million faults and a tenth of the step in the kernel.
+# rank page-faults its whole activation memory in (zeroed by the kernel) at every step
+# (bench/RESULTS.md, "What the code's comments rest on").
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 HOST_KEEP_BYTES = 1 << 30
 
 
 # Cores a rank's GPU decoding path keeps busy: its workers only read files and parse their
-# headers (41-46 us of CPU an image, about 0.3 core at 6,000 img/s) and the rank's threads
-# launch the steps and the decoder's calls.
+# headers (a third of a core at an H100's rate: bench/RESULTS.md, "The GPU path's host side")
+# and the rank's threads launch the steps and the decoder's calls.
 GPU_PATH_BUSY_CORES = 2
 
 

@@ -34,8 +34,8 @@ from automlperf.train.data.valcache import ValidationCache, shard_images
 SHARED_BUDGET = 512 * 2**20
 # The most images a worker decodes per task: small, so that every worker helps with every
 # batch, the first batch of a pass comes after one chunk's time, not one batch's, and the
-# workers finish a pass together (on 2 cores, 2 workers delivered 0.97 of their decoding
-# rate with 8, 0.95 with 32; a task costs the rank ~50 us: bench/bench_loader.py).
+# workers finish a pass together, while a task still costs the rank little
+# (bench/RESULTS.md, "What the code's comments rest on").
 CHUNK_IMAGES = 8
 # Batch slots of the ring: one the rank uses, one or two being copied to the device, the rest
 # being decoded, so that a slow chunk does not leave the workers without work.
