@@ -9,25 +9,18 @@ import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from automlperf.config import Config
 from automlperf.dataset.index import DatasetIdentityError
-from automlperf.hardware import DeviceError, accelerator_memory_gib, choose_devices, cores_available
+from automlperf.hardware import DeviceError
 from automlperf.errors import UserError
-from automlperf.measure.ceiling import EndMeasurement, run_measurement
-from automlperf.measure.monitor import SampleCopier
 from automlperf.measure.provenance import software
 from automlperf.runner.launch import LAUNCHED_ENV, process_started_at
 from automlperf.runner import nodedata
-from automlperf.runner.noderecords import RankEnd
+from automlperf.runner.nodeside import NodeProbe, end_measurement, sampler_starter, start_training
 from automlperf.runner.replica import Placement, Replica
 from automlperf.runner.stagecheck import StagedCheck
 from automlperf.search import searcher_for
@@ -36,9 +29,7 @@ from automlperf.store import TrialStatus, history
 from automlperf.store.opening import open_run_store, served
 from automlperf.store.service.client import service_file
 from automlperf.store.rundir import RUN_FILE, RunDir
-from automlperf.train.pooltrainer import PoolTrainer
-from automlperf.train.simulated import SimulatedTrainer, describe_devices, simulated_devices
-from automlperf.train.spec import Trainer
+from automlperf.train.simulated import SimulatedTrainer
 
 log = logging.getLogger("automlperf.replica")
 
@@ -60,23 +51,6 @@ def refuse_other_code(provenance: dict[str, Any]) -> None:
             "start a new run")
 
 
-class NodeSampler:
-    """The node's sampler process, and the thread that stores what it samples."""
-
-    def __init__(self, proc: subprocess.Popen[str], copier: SampleCopier) -> None:
-        self.proc = proc
-        self.copier = copier
-
-    def terminate(self) -> None:
-        self.proc.terminate()
-
-    def wait(self, timeout: float | None = None) -> Any:
-        code = self.proc.wait(timeout)
-        self.copier.join(timeout)  # its last sample, taken as it stopped
-        return code
-
-
-
 def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int | None = None,
                  threads: int | None = None, sample: bool = True,
                  require_accelerators: bool = False, data_root: Path | None = None) -> Replica:
@@ -84,147 +58,66 @@ def open_replica(run_dir: Path, store_url: str | None, index: int, devices: int 
     a pool of training processes on this node's accelerators (or, in a simulated run,
     simulated devices, and then nothing loads torch), the search and its TPE study.
     ``data_root`` is where this replica sees the run's dataset (a container's mount of it)."""
+    from automlperf.runner.identity import local_size
+
     rd = RunDir(Path(run_dir))
     run_id = int(rd.meta()["run_id"])
-    url = rd.store_url(store_url)
     config = Config.load(rd.config)
     if data_root is not None and config.data.data_dir is not None:
         log.info("reading the dataset at %s (the run's %s)", data_root, config.data.data_dir)
-        config = config.model_copy(update={"data": config.data.model_copy(
-            update={"data_dir": data_root})})
-    store = open_run_store(rd.path, url)
+        config = _with_data_dir(config, data_root)
+    store = open_run_store(rd.path, rd.store_url(store_url))
     recorded = store.run(run_id)["system"]
     refuse_other_code(recorded.get("provenance") or {})
     # The seed the run drew at its start, when its configuration names none.
     config = config.model_copy(update={"run": config.run.model_copy(
         update={"seed": config.seed_used(recorded)})})
-    index_dir, data_record, data_check = None, None, None
-    if config.data.dataset == "imagenet" and config.data.data_dir is not None:
-        # The data need only be on this node, checked here, once: the copy staged on it, or
-        # the shared one (runner/nodedata.py).
-        try:
-            here = nodedata.for_replica(rd.path, Path(config.data.data_dir), recorded)
-        except BaseException:
-            store.close()
-            raise
-        if here is not None:
-            index_dir, data_record = str(here.index_dir), here.record
-            if here.record.get("source") == "staged" and here.record.get("archives"):
-                # Its staging's record is a file: the replica hashes the copy itself.
-                data_check = StagedCheck(here.data_dir)
-            config = config.model_copy(update={"data": config.data.model_copy(
-                update={"data_dir": here.data_dir})})
-    wanted = devices or config.run.devices_per_replica
-    trainer: Trainer
-    measure = None
-    if config.simulated:
-        chosen = simulated_devices(wanted or 1)
-        per_device = max(1, (threads or cores_available()) // len(chosen))
-        trainer = SimulatedTrainer(chosen, config)
-        memory: float | None = config.simulation.memory_gib
-    else:
-        chosen = choose_devices(wanted, require_accelerators or config.run.require_accelerators)
-        per_device = max(1, (threads or cores_available()) // len(chosen))
-        # A CPU's ceiling is measured by its one training process, which loads torch
-        # anyway: this process never does. Several CPU ranks would share the cores while
-        # the others start, so their replica measures first, alone.
-        measure = (partial(run_measurement, chosen, config.train.precision, per_device,
-                           config.monitor.ceiling_s)
-                   if chosen == ["cpu"] else None)
-        trainer = PoolTrainer(chosen, config.data, per_device, index_dir=index_dir,
-                              first_start=measure, cpu_binding=config.train.cpu_binding)
-        memory = accelerator_memory_gib()
+    try:
+        here = _node_data(rd, config, recorded)
+    except BaseException:
+        store.close()
+        raise
+    if here is not None:
+        config = _with_data_dir(config, here.data_dir)
+    training = start_training(config, devices, threads, require_accelerators,
+                              None if here is None else str(here.index_dir))
+    world, search = training.world, config.search
     place = Placement(dir=rd, run_id=run_id, config=config, index=index,
-                      segment=store.segments(run_id)[-1], devices=chosen, threads=per_device)
-    world = len(chosen)
-    default_batch = config.train.per_device_batch(memory) * world
-    search = config.search
+                      segment=store.segments(run_id)[-1], devices=training.devices,
+                      threads=training.per_device)
+    default_batch = config.train.per_device_batch(training.memory_gib) * world
     hpo = HyperSearch(journal_path(rd.path, index), f"run-{run_id}-replica-{index}",
                       batch_range(default_batch, search.batch_size_factors, world),
                       search.kernel_sizes, multiple=world, seed=config.seed_used() + index,
                       startup_trials=search.tpe_startup_trials)
-
-    def probe(started: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The node's description and the software this replica trains with (``check``
-        holds it to the run's)."""
-        found = describe_node(started)
-        if found is None:
-            return None
-        # Which copy of the data it reads, and what it was: result.json counts them.
-        return {**found, "software": software(), **({"data": data_record} if data_record else {})}
-
-    def describe_node(started: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The node's description: before the training processes start (None: after, from
-        ``started``, the pool's description)."""
-        if config.simulated:
-            # Nothing to measure: the node's own description, with the modelled devices.
-            return {"system": _simulated_node(config, world), "devices": chosen,
-                    "simulated": True, "error": "simulated accelerators: no ceiling is measured"}
-        if measure is None:
-            return run_measurement(chosen, config.train.precision, per_device * world,
-                                   config.monitor.ceiling_s)
-        if started is None:
-            return None
-        return started.get("node") or {"devices": chosen, "error": "the first training "
-                                       "process measured no ceiling"}
-
-    def sampler(description: dict[str, Any]) -> NodeSampler:
-        """This node's resource sampler, in a process of its own; its samples reach the
-        store through this replica's connection."""
-        from automlperf.runner.identity import local_size
-
-        # The node's one sampler also covers the GPUs of the other replicas on the node.
-        every = ["--every-gpu"] if local_size() > 1 else []
-        if config.simulated:
-            every = ["--host-only"]
-        node = socket.gethostname()
-        rd.logs.mkdir(exist_ok=True)
-        with open(rd.logs / f"monitor-{node}.log", "ab") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "automlperf.measure.monitor", "--run-dir",
-                 str(rd.path), "--interval", str(config.monitor.interval_s),
-                 "--uuids", ",".join(description.get("uuids", [])), "--node", node,
-                 "--to-stdout", *every],
-                stdout=subprocess.PIPE, stderr=log_file, text=True)
-        assert proc.stdout is not None
-        return NodeSampler(proc, SampleCopier(proc.stdout, store, run_id, node))
-
-    # The ceiling again once the run's time is over: by the CPU's rank that measured the
-    # start, before it stops; else once the ranks have stopped, in a process of its own (this
-    # one never loads torch). Not where CPU replicas share the node's cores: they end
-    # together and would measure beside one another.
-    from automlperf.runner.identity import local_size
-
-    measure_end: Callable[[], dict[str, Any]] | None = None
-    shared_cores = chosen == ["cpu"] and local_size() > 1
-    if isinstance(trainer, PoolTrainer) and measure is not None and not shared_cores:
-        measure_end = RankEnd(trainer, measure)
-    elif not config.simulated and not shared_cores:
-        measure_end = EndMeasurement(chosen, config.train.precision, per_device * world,
-                                     config.monitor.ceiling_s)
-    replica = Replica(place, store, trainer, searcher_for(search), hpo, default_batch,
-                      probe_node=probe, start_sampler=sampler if sample else None,
-                      history=history.shared(store.url, run_id), measure_end=measure_end,
-                      data_check=data_check)
-    if isinstance(trainer, SimulatedTrainer):
-        trainer.waiter = replica.wait_stop  # a simulated epoch ends early only for a stop
+    staged = here is not None and here.record.get("source") == "staged" and \
+        bool(here.record.get("archives"))
+    replica = Replica(
+        place, store, training.trainer, searcher_for(search), hpo, default_batch,
+        probe_node=NodeProbe(config, training, None if here is None else here.record),
+        start_sampler=(sampler_starter(rd, config, store, run_id, local_size()) if sample
+                       else None),
+        history=history.shared(store.url, run_id),
+        measure_end=end_measurement(config, training, local_size()),
+        # A staging's record is a file: the replica hashes the staged copy itself.
+        data_check=StagedCheck(here.data_dir) if here is not None and staged else None)
+    if isinstance(training.trainer, SimulatedTrainer):
+        # A simulated epoch ends early only for a stop.
+        training.trainer.waiter = replica.wait_stop
     return replica
 
 
-_described: dict[str, dict[str, Any]] = {}
-_described_lock = threading.Lock()
+def _with_data_dir(config: Config, data_dir: Path | str) -> Config:
+    return config.model_copy(update={"data": config.data.model_copy(
+        update={"data_dir": data_dir})})
 
 
-def _simulated_node(config: Config, world: int) -> dict[str, Any]:
-    """This node's description with ``world`` modelled devices: the same for every replica a
-    process hosts, so described once."""
-    from automlperf.measure.system import describe
-
-    key = f"{config.simulation.model_dump_json()}/{world}"
-    with _described_lock:
-        if key not in _described:
-            _described[key] = describe(simulated=describe_devices(config.simulation, world))
-        return _described[key]
+def _node_data(rd: RunDir, config: Config, recorded: dict[str, Any]) -> nodedata.NodeData | None:
+    """The copy of an ImageNet dataset this node reads, checked here, once: the copy staged
+    on it, or the shared one (runner/nodedata.py); None for other data."""
+    if config.data.dataset != "imagenet" or config.data.data_dir is None:
+        return None
+    return nodedata.for_replica(rd.path, Path(config.data.data_dir), recorded)
 
 
 def wait_for_session(run_dir: Path, store_url: str | None, timeout_s: float,
