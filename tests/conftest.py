@@ -208,7 +208,12 @@ def imagenet_1k_tree(tmp_path_factory):
 
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
-        where = Path(tempfile.mkdtemp(prefix="automlperf-imagenet_1k-", dir=shm))
+        for stale in shm.glob("automlperf-imagenet_1k-*"):
+            # A session killed before its teardown left its tree in memory.
+            pid = stale.name.split("-")[2]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
+        where = Path(tempfile.mkdtemp(prefix=f"automlperf-imagenet_1k-{os.getpid()}-", dir=shm))
     else:
         where = tmp_path_factory.mktemp("imagenet_1k")
     try:
@@ -216,6 +221,16 @@ def imagenet_1k_tree(tmp_path_factory):
             rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images))
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # Installed through PYTHONPATH in every process of the official-shape run (primary, replica,
