@@ -19,13 +19,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def recorded_bundle(official_shape_run, official_bundle, tmp_path_factory):
     """The official-shape run's bundle, its accuracy re-measured where its data is and kept
-    in it (`check --revalidate --record`), as a list-keeper with the data would."""
+    in it (`check --remeasure --record`), as a list-keeper with the data would."""
     import tomllib
 
     out = tmp_path_factory.mktemp("recorded") / "official-shape"
     shutil.copytree(official_bundle, out)
     data = tomllib.loads((official_shape_run / "config.toml").read_text())["data"]["data_dir"]
-    done = cli("check", "--revalidate", "--record", "--data-dir", data, out)
+    done = cli("check", "--remeasure", "--record", "--data-dir", data, out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "recorded in" in done.stdout and (out / "revalidation.json").exists()
     return out
@@ -145,13 +145,13 @@ def test_a_recorded_re_measurement_is_verified_wherever_the_bundle_goes(
 def test_a_re_measurement_is_kept_in_an_archive(bundle_tgz, builtin_run, tmp_path):
     copy = tmp_path / "kept.tar.gz"
     shutil.copy(bundle_tgz, copy)
-    done = cli("check", "--revalidate", "--record", copy)
+    done = cli("check", "--remeasure", "--record", copy)
     assert done.returncode == 0 and "recorded in" in done.stdout, done.stdout + done.stderr
     with tarfile.open(copy) as tar:
         assert any(n.endswith("/revalidation.json") for n in tar.getnames())
     done = cli("check", copy)
     assert done.returncode == 0 and "carries a re-measurement that verifies" in done.stdout
-    done = cli("check", "--revalidate", "--record", builtin_run)
+    done = cli("check", "--remeasure", "--record", builtin_run)
     assert done.returncode == 2 and "--record keeps a re-measurement in a bundle" in done.stderr
 
 

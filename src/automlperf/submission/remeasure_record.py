@@ -1,9 +1,9 @@
 """A bundle's record of its best accuracy re-measured: ``revalidation.json``, written by
-``automlperf check --revalidate --record BUNDLE`` and verified wherever the bundle goes.
+``automlperf check --remeasure --record BUNDLE`` and verified wherever the bundle goes.
 
 Re-measuring needs the validation set and, for ImageNet, an accelerator's hours; a list
 cannot always do it itself. Whoever has the data (the list-keeper, or the site for it) runs
-``check --revalidate --record``: when the bundle verifies and the accuracy is confirmed, the
+``check --remeasure --record``: when the bundle verifies and the accuracy is confirmed, the
 figures of the re-measurement go into ``revalidation.json`` and the manifest lists it (an
 archive is written again). The record names the manifest it was measured against (its
 SHA-256 without the record's own line), the best trial, its epoch and its weights' SHA-256,
@@ -33,7 +33,7 @@ from typing import Any
 
 from automlperf import __version__
 from automlperf.submission.bundle import MANIFEST, BundleError, sha256, write_manifest
-from automlperf.submission.remeasure import Revalidation, best_epoch, tolerance
+from automlperf.submission.remeasure import Remeasurement, best_epoch, tolerance
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.records import read_versioned
 
@@ -50,7 +50,7 @@ def base_manifest_digest(folder: Path) -> str:
     return hashlib.sha256(kept.encode("utf-8")).hexdigest()
 
 
-def write_record(folder: Path, again: Revalidation, run: dict[str, Any],
+def write_record(folder: Path, again: Remeasurement, run: dict[str, Any],
                  data_dir: Path | None) -> dict[str, Any]:
     """Write ``revalidation.json`` into the bundle folder ``folder`` (verified, with the
     accuracy confirmed) and the manifest again with it; returns the record."""
