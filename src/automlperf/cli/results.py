@@ -66,14 +66,14 @@ def check(
                                                   "or cpu (default: the first GPU, else "
                                                   "the CPU).")] = None,
     record: Annotated[bool, typer.Option(help="With --remeasure, on a bundle that verifies: "
-                                         "keep the re-measurement in it (revalidation.json, "
+                                         "keep the re-measurement in it (remeasurement.json, "
                                          "listed in its manifest), for `automlperf list`.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Recompute every figure of a run directory or a submission bundle and verify it; exit 1
     on any mismatch. A bundle is verified from its own files alone."""
     from automlperf.submission.check import CheckOptions, check_run, official_refusal
-    from automlperf.submission.remeasure_record import describe
+    from automlperf.submission.remeasure_record import RECORD, describe
 
     remeasure = remeasure or revalidate
     if remeasure and as_json is False:
@@ -111,7 +111,7 @@ def check(
                       f"({again.device}, {again.precision}); recorded {again.recorded:.4f}, "
                       f"tolerance {again.tolerance:.4f}"), highlight=False)
         if record and rep.recorded is not None:
-            out.print(f"recorded in {run_dir} (revalidation.json, {describe(rep.recorded)})",
+            out.print(f"recorded in {run_dir} ({RECORD}, {describe(rep.recorded)})",
                       highlight=False)
         elif record:
             err.print("nothing recorded: only a bundle that verifies, with its accuracy "
