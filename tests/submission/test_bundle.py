@@ -189,7 +189,7 @@ def _swap_weights(bundle, trial, state):
     write_manifest(bundle)  # as a forger would: only the re-measured accuracy can tell
 
 
-def test_revalidate_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundle_dir, tmp_path):
+def test_remeasure_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundle_dir, tmp_path):
     from safetensors.torch import load_file
 
     from automlperf.graph import Graph
@@ -197,11 +197,11 @@ def test_revalidate_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundl
     from automlperf.train.inherit import inherit
 
     for where in (bundle_tgz, builtin_run):
-        done = cli("check", "--revalidate", where)
+        done = cli("check", "--remeasure", where)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "accuracy re-measured: trial" in done.stdout
-    report = json.loads(cli("check", "--revalidate", "--json", bundle_tgz).stdout)
-    again = report["revalidation"]
+    report = json.loads(cli("check", "--remeasure", "--json", bundle_tgz).stdout)
+    again = report["remeasurement"]
     assert report["ok"] and again["ok"] and again["images"] == again["recorded_images"] == 1000
     assert abs(again["measured"] - again["recorded"]) <= again["tolerance"]
 
@@ -212,7 +212,7 @@ def test_revalidate_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundl
     other = min(t for t in trials if t != best)
     copy = copy_of(bundle_dir, tmp_path)
     _swap_weights(copy, best, load_file(builtin_run / "trials" / str(other) / "weights.safetensors"))
-    done = cli("check", "--revalidate", copy)
+    done = cli("check", "--remeasure", copy)
     assert done.returncode == 1 and "does not hold the weights of this architecture" in done.stdout
     # Another trial's model carried into the best architecture by weight inheritance (a
     # morph preserves the function): it loads, and scores as that trial did. The ancestor
@@ -229,29 +229,32 @@ def test_revalidate_re_measures_the_best_accuracy(builtin_run, bundle_tgz, bundl
                     load_file(builtin_run / "trials" / str(donor.id) / "weights.safetensors"),
                     Graph.from_json(trials[best].graph_json), seed=0)
     _swap_weights(copy, best, state)
-    report = json.loads(cli("check", "--revalidate", "--json", copy).stdout)
-    again = report["revalidation"]
+    report = json.loads(cli("check", "--remeasure", "--json", copy).stdout)
+    again = report["remeasurement"]
     assert not report["ok"] and not again["ok"]
-    assert any(m.startswith("revalidation: trial") and "weights score" in m for m in report["mismatches"])
+    assert any(m.startswith("remeasurement: trial") and "weights score" in m for m in report["mismatches"])
     assert math.isclose(again["measured"], donor.best_accuracy, abs_tol=0.01)
-    assert cli("check", "--revalidate", copy).returncode == 1
+    assert cli("check", "--remeasure", copy).returncode == 1
 
 
 @pytest.mark.timeout(3600)  # the shared official-shape run: minutes on an idle 2-core machine
-def test_revalidate_reads_an_image_folder(official_shape_run, tmp_path):
+def test_remeasure_reads_an_image_folder(official_shape_run, tmp_path):
     import tomllib
 
     data = tomllib.loads((official_shape_run / "config.toml").read_text())["data"]["data_dir"]
-    done = cli("check", "--revalidate", "--data-dir", data, "--json", official_shape_run)
+    done = cli("check", "--remeasure", "--data-dir", data, "--json", official_shape_run)
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["ok"], done.stdout + done.stderr
-    again = report["revalidation"]
+    again = report["remeasurement"]
     assert again["ok"] and again["images"] == again["recorded_images"] == 25
     (tmp_path / "empty").mkdir()
-    done = cli("check", "--revalidate", "--data-dir", tmp_path / "empty", official_shape_run)
+    done = cli("check", "--remeasure", "--data-dir", tmp_path / "empty", official_shape_run)
     assert done.returncode == 2 and "error:" in done.stderr and "empty" in done.stderr
 
 
-def test_revalidate_refuses_a_simulated_run(simulated_bundle):
+def test_remeasure_refuses_a_simulated_run(simulated_bundle):
+    done = cli("check", "--remeasure", simulated_bundle)
+    assert done.returncode == 2 and "simulated run trained no model" in done.stderr
+    # The flag's earlier name, hidden but kept for scripts written with it: the same check.
     done = cli("check", "--revalidate", simulated_bundle)
     assert done.returncode == 2 and "simulated run trained no model" in done.stderr

@@ -19,15 +19,15 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def recorded_bundle(official_shape_run, official_bundle, tmp_path_factory):
     """The official-shape run's bundle, its accuracy re-measured where its data is and kept
-    in it (`check --revalidate --record`), as a list-keeper with the data would."""
+    in it (`check --remeasure --record`), as a list-keeper with the data would."""
     import tomllib
 
     out = tmp_path_factory.mktemp("recorded") / "official-shape"
     shutil.copytree(official_bundle, out)
     data = tomllib.loads((official_shape_run / "config.toml").read_text())["data"]["data_dir"]
-    done = cli("check", "--revalidate", "--record", "--data-dir", data, out)
+    done = cli("check", "--remeasure", "--record", "--data-dir", data, out)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "recorded in" in done.stdout and (out / "revalidation.json").exists()
+    assert "recorded in" in done.stdout and (out / "remeasurement.json").exists()
     return out
 
 
@@ -115,25 +115,25 @@ def test_a_recorded_re_measurement_is_verified_wherever_the_bundle_goes(
     done = cli("check", recorded_bundle)
     assert done.returncode == 0 and "carries a re-measurement that verifies" in done.stdout
     edited = copy_of(recorded_bundle, tmp_path / "edited")
-    record = json.loads((edited / "revalidation.json").read_text())
+    record = json.loads((edited / "remeasurement.json").read_text())
     record.update(measured=record["measured"] + 0.05, correct=record["correct"])
-    (edited / "revalidation.json").write_text(json.dumps(record))
+    (edited / "remeasurement.json").write_text(json.dumps(record))
     write_manifest(edited)  # as a forger would
     report = check_run(edited)
-    assert any(m.startswith("revalidation.json: measured") for m in report.mismatches)
+    assert any(m.startswith("remeasurement.json: measured") for m in report.mismatches)
     moved = copy_of(bundle_dir, tmp_path / "moved")
-    shutil.copy(recorded_bundle / "revalidation.json", moved / "revalidation.json")
+    shutil.copy(recorded_bundle / "remeasurement.json", moved / "remeasurement.json")
     write_manifest(moved)
     report = check_run(moved)
-    assert "revalidation.json: it was made on another bundle, or a file changed since it " \
+    assert "remeasurement.json: it was made on another bundle, or a file changed since it " \
            "was recorded" in report.mismatches
     # Given the data, the list re-measures by itself.
-    data = json.loads((recorded_bundle / "revalidation.json").read_text())["data_dir"]
+    data = json.loads((recorded_bundle / "remeasurement.json").read_text())["data_dir"]
     done = cli("list", official_shape_run, "--data-dir", data, "--json", "-")
     (mine,) = json.loads(done.stdout)["entries"]
     assert mine["remeasured_by"] == "list" and mine["labels"][-1] == "accuracy re-measured"
     bare = copy_of(recorded_bundle, tmp_path / "bare")
-    (bare / "revalidation.json").unlink()
+    (bare / "remeasurement.json").unlink()
     write_manifest(bare)
     e = entry(bare)
     assert e["verified"] and e["remeasured_by"] is None
@@ -142,16 +142,51 @@ def test_a_recorded_re_measurement_is_verified_wherever_the_bundle_goes(
                                           "the imagenet validation set was not given")
 
 
+@pytest.mark.timeout(3600)
+def test_a_record_under_its_earlier_name_is_still_honoured(recorded_bundle, official_shape_run,
+                                                           tmp_path):
+    """A bundle recorded before the record was named remeasurement.json carries it as
+    revalidation.json: it is verified and shown the same, and a new record replaces it."""
+    from automlperf.report.listing import entry
+    from automlperf.submission.bundle import verify_manifest, write_manifest
+
+    old = copy_of(recorded_bundle, tmp_path / "old")
+    record = json.loads((old / "remeasurement.json").read_text())
+    (old / "remeasurement.json").unlink()
+    # As the earlier automlperf wrote it: its name and format, the manifest written after.
+    (old / "revalidation.json").write_text(
+        json.dumps({**record, "format": "automlperf-revalidation"}, indent=1) + "\n")
+    write_manifest(old)
+    done = cli("check", old)
+    assert done.returncode == 0 and "carries a re-measurement that verifies" in done.stdout
+    e = entry(old)
+    assert e["verified"] and e["remeasured_by"] == "record"
+    assert e["remeasured_accuracy"] == record["measured"]
+    edited = copy_of(old, tmp_path / "edited")
+    (edited / "revalidation.json").write_text(
+        json.dumps({**record, "format": "automlperf-revalidation", "trial": -1}))
+    write_manifest(edited)  # as a forger would
+    report = check_run(edited)
+    assert "revalidation.json: it re-measured trial -1, but the best trial is " \
+           f"{record['trial']}" in report.mismatches
+    # Recorded again: under the current name only, the manifest listing just that.
+    data = json.loads((old / "revalidation.json").read_text())["data_dir"]
+    done = cli("check", "--remeasure", "--record", "--data-dir", data, old)
+    assert done.returncode == 0 and "recorded in" in done.stdout, done.stdout + done.stderr
+    assert (old / "remeasurement.json").exists() and not (old / "revalidation.json").exists()
+    assert verify_manifest(old) == [] and check_run(old).recorded is not None
+
+
 def test_a_re_measurement_is_kept_in_an_archive(bundle_tgz, builtin_run, tmp_path):
     copy = tmp_path / "kept.tar.gz"
     shutil.copy(bundle_tgz, copy)
-    done = cli("check", "--revalidate", "--record", copy)
+    done = cli("check", "--remeasure", "--record", copy)
     assert done.returncode == 0 and "recorded in" in done.stdout, done.stdout + done.stderr
     with tarfile.open(copy) as tar:
-        assert any(n.endswith("/revalidation.json") for n in tar.getnames())
+        assert any(n.endswith("/remeasurement.json") for n in tar.getnames())
     done = cli("check", copy)
     assert done.returncode == 0 and "carries a re-measurement that verifies" in done.stdout
-    done = cli("check", "--revalidate", "--record", builtin_run)
+    done = cli("check", "--remeasure", "--record", builtin_run)
     assert done.returncode == 2 and "--record keeps a re-measurement in a bundle" in done.stderr
 
 

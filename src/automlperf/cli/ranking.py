@@ -40,7 +40,7 @@ def list_results(
              "classes); default: the current one. Others are listed, unranked.")] = None,
 ) -> None:
     """The results list, TOP500-style: every entry verified and its best accuracy re-measured
-    from its weights (here, or by a recorded `check --revalidate --record`); official valid
+    from its weights (here, or by a recorded `check --remeasure --record`); official valid
     results re-measured are ranked by score, the others shown apart with why."""
     from automlperf.measure.units import format_ops
     from automlperf.report.listing import SECTIONS, Remeasure, publish, to_csv, to_json

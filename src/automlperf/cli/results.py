@@ -53,32 +53,35 @@ def check(
     store: Annotated[Optional[str], typer.Option(help="Store URL (default: the run's own).")] = None,
     official: Annotated[bool, typer.Option(help="Also require an official, valid result "
                                            "(exit 3 otherwise).")] = False,
-    revalidate: Annotated[bool, typer.Option(help="Also re-measure the best trial's "
-                                             "validation accuracy from its weights.")] = False,
+    remeasure: Annotated[bool, typer.Option(help="Also re-measure the best trial's "
+                                            "validation accuracy from its weights.")] = False,
+    # The flag's earlier name, kept hidden so that scripts written with it still work.
+    revalidate: Annotated[bool, typer.Option("--revalidate", hidden=True)] = False,
     data_dir: Annotated[Optional[Path], typer.Option(help="The dataset here: the official "
                                                      "archives (their MD5s computed and held to "
                                                      "the run's), or a folder (its fingerprint "
-                                                     "rescanned); also what --revalidate reads. "
+                                                     "rescanned); also what --remeasure reads. "
                                                      "Default: the run's.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="Where --revalidate runs, e.g. cuda:0 "
+    device: Annotated[Optional[str], typer.Option(help="Where --remeasure runs, e.g. cuda:0 "
                                                   "or cpu (default: the first GPU, else "
                                                   "the CPU).")] = None,
-    record: Annotated[bool, typer.Option(help="With --revalidate, on a bundle that verifies: "
-                                         "keep the re-measurement in it (revalidation.json, "
+    record: Annotated[bool, typer.Option(help="With --remeasure, on a bundle that verifies: "
+                                         "keep the re-measurement in it (remeasurement.json, "
                                          "listed in its manifest), for `automlperf list`.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Recompute every figure of a run directory or a submission bundle and verify it; exit 1
     on any mismatch. A bundle is verified from its own files alone."""
     from automlperf.submission.check import CheckOptions, check_run, official_refusal
-    from automlperf.submission.remeasure_record import describe
+    from automlperf.submission.remeasure_record import RECORD, describe
 
-    if revalidate and as_json is False:
+    remeasure = remeasure or revalidate
+    if remeasure and as_json is False:
         err.print("re-measuring the best trial's accuracy after the check…", highlight=False)
-    rep = check_run(run_dir, store, CheckOptions(data_dir=data_dir, revalidate=revalidate,
+    rep = check_run(run_dir, store, CheckOptions(data_dir=data_dir, remeasure=remeasure,
                                                  device=device, record=record))
     r = rep.result
-    again = rep.revalidation
+    again = rep.remeasurement
     if as_json:
         print(json.dumps({"ok": rep.ok, "mismatches": rep.mismatches, "checked": rep.checked,
                           "bundle": rep.bundle, "valid": r.get("valid"),
@@ -86,7 +89,7 @@ def check(
                           "violations": r.get("violations"),
                           "unreadable_images": r.get("unreadable_images"),
                           "interference": r.get("interference"),
-                          "revalidation": again.to_dict() if again else None,
+                          "remeasurement": again.to_dict() if again else None,
                           "recorded": rep.recorded}))
     else:
         for m in rep.mismatches:
@@ -108,7 +111,7 @@ def check(
                       f"({again.device}, {again.precision}); recorded {again.recorded:.4f}, "
                       f"tolerance {again.tolerance:.4f}"), highlight=False)
         if record and rep.recorded is not None:
-            out.print(f"recorded in {run_dir} (revalidation.json, {describe(rep.recorded)})",
+            out.print(f"recorded in {run_dir} ({RECORD}, {describe(rep.recorded)})",
                       highlight=False)
         elif record:
             err.print("nothing recorded: only a bundle that verifies, with its accuracy "

@@ -4,7 +4,7 @@ into sections and ranked, as a terminal table, JSON, CSV and one self-contained 
 Every entry is verified first (``check``, from the bundle alone), and its best accuracy is
 re-measured from its weights (the regulated score rests on it, and no operation count can
 confirm it): by the list itself where it has the validation set (the built-in datasets
-always, ImageNet with ``data_dir``), else by a ``check --revalidate --record`` the bundle
+always, ImageNet with ``data_dir``), else by a ``check --remeasure --record`` the bundle
 carries, which is verified (:mod:`automlperf.submission.remeasure_record`) and shown, but never
 ranks: a submitter can write one by hand. Only results that are official, valid, verified,
 measured and re-measured by the list itself are ranked, like with like: only the rulesets
@@ -42,7 +42,7 @@ from automlperf.errors import UserError
 from automlperf.submission.bundle import Source, opened, read_bundle_file
 from automlperf.submission.mlperf import read_system_desc
 from automlperf.submission.check import CheckOptions, CheckReport, check_source
-from automlperf.submission.remeasure import RevalidateError
+from automlperf.submission.remeasure import RemeasureError
 from automlperf.submission.remeasure_record import describe
 from automlperf.measure.units import format_ops
 from automlperf.report.compare import row
@@ -191,19 +191,19 @@ def _verify(source: Source, how: Remeasure) -> tuple[CheckReport, str | None]:
             return check_source(source, plain), (
                 f"the {dataset} validation set was not given to the list (--data-dir), and no "
                 "verified re-measurement travels with the entry (a bundle keeps one: "
-                "`automlperf check --revalidate --record BUNDLE` where the data is)")
+                "`automlperf check --remeasure --record BUNDLE` where the data is)")
         data_dir = how.data_dir
     try:
-        return check_source(source, CheckOptions(data_dir=data_dir, revalidate=True,
+        return check_source(source, CheckOptions(data_dir=data_dir, remeasure=True,
                                                  device=how.device)), None
-    except RevalidateError as exc:
+    except RemeasureError as exc:
         return check_source(source, plain), f"it cannot be re-measured here: {exc}"
 
 
 def _remeasured(checked: CheckReport, why: str | None) -> dict[str, Any]:
     """The accuracy re-measured from the weights (by this list, else by a verified record
     the bundle carries), by whom, and how or why not."""
-    again = checked.revalidation
+    again = checked.remeasurement
     if again is not None:
         return {"remeasured_accuracy": again.measured, "remeasured_by": "list",
                 "remeasured_how": f"re-measured by this list on {again.device} "
@@ -211,7 +211,7 @@ def _remeasured(checked: CheckReport, why: str | None) -> dict[str, Any]:
     if checked.recorded is not None:
         return {"remeasured_accuracy": checked.recorded["measured"],
                 "remeasured_by": "record",
-                "remeasured_how": f"re-measured by check --revalidate --record, "
+                "remeasured_how": f"re-measured by check --remeasure --record, "
                                   f"{describe(checked.recorded)}"}
     return {"remeasured_accuracy": None, "remeasured_by": None,
             "remeasured_how": f"the accuracy was not re-measured from the weights: {why}"}

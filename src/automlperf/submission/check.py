@@ -17,7 +17,7 @@ What is checked:
 A submission bundle (:mod:`automlperf.submission.bundle`) is checked the same way, its exported
 records standing for the store, after every file's digest is compared with its manifest and
 what bundle.json says it holds with what it holds, and the record of a re-measurement it
-carries, if any (:mod:`automlperf.submission.remeasure_record`). With ``revalidate``, the best
+carries, if any (:mod:`automlperf.submission.remeasure_record`). With ``remeasure``, the best
 trial's accuracy is measured again from its weights (:mod:`automlperf.submission.remeasure`);
 with ``record`` too, a bundle that verifies keeps that re-measurement as its record.
 """
@@ -42,7 +42,7 @@ from automlperf.ops import count, epoch_ops
 from automlperf.ops.count import OpCount
 from automlperf.errors import UserError
 from automlperf.submission import bundle
-from automlperf.submission.remeasure import RevalidateError, Revalidation, revalidate as remeasure
+from automlperf.submission.remeasure import RemeasureError, Remeasurement, remeasure
 from automlperf.submission.remeasure_record import read_record, verify_record, write_record
 from automlperf.submission.node_check import (check_ceilings, check_devices, check_ranks,
                                               check_software)
@@ -66,7 +66,7 @@ class CheckReport:
     result: dict[str, Any] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)
     bundle: bool = False
-    revalidation: Revalidation | None = None
+    remeasurement: Remeasurement | None = None
     # A bundle's record of a re-measurement, once verified (or just written).
     recorded: dict[str, Any] | None = None
 
@@ -96,7 +96,7 @@ class CheckOptions:
 
     store_url: str | None = None
     data_dir: Path | None = None
-    revalidate: bool = False
+    remeasure: bool = False
     device: str | None = None
     record: bool = False
 
@@ -113,12 +113,12 @@ def check_run(path: Path, store_url: str | None = None,
 def check_source(source: bundle.Source, options: CheckOptions) -> CheckReport:
     """Verify what ``source`` opened; files are named as the user knows them."""
     rd = RunDir(source.root)
-    if options.record and not (source.bundle and options.revalidate):
-        raise RevalidateError("--record keeps a re-measurement in a bundle: give a bundle "
-                              "(`automlperf submit` makes one) and --revalidate")
+    if options.record and not (source.bundle and options.remeasure):
+        raise RemeasureError("--record keeps a re-measurement in a bundle: give a bundle "
+                             "(`automlperf submit` makes one) and --remeasure")
     if source.bundle:
         report = _check_bundle(rd, options)
-        again = report.revalidation
+        again = report.remeasurement
         if options.record and report.ok and again is not None and again.ok:
             meta = rd.meta()
             report.recorded = write_record(rd.path, again, {"id": meta.get("run_id"),
@@ -158,7 +158,7 @@ def _check_bundle(rd: RunDir, options: CheckOptions) -> CheckReport:
                                   records.epochs(run_id))
             report.mismatches += wrong
             report.recorded = None if wrong else record
-    except RevalidateError:
+    except RemeasureError:
         raise  # asked for what the bundle cannot give: the user's error, said as such
     except (UserError, KeyError, ValueError, TypeError) as exc:
         report = CheckReport()
@@ -238,11 +238,11 @@ def _check(rd: RunDir, run_id: int, store: RunRecords, options: CheckOptions) ->
     report.result = build_result(store, run_id, config, system, trials=trials, epochs=epochs,
                                  sampled=digest)
     check_result(rd, config, report.result, system, bad, options.data_dir)
-    if options.revalidate:
-        report.revalidation = remeasure(rd.path, store, run_id, config, report.result,
-                                        options.data_dir, options.device)
-        if report.revalidation.problem:
-            bad.append(f"revalidation: {report.revalidation.problem}")
+    if options.remeasure:
+        report.remeasurement = remeasure(rd.path, store, run_id, config, report.result,
+                                         options.data_dir, options.device)
+        if report.remeasurement.problem:
+            bad.append(f"remeasurement: {report.remeasurement.problem}")
     return report
 
 

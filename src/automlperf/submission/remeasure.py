@@ -2,7 +2,7 @@
 
 The regulated score is the score times -ln(1 - best accuracy), so an accuracy written into
 the records would raise it unseen by every other check: the operation counts do not depend
-on it. ``automlperf check --revalidate`` loads the best trial's weights
+on it. ``automlperf check --remeasure`` loads the best trial's weights
 (``trials/<id>/weights.safetensors``, saved at its best epoch) into the architecture built
 from its graph, and runs the trainer's own validation pass (:mod:`automlperf.train.evaluate`)
 over the validation set, with the run's precision and over the images and batches the run's
@@ -36,7 +36,7 @@ TOLERANCE = {"fp32": 0.002, "tf32": 0.003, "bf16": 0.005, "fp16": 0.005}
 TOLERANCE_IMAGES = 2
 
 
-class RevalidateError(UserError, ValueError):
+class RemeasureError(UserError, ValueError):
     """The accuracy cannot be re-measured (no weights, no data); the message says why."""
 
 
@@ -47,7 +47,7 @@ def tolerance(precision: str, images: int) -> float:
 
 
 @dataclass
-class Revalidation:
+class Remeasurement:
     trial: int
     epoch: int
     recorded: float
@@ -73,37 +73,37 @@ def best_epoch(trial: TrialRecord, epochs: list[EpochRecord]) -> EpochRecord:
     trainer saves only on a strict improvement)."""
     mine = sorted((e for e in epochs if e.trial_id == trial.id), key=lambda e: e.epoch)
     if not mine:
-        raise RevalidateError(f"trial {trial.id} recorded no epoch: there is no accuracy to "
-                              "re-measure")
+        raise RemeasureError(f"trial {trial.id} recorded no epoch: there is no accuracy to "
+                             "re-measure")
     return max(mine, key=lambda e: (e.val_accuracy, -e.epoch))
 
 
-def revalidate(root: Path, records: RunRecords, run_id: int, config: Config,
-               result: dict[str, Any], data_dir: Path | None = None,
-               device: str | None = None) -> Revalidation:
+def remeasure(root: Path, records: RunRecords, run_id: int, config: Config,
+              result: dict[str, Any], data_dir: Path | None = None,
+              device: str | None = None) -> Remeasurement:
     """Re-measure the validation accuracy of the best trial of the run (or bundle) at
     ``root`` whose records are ``records``; ``data_dir`` replaces the run's data folder."""
     if result.get("simulated"):
-        raise RevalidateError("a simulated run trained no model: there are no weights to "
-                              "re-measure")
+        raise RemeasureError("a simulated run trained no model: there are no weights to "
+                             "re-measure")
     if config.data.dataset == "synthetic":
-        raise RevalidateError("a run on synthetic data has no accuracy to re-measure")
+        raise RemeasureError("a run on synthetic data has no accuracy to re-measure")
     best_id = result.get("best_trial")
     trials = {t.id: t for t in records.trials(run_id)}
     if best_id not in trials:
-        raise RevalidateError("the run has no best trial: no epoch was counted")
+        raise RemeasureError("the run has no best trial: no epoch was counted")
     trial = trials[best_id]
     epoch = best_epoch(trial, records.epochs(run_id))
     weights = root / "trials" / str(trial.id) / "weights.safetensors"
     if not weights.exists():
-        raise RevalidateError(f"trials/{trial.id}/weights.safetensors is missing: the best "
-                              "trial's weights are needed to re-measure its accuracy")
+        raise RemeasureError(f"trials/{trial.id}/weights.safetensors is missing: the best "
+                             "trial's weights are needed to re-measure its accuracy")
     folder = data_dir if data_dir is not None else config.data.data_dir
     if config.data.dataset in ("imagenet", "cifar10") and (folder is None
                                                            or not Path(folder).is_dir()):
-        raise RevalidateError(f"the {config.data.dataset} validation set is not at "
-                              f"{folder or 'the configured data_dir'}: give its folder with "
-                              "--data-dir")
+        raise RemeasureError(f"the {config.data.dataset} validation set is not at "
+                             f"{folder or 'the configured data_dir'}: give its folder with "
+                             "--data-dir")
     return _remeasure(trial, epoch, weights, config, folder, device)
 
 
@@ -133,18 +133,19 @@ _val_indexes: dict[str, str] = {}
 
 
 def _remeasure(trial: TrialRecord, epoch: EpochRecord, weights: Path, config: Config,
-               folder: Path | None, device_name: str | None) -> Revalidation:
+               folder: Path | None, device_name: str | None) -> Remeasurement:
     import torch
 
     from automlperf.graph import Graph
     from automlperf.hardware import cores_available
     from automlperf.train.data import DataError, load
-    from automlperf.train.evaluate import WeightsError, remeasure
+    from automlperf.train import evaluate
+    from automlperf.train.evaluate import WeightsError
 
     try:
         device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as exc:
-        raise RevalidateError(f"--device {device_name!r}: {exc}") from None
+        raise RemeasureError(f"--device {device_name!r}: {exc}") from None
     section = config.data.model_copy(update={"data_dir": folder}).for_ranks(cores_available())
     world = max(1, epoch.world_size)
     per_rank = max(1, epoch.batch_size // world)
@@ -159,12 +160,12 @@ def _remeasure(trial: TrialRecord, epoch: EpochRecord, weights: Path, config: Co
                        f"{graph.num_classes} classes, but the data given are "
                        f"{data.input_shape} in {data.num_classes}: not the run's dataset")
         else:
-            correct, seen = remeasure(graph, weights, data, epoch.precision, world, per_rank,
-                                      device, config.train.channels_last)
+            correct, seen = evaluate.remeasure(graph, weights, data, epoch.precision, world,
+                                               per_rank, device, config.train.channels_last)
     except WeightsError as exc:
         problem = f"trials/{trial.id}/{exc}"
     except DataError as exc:
-        raise RevalidateError(str(exc)) from None
+        raise RemeasureError(str(exc)) from None
     measured = correct / seen if seen else 0.0
     if problem is None and seen != epoch.val_images:
         problem = (f"validated {seen:,} images, but the run validated {epoch.val_images:,} in "
@@ -173,5 +174,5 @@ def _remeasure(trial: TrialRecord, epoch: EpochRecord, weights: Path, config: Co
         problem = (f"trial {trial.id}'s weights score {measured:.4f} on the validation set, "
                    f"but the run recorded {epoch.val_accuracy:.4f} for epoch {epoch.epoch} "
                    f"(tolerance {allowed:.4f} in {epoch.precision})")
-    return Revalidation(trial.id, epoch.epoch, epoch.val_accuracy, measured, correct, seen,
-                        epoch.val_images, epoch.precision, allowed, str(device), problem)
+    return Remeasurement(trial.id, epoch.epoch, epoch.val_accuracy, measured, correct, seen,
+                         epoch.val_images, epoch.precision, allowed, str(device), problem)

@@ -1,10 +1,10 @@
-"""A bundle's record of its best accuracy re-measured: ``revalidation.json``, written by
-``automlperf check --revalidate --record BUNDLE`` and verified wherever the bundle goes.
+"""A bundle's record of its best accuracy re-measured: ``remeasurement.json``, written by
+``automlperf check --remeasure --record BUNDLE`` and verified wherever the bundle goes.
 
 Re-measuring needs the validation set and, for ImageNet, an accelerator's hours; a list
 cannot always do it itself. Whoever has the data (the list-keeper, or the site for it) runs
-``check --revalidate --record``: when the bundle verifies and the accuracy is confirmed, the
-figures of the re-measurement go into ``revalidation.json`` and the manifest lists it (an
+``check --remeasure --record``: when the bundle verifies and the accuracy is confirmed, the
+figures of the re-measurement go into ``remeasurement.json`` and the manifest lists it (an
 archive is written again). The record names the manifest it was measured against (its
 SHA-256 without the record's own line), the best trial, its epoch and its weights' SHA-256,
 the accuracy recorded and re-measured, on how many images, in which precision, the
@@ -33,27 +33,40 @@ from typing import Any
 
 from automlperf import __version__
 from automlperf.submission.bundle import MANIFEST, BundleError, sha256, write_manifest
-from automlperf.submission.remeasure import Revalidation, best_epoch, tolerance
+from automlperf.submission.remeasure import Remeasurement, best_epoch, tolerance
 from automlperf.store import EpochRecord, TrialRecord
 from automlperf.store.records import read_versioned
 
-RECORD = "revalidation.json"
-FORMAT = "automlperf-revalidation"
+RECORD = "remeasurement.json"
+FORMAT = "automlperf-remeasurement"
 VERSION = 1
+# The name and format the record had before it took the word the rest of automlperf uses:
+# bundles recorded then carry it so, and are still read and verified (never written so).
+OLD_RECORD = "revalidation.json"
+OLD_FORMAT = "automlperf-revalidation"
+FORMATS = {RECORD: FORMAT, OLD_RECORD: OLD_FORMAT}
+
+
+def record_name(folder: Path) -> str | None:
+    """The file the bundle at ``folder`` keeps its record in: the current name, else the
+    earlier one; None without a record."""
+    return next((name for name in FORMATS if (folder / name).exists()), None)
 
 
 def base_manifest_digest(folder: Path) -> str:
-    """SHA-256 of the bundle's manifest without the record's own line: the bundle the
-    record was made on."""
+    """SHA-256 of the bundle's manifest without the record's own line (under either of its
+    names): the bundle the record was made on."""
     lines = (folder / MANIFEST).read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = "".join(line for line in lines if not line.rstrip("\n").endswith(f"  {RECORD}"))
+    kept = "".join(line for line in lines
+                   if not any(line.rstrip("\n").endswith(f"  {name}") for name in FORMATS))
     return hashlib.sha256(kept.encode("utf-8")).hexdigest()
 
 
-def write_record(folder: Path, again: Revalidation, run: dict[str, Any],
+def write_record(folder: Path, again: Remeasurement, run: dict[str, Any],
                  data_dir: Path | None) -> dict[str, Any]:
-    """Write ``revalidation.json`` into the bundle folder ``folder`` (verified, with the
-    accuracy confirmed) and the manifest again with it; returns the record."""
+    """Write ``remeasurement.json`` into the bundle folder ``folder`` (verified, with the
+    accuracy confirmed) and the manifest again with it; returns the record. A record under
+    the earlier name is replaced: a bundle holds one."""
     if not again.ok:
         raise ValueError("only a confirmed accuracy is recorded")
     weights = folder / "trials" / str(again.trial) / "weights.safetensors"
@@ -65,16 +78,17 @@ def write_record(folder: Path, again: Revalidation, run: dict[str, Any],
         "data_dir": None if data_dir is None else str(data_dir),
     }
     (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    (folder / OLD_RECORD).unlink(missing_ok=True)
     write_manifest(folder)
     return record
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:
-    """The bundle's record, if it has one."""
-    path = folder / RECORD
-    if not path.exists():
+    """The bundle's record, if it has one (under either name, the current one first)."""
+    name = record_name(folder)
+    if name is None:
         return None
-    return read_versioned(path, RECORD, FORMAT, VERSION, BundleError)
+    return read_versioned(folder / name, name, FORMATS[name], VERSION, BundleError)
 
 
 def verify_record(folder: Path, record: dict[str, Any], result: dict[str, Any],
@@ -82,7 +96,7 @@ def verify_record(folder: Path, record: dict[str, Any], result: dict[str, Any],
     """What is wrong with the record of the bundle at ``folder``, against its verified
     ``result`` and records (empty when nothing is)."""
     bad: list[str] = []
-    where = f"{RECORD}:"
+    where = f"{record_name(folder) or RECORD}:"
     if record.get("bundle_manifest_sha256") != base_manifest_digest(folder):
         bad.append(f"{where} it was made on another bundle, or a file changed since it was "
                    "recorded")

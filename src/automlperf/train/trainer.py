@@ -483,7 +483,7 @@ def _train(spec: TrialSpec, ctx: RankContext, emit: Emit, outcome: TrialOutcome)
             cpu_decoded=int(cpu), val_loss=val_loss)
         outcome.epochs = epoch + 1
         # The weights kept are those of the best accuracy, whatever early stopping watches:
-        # the accuracy is what the trial reports and what `check --revalidate` re-measures.
+        # the accuracy is what the trial reports and what `check --remeasure` re-measures.
         if accuracy > best:
             best = accuracy
             outcome.best_accuracy, outcome.best_epoch = accuracy, spec.first_epoch + epoch
