@@ -203,6 +203,8 @@ def imagenet_1k_tree(tmp_path_factory):
     Made in memory where the host has it (/dev/shm: a link there costs a third of one on
     ext4's journal, and none of it stays on the disk for a later session to delete), and
     removed at the session's end."""
+    import psutil
+
     from automlperf import rules
     from trees import make_tree
 
@@ -211,7 +213,7 @@ def imagenet_1k_tree(tmp_path_factory):
         for stale in shm.glob("automlperf-imagenet_1k-*"):
             # A session killed before its teardown left its tree in memory.
             pid = stale.name.split("-")[2]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 shutil.rmtree(stale, ignore_errors=True)
         where = Path(tempfile.mkdtemp(prefix=f"automlperf-imagenet_1k-{os.getpid()}-", dir=shm))
     else:
@@ -221,16 +223,6 @@ def imagenet_1k_tree(tmp_path_factory):
             rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images))
     finally:
         shutil.rmtree(where, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Installed through PYTHONPATH in every process of the official-shape run (primary, replica,
