@@ -352,6 +352,22 @@ def test_a_trainer_that_cannot_go_on_ends_the_replica_with_its_reason(tmp_path):
     store.close()
 
 
+def past_its_deadline(session, then=lambda: None):
+    """A replica of ``session`` whose clock passes the deadline in round 1's first epoch (and
+    then calls ``then``), its node described; its store, trainer and clock (``now[0]``)."""
+    now = [session.started_at]
+
+    def pass_the_deadline(spec, epoch):
+        if spec.round == 1 and epoch == 0:
+            now[0] = session.deadline_at + 1
+            then()
+
+    trainer = FakeTrainer(on_epoch=pass_the_deadline, clock=lambda: now[0])
+    replica, store = make_replica(session, trainer, clock=lambda: now[0])
+    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    return replica, store, trainer, now
+
+
 def test_the_ceiling_is_measured_again_once_the_runs_time_is_over(tmp_path):
     """Both ceilings recorded, the end's beside the start's, where the replica ran to its
     deadline; one whose rounds ended first measures nothing more (its seconds would be the
@@ -359,17 +375,8 @@ def test_the_ceiling_is_measured_again_once_the_runs_time_is_over(tmp_path):
     from automlperf.measure.result import latest_nodes
 
     session = new_run(tmp_path)
-    now = [session.started_at]
-
-    def pass_the_deadline(spec, epoch):
-        if spec.round == 1 and epoch == 0:
-            now[0] = session.deadline_at + 1
-
     asked = []
-    replica, store = make_replica(session, FakeTrainer(on_epoch=pass_the_deadline,
-                                                       clock=lambda: now[0]),
-                                  clock=lambda: now[0])
-    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica, store, _, now = past_its_deadline(session)
     replica.node.measure_end = lambda: asked.append(now[0]) or {"ceiling_ops": 8e8, "ceiling": []}
     assert replica.run() == 0
     assert asked == [session.deadline_at + 1]
@@ -410,18 +417,12 @@ def test_the_ends_measurement_is_prepared_as_the_deadline_passes_and_closed_at_t
     told to measure once the ranks have stopped, closed last; never prepared by a replica
     whose rounds end before its deadline."""
     session = new_run(tmp_path)
-    now = [session.started_at]
     end = EndSpy()
 
-    def pass_the_deadline(spec, epoch):
-        if spec.round == 1 and epoch == 0:
-            now[0] = session.deadline_at + 1
-            assert end.prepared.wait(60), "the end's measurement was not prepared"
+    def prepared():
+        assert end.prepared.wait(60), "the end's measurement was not prepared"
 
-    replica, store = make_replica(session, FakeTrainer(on_epoch=pass_the_deadline,
-                                                       clock=lambda: now[0]),
-                                  clock=lambda: now[0])
-    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
+    replica, store, _, _ = past_its_deadline(session, then=prepared)
     replica.node.measure_end = end
     assert replica.run() == 0
     assert end.asked == ["prepare", "measure", "close"]
@@ -440,15 +441,8 @@ def test_the_ends_measurement_is_prepared_as_the_deadline_passes_and_closed_at_t
 def test_a_measurement_by_the_ranks_is_made_before_they_stop(tmp_path, by_ranks, expected):
     """A CPU's end is measured by its rank (RankEnd's ``by_ranks``): asked while the trainer
     is still up, never after it closed; any other measurement once it has."""
-    session = new_run(tmp_path)
-    now = [session.started_at]
-
-    def pass_the_deadline(spec, epoch):
-        if spec.round == 1 and epoch == 0:
-            now[0] = session.deadline_at + 1
-
     order = []
-    trainer = FakeTrainer(on_epoch=pass_the_deadline, clock=lambda: now[0])
+    replica, store, trainer, _ = past_its_deadline(new_run(tmp_path))
     trainer.close = lambda: order.append("close")
 
     class End:
@@ -458,8 +452,6 @@ def test_a_measurement_by_the_ranks_is_made_before_they_stop(tmp_path, by_ranks,
 
     end = End()
     end.by_ranks = by_ranks
-    replica, store = make_replica(session, trainer, clock=lambda: now[0])
-    replica.node.probe = lambda started: {"devices": ["fake"], "ceiling_ops": 1e9}
     replica.node.measure_end = end
     assert replica.run() == 0
     assert order == expected
