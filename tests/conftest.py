@@ -114,6 +114,9 @@ def session_cache(tmp_path_factory):
     figures a doctor kept on this machine decide no test's trials."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        # matplotlib keeps its list of the system's fonts in the XDG cache, which each test
+        # makes anew (own_cache): every report a test's run draws would list them again.
+        patch.setenv("MPLCONFIGDIR", str(tmp_path_factory.mktemp("matplotlib")))
         # Ranks keep compiled graphs in the user's cache (train/rankenv.py), here one a test
         # makes anew: they share Inductor's default instead, as the suite's compiled tests
         # always have (a graph compiled once serves them all).

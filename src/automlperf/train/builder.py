@@ -101,8 +101,11 @@ def init_weights(module: nn.Module, method: str = "kaiming_normal",
             m.reset_running_stats()
 
 
-def build_module(graph: Graph, init: str = "kaiming_normal", seed: int | None = None) -> GraphModule:
-    """A torch module for ``graph`` with freshly initialised weights."""
+def build_module(graph: Graph, init: str | None = "kaiming_normal",
+                 seed: int | None = None) -> GraphModule:
+    """A torch module for ``graph`` with freshly initialised weights; with ``init`` None, its
+    memory as allocated, for a caller that loads every weight and buffer at once (a child's
+    inherited state, by a strict ``load_state_dict``)."""
     # Made without memory and then initialised once: each layer's own initialisation, which
     # init_weights replaces, drew as many random numbers again, about half of building
     # ResNet-50 (bench/RESULTS.md, "layers initialised once").
@@ -110,6 +113,8 @@ def build_module(graph: Graph, init: str = "kaiming_normal", seed: int | None = 
     with torch.device("meta"):
         module = GraphModule(graph)
     module.to_empty(device=device)
+    if init is None:
+        return module
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     init_weights(module, init, generator)
     return module

@@ -71,7 +71,8 @@ def _initial_module(spec: TrialSpec, graph: Graph) -> nn.Module:
         from safetensors.torch import load_file
 
         parent = Graph.from_dict(spec.parent_graph)
-        module = build_module(graph, spec.init, seed=spec.seed)
+        # Every weight is inherited: an initialisation would be overwritten whole.
+        module = build_module(graph, None)
         module.load_state_dict(inherit(parent, load_file(spec.parent_weights), graph,
                                        seed=spec.seed))
         return module
