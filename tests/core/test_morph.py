@@ -31,7 +31,7 @@ def randomised(graph, seed):
 
 def check_function_preserved(parent, child, seed):
     pm = randomised(parent, seed)
-    cm = build_module(child, None).double()
+    cm = build_module(child, init=None).double()
     cm.load_state_dict(inherit(parent, pm.state_dict(), child, seed=seed))
     cm.eval()
     x = torch.randn(3, *parent.input_shape, dtype=torch.float64,
@@ -70,7 +70,7 @@ def test_random_morph_sequences_on_resnet50(seed, steps):
 def test_float32_child_matches_parent_within_relative_tolerance():
     child, _ = apply_random(SMALL, 7, 6)
     pm = build_module(SMALL, seed=1).eval()
-    cm = build_module(child, None)
+    cm = build_module(child, init=None)
     cm.load_state_dict(inherit(SMALL, pm.state_dict(), child))
     cm.eval()
     x = torch.randn(4, *SMALL.input_shape)

@@ -72,7 +72,7 @@ def _initial_module(spec: TrialSpec, graph: Graph) -> nn.Module:
 
         parent = Graph.from_dict(spec.parent_graph)
         # Every weight is inherited: an initialisation would be overwritten whole.
-        module = build_module(graph, None)
+        module = build_module(graph, init=None)
         module.load_state_dict(inherit(parent, load_file(spec.parent_weights), graph,
                                        seed=spec.seed))
         return module
