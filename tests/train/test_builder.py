@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 from automlperf.graph import seeds
 from automlperf.search import morph
 from automlperf.train import build_module
+from automlperf.train.builder import GraphModule, _allocate
 from automlperf.train.inherit import inherit
 from automlperf.train.spec import TrialSpec
 from automlperf.train.trainer import _initial_module
@@ -36,3 +37,33 @@ def test_a_child_starts_with_exactly_what_it_inherits_and_nothing_else(tmp_path)
     with torch.no_grad():
         assert torch.equal(child.eval()(x), initialised.eval()(x))
 
+
+
+
+class _Parts(torch.nn.Module):
+    """What a layer may hold: trained and frozen parameters, saved and unsaved buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.frozen = torch.nn.Parameter(torch.ones(2, 3), requires_grad=False)
+        self.register_buffer("scratch", torch.zeros(5, dtype=torch.int32), persistent=False)
+
+
+def test_memory_is_given_as_a_module_made_on_the_device_would_have_it():
+    """Memory given without ``Module.to_empty``: every parameter and buffer keeps its name,
+    shape, type, whether it trains and whether it is saved, on the caller's device."""
+    for make in (_Parts, lambda: build_module(SEED, seed=1)):
+        reference = make()
+        with torch.device("meta"):
+            given = _Parts() if make is _Parts else GraphModule(SEED)
+        _allocate(given, torch.device("cpu"))
+        assert given.state_dict().keys() == reference.state_dict().keys()
+        want = dict([*reference.named_parameters(), *reference.named_buffers()])
+        got = dict([*given.named_parameters(), *given.named_buffers()])
+        assert got.keys() == want.keys()
+        for name, tensor in got.items():
+            assert isinstance(tensor, torch.nn.Parameter) == isinstance(want[name], torch.nn.Parameter)
+            assert (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad) == (
+                want[name].shape, want[name].dtype, torch.device("cpu"), want[name].requires_grad)

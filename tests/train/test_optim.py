@@ -65,8 +65,9 @@ def test_where_torch_has_no_such_wrappers_it_is_torchs_sgd(monkeypatch):
 @pytest.mark.slow
 def test_an_eager_trial_never_imports_dynamo():
     """A rank's eager trial (the trainer with its optimizer, schedule, validation and the
-    weights it keeps) in a fresh interpreter: torch._dynamo is never imported, so no rank,
-    memory probe or doctor's process pays for it."""
+    weights it keeps) in a fresh interpreter: neither torch._dynamo nor sympy (which
+    ``Module.to_empty`` would import, train/builder.py) is ever imported, so no rank, memory
+    probe or doctor's process pays for them."""
     probe = """
 import sys
 import torch
@@ -79,9 +80,11 @@ data = SyntheticDataset(image_size=8, num_classes=10, train_images=64)
 graph = seeds.resnet_small(num_classes=10, image_size=8, in_channels=3)
 out = train_on_rank(trial_spec("eager", graph=graph, epochs=2, batch_size=16),
                     RankContext(0, 1, torch.device("cpu"), data), Recorder())
-print(out.status, out.extra.get("compiled_graphs"), "torch._dynamo" in sys.modules, out.reason)
+print(out.status, out.extra.get("compiled_graphs"), "torch._dynamo" in sys.modules,
+      "sympy" in sys.modules, out.reason)
 """.format(tests=str(Path(__file__).resolve().parents[1]))
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[:3] == ["completed", "None", "False"], done.stdout + done.stderr
+    assert done.stdout.split()[:4] == ["completed", "None", "False", "False"], \
+        done.stdout + done.stderr

@@ -112,9 +112,25 @@ def build_module(graph: Graph, init: str | None = "kaiming_normal",
     device = torch.get_default_device()  # the caller's (a `with torch.device(...)` block)
     with torch.device("meta"):
         module = GraphModule(graph)
-    module.to_empty(device=device)
+    _allocate(module, device)
     if init is None:
         return module
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     init_weights(module, init, generator)
     return module
+
+
+def _allocate(module: nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of a module made on the meta device its memory on
+    ``device``, uninitialised. ``Module.to_empty`` does the same through ``torch.empty_like``,
+    whose meta implementation imports torch's symbolic shapes and sympy, which every rank,
+    memory probe and doctor's process then paid for once (bench/bench_rank_start.py), to keep
+    a layout that is plain (contiguous) here anyway."""
+    for owner in module.modules():
+        for name, param in list(owner.named_parameters(recurse=False)):
+            setattr(owner, name, nn.Parameter(
+                torch.empty(param.shape, dtype=param.dtype, device=device),
+                requires_grad=param.requires_grad))
+        for name, buffer in list(owner.named_buffers(recurse=False)):
+            # Assigning a registered buffer's name keeps it registered, persistent or not.
+            setattr(owner, name, torch.empty(buffer.shape, dtype=buffer.dtype, device=device))
