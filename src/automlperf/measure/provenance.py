@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import subprocess
+from email.parser import HeaderParser
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -69,10 +70,15 @@ def git_state(package_dir: Path = PACKAGE_DIR) -> dict[str, Any] | None:
 def packages() -> dict[str, str]:
     """Every installed distribution and its version."""
     out = {}
+    parser = HeaderParser()
     for dist in metadata.distributions():
-        name = dist.metadata["Name"]
+        # Only the header block: ``dist.metadata`` parses the long description too, which
+        # made this four times as costly, in every run's start-up.
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        head = parser.parsestr(text.split("\n\n", 1)[0])
+        name = head["Name"]
         if name:
-            out[name.lower()] = dist.version
+            out[name.lower()] = head["Version"]
     return dict(sorted(out.items()))
 
 
