@@ -5,6 +5,7 @@ import getpass
 import itertools
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -205,7 +206,8 @@ def imagenet_1k_tree(tmp_path_factory):
     1,281,167 + 50,000 hard links to one small JPEG (trees.make_tree). Read it, never write.
     Made in memory where the host has it (/dev/shm: a link there costs a third of one on
     ext4's journal, and none of it stays on the disk for a later session to delete), and
-    removed at the session's end."""
+    removed at the session's end: as root, in a memory file system of its own, which is
+    unmounted at once (1.5 s, where removing the links one by one took 13)."""
     import psutil
 
     from automlperf import rules
@@ -217,15 +219,25 @@ def imagenet_1k_tree(tmp_path_factory):
             # A session killed before its teardown left its tree in memory.
             pid = stale.name.split("-")[2]
             if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                shutil.rmtree(stale, ignore_errors=True)
+                _remove_tree(stale)
         where = Path(tempfile.mkdtemp(prefix=f"automlperf-imagenet_1k-{os.getpid()}-", dir=shm))
     else:
         where = tmp_path_factory.mktemp("imagenet_1k")
+    if os.geteuid() == 0:
+        # Its own file system or none: the tree is made the same way on either.
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "nr_inodes=0,size=1g",
+                        "automlperf-tree", str(where)], capture_output=True)
     try:
         yield make_tree(where / "imagenet", counts=(
             rules.IMAGENET_1K.train_images, rules.IMAGENET_1K.val_images))
     finally:
-        shutil.rmtree(where, ignore_errors=True)
+        _remove_tree(where)
+
+
+def _remove_tree(where: Path) -> None:
+    if os.path.ismount(where):
+        subprocess.run(["umount", str(where)], capture_output=True)
+    shutil.rmtree(where, ignore_errors=True)
 
 
 # Installed through PYTHONPATH in every process of the official-shape run (primary, replica,
