@@ -382,6 +382,39 @@ def test_a_locked_sqlite_database_is_waited_for(tmp_path):
     assert s.start_segment(run_id, 1.0, 2.0) == 0
 
 
+def test_a_sqlite_store_keeps_its_connections_and_shares_them_between_threads(tmp_path):
+    """Calls after the first open no file (each open set its pragmas again: most of a call's
+    CPU); threads writing at once each get a connection, and every write lands."""
+    s = open_store(None, run_dir=tmp_path, create=True)
+    opened = []
+    sa.event.listen(s.engine, "connect", lambda *_: opened.append(1))
+    run_id = s.create_run("r", {}, {}, 60.0, 1.0)
+    seg = s.start_segment(run_id, 1.0, 61.0)
+    rep = s.register_replica(run_id, 0, seg, "n", 1, ["cpu"], 1.0)
+    for k in range(20):
+        t = s.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                    graph_hash=f"h{k}"))
+        s.record_epoch(epoch(run_id, t, 0))
+        s.heartbeat(rep, 2.0, 60.0)
+    assert len(opened) <= 1 and len(s.trials(run_id)) == 20
+    start = threading.Barrier(8)
+
+    def claims(w):
+        start.wait()
+        for k in range(10):
+            s.claim_trial(new_claim(run_id=run_id, replica_id=rep, replica_index=0,
+                                    graph_hash=f"w{w}-{k}"))
+
+    threads = [threading.Thread(target=claims, args=(w,)) for w in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(s.trials(run_id)) == 100
+    assert len({t.graph_hash for t in s.trials(run_id)}) == 100
+    s.close()
+
+
 def test_a_directory_without_a_store_is_refused(tmp_path):
     with pytest.raises(StoreError, match="holds no automlperf run"):
         open_store(run_dir=tmp_path)
