@@ -216,6 +216,7 @@ def test_a_full_sqlite_store_fails_at_once_saying_so(tmp_path, monkeypatch):
         dbapi_conn.execute(f"PRAGMA max_page_count={pages}")
 
     s.engine.dispose()  # the store keeps its connections: the limit is set on new ones
+
     def no_retry(_):
         raise AssertionError("a full disk was retried")
 

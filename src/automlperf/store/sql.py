@@ -37,8 +37,8 @@ class SQLStore(Store):
             # half made; with its transaction handling off and BEGIN issued here, creating
             # the schema (like every transaction) is atomic. A few connections are kept for
             # the next calls of the process's threads: opening the file and setting its
-            # pragmas again cost each write a fifth of its CPU. More threads at once than
-            # are kept open more, never wait.
+            # pragmas again was two thirds of an epoch's or a sample's write. More threads
+            # at once than are kept open more, and never wait.
             self.engine = sa.create_engine(self.url, connect_args={"timeout": 60,
                                                                    "isolation_level": None},
                                            poolclass=sa.pool.QueuePool, pool_size=4,
