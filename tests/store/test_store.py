@@ -410,8 +410,8 @@ def test_a_sqlite_store_keeps_its_connections_and_shares_them_between_threads(tm
         th.start()
     for th in threads:
         th.join()
-    assert len(s.trials(run_id)) == 100
-    assert len({t.graph_hash for t in s.trials(run_id)}) == 100
+    trials = s.trials(run_id)
+    assert len(trials) == 100 and len({t.graph_hash for t in trials}) == 100
     s.close()
 
 
